@@ -1,0 +1,26 @@
+# Set-up and checks. `make install` then `make test` is all a new machine needs.
+# On the GPU machine there is no .venv: PY falls back to the image's python3.
+PY ?= $(shell [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)
+PYTEST_FLAGS ?=
+
+.PHONY: install test lint gpu-test clean
+
+install:
+	python3 -m venv .venv
+	.venv/bin/python -m pip install --upgrade pip
+	.venv/bin/python -m pip install "torch==2.14.1" "torchvision==0.29.1"
+	.venv/bin/python -m pip install -e ".[test]"
+
+test:
+	TRITON_INTERPRET=1 $(PY) -m pytest -q $(PYTEST_FLAGS)
+
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy fp4cli
+
+gpu-test:
+	$(PY) -m pytest -q -m gpu $(PYTEST_FLAGS)
+
+clean:
+	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache

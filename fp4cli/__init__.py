@@ -1,0 +1,57 @@
+"""fp4cli: FP4 training research, from one YAML recipe to a trained model and a run store.
+
+The public API is imported lazily (PEP 562), so `import fp4cli` and `fp4 --help` do not pay for
+importing torch until a name that needs it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "QuantSpec": "fp4cli.quant",
+    "QuantizedTensor": "fp4cli.quant",
+    "SpecError": "fp4cli.quant",
+    "quantize": "fp4cli.quant",
+    "fake_quantize": "fp4cli.quant",
+    "LinearConfig": "fp4cli.linear",
+    "QuantLinear": "fp4cli.linear",
+    "quantize_model": "fp4cli.linear",
+    "quantized_layers": "fp4cli.linear",
+    "update_qema": "fp4cli.linear",
+    "attach_qema": "fp4cli.linear",
+    "Recipe": "fp4cli.recipes",
+    "RecipeError": "fp4cli.recipes",
+    "load_recipe": "fp4cli.recipes",
+    "list_recipes": "fp4cli.recipes",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from fp4cli.linear import (
+        LinearConfig,
+        QuantLinear,
+        attach_qema,
+        quantize_model,
+        quantized_layers,
+        update_qema,
+    )
+    from fp4cli.quant import QuantizedTensor, QuantSpec, SpecError, fake_quantize, quantize
+    from fp4cli.recipes import Recipe, RecipeError, list_recipes, load_recipe
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fp4cli' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,172 @@
+"""Small number formats described by their bit layout, and exact rounding onto their grids.
+
+One description covers every element and scale format fp4cli knows: E2M1, E3M0, INT4
+(sign-magnitude), FP8 E4M3 / E5M2, and the unsigned scale formats UE5M3 / UE4M3. Rounding is done
+in float32 arithmetic that is exact for these grids: a value is divided by its grid spacing (a
+power of two), split into integer and fraction, and the fraction decides up or down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+
+@dataclass(frozen=True)
+class Minifloat:
+    """A sign-magnitude format with `ebits` exponent and `mbits` mantissa bits.
+
+    `ebits == 0` is an integer format (grid spacing 1). `max_code` is the largest magnitude code
+    that holds a finite value: codes above it are NaN/Inf (E4M3: 0x7F is NaN; E5M2: 0x7C is Inf).
+    """
+
+    name: str
+    ebits: int
+    mbits: int
+    bias: int
+    max_code: int
+    signed: bool = True
+    nan_code: int | None = None  # magnitude code used for NaN, if the format has one
+    inf_code: int | None = None  # magnitude code of Inf, if the format has one (E5M2)
+
+    @property
+    def bits(self) -> int:
+        return self.ebits + self.mbits + (1 if self.signed else 0)
+
+    @property
+    def sign_bit(self) -> int:
+        return 1 << (self.ebits + self.mbits)
+
+    @property
+    def min_exponent(self) -> int:
+        """Exponent of the smallest normal value (also the exponent of subnormal spacing)."""
+        return 1 - self.bias
+
+    def decode_magnitude(self, code: int) -> float:
+        """The value of a magnitude code (exact, as a Python float)."""
+        if self.ebits == 0:
+            return float(code)
+        exp_field, mant = code >> self.mbits, code & ((1 << self.mbits) - 1)
+        if exp_field == 0:
+            return mant * 2.0 ** (self.min_exponent - self.mbits)
+        return (1 + mant / (1 << self.mbits)) * 2.0 ** (exp_field - self.bias)
+
+    @property
+    def max_value(self) -> float:
+        return self.decode_magnitude(self.max_code)
+
+    @property
+    def min_positive(self) -> float:
+        return self.decode_magnitude(1)
+
+    @property
+    def max_exponent(self) -> int:
+        """floor(log2(max_value)): the OCP scale rule subtracts this from the block's exponent."""
+        return int(torch.tensor(self.max_value).log2().floor().item())
+
+
+@cache
+def magnitude_grid(fmt: Minifloat, device: str = "cpu") -> torch.Tensor:
+    """All finite magnitudes of `fmt` in code order (which is increasing order), float32."""
+    values = [fmt.decode_magnitude(c) for c in range(fmt.max_code + 1)]
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def _grid_spacing(fmt: Minifloat, magnitude: torch.Tensor) -> torch.Tensor:
+    """The spacing of `fmt`'s grid at |x| (float32, a power of two), exact via frexp."""
+    if fmt.ebits == 0:
+        return torch.ones_like(magnitude)
+    _, exp = torch.frexp(magnitude)  # magnitude = m * 2^exp, m in [0.5, 1)
+    exponent = torch.clamp(exp - 1, min=fmt.min_exponent)  # floor(log2 |x|), clamped to normals
+    return torch.ldexp(torch.ones_like(magnitude), exponent - fmt.mbits)
+
+
+def _lower_code_is_odd(fmt: Minifloat, floor_units: torch.Tensor, spacing: torch.Tensor):
+    """Whether the lower of the two bracketing grid points has an odd code (for ties to even)."""
+    if fmt.mbits > 0 or fmt.ebits == 0:
+        # The code's last bit is the mantissa's (or the integer's) last bit.
+        return torch.remainder(floor_units, 2) == 1
+    # No mantissa bits (E3M0): the last bit is the exponent field's; zero has code 0.
+    _, exp = torch.frexp(spacing)
+    exp_field = exp - 1 + fmt.bias
+    return (floor_units > 0) & (torch.remainder(exp_field, 2) == 1)
+
+
+def round_to_grid(
+    x: torch.Tensor,
+    fmt: Minifloat,
+    rounding: str = "rne",
+    uniform: torch.Tensor | None = None,
+    guide: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Round float32 `x` onto `fmt`'s grid, saturating at +-max_value. NaN stays NaN.
+
+    rounding: "rne" (ties to even code), "away" (ties away from zero), "up" (away from zero
+    unless on the grid), "sr" (up with probability
+    equal to the distance from the lower point, using `uniform` in [0, 1)), or "guided" (the one
+    of the two bracketing points nearer `guide`, which must be on the same scale as `x`; ties in
+    distance fall back to ties-to-even).
+    """
+    magnitude = x.abs()
+    spacing = _grid_spacing(fmt, magnitude)
+    units = magnitude / spacing  # exact: division by a power of two
+    floor_units = torch.floor(units)
+    frac = units - floor_units  # exact
+    if rounding == "rne":
+        round_up = (frac > 0.5) | ((frac == 0.5) & _lower_code_is_odd(fmt, floor_units, spacing))
+    elif rounding == "away":
+        round_up = frac >= 0.5
+    elif rounding == "up":
+        round_up = frac > 0
+    elif rounding == "sr":
+        if uniform is None:
+            raise ValueError("stochastic rounding needs uniform random numbers")
+        round_up = uniform < frac
+    elif rounding == "guided":
+        if guide is None:
+            raise ValueError("guided rounding needs a guide tensor")
+        lower = floor_units * spacing
+        upper = lower + spacing
+        guide_mag = guide * torch.sign(x)  # the guide on x's side of zero (negative: nearer 0)
+        dist_lo, dist_hi = (guide_mag - lower).abs(), (guide_mag - upper).abs()
+        ties_even = (frac > 0.5) | ((frac == 0.5) & _lower_code_is_odd(fmt, floor_units, spacing))
+        round_up = torch.where(dist_hi == dist_lo, ties_even, dist_hi < dist_lo)
+        round_up = round_up & (frac > 0)  # a point on the grid stays where it is
+    else:
+        raise ValueError(f"unknown rounding {rounding!r}")
+    rounded = (floor_units + round_up.to(floor_units.dtype)) * spacing
+    rounded = torch.clamp(rounded, max=fmt.max_value)
+    return torch.copysign(rounded, x)
+
+
+def encode(values: torch.Tensor, fmt: Minifloat) -> torch.Tensor:
+    """Codes (uint8) of values that lie on `fmt`'s grid. NaN gets the format's NaN code (or 0)."""
+    grid = magnitude_grid(fmt, str(values.device))
+    magnitude = values.abs()
+    finite = torch.isfinite(values)
+    codes = torch.searchsorted(grid, torch.where(finite, magnitude, torch.zeros_like(magnitude)))
+    codes = codes.clamp(max=fmt.max_code)
+    if fmt.signed:
+        negative = torch.signbit(values) & (magnitude > 0)
+        codes = codes | (negative.to(codes.dtype) * fmt.sign_bit)
+    if fmt.nan_code is not None:
+        codes = torch.where(finite, codes, torch.full_like(codes, fmt.nan_code))
+    return codes.to(torch.uint8)
+
+
+def decode(codes: torch.Tensor, fmt: Minifloat) -> torch.Tensor:
+    """Float32 values of uint8 codes. NaN codes decode to NaN."""
+    grid = magnitude_grid(fmt, str(codes.device))
+    codes = codes.to(torch.int64)
+    magnitude_code = codes & (fmt.sign_bit - 1) if fmt.signed else codes
+    is_nan = magnitude_code > fmt.max_code
+    values = grid[magnitude_code.clamp(max=fmt.max_code)]
+    if fmt.inf_code is not None:
+        is_inf = magnitude_code == fmt.inf_code
+        values = torch.where(is_inf, torch.full_like(values, float("inf")), values)
+        is_nan = is_nan & ~is_inf
+    if fmt.signed:
+        values = torch.where((codes & fmt.sign_bit) != 0, -values, values)
+    return torch.where(is_nan, torch.full_like(values, float("nan")), values)

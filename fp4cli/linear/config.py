@@ -1,0 +1,96 @@
+"""LinearConfig: one quantizer per GEMM operand of a linear layer, and the techniques around them.
+
+| GEMM                     | operands                     | blocked along  |
+| forward     Y = X W^T    | forward_x, forward_w         | in_features    |
+| grad_input  dX = dY W    | grad_input_dy, grad_input_w  | out_features   |
+| grad_weight dW = dY^T X  | grad_weight_dy, grad_weight_x| tokens         |
+
+An operand whose spec is None stays in high precision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from fp4cli.quant.spec import QuantSpec, SpecError
+from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConfig
+
+OPERANDS = (
+    "forward_x",
+    "forward_w",
+    "grad_input_dy",
+    "grad_input_w",
+    "grad_weight_dy",
+    "grad_weight_x",
+)
+GEMMS = ("forward", "grad_input", "grad_weight")
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    forward_x: QuantSpec | None = None
+    forward_w: QuantSpec | None = None
+    grad_input_dy: QuantSpec | None = None
+    grad_input_w: QuantSpec | None = None
+    grad_weight_dy: QuantSpec | None = None
+    grad_weight_x: QuantSpec | None = None
+    forward_hadamard: HadamardConfig | None = None
+    grad_input_hadamard: HadamardConfig | None = None
+    grad_weight_hadamard: HadamardConfig | None = None
+    double_quant: bool = False
+    dge: DGEConfig | None = None
+    outliers: OutlierConfig | None = None
+    qema: QEMAConfig | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.double_quant, bool):
+            raise SpecError("double_quant: must be true or false")
+        if self.dge is not None and self.forward_w is None:
+            raise SpecError("dge: needs a quantized forward weight (forward.w)")
+        if self.dge is not None and self.forward_hadamard is not None:
+            raise SpecError("dge: cannot be combined with a forward Hadamard transform")
+        if self.double_quant and self.forward_hadamard is not None:
+            raise SpecError("double_quant: cannot be combined with a forward Hadamard transform")
+        if self.qema is not None and self.forward_w is None:
+            raise SpecError("qema: needs a quantized forward weight (forward.w)")
+        if self.outliers is not None and self.forward_x is None:
+            raise SpecError("outliers: needs a quantized forward activation (forward.x)")
+        for name in OPERANDS:
+            spec = getattr(self, name)
+            if spec is not None and spec.tile2d and name.endswith(("_x", "_dy")):
+                raise SpecError(f"{name}.tile2d: 2-D tiles are for weights only")
+
+    def spec(self, operand: str) -> QuantSpec | None:
+        return getattr(self, operand)
+
+    def hadamard(self, gemm: str) -> HadamardConfig | None:
+        return getattr(self, f"{gemm}_hadamard")
+
+    @property
+    def is_high_precision(self) -> bool:
+        """True when nothing is quantized and no technique changes the layer."""
+        return all(getattr(self, f.name) in (None, False) for f in dataclasses.fields(self))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        """A compact one-line description for extra_repr."""
+        parts = []
+        for name in OPERANDS:
+            spec = self.spec(name)
+            parts.append(f"{name}={spec.short() if spec else 'hp'}")
+        for gemm in GEMMS:
+            h = self.hadamard(gemm)
+            if h is not None:
+                parts.append(f"{gemm}_rht={h.size}")
+        if self.double_quant:
+            parts.append("double_quant")
+        for name in ("dge", "outliers", "qema"):
+            cfg = getattr(self, name)
+            if cfg is not None:
+                fields = ",".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items())
+                parts.append(f"{name}({fields})")
+        return ", ".join(parts)

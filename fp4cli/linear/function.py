@@ -1,0 +1,161 @@
+"""The quantized linear layer's autograd function: three GEMMs, six operand quantizers.
+
+Forward      Y  = Q1(X) Q2(W)^T        X, W blocked along in_features
+grad_input   dX = Q3(dY) Q4(W)         dY, W blocked along out_features
+grad_weight  dW = Q5(dY)^T Q6(X)       dY, X blocked along tokens
+
+Each Qi is `fake_quantize` with the operand's spec (identity when None). A GEMM with a Hadamard
+config transforms both its operands along its reduction dimension first. Q4 and Q6 read Q2(W) and
+Q1(X) under double quantization, else the high-precision W and X. DGE multiplies dW by the
+surrogate's derivative on the scaled weight; outlier clamping acts on X before Q1, with the
+residual optionally added back through a high-precision GEMM. The GEMMs use the same aten calls
+as nn.Linear and its autograd, so a layer with nothing quantized matches nn.Linear bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fp4cli.linear.config import LinearConfig
+from fp4cli.quant import QuantSpec, fake_quantize, quantize
+from fp4cli.techniques.dge import dge_derivative
+from fp4cli.techniques.double_quant import backward_source
+from fp4cli.techniques.hadamard import HadamardConfig, rht
+from fp4cli.techniques.outliers import clamp_outliers
+
+# Per call, operand k (0..5) draws its stochastic-rounding bits from seed + k and GEMM g (0..2)
+# its Hadamard signs from seed + 6 + g; consecutive calls step the seed by SEED_STRIDE.
+SEED_STRIDE = 16
+_OPERAND_SEED = {
+    "forward_x": 0,
+    "forward_w": 1,
+    "grad_input_dy": 2,
+    "grad_input_w": 3,
+    "grad_weight_dy": 4,
+    "grad_weight_x": 5,
+}
+_RHT_SEED = {"forward": 6, "grad_input": 7, "grad_weight": 8}
+
+
+def _quantize_operand(
+    tensor: torch.Tensor,
+    spec: QuantSpec | None,
+    axis: int,
+    seed: torch.Tensor,
+    guide: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if spec is None:
+        return tensor
+    return fake_quantize(tensor, spec, axis=axis, seed=seed, guide=guide)
+
+
+def gemm_operands(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dims: tuple[int, int],
+    specs: tuple[QuantSpec | None, QuantSpec | None],
+    hadamard: HadamardConfig | None,
+    seeds: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    guide_b: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both operands of one GEMM, transformed (RHT) and fake-quantized along their reduction
+    dims `dims`, cast back to a's dtype (the GEMM's compute dtype)."""
+    compute_dtype = a.dtype
+    if hadamard is not None:
+        a = rht(a, dims[0], hadamard.size, seeds[2])
+        b = rht(b, dims[1], hadamard.size, seeds[2])
+        guide_b = rht(guide_b, dims[1], hadamard.size, seeds[2]) if guide_b is not None else None
+    a_q = _quantize_operand(a, specs[0], dims[0], seeds[0])
+    b_q = _quantize_operand(b, specs[1], dims[1], seeds[1], guide_b)
+    return a_q.to(compute_dtype), b_q.to(compute_dtype)
+
+
+def _seeds(call_seed: torch.Tensor, gemm: str, operands: tuple[str, str]):
+    return (
+        call_seed + _OPERAND_SEED[operands[0]],
+        call_seed + _OPERAND_SEED[operands[1]],
+        call_seed + _RHT_SEED[gemm],
+    )
+
+
+class QuantLinearFunction(torch.autograd.Function):
+    """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        config: LinearConfig,
+        call_seed: torch.Tensor,
+        weight_guide: torch.Tensor | None,
+    ) -> torch.Tensor:
+        x_clamped, residual = x, None
+        if config.outliers is not None:
+            x_clamped, residual = clamp_outliers(x, config.outliers)
+        seeds = _seeds(call_seed, "forward", ("forward_x", "forward_w"))
+        x_q, w_q = gemm_operands(
+            x_clamped,
+            weight,
+            (1, 1),
+            (config.forward_x, config.forward_w),
+            config.forward_hadamard,
+            seeds,
+            guide_b=weight_guide,
+        )
+        y = F.linear(x_q, w_q, bias)
+        if residual is not None and config.outliers is not None and config.outliers.compensate:
+            y = y + F.linear(residual, weight)  # high-precision, sparse residual
+
+        x_source = backward_source(x, x_q, config.double_quant)
+        w_source = backward_source(weight, w_q, config.double_quant)
+        ctx.save_for_backward(x_source, w_source, weight if config.dge is not None else None)
+        ctx.config = config
+        ctx.call_seed = call_seed
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor):  # type: ignore[override]
+        x_source, w_source, weight = ctx.saved_tensors
+        config: LinearConfig = ctx.config
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            seeds = _seeds(ctx.call_seed, "grad_input", ("grad_input_dy", "grad_input_w"))
+            dy_q, w_q = gemm_operands(
+                grad_y,
+                w_source,
+                (1, 0),
+                (config.grad_input_dy, config.grad_input_w),
+                config.grad_input_hadamard,
+                seeds,
+            )
+            grad_x = dy_q.mm(w_q)
+        if ctx.needs_input_grad[1]:
+            seeds = _seeds(ctx.call_seed, "grad_weight", ("grad_weight_dy", "grad_weight_x"))
+            dy_q, x_q = gemm_operands(
+                grad_y,
+                x_source,
+                (0, 0),
+                (config.grad_weight_dy, config.grad_weight_x),
+                config.grad_weight_hadamard,
+                seeds,
+            )
+            grad_w = x_q.t().mm(dy_q).t()
+            if config.dge is not None:
+                grad_w = grad_w * _dge_factor(weight, config).to(grad_w.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_y.sum(0)
+        return grad_x, grad_w, grad_b, None, None, None
+
+
+def _dge_factor(weight: torch.Tensor, config: LinearConfig) -> torch.Tensor:
+    """DGE's derivative on the forward weight quantizer's scaled weight."""
+    assert config.dge is not None and config.forward_w is not None
+    spec = config.forward_w
+    units = quantize(weight.detach(), spec, axis=-1, seed=0).grid_units(weight.detach())
+    return dge_derivative(units, spec.element_format, config.dge)

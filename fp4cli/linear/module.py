@@ -1,0 +1,189 @@
+"""QuantLinear (an nn.Linear under a LinearConfig) and quantize_model, the one way in."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fp4cli.linear.config import LinearConfig
+from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
+from fp4cli.quant.random_bits import draw_seed
+from fp4cli.techniques.qema import update_ema
+
+_SEED_MASK = (1 << 62) - 1
+
+
+class QuantLinear(nn.Linear):
+    """nn.Linear whose three GEMMs run under a LinearConfig.
+
+    Buffers: `rng_seed` (this layer's seed), `calls` (training forward passes so far: each one
+    draws fresh stochastic-rounding bits and Hadamard signs), and with Q-EMA `weight_ema` and
+    `ema_updates`. All are saved in the state dict, so a resumed run continues the same streams.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        config: LinearConfig | None = None,
+        seed: int | None = None,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._setup(config or LinearConfig(), seed)
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, config: LinearConfig, seed: int | None = None
+    ) -> QuantLinear:
+        """A QuantLinear sharing `linear`'s parameters (optimizers built before keep working)."""
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.in_features, module.out_features = linear.in_features, linear.out_features
+        module.weight = linear.weight
+        module.bias = linear.bias
+        module.train(linear.training)
+        module._setup(config, seed)
+        return module
+
+    def _setup(self, config: LinearConfig, seed: int | None) -> None:
+        self.config = config
+        device = self.weight.device
+        seed = draw_seed() if seed is None else seed
+        self.register_buffer("rng_seed", torch.tensor(seed & _SEED_MASK, device=device))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64, device=device))
+        if config.qema is not None:
+            ema = self.weight.detach().to(torch.float32).clone()
+            self.register_buffer("weight_ema", ema)
+            self.register_buffer("ema_updates", torch.zeros((), dtype=torch.int64, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.config.is_high_precision:
+            return F.linear(x, self.weight, self.bias)
+        weight, bias = self.weight, self.bias
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = bias.to(dtype) if bias is not None else None
+        call_seed = self.rng_seed + self.calls * SEED_STRIDE
+        if self.training:
+            with torch.no_grad():
+                self.calls.add_(1)
+        with torch.autocast(device_type, enabled=False):
+            y = QuantLinearFunction.apply(
+                x.reshape(-1, self.in_features),
+                weight,
+                bias,
+                self.config,
+                call_seed,
+                self._weight_guide(),
+            )
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _weight_guide(self) -> torch.Tensor | None:
+        """Q-EMA's guide for the forward weight's rounding, once the EMA has warmed up."""
+        qema = self.config.qema
+        if qema is None:
+            return None
+        ready = self.ema_updates >= qema.warmup
+        # Before warm-up the guide is the weight itself: guided rounding then equals plain RNE.
+        return torch.where(ready, self.weight_ema, self.weight.detach().to(torch.float32))
+
+    @torch.no_grad()
+    def update_ema(self) -> None:
+        """One Q-EMA step (call after each optimizer step); a no-op without Q-EMA."""
+        if self.config.qema is None:
+            return
+        update_ema(self.weight_ema, self.weight, self.config.qema.beta, self.ema_updates)
+        self.ema_updates.add_(1)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, {self.config.summary()}"
+
+
+def quantize_model(
+    model: nn.Module,
+    recipe: Any,
+    seed: int | None = None,
+    skip: Iterable[str] | None = None,
+) -> nn.Module:
+    """Swap the nn.Linear modules of `model` for QuantLinear in place and return the model.
+
+    recipe: a Recipe, a recipe name or YAML path, or a LinearConfig. Layers whose name matches
+    one of the recipe's skip patterns (or `skip`, which replaces them) stay nn.Linear: a pattern
+    matches a module's full dotted name or its last component (fnmatch). seed: the base of every
+    layer's random streams (None: drawn from torch's random state).
+    """
+    config, recipe_skip = _resolve(recipe)
+    patterns = tuple(recipe_skip if skip is None else skip)
+    if config.is_high_precision:
+        return model
+    base_seed = draw_seed() if seed is None else seed
+    for index, (parent, child_name, full_name, linear) in enumerate(_linear_children(model)):
+        if _skipped(full_name, patterns):
+            continue
+        layer_seed = _mix_seed(base_seed, index)
+        setattr(parent, child_name, QuantLinear.from_linear(linear, config, seed=layer_seed))
+    return model
+
+
+def quantized_layers(model: nn.Module) -> dict[str, QuantLinear]:
+    """The QuantLinear modules of `model` by name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, QuantLinear)}
+
+
+def update_qema(model: nn.Module) -> None:
+    """Advance the Q-EMA of every QuantLinear in `model` (after an optimizer step)."""
+    for layer in quantized_layers(model).values():
+        layer.update_ema()
+
+
+def attach_qema(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    """Update Q-EMA after every `optimizer.step()`; returns the hook's removable handle."""
+    return optimizer.register_step_post_hook(lambda *_: update_qema(model))
+
+
+def _resolve(recipe: Any) -> tuple[LinearConfig, tuple[str, ...]]:
+    if isinstance(recipe, LinearConfig):
+        return recipe, ()
+    if isinstance(recipe, str):
+        from fp4cli.recipes import load_recipe
+
+        recipe = load_recipe(recipe)
+    linear = getattr(recipe, "linear", None)
+    if not isinstance(linear, LinearConfig):
+        raise TypeError(f"expected a Recipe, a recipe name or a LinearConfig, got {type(recipe)}")
+    return linear, tuple(getattr(recipe, "skip", ()))
+
+
+def _linear_children(model: nn.Module):
+    """(parent, attribute name, full name, module) for every plain nn.Linear, in order."""
+    found = []
+    for parent_name, parent in model.named_modules():
+        for child_name, child in parent.named_children():
+            # MultiheadAttention reads out_proj's weight directly, never calls it: leave it.
+            if type(child) is nn.Linear:
+                full_name = f"{parent_name}.{child_name}" if parent_name else child_name
+                found.append((parent, child_name, full_name, child))
+    return found
+
+
+def _skipped(full_name: str, patterns: tuple[str, ...]) -> bool:
+    last = full_name.rsplit(".", 1)[-1]
+    return any(fnmatch.fnmatchcase(full_name, p) or fnmatch.fnmatchcase(last, p) for p in patterns)
+
+
+def _mix_seed(base: int, index: int) -> int:
+    """A well-spread 62-bit seed per layer (SplitMix64 of base + index)."""
+    z = (base + (index + 1) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & _SEED_MASK

@@ -1,0 +1,81 @@
+"""Block layouts: how a tensor (quantization axis last) is cut into blocks that share a scale.
+
+A layout pads the last axis (and, for 2-D tiles, the first) and views the tensor as
+(*scale_shape, values_per_block). `scale_shape` is the shape of the scales tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fp4cli.quant.spec import QuantSpec, SpecError
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where the blocks of a (moved, axis-last) tensor of `moved_shape` lie."""
+
+    kind: str  # "int", "row", "tensor" or "tile2d"
+    block: int  # values along the axis per block (tile side for tile2d)
+    moved_shape: tuple[int, ...]  # the tensor with the quantization axis moved last
+    padded_shape: tuple[int, ...]  # after padding
+
+    @classmethod
+    def for_tensor(cls, moved_shape: tuple[int, ...], spec: QuantSpec) -> BlockLayout:
+        length = moved_shape[-1]
+        pack = 2 if spec.packed else 1
+        if spec.tile2d:
+            if len(moved_shape) != 2:
+                raise SpecError(f"tile2d: needs a 2-D tensor (got shape {tuple(moved_shape)})")
+            block = int(spec.block)
+            rows = _round_up(moved_shape[0], block)
+            return cls("tile2d", block, moved_shape, (rows, _round_up(length, block)))
+        if spec.block == "row":
+            return cls("row", length, moved_shape, (*moved_shape[:-1], _round_up(length, pack)))
+        if spec.block == "tensor":
+            return cls("tensor", length, moved_shape, (*moved_shape[:-1], _round_up(length, pack)))
+        block = int(spec.block)
+        return cls("int", block, moved_shape, (*moved_shape[:-1], _round_up(length, block)))
+
+    def pad(self, moved: torch.Tensor) -> torch.Tensor:
+        """Zero-pad a moved tensor to the padded shape."""
+        pad_last = self.padded_shape[-1] - self.moved_shape[-1]
+        pad_first = self.padded_shape[0] - self.moved_shape[0] if self.kind == "tile2d" else 0
+        if pad_last == 0 and pad_first == 0:
+            return moved
+        if self.kind == "tile2d":
+            return F.pad(moved, (0, pad_last, 0, pad_first))
+        return F.pad(moved, (0, pad_last))
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        slices = tuple(slice(0, n) for n in self.moved_shape)
+        return padded[slices]
+
+    def to_blocks(self, padded: torch.Tensor) -> torch.Tensor:
+        """(*padded_shape) -> (*scale_shape, values_per_block)."""
+        if self.kind == "int":
+            return padded.reshape(*self.padded_shape[:-1], -1, self.block)
+        if self.kind == "row":
+            return padded.unsqueeze(-2)
+        if self.kind == "tensor":
+            return padded.reshape(1, -1)
+        rows, cols = self.padded_shape
+        b = self.block
+        tiles = padded.reshape(rows // b, b, cols // b, b).permute(0, 2, 1, 3)
+        return tiles.reshape(rows // b, cols // b, b * b)
+
+    def from_blocks(self, blocks: torch.Tensor) -> torch.Tensor:
+        """Inverse of to_blocks."""
+        if self.kind == "tile2d":
+            rows, cols = self.padded_shape
+            b = self.block
+            tiles = blocks.reshape(rows // b, cols // b, b, b).permute(0, 2, 1, 3)
+            return tiles.reshape(rows, cols)
+        return blocks.reshape(self.padded_shape)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple

@@ -1,0 +1,182 @@
+"""The reference quantizer: the definition of correct for every kernel in fp4cli.
+
+For a tensor x, a QuantSpec and an axis, in float32:
+  1. move `axis` last, zero-pad it to whole blocks, view as blocks;
+  2. two-level only: x = x * tensor_scale, tensor_scale = (scale max * element max) / amax(x);
+  3. each block's scale s from its amax (floor/ceil rule, rounded to the scale format);
+  4. v = x / s (times sr_prescale), rounded onto the element grid (rne / sr / away), saturated;
+  5. a block holding NaN or Inf gets the NaN scale and decodes to NaN.
+Dequantization is ((q * s) / sr_prescale) / tensor_scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fp4cli.formats import decode, encode, pack_nibbles, round_to_grid, unpack_nibbles
+from fp4cli.quant import random_bits
+from fp4cli.quant.blocking import BlockLayout
+from fp4cli.quant.scales import block_scales, nan_scales, scale_values, tensor_scale
+from fp4cli.quant.spec import QuantSpec
+
+
+@dataclass
+class QuantizedTensor:
+    """A tensor in a block format.
+
+    codes: uint8 element codes in the axis-last, padded layout (two per byte, low nibble first,
+        for 4-bit formats). scales: one per block (uint8 codes, or floats for fp32/bf16 scales).
+    tensor_scale: the FP32 two-level scale (0-d tensor), or None.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    tensor_scale: torch.Tensor | None
+    shape: torch.Size
+    spec: QuantSpec
+    axis: int
+    dtype: torch.dtype
+    layout: BlockLayout
+
+    def element_values(self) -> torch.Tensor:
+        """The decoded elements q (float32, padded axis-last layout, before scaling)."""
+        codes = unpack_nibbles(self.codes) if self.spec.packed else self.codes
+        return decode(codes, self.spec.element_format)
+
+    def scale_values(self) -> torch.Tensor:
+        """The block scales as float32 (NaN for non-finite blocks)."""
+        return scale_values(self.scales, self.spec.scale_format)
+
+    def grid_units(self, x: torch.Tensor) -> torch.Tensor:
+        """x (the quantized tensor's source) in the units its grid is rounded in: x times the
+        tensor scale, over the block scale, times the SR pre-scale, as float32 in x's shape."""
+        blocks = self.layout.to_blocks(self.layout.pad(x.to(torch.float32).movedim(self.axis, -1)))
+        if self.tensor_scale is not None:
+            blocks = blocks * self.tensor_scale
+        units = blocks / self.scale_values().unsqueeze(-1)
+        if self.spec.sr_prescale != 1.0:
+            units = units * self.spec.sr_prescale
+        return self.layout.unpad(self.layout.from_blocks(units)).movedim(-1, self.axis)
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The represented tensor, in the original shape and dtype (or `dtype`)."""
+        blocks = self.layout.to_blocks(self.element_values())
+        values = _dequantize_blocks(blocks, self.scale_values(), self.tensor_scale, self.spec)
+        moved = self.layout.unpad(self.layout.from_blocks(values))
+        return moved.movedim(-1, self.axis).to(dtype or self.dtype)
+
+
+def quantize(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int = -1,
+    seed: random_bits.Seed | None = None,
+    guide: torch.Tensor | None = None,
+) -> QuantizedTensor:
+    """Quantize `x` along `axis` with `spec`.
+
+    seed: for stochastic rounding; None draws one from torch's random state. The random number
+        for each element depends only on the seed and the element's index in `x` (row-major).
+    guide: Q-EMA rounding: of the two grid points bracketing each value, take the one nearer the
+        guide tensor (same shape as x, same scales); None rounds by `spec.rounding`.
+    """
+    axis = _check_input(x, axis)
+    blocks, layout = _blocks_of(x.to(torch.float32), spec, axis)
+    uniform = _uniform_blocks(x, spec, axis, layout, seed)
+    guide_blocks = _blocks_of(guide.to(torch.float32), spec, axis)[0] if guide is not None else None
+    q, stored_scales, t_scale = _quantize_blocks(blocks, spec, uniform, guide_blocks)
+    codes = encode(layout.from_blocks(q), spec.element_format)
+    if spec.packed:
+        codes = pack_nibbles(codes)
+    return QuantizedTensor(codes, stored_scales, t_scale, x.shape, spec, axis, x.dtype, layout)
+
+
+def fake_quantize(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int = -1,
+    seed: random_bits.Seed | None = None,
+    guide: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """quantize(x, ...).dequantize() in x's dtype, without encoding and packing."""
+    axis = _check_input(x, axis)
+    blocks, layout = _blocks_of(x.to(torch.float32), spec, axis)
+    uniform = _uniform_blocks(x, spec, axis, layout, seed)
+    guide_blocks = _blocks_of(guide.to(torch.float32), spec, axis)[0] if guide is not None else None
+    q, stored_scales, t_scale = _quantize_blocks(blocks, spec, uniform, guide_blocks)
+    values = _dequantize_blocks(q, scale_values(stored_scales, spec.scale_format), t_scale, spec)
+    return layout.unpad(layout.from_blocks(values)).movedim(-1, axis).to(x.dtype)
+
+
+def _check_input(x: torch.Tensor, axis: int) -> int:
+    if not torch.is_floating_point(x):
+        raise TypeError(f"quantize needs a floating-point tensor (got {x.dtype})")
+    if x.dim() == 0 or x.numel() == 0:
+        raise ValueError(f"cannot quantize a tensor of shape {tuple(x.shape)}")
+    if not -x.dim() <= axis < x.dim():
+        raise ValueError(f"axis {axis} is out of range for a {x.dim()}-D tensor")
+    return axis % x.dim()
+
+
+def _blocks_of(x: torch.Tensor, spec: QuantSpec, axis: int) -> tuple[torch.Tensor, BlockLayout]:
+    moved = x.movedim(axis, -1)
+    layout = BlockLayout.for_tensor(tuple(moved.shape), spec)
+    return layout.to_blocks(layout.pad(moved)), layout
+
+
+def _uniform_blocks(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int,
+    layout: BlockLayout,
+    seed: random_bits.Seed | None,
+) -> torch.Tensor | None:
+    """Uniform numbers for stochastic rounding, keyed by each element's index in x."""
+    if spec.rounding != "sr":
+        return None
+    if seed is None:
+        seed = random_bits.draw_seed()
+    index = torch.arange(x.numel(), device=x.device, dtype=torch.int64).reshape(x.shape)
+    moved_index = layout.pad(index.movedim(axis, -1))
+    return random_bits.uniform(seed, layout.to_blocks(moved_index))
+
+
+def _quantize_blocks(
+    blocks: torch.Tensor,
+    spec: QuantSpec,
+    uniform: torch.Tensor | None,
+    guide: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(element values q on the grid, stored scales, tensor scale) for float32 blocks."""
+    finite_block = torch.isfinite(blocks).all(dim=-1)
+    blocks = torch.where(torch.isfinite(blocks), blocks, torch.zeros_like(blocks))
+    t_scale = None
+    if spec.tensor_scale:
+        t_scale = tensor_scale(blocks.abs().amax(), spec)
+        blocks = blocks * t_scale
+        guide = guide * t_scale if guide is not None else None
+    scales, stored = block_scales(blocks.abs().amax(dim=-1), spec)
+    scaled = blocks / scales.unsqueeze(-1)
+    if spec.sr_prescale != 1.0:
+        scaled = scaled * spec.sr_prescale
+    if guide is not None:
+        guide_scaled = guide / scales.unsqueeze(-1)
+        q = round_to_grid(scaled, spec.element_format, "guided", guide=guide_scaled)
+    else:
+        q = round_to_grid(scaled, spec.element_format, spec.rounding, uniform=uniform)
+    q = torch.where(finite_block.unsqueeze(-1), q, torch.zeros_like(q))
+    stored = torch.where(finite_block, stored, nan_scales(stored, spec.scale_format))
+    return q, stored, t_scale
+
+
+def _dequantize_blocks(
+    q: torch.Tensor, scales: torch.Tensor, t_scale: torch.Tensor | None, spec: QuantSpec
+) -> torch.Tensor:
+    values = q * scales.unsqueeze(-1)  # NaN scales make whole blocks NaN
+    if spec.sr_prescale != 1.0:
+        values = values / spec.sr_prescale
+    if t_scale is not None:
+        values = values / t_scale
+    return values

@@ -1,0 +1,132 @@
+"""QuantSpec: one frozen, validated description of how a tensor is quantized."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from fp4cli.formats import ELEMENT_FORMATS, SCALE_FORMATS, Minifloat, ScaleFormat
+
+BLOCK_KINDS = ("row", "tensor")
+SCALE_RULES = ("floor", "ceil")
+ROUNDINGS = ("rne", "sr", "away")
+MIN_BLOCK, MAX_BLOCK = 8, 256
+
+
+class SpecError(ValueError):
+    """An impossible quantizer configuration; the message names the field."""
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How to quantize a tensor along one axis.
+
+    element: element format: e2m1 (FP4), e3m0, int4 (sign-magnitude), e4m3, e5m2.
+    scale: block-scale format: e8m0 (power of two), ue5m3, ue4m3, fp32, bf16.
+    block: values per scale, 8..256 (an even number), or "row" (one scale for the whole axis:
+        per-token / per-channel) or "tensor" (one scale for the whole tensor).
+    tile2d: blocks are block x block squares over a 2-D tensor (both dimensions), so a weight
+        and its transpose quantize identically (NVFP4's 16x16 weight blocks).
+    scale_rule: "floor" (OCP: 2^(floor(log2 amax) - emax), elements saturate) or "ceil"
+        (truncation-free: the smallest scale with amax / scale <= element max). For non power of
+        two scale formats, "floor" rounds amax / emax_value to nearest even, "ceil" rounds it up.
+    rounding: "rne", "sr" (stochastic, seeded) or "away" (ties away from zero).
+    sr_prescale: multiply values by this before rounding and divide after (Tseng et al.: 0.75,
+        so that stochastic rounding with the floor rule never clips).
+    tensor_scale: two-level scaling: an FP32 per-tensor scale maps the tensor's amax onto the
+        largest block scale times the element max (NVFP4: 448 * 6 / amax).
+    """
+
+    element: str = "e2m1"
+    scale: str = "e8m0"
+    block: int | str = 32
+    tile2d: bool = False
+    scale_rule: str = "floor"
+    rounding: str = "rne"
+    sr_prescale: float = 1.0
+    tensor_scale: bool = False
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "mxfp4": {},
+        "mxfp4-ceil": {"scale_rule": "ceil"},
+        "mxfp4-sr": {"rounding": "sr"},
+        "mxfp4-ue5m3": {"scale": "ue5m3", "tensor_scale": True},
+        "nvfp4": {"scale": "ue4m3", "block": 16, "tensor_scale": True},
+        "nvfp4-2d": {"scale": "ue4m3", "block": 16, "tensor_scale": True, "tile2d": True},
+        "fp4-row": {"block": "row", "scale_rule": "ceil"},
+        "fp8-e4m3": {"element": "e4m3", "scale": "fp32", "block": "row"},
+        "fp8-e5m2": {"element": "e5m2", "scale": "fp32", "block": "row"},
+    }
+
+    def __post_init__(self) -> None:
+        _check_choice("element", self.element, tuple(ELEMENT_FORMATS))
+        _check_choice("scale", self.scale, tuple(SCALE_FORMATS))
+        _check_choice("scale_rule", self.scale_rule, SCALE_RULES)
+        _check_choice("rounding", self.rounding, ROUNDINGS)
+        if isinstance(self.block, bool) or not isinstance(self.block, (int, str)):
+            raise SpecError(f"block: must be an integer {MIN_BLOCK}..{MAX_BLOCK}, 'row' or 'tensor'")
+        if isinstance(self.block, str):
+            _check_choice("block", self.block, BLOCK_KINDS)
+        elif not (MIN_BLOCK <= self.block <= MAX_BLOCK) or self.block % 2:
+            raise SpecError(
+                f"block: must be an even integer in {MIN_BLOCK}..{MAX_BLOCK} (got {self.block})"
+            )
+        if self.tile2d and not isinstance(self.block, int):
+            raise SpecError("tile2d: needs an integer block size (the tile is block x block)")
+        if not isinstance(self.sr_prescale, (int, float)) or not 0 < self.sr_prescale <= 1:
+            raise SpecError(f"sr_prescale: must be in (0, 1] (got {self.sr_prescale!r})")
+        if self.sr_prescale != 1.0 and self.rounding != "sr":
+            raise SpecError("sr_prescale: only applies with rounding 'sr'")
+        if self.tensor_scale and self.scale_format.kind != "minifloat":
+            raise SpecError(
+                f"tensor_scale: only with a ue5m3 or ue4m3 block scale (got scale {self.scale!r})"
+            )
+        for flag in ("tile2d", "tensor_scale"):
+            if not isinstance(getattr(self, flag), bool):
+                raise SpecError(f"{flag}: must be true or false")
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> QuantSpec:
+        """A named spec (mxfp4, mxfp4-ceil, nvfp4, mxfp4-ue5m3, ...), with optional overrides."""
+        if name not in cls.PRESETS:
+            raise SpecError(f"unknown preset {name!r}; known: {', '.join(cls.PRESETS)}")
+        return cls(**{**cls.PRESETS[name], **overrides})
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def replace(self, **changes: Any) -> QuantSpec:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def element_format(self) -> Minifloat:
+        return ELEMENT_FORMATS[self.element]
+
+    @property
+    def scale_format(self) -> ScaleFormat:
+        return SCALE_FORMATS[self.scale]
+
+    @property
+    def packed(self) -> bool:
+        """Whether codes are stored two per byte."""
+        return self.element_format.bits == 4
+
+    def short(self) -> str:
+        """A compact label, e.g. 'e2m1/e8m0/32/ceil/sr'."""
+        parts = [self.element, self.scale, str(self.block) + ("x2d" if self.tile2d else "")]
+        parts += [self.scale_rule, self.rounding]
+        if self.sr_prescale != 1.0:
+            parts.append(f"pre{self.sr_prescale:g}")
+        if self.tensor_scale:
+            parts.append("ts")
+        return "/".join(parts)
+
+
+def _check_choice(field: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpecError(f"{field}: must be one of {', '.join(choices)} (got {value!r})")

@@ -1,0 +1,8 @@
+"""FP4 training techniques, one module each: a small frozen config plus pure functions."""
+
+from fp4cli.techniques.dge import DGEConfig
+from fp4cli.techniques.hadamard import HadamardConfig
+from fp4cli.techniques.outliers import OutlierConfig
+from fp4cli.techniques.qema import QEMAConfig
+
+__all__ = ["DGEConfig", "HadamardConfig", "OutlierConfig", "QEMAConfig"]

@@ -1,0 +1,66 @@
+"""DGE: Wang et al.'s differentiable gradient estimator for the weight quantizer.
+
+Inside each interval [l, l + d) of the element grid (on the scaled weight w / s), the step of
+the quantizer is replaced by a smooth surrogate whose derivative is
+    f'(x) = (1 / k) * |2 (x - l) / d - 1| ^ (1 / k - 1),   capped at `cap`,
+and the weight's gradient is multiplied elementwise by f'. The derivative averages 1 over an
+interval (uncapped), so on average DGE keeps the straight-through gradient's scale. Beyond the
+grid's largest value (clipped weights) the derivative is 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fp4cli.formats import Minifloat, magnitude_grid
+from fp4cli.quant.spec import SpecError
+
+
+@dataclass(frozen=True)
+class DGEConfig:
+    k: float = 5.0
+    cap: float = 3.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, (int, float)) or self.k <= 1:
+            raise SpecError(f"k: must be a number > 1 (got {self.k!r})")
+        if isinstance(self.cap, bool) or not isinstance(self.cap, (int, float)) or self.cap < 1:
+            raise SpecError(f"cap: must be a number >= 1 (got {self.cap!r})")
+
+
+def _interval(scaled: torch.Tensor, fmt: Minifloat) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grid interval [lower, lower + width) holding |scaled| (width 0 beyond the grid)."""
+    grid = magnitude_grid(fmt, str(scaled.device))
+    magnitude = scaled.abs()
+    index = torch.searchsorted(grid, magnitude, right=True) - 1  # lower point's index
+    index = index.clamp(0, grid.numel() - 1)
+    lower = grid[index]
+    upper = grid[(index + 1).clamp(max=grid.numel() - 1)]
+    return lower, upper - lower
+
+
+def dge_surrogate(scaled: torch.Tensor, fmt: Minifloat, k: float) -> torch.Tensor:
+    """The smooth surrogate of the quantizer on the scaled weight (odd in x)."""
+    lower, width = _interval(scaled, fmt)
+    inside = width > 0
+    safe_width = torch.where(inside, width, torch.ones_like(width))
+    t = 2 * (scaled.abs() - lower) / safe_width - 1  # in [-1, 1)
+    smooth = lower + safe_width / 2 * (1 + torch.sign(t) * t.abs().pow(1 / k))
+    magnitude = torch.where(inside, smooth, torch.full_like(smooth, fmt.max_value))
+    return torch.copysign(magnitude, scaled)
+
+
+def dge_derivative(scaled: torch.Tensor, fmt: Minifloat, config: DGEConfig) -> torch.Tensor:
+    """f'(scaled), capped at config.cap; 0 beyond the grid."""
+    lower, width = _interval(scaled, fmt)
+    inside = width > 0
+    safe_width = torch.where(inside, width, torch.ones_like(width))
+    t = (2 * (scaled.abs() - lower) / safe_width - 1).abs()
+    exponent = 1 / config.k - 1  # negative: f' grows toward the interval's middle
+    derivative = torch.where(
+        t > 0, t.pow(exponent) / config.k, torch.full_like(t, float(config.cap))
+    )
+    derivative = derivative.clamp(max=config.cap)
+    return torch.where(inside, derivative, torch.zeros_like(derivative))

@@ -1,0 +1,65 @@
+"""Random Hadamard transform (RHT) along a GEMM's reduction dimension (Tseng et al.).
+
+R = blockdiag(H_n D): H_n the normalized Sylvester Hadamard matrix of size n, D a diagonal of
+random signs drawn from a seed, fresh for every GEMM call. R is orthogonal, so transforming both
+operands along the reduction dimension leaves the product unchanged: (A R)(B R)^T = A B^T. The
+dimension is zero-padded to a multiple of n (zeros add nothing to the product).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+
+from fp4cli.quant.random_bits import Seed, random_signs
+from fp4cli.quant.spec import SpecError
+
+SIZES = (16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class HadamardConfig:
+    size: int = 64
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or self.size not in SIZES:
+            raise SpecError(f"size: must be one of {', '.join(map(str, SIZES))} (got {self.size!r})")
+
+
+@cache
+def _sylvester(n: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return h
+
+
+def hadamard_matrix(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The normalized Sylvester Hadamard matrix of size n (float32, orthogonal, symmetric)."""
+    if n not in SIZES:
+        raise SpecError(f"Hadamard size must be one of {SIZES} (got {n})")
+    return (_sylvester(n) / n**0.5).to(device=device, dtype=torch.float32)
+
+
+def rht_matrix(n: int, seed: Seed, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The n x n block of R: D H_n (rows scaled by random signs drawn from `seed`)."""
+    return random_signs(seed, n, device).unsqueeze(1) * hadamard_matrix(n, device)
+
+
+def rht(x: torch.Tensor, dim: int, size: int, seed: Seed) -> torch.Tensor:
+    """x transformed along `dim` by R (padded to a multiple of `size`), in float32.
+
+    The result's `dim` has the padded length; apply the same call (same size and seed) to both
+    operands of a GEMM along its reduction dimension.
+    """
+    moved = x.to(torch.float32).movedim(dim, -1)
+    length = moved.shape[-1]
+    padded_length = -(-length // size) * size
+    if padded_length != length:
+        moved = F.pad(moved, (0, padded_length - length))
+    blocks = moved.reshape(*moved.shape[:-1], padded_length // size, size)
+    transformed = blocks @ rht_matrix(size, seed, x.device)
+    return transformed.reshape(*moved.shape[:-1], padded_length).movedim(-1, dim)

@@ -1,0 +1,34 @@
+"""Q-EMA (TetraJet): round the weight toward its exponential moving average.
+
+W_ema = beta * W_ema + (1 - beta) * W after every optimizer step (starting from W). The weight is
+quantized with the scale computed from W itself, but of the two grid points that bracket W / s,
+the one nearer W_ema / s is chosen. Until `warmup` updates have been made, plain rounding is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fp4cli.quant.spec import SpecError
+
+
+@dataclass(frozen=True)
+class QEMAConfig:
+    beta: float = 0.998
+    warmup: int = 10
+
+    def __post_init__(self) -> None:
+        b = self.beta
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < 1:
+            raise SpecError(f"beta: must be in (0, 1) (got {b!r})")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise SpecError(f"warmup: must be a non-negative integer (got {self.warmup!r})")
+
+
+@torch.no_grad()
+def update_ema(ema: torch.Tensor, weight: torch.Tensor, beta: float, updates: torch.Tensor) -> None:
+    """One EMA step in place; the first update (updates == 0) copies the weight."""
+    weight = weight.to(ema.dtype)
+    ema.copy_(torch.where(updates == 0, weight, ema * beta + weight * (1 - beta)))
