@@ -3,9 +3,10 @@
 Inside each interval [l, l + d) of the element grid (on the scaled weight w / s), the step of
 the quantizer is replaced by a smooth surrogate whose derivative is
     f'(x) = (1 / k) * |2 (x - l) / d - 1| ^ (1 / k - 1),   capped at `cap`,
-and the weight's gradient is multiplied elementwise by f'. The derivative averages 1 over an
-interval (uncapped), so on average DGE keeps the straight-through gradient's scale. Beyond the
-grid's largest value (clipped weights) the derivative is 0.
+and the weight's gradient is multiplied elementwise by f'. Uncapped, f' averages exactly 1 over
+an interval (the straight-through scale); the cap removes the integrable peak at the interval's
+middle, so with k = 5 and cap 3 it averages about 0.59. Beyond the grid's largest value (clipped
+weights) the derivative is 0.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class DGEConfig:
 
 def _interval(scaled: torch.Tensor, fmt: Minifloat) -> tuple[torch.Tensor, torch.Tensor]:
     """The grid interval [lower, lower + width) holding |scaled| (width 0 beyond the grid)."""
-    grid = magnitude_grid(fmt, str(scaled.device))
+    grid = magnitude_grid(fmt, str(scaled.device)).to(scaled.dtype)
     magnitude = scaled.abs()
     index = torch.searchsorted(grid, magnitude, right=True) - 1  # lower point's index
     index = index.clamp(0, grid.numel() - 1)
