@@ -32,16 +32,21 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from fp4cli.linear import (
-        LinearConfig,
-        QuantLinear,
-        attach_qema,
-        quantize_model,
-        quantized_layers,
-        update_qema,
-    )
-    from fp4cli.quant import QuantizedTensor, QuantSpec, SpecError, fake_quantize, quantize
-    from fp4cli.recipes import Recipe, RecipeError, list_recipes, load_recipe
+    from fp4cli.linear import LinearConfig as LinearConfig
+    from fp4cli.linear import QuantLinear as QuantLinear
+    from fp4cli.linear import attach_qema as attach_qema
+    from fp4cli.linear import quantize_model as quantize_model
+    from fp4cli.linear import quantized_layers as quantized_layers
+    from fp4cli.linear import update_qema as update_qema
+    from fp4cli.quant import QuantizedTensor as QuantizedTensor
+    from fp4cli.quant import QuantSpec as QuantSpec
+    from fp4cli.quant import SpecError as SpecError
+    from fp4cli.quant import fake_quantize as fake_quantize
+    from fp4cli.quant import quantize as quantize
+    from fp4cli.recipes import Recipe as Recipe
+    from fp4cli.recipes import RecipeError as RecipeError
+    from fp4cli.recipes import list_recipes as list_recipes
+    from fp4cli.recipes import load_recipe as load_recipe
 
 
 def __getattr__(name: str) -> Any:

@@ -41,7 +41,7 @@ def test_high_precision_layer_equals_nn_linear_exactly(config, shape):
     y_ref, g_ref = _grads(reference, x, grad_y)
     y, g = _grads(layer, x, grad_y)
     assert torch.equal(y, y_ref)
-    for a, b in zip(g, g_ref):
+    for a, b in zip(g, g_ref, strict=True):
         assert torch.equal(a, b)
 
 
@@ -72,7 +72,7 @@ def test_layer_equals_composition_of_fake_quantize(double_quant, tokens):
     y, grads = _grads(layer, x, grad_y)
     y_ref, grads_ref = _composition(x, layer.weight, layer.bias, grad_y, config, seed=1000)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
-    for a, b in zip(grads, grads_ref):
+    for a, b in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 

@@ -63,8 +63,9 @@ class ScaleFormat:
 
 
 # UE5M3: 5 exponent bits (bias 15), 3 mantissa bits, subnormals, exponent field 31 reserved.
-UE5M3 = Minifloat("ue5m3", ebits=5, mbits=3, bias=15, max_code=(30 << 3) | 7, signed=False,
-                  nan_code=0xFF)
+UE5M3 = Minifloat(
+    "ue5m3", ebits=5, mbits=3, bias=15, max_code=(30 << 3) | 7, signed=False, nan_code=0xFF
+)
 # UE4M3: the positive half of FP8 E4M3.
 UE4M3 = Minifloat("ue4m3", ebits=4, mbits=3, bias=7, max_code=0x7E, signed=False, nan_code=0x7F)
 

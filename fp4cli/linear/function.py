@@ -85,7 +85,7 @@ class QuantLinearFunction(torch.autograd.Function):
     """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor,
@@ -120,7 +120,7 @@ class QuantLinearFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx: Any, grad_y: torch.Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad_y: torch.Tensor):
         x_source, w_source, weight = ctx.saved_tensors
         config: LinearConfig = ctx.config
         grad_x = grad_w = grad_b = None

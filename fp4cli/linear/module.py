@@ -26,6 +26,12 @@ class QuantLinear(nn.Linear):
     `ema_updates`. All are saved in the state dict, so a resumed run continues the same streams.
     """
 
+    config: LinearConfig
+    rng_seed: torch.Tensor
+    calls: torch.Tensor
+    weight_ema: torch.Tensor
+    ema_updates: torch.Tensor
+
     def __init__(
         self,
         in_features: int,
@@ -67,7 +73,8 @@ class QuantLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.config.is_high_precision:
             return F.linear(x, self.weight, self.bias)
-        weight, bias = self.weight, self.bias
+        weight: torch.Tensor = self.weight
+        bias: torch.Tensor | None = self.bias
         device_type = x.device.type
         if torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)

@@ -65,7 +65,9 @@ class QuantSpec:
         _check_choice("scale_rule", self.scale_rule, SCALE_RULES)
         _check_choice("rounding", self.rounding, ROUNDINGS)
         if isinstance(self.block, bool) or not isinstance(self.block, (int, str)):
-            raise SpecError(f"block: must be an integer {MIN_BLOCK}..{MAX_BLOCK}, 'row' or 'tensor'")
+            raise SpecError(
+                f"block: must be an integer {MIN_BLOCK}..{MAX_BLOCK}, 'row' or 'tensor'"
+            )
         if isinstance(self.block, str):
             _check_choice("block", self.block, BLOCK_KINDS)
         elif not (MIN_BLOCK <= self.block <= MAX_BLOCK) or self.block % 2:

@@ -26,7 +26,9 @@ class HadamardConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or self.size not in SIZES:
-            raise SpecError(f"size: must be one of {', '.join(map(str, SIZES))} (got {self.size!r})")
+            raise SpecError(
+                f"size: must be one of {', '.join(map(str, SIZES))} (got {self.size!r})"
+            )
 
 
 @cache
