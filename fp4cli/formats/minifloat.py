@@ -144,7 +144,7 @@ def round_to_grid(
 def encode(values: torch.Tensor, fmt: Minifloat) -> torch.Tensor:
     """Codes (uint8) of values that lie on `fmt`'s grid. NaN gets the format's NaN code (or 0)."""
     grid = magnitude_grid(fmt, str(values.device))
-    magnitude = values.abs()
+    magnitude = values.abs().contiguous()
     finite = torch.isfinite(values)
     codes = torch.searchsorted(grid, torch.where(finite, magnitude, torch.zeros_like(magnitude)))
     codes = codes.clamp(max=fmt.max_code)

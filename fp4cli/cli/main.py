@@ -1,0 +1,85 @@
+"""The `fp4` command: the root Typer app; each command group lives in its own module.
+
+Nothing heavy is imported here or in the command modules at import time (STYLE.md 4): commands
+import torch and the engine when they run, so `fp4 --help` is instant. A domain error (an
+impossible recipe or spec, a missing file) becomes one red `error: ...` line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from fp4cli.cli import recipes_cmd
+
+# "module:Class" of the errors that mean "the request is impossible", not "the code is broken";
+# other parts add theirs here. A class is looked up only if its module is already imported (it
+# cannot have been raised otherwise), so this list costs no import.
+DOMAIN_ERRORS = [
+    "fp4cli.recipe_schema:RecipeError",
+    "fp4cli.quant.spec:SpecError",
+    "builtins:FileNotFoundError",
+]
+USER_ERROR_EXIT = 2
+
+
+def _is_domain_error(error: BaseException) -> bool:
+    for name in DOMAIN_ERRORS:
+        module, _, cls = name.partition(":")
+        loaded = sys.modules.get(module)
+        if loaded is not None and isinstance(error, getattr(loaded, cls)):
+            return True
+    return False
+
+
+def _print_error(message: str) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=True, soft_wrap=True, highlight=False)
+    console.print("error: " + " ".join(message.split()), style="red", markup=False)
+
+
+class _Group(TyperGroup):
+    """The root group: every command runs inside its invoke, so domain errors are caught here."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as error:
+            if not _is_domain_error(error):
+                raise
+            _print_error(str(error))
+            raise typer.Exit(USER_ERROR_EXIT) from None
+
+
+app = typer.Typer(
+    name="fp4",
+    cls=_Group,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(recipes_cmd.app, name="recipes")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import fp4cli
+
+        typer.echo(f"fp4cli {fp4cli.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """FP4 training research: recipes, training runs, benchmarks, analysis."""

@@ -1,0 +1,103 @@
+"""`fp4 recipes`: list the shipped recipes, show one fully resolved."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from fp4cli.quant.spec import QuantSpec
+    from fp4cli.recipes import Recipe
+
+app = typer.Typer(help="List and inspect FP4 training recipes.", no_args_is_help=True)
+
+GEMM_OPERANDS = {"forward": ("x", "w"), "grad_input": ("dy", "w"), "grad_weight": ("dy", "x")}
+
+
+@app.command("list")
+def list_command() -> None:
+    """List the shipped recipes and the GEMM operands each one quantizes."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from fp4cli.recipes import list_recipes, load_recipe
+
+    names = list_recipes()
+    table = Table(
+        title="shipped recipes (details: fp4 recipes show NAME)",
+        box=box.SIMPLE_HEAD,
+        show_lines=True,
+    )
+    table.add_column("recipe", min_width=max(map(len, names)))
+    for gemm in GEMM_OPERANDS:
+        table.add_column(gemm, no_wrap=True)
+    table.add_column("techniques", no_wrap=True)
+    for name in names:
+        recipe = load_recipe(name)
+        title = Text(name, style="bold").append("\n" + recipe.description, style="dim")
+        cells = [_gemm_cell(recipe, gemm) for gemm in GEMM_OPERANDS]
+        table.add_row(title, *cells, _techniques(recipe))
+    Console().print(table)
+
+
+@app.command("show")
+def show_command(
+    recipe: Annotated[str, typer.Argument(help="A shipped recipe name or a path to a .yaml file.")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            "-s",
+            metavar="KEY=VALUE",
+            help="Override a key, the value parsed as YAML (repeatable): "
+            "--set linear.forward.x.rounding=sr --set linear.grad_weight.hadamard=32",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML.")] = False,
+) -> None:
+    """Print a recipe fully resolved: base merged, presets expanded, overrides applied."""
+    import json
+
+    from fp4cli.recipes import apply_overrides, load_recipe
+
+    resolved = apply_overrides(load_recipe(recipe), overrides or [])
+    if as_json:
+        typer.echo(json.dumps(resolved.to_dict(), indent=2))
+    else:
+        typer.echo(resolved.to_yaml(), nl=False)
+
+
+def _gemm_cell(recipe: Recipe, gemm: str) -> str:
+    """One line per format: the operands that use it, e.g. 'dy,w mxfp4-ceil+sr'."""
+    groups: dict[str, list[str]] = {}
+    for op in GEMM_OPERANDS[gemm]:
+        spec = recipe.linear.spec(f"{gemm}_{op}")
+        if spec is not None:
+            groups.setdefault(_label(spec), []).append(op)
+    lines = [f"{','.join(ops)} {label}" for label, ops in groups.items()]
+    hadamard = recipe.linear.hadamard(gemm)
+    if hadamard is not None:
+        lines.append(f"rht{hadamard.size}")
+    return "\n".join(lines) or "-"
+
+
+def _label(spec: QuantSpec) -> str:
+    """The preset a spec comes from (plus its rounding), else its short form."""
+    plain = spec.replace(rounding="rne", sr_prescale=1.0)
+    for name in spec.PRESETS:
+        if spec.preset(name) == plain:
+            if spec.rounding == "rne":
+                return name
+            return f"{name}+{spec.rounding}" + (
+                f"{spec.sr_prescale:g}" if spec.sr_prescale != 1 else ""
+            )
+    return spec.short()
+
+
+def _techniques(recipe: Recipe) -> str:
+    lin = recipe.linear
+    names = [name for name in ("double_quant", "dge", "outliers", "qema") if getattr(lin, name)]
+    return "\n".join(names + (["qramp"] if recipe.qramp else [])) or "-"

@@ -1,0 +1,172 @@
+"""Loading recipes: shipped names and YAML files, `base:` inheritance, `--set` overrides.
+
+Use it as `fp4cli.recipes` (the package that also holds the shipped YAML files):
+
+    from fp4cli.recipes import load_recipe, apply_overrides
+    recipe = apply_overrides(load_recipe("tetrajet"), ["linear.grad_weight.hadamard=32"])
+
+A file may start with `base: NAME_OR_PATH` (a shipped name, or a path relative to the file).
+Inheritance deep-merges mappings, the child's keys winning: an operand given as a mapping merges
+into the base's operand, one given as a preset name or null replaces it; lists (skip) are
+replaced. Each base is validated on its own first, so an error names the file of the chain in
+which it first appears.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fp4cli.recipe_schema import (
+    DICT_KEYS,
+    FILE_KEYS,
+    Recipe,
+    RecipeError,
+    build_recipe,
+    did_you_mean,
+)
+
+
+def list_recipes() -> list[str]:
+    """The shipped recipe names, sorted."""
+    return sorted(path.stem for path in _shipped_dir().glob("*.yaml"))
+
+
+def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
+    """A shipped recipe by name ("tetrajet"), or a recipe file by path (a name that ends in
+    .yaml / .yml or holds a path separator)."""
+    ref = os.fspath(name_or_path)
+    return _load(_locate(ref, ref, "", Path.cwd()), chain=())[1]
+
+
+def apply_overrides(recipe: Recipe, overrides: Sequence[str]) -> Recipe:
+    """A new Recipe with `key=value` overrides (dotted keys, values parsed as YAML) applied to
+    the resolved dict, then validated again. `linear.forward.x=nvfp4` replaces an operand,
+    `linear.forward.x.rounding=sr` changes one of its fields."""
+    if not overrides:
+        return recipe
+    label = f"{_display(recipe.source)} (--set)"
+    tree = recipe.to_dict()
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise RecipeError(label, item, "expected key=value, e.g. linear.forward.x.rounding=sr")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise RecipeError(label, key, f"value is not valid YAML: {error}") from None
+        _set(tree, key, value, label)
+    return build_recipe(tree, label, keys=DICT_KEYS, name=recipe.name, source=recipe.source)
+
+
+def _set(tree: dict[str, Any], key: str, value: Any, label: str) -> None:
+    *parents, last = key.split(".")
+    node = tree
+    for depth, part in enumerate(parents, 1):
+        here = ".".join(parents[:depth])
+        if part in node and node[part] is None:
+            raise RecipeError(label, here, f"is null; set it whole, e.g. {here}={{...}}")
+        node = node.setdefault(part, {})  # a new key is an unknown one: validation names it
+        if not isinstance(node, dict):
+            raise RecipeError(label, here, f"is {node!r}, not a mapping")
+    if last == "preset":  # a preset replaces the operand's expanded fields, not under them
+        node.clear()
+    node[last] = value
+
+
+def _shipped_dir() -> Path:
+    return Path(str(resources.files("fp4cli.recipes")))
+
+
+def _display(path: str | Path) -> str:
+    """A path relative to the working directory when inside it, else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _locate(ref: str, label: str, key: str, relative_to: Path) -> Path:
+    if ref.endswith((".yaml", ".yml")) or "/" in ref or os.sep in ref:
+        path = (relative_to / Path(ref).expanduser()).resolve()
+        if not path.is_file():
+            where = f" (looked for {path})" if key else ""
+            raise RecipeError(label, key, f"no such recipe file {ref!r}{where}")
+        return path
+    shipped = list_recipes()
+    if ref not in shipped:
+        hint = did_you_mean(ref, shipped)
+        raise RecipeError(
+            label,
+            key,
+            f"unknown recipe {ref!r}{hint}; shipped: {', '.join(shipped)}; "
+            "or give a path to a .yaml file",
+        )
+    return _shipped_dir() / f"{ref}.yaml"
+
+
+def _load(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], Recipe]:
+    """(the merged recipe mapping, without base; the validated Recipe)."""
+    label = _display(path)
+    raw = _read_yaml(path, label)
+    if not isinstance(raw, dict):
+        raise RecipeError(label, "", f"must be a mapping of {', '.join(FILE_KEYS)} (got {raw!r})")
+    base = raw.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str) or not base:
+            raise RecipeError(label, "base", f"must be a recipe name or path (got {base!r})")
+        base_path = _locate(base, label, "base", path.parent)
+        if base_path in (*chain, path):
+            cycle = " -> ".join(_display(p) for p in (*chain, path, base_path))
+            raise RecipeError(label, "base", f"inheritance cycle: {cycle}")
+        raw = _merge(_load(base_path, (*chain, path))[0], raw)
+    return raw, build_recipe(raw, label, keys=FILE_KEYS, name=path.stem, source=str(path))
+
+
+def _read_yaml(path: Path, label: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise RecipeError(label, "", f"cannot read: {error.strerror or error}") from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader
+    except yaml.MarkedYAMLError as error:
+        line = f"line {error.problem_mark.line + 1}: " if error.problem_mark else ""
+        raise RecipeError(label, "", f"{line}invalid YAML: {error.problem}") from None
+    except yaml.YAMLError as error:
+        raise RecipeError(label, "", f"invalid YAML: {error}") from None
+    if raw is None:
+        raise RecipeError(label, "", "empty recipe file (expected a mapping: description, linear)")
+    return raw
+
+
+def _merge(base: Any, child: Any) -> Any:
+    if isinstance(child, dict):
+        if isinstance(base, str):  # an operand given by preset name, refined by the child
+            base = {"preset": base}
+        elif isinstance(base, int) and not isinstance(base, bool):  # a Hadamard given by size
+            base = {"size": base}
+        if isinstance(base, dict):
+            return base | {k: _merge(base.get(k), v) for k, v in child.items()}
+    return child
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that rejects duplicate keys (a second `forward:` would silently win)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)

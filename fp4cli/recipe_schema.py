@@ -1,0 +1,286 @@
+"""The Recipe object and its validation: a recipe mapping -> frozen config dataclasses.
+
+A recipe mapping (a YAML file's content, less its `base:`; see fp4cli.recipes):
+
+    description: one line
+    skip: [head, lm_head]           # modules kept in high precision (fnmatch patterns)
+    linear:
+      forward:     {x: mxfp4-ceil, w: mxfp4-ceil, hadamard: null}
+      grad_input:  {dy: {preset: mxfp4-ceil, rounding: sr}, w: null}
+      grad_weight: {dy: mxfp4, x: mxfp4, hadamard: 64}       # or hadamard: {size: 64}
+      double_quant: true
+      dge: null                     # or {k: 5, cap: 3.0}; {} means the defaults
+      outliers: null                # or {quantile: 0.99, compensate: true}
+      qema: null                    # or {beta: 0.998, warmup: 10}
+    optimizer:
+      qramp: null                   # or {alpha: 16, beta: 5, calibration_steps: 30, max_period: 16}
+
+An operand is null (high precision), a QuantSpec preset name, or a mapping of QuantSpec fields
+with an optional `preset:` that the other fields override. A missing key means null / false.
+
+Skipping: a module is kept in high precision when a pattern matches its full dotted name
+(`time_embedding.linear_1`) or its last component (`head`). Without `skip:` the DEFAULT_SKIP
+patterns apply; `skip: []` quantizes every linear layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from fp4cli.linear.config import LinearConfig
+from fp4cli.quant.spec import QuantSpec, SpecError
+from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConfig
+
+# The first and last layers, where FP4 costs most and saves least (TetraJet and NVFP4 keep them
+# in high precision): timm ViT `head` and `patch_embed.proj`, a GPT's `lm_head`, diffusers UNet
+# `time_embedding.linear_1/2`, `class_embedding`, `add_embedding`; `pos_embed` and nn.Embedding
+# tables are no linear layers anyway.
+DEFAULT_SKIP = ("head", "lm_head", "*embed*")
+GEMM_OPERANDS = {"forward": ("x", "w"), "grad_input": ("dy", "w"), "grad_weight": ("dy", "x")}
+FILE_KEYS = ("base", "description", "skip", "linear", "optimizer")
+DICT_KEYS = ("name", "description", "skip", "linear", "optimizer", "source")
+LINEAR_KEYS = (*GEMM_OPERANDS, "double_quant", "dge", "outliers", "qema")
+TECHNIQUES = {"dge": DGEConfig, "outliers": OutlierConfig, "qema": QEMAConfig}
+# LinearConfig field names -> recipe keys, to re-path LinearConfig's SpecError messages.
+_RECIPE_KEYS = {
+    f"{g}_{o}": f"{g}.{o}" for g, ops in GEMM_OPERANDS.items() for o in (*ops, "hadamard")
+}
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be loaded: a one-line message naming the file and the dotted key."""
+
+    def __init__(self, source: str, key: str, problem: str) -> None:
+        self.source, self.key, self.problem = source, key, " ".join(problem.split())
+        super().__init__(f"{source}: {key}: {self.problem}" if key else f"{source}: {self.problem}")
+
+
+@dataclass(frozen=True)
+class QRampConfig:
+    """Q-Ramping (TetraJet): each weight updates every min(floor(R / alpha) * beta + 1,
+    max_period) steps, R its oscillation ratio over `calibration_steps` steps of plain AdamW.
+    METHODS.md gives no value for max_period (N_max); 16 is our default."""
+
+    alpha: float = 16.0
+    beta: int = 5
+    calibration_steps: int = 30
+    max_period: int = 16
+
+    def __post_init__(self) -> None:
+        a = self.alpha
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or a <= 0:
+            raise SpecError(f"alpha: must be a positive number (got {a!r})")
+        for name in ("beta", "calibration_steps", "max_period"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"{name}: must be a positive integer (got {value!r})")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    description: str
+    skip: tuple[str, ...]
+    linear: LinearConfig
+    qramp: QRampConfig | None
+    source: str
+
+    def skips(self, module_name: str) -> bool:
+        """Whether the module with this dotted name stays in high precision."""
+        last = module_name.rsplit(".", 1)[-1]
+        return any(fnmatch.fnmatchcase(n, p) for p in self.skip for n in (module_name, last))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Fully resolved and JSON-able: presets expanded, no base; from_dict reads it back."""
+        lin = self.linear
+        linear: dict[str, Any] = {
+            gemm: {op: _asdict(lin.spec(f"{gemm}_{op}")) for op in ops}
+            | {"hadamard": _asdict(lin.hadamard(gemm))}
+            for gemm, ops in GEMM_OPERANDS.items()
+        }
+        linear["double_quant"] = lin.double_quant
+        linear |= {name: _asdict(getattr(lin, name)) for name in TECHNIQUES}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "skip": list(self.skip),
+            "linear": linear,
+            "optimizer": {"qramp": _asdict(self.qramp)},
+            "source": self.source,
+        }
+
+    def to_yaml(self) -> str:
+        """The resolved recipe as a loadable recipe file (an operand on one line)."""
+        tree = self.to_dict()
+        header = f"# {tree.pop('name')}: resolved from {tree.pop('source')}\n"
+        return header + yaml.dump(tree, Dumper=_CompactDumper, sort_keys=False, width=120)
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "<dict>") -> Recipe:
+        """A Recipe from to_dict()'s output (or any recipe mapping without `base`). `source`
+        names the origin in error messages, and is the Recipe's source when `d` has none."""
+        return build_recipe(d, source, keys=DICT_KEYS, name="unnamed", source=source)
+
+
+class _CompactDumper(yaml.SafeDumper):
+    """Lists and mappings of scalars (skip, an operand, a technique) on one line."""
+
+
+def _represent_dict(dumper: yaml.SafeDumper, d: dict[str, Any]) -> yaml.Node:
+    flow = not any(isinstance(v, dict) for v in d.values())
+    return dumper.represent_mapping("tag:yaml.org,2002:map", d, flow_style=flow)
+
+
+def _represent_list(dumper: yaml.SafeDumper, items: list[Any]) -> yaml.Node:
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=True)
+
+
+_CompactDumper.add_representer(dict, _represent_dict)
+_CompactDumper.add_representer(list, _represent_list)
+
+
+def build_recipe(raw: Any, label: str, *, keys: Sequence[str], name: str, source: str) -> Recipe:
+    """Validate a recipe mapping whose top-level keys are among `keys`; errors name `label`."""
+    top = _mapping(raw, label, "", keys)
+    skip = top.get("skip", list(DEFAULT_SKIP))
+    if not isinstance(skip, list) or not all(isinstance(p, str) and p for p in skip):
+        raise RecipeError(label, "skip", f"must be a list of module-name patterns (got {skip!r})")
+    optimizer = _mapping(top.get("optimizer") or {}, label, "optimizer", ("qramp",))
+    return Recipe(
+        name=_string(top.get("name", name), label, "name"),
+        description=_string(top.get("description", ""), label, "description"),
+        skip=tuple(skip),
+        linear=_linear(top.get("linear") or {}, label),
+        qramp=_config(optimizer.get("qramp"), QRampConfig, label, "optimizer.qramp"),
+        source=_string(top.get("source", source), label, "source"),
+    )
+
+
+def _linear(raw: Any, label: str) -> LinearConfig:
+    lin = _mapping(raw, label, "linear", LINEAR_KEYS)
+    fields: dict[str, Any] = {}
+    for gemm, operands in GEMM_OPERANDS.items():
+        key = f"linear.{gemm}"
+        ops = _mapping(lin.get(gemm) or {}, label, key, (*operands, "hadamard"))
+        for op in operands:
+            fields[f"{gemm}_{op}"] = _operand(ops.get(op), label, f"{key}.{op}")
+        hadamard = ops.get("hadamard")
+        if isinstance(hadamard, int) and not isinstance(hadamard, bool):
+            hadamard = {"size": hadamard}
+        fields[f"{gemm}_hadamard"] = _config(
+            hadamard, HadamardConfig, label, f"{key}.hadamard", "null, a size or {size: N}"
+        )
+    fields["double_quant"] = lin.get("double_quant", False)
+    if not isinstance(fields["double_quant"], bool):
+        raise RecipeError(label, "linear.double_quant", "must be true or false")
+    for name, cls in TECHNIQUES.items():
+        fields[name] = _config(lin.get(name), cls, label, f"linear.{name}")
+    try:
+        return LinearConfig(**fields)
+    except SpecError as error:
+        raise _wrap(error, label, "linear", _RECIPE_KEYS) from None
+
+
+def _operand(raw: Any, label: str, key: str) -> QuantSpec | None:
+    if raw is None:
+        return None
+    by_name = isinstance(raw, str)
+    expected = "null, a preset name or a mapping of QuantSpec fields"
+    allowed = ("preset", *QuantSpec.field_names())
+    fields = _mapping({"preset": raw} if by_name else raw, label, key, allowed, expected)
+    preset = fields.pop("preset", None)
+    if preset is not None and preset not in QuantSpec.PRESETS:
+        known = list(QuantSpec.PRESETS)
+        problem = f"unknown preset {preset!r}{did_you_mean(str(preset), known)}"
+        raise RecipeError(
+            label, key if by_name else f"{key}.preset", f"{problem}; known: {', '.join(known)}"
+        )
+    values = QuantSpec.PRESETS[preset] if preset else {}
+    try:
+        return QuantSpec(**(values | _typed(QuantSpec, fields, label, key)))
+    except SpecError as error:
+        raise _wrap(error, label, key) from None
+
+
+def _config(raw: Any, cls: Any, label: str, key: str, expected: str = "") -> Any:
+    """A technique's frozen config from null or a mapping of its fields."""
+    if raw is None:
+        return None
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    expected = expected or f"null or a mapping of {', '.join(names)}"
+    fields = _mapping(raw, label, key, names, expected)
+    try:
+        return cls(**_typed(cls, fields, label, key))
+    except SpecError as error:
+        raise _wrap(error, label, key) from None
+
+
+_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "bool": ((bool,), "true or false"),
+    "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"),
+    "str": ((str,), "a string"),
+}
+
+
+def _typed(cls: Any, fields: dict[str, Any], label: str, key: str) -> dict[str, Any]:
+    """Fields checked against the dataclass's simple annotations (an int becomes a float where a
+    float is expected); unions such as QuantSpec.block are left to the dataclass's checks."""
+    annotations = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    checked = dict(fields)
+    for name, value in fields.items():
+        if annotations[name] not in _TYPES:
+            continue
+        types, expected = _TYPES[annotations[name]]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise RecipeError(label, f"{key}.{name}", f"must be {expected} (got {value!r})")
+        if annotations[name] == "float":
+            checked[name] = float(checked[name])
+    return checked
+
+
+def _mapping(
+    raw: Any, label: str, key: str, allowed: Sequence[str], expected: str = "a mapping"
+) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise RecipeError(label, key, f"must be {expected} (got {raw!r})")
+    for name in raw:
+        if name not in allowed:
+            path = f"{key}.{name}" if key else str(name)
+            hint = did_you_mean(str(name), allowed)
+            raise RecipeError(label, path, f"unknown key{hint}; allowed: {', '.join(allowed)}")
+    return dict(raw)
+
+
+def _string(value: Any, label: str, key: str) -> str:
+    if not isinstance(value, str):
+        raise RecipeError(label, key, f"must be a string (got {value!r})")
+    return value
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _wrap(
+    error: SpecError, label: str, key: str, rename: dict[str, str] | None = None
+) -> RecipeError:
+    """A config dataclass's `field: problem` message, re-pathed under the recipe key."""
+    field, sep, problem = str(error).partition(": ")
+    if not sep or not re.fullmatch(r"[A-Za-z_][\w.]*", field):
+        return RecipeError(label, key, str(error))
+    head, dot, rest = field.partition(".")
+    return RecipeError(label, f"{key}.{(rename or {}).get(head, head)}{dot}{rest}", problem)
+
+
+def _asdict(config: Any) -> dict[str, Any] | None:
+    return None if config is None else dataclasses.asdict(config)

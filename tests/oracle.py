@@ -1,0 +1,392 @@
+"""An independent reference for fp4cli's numerics, written from the contract (DESIGN.md,
+"Numerics: the contract"; the QuantSpec docstring; the quantize.py module docstring), not from
+the implementation. It uses numpy and plain Python only: no fp4cli code.
+
+How it differs in method from fp4cli (on purpose, so that the two do not share mistakes):
+  * element grids are literal tables (4-bit formats) or enumerated from the bit layout (FP8),
+    and a value is rounded by looking at all grid points (nearest, ties to the even code);
+  * power-of-two block scales are found with exact rational arithmetic (fractions.Fraction);
+  * blocks are never padded: every element gets a block id, and padding zeros are irrelevant
+    to amax;
+  * the stochastic-rounding bits come from a separate Philox4x32-10 written from Random123.
+
+Where float32 rounding is part of the contract (quantize.py: "in float32"), the oracle mirrors
+the exact float32 operation order with numpy float32 scalars/arrays. Each such place is marked
+"FP32 MIRROR". They are:
+  1. two-level: ts = fp32(scale_max * elem_max) / fp32(amax over finite values), at most the
+     largest finite float32 (docs/numerics.md), then x * ts;
+  2. non power-of-two block scales: raw = fp32(amax) / fp32(elem_max), then raw is rounded onto
+     the scale grid (ue5m3/ue4m3: enumeration; bf16: by its bit layout; fp32: raw itself);
+  3. v = fp32(x / s), then v * sr_prescale;
+  4. dequantization ((q * s) / sr_prescale) / ts.
+Power-of-two scales make 3 and 4 exact, so there the mirror changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+F32 = np.float32
+FP32_MAX = float(np.finfo(np.float32).max)
+BF16_MAX = (2 - 2**-7) * 2.0**127
+
+
+# --------------------------------------------------------------------------------------------
+# Element grids
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The finite non-negative values of a signed format, with their magnitude codes."""
+
+    name: str
+    codes: tuple[int, ...]  # magnitude codes, ascending value order
+    values: tuple[float, ...]  # float64, exact
+    sign_bit: int  # 1 << (ebits + mbits)
+
+    @property
+    def max_value(self) -> float:
+        return max(self.values)
+
+    @property
+    def array(self) -> np.ndarray:
+        return np.asarray(self.values, dtype=np.float64)
+
+    def value_of_code(self, code: int) -> float:
+        """Signed value of a full code (sign bit included); codes outside the table raise."""
+        magnitude = self.values[self.codes.index(code & (self.sign_bit - 1))]
+        return -magnitude if code & self.sign_bit else magnitude
+
+
+def _fp8_grid(name: str, ebits: int, mbits: int, bias: int, max_code: int) -> Grid:
+    values = []
+    for code in range(max_code + 1):
+        exp, man = code >> mbits, code & ((1 << mbits) - 1)
+        if exp == 0:
+            values.append(man / 2**mbits * 2.0 ** (1 - bias))
+        else:
+            values.append((1 + man / 2**mbits) * 2.0 ** (exp - bias))
+    return Grid(name, tuple(range(max_code + 1)), tuple(values), 1 << (ebits + mbits))
+
+
+GRIDS: dict[str, Grid] = {
+    # code = sign<<3 | exponent<<1 | mantissa
+    "e2m1": Grid("e2m1", tuple(range(8)), (0, 0.5, 1, 1.5, 2, 3, 4, 6), 8),
+    # no mantissa: code = sign<<3 | exponent, bias 3, exponent 0 is zero
+    "e3m0": Grid("e3m0", tuple(range(8)), (0, 0.25, 0.5, 1, 2, 4, 8, 16), 8),
+    # sign-magnitude integers
+    "int4": Grid("int4", tuple(range(8)), (0, 1, 2, 3, 4, 5, 6, 7), 8),
+    "e4m3": _fp8_grid("e4m3", 4, 3, 7, 0x7E),  # 0x7F is NaN, max 448
+    "e5m2": _fp8_grid("e5m2", 5, 2, 15, 0x7B),  # 0x7C Inf, above NaN, max 57344
+}
+ELEMENT_MAX = {"e2m1": 6.0, "e3m0": 16.0, "int4": 7.0, "e4m3": 448.0, "e5m2": 57344.0}
+
+# Unsigned scale grids (UE5M3: exponent field 31 reserved; UE4M3: 0x7F is NaN).
+SCALE_GRIDS: dict[str, Grid] = {
+    "ue5m3": _fp8_grid("ue5m3", 5, 3, 15, (30 << 3) | 7),
+    "ue4m3": _fp8_grid("ue4m3", 4, 3, 7, 0x7E),
+}
+
+
+def round_to_grid(
+    v: np.ndarray, grid: Grid, mode: str, uniform: np.ndarray | None = None
+) -> np.ndarray:
+    """Round finite float64 values onto `grid` by enumeration, saturating to +-max.
+
+    rne: nearest, ties to the point whose code is even. away: ties away from zero.
+    sr: the two bracketing points lo <= |v| <= hi; up with probability (|v|-lo)/(hi-lo), i.e.
+    when uniform < (|v|-lo)/(hi-lo).
+    """
+    v = np.asarray(v, dtype=np.float64)
+    flat = v.reshape(-1)
+    out = np.empty_like(flat)
+    table = grid.array
+    even = (np.asarray(grid.codes) % 2) == 0
+    u_flat = None if uniform is None else np.asarray(uniform, dtype=np.float64).reshape(-1)
+    chunk = 4096
+    for start in range(0, flat.size, chunk):
+        part = flat[start : start + chunk]
+        mag = np.minimum(np.abs(part), grid.max_value)  # saturate
+        dist = np.abs(mag[:, None] - table[None, :])
+        if mode in ("rne", "away"):
+            nearest = dist == dist.min(axis=1, keepdims=True)  # one point, or two on a tie
+            if mode == "rne":
+                pick_even = nearest & even[None, :]
+                choice = np.where(pick_even.any(axis=1, keepdims=True), pick_even, nearest)
+                # exactly one even code among two neighbours, so one point is left
+                index = np.argmax(choice, axis=1)
+            else:
+                index = table.size - 1 - np.argmax(nearest[:, ::-1], axis=1)  # the larger
+            rounded = table[index]
+        elif mode == "sr":
+            assert u_flat is not None
+            u = u_flat[start : start + chunk]
+            below = np.where(table[None, :] <= mag[:, None], table[None, :], -np.inf).max(axis=1)
+            above = np.where(table[None, :] >= mag[:, None], table[None, :], np.inf).min(axis=1)
+            width = np.where(above > below, above - below, 1.0)
+            prob_up = (mag - below) / width
+            rounded = np.where(u < prob_up, above, below)
+        else:
+            raise ValueError(mode)
+        out[start : start + chunk] = np.copysign(rounded, part)
+    return out.reshape(v.shape)
+
+
+def grid_floor_ceil(v: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """The bracketing grid points (signed, toward zero and away from zero) of values within
+    +-max."""
+    mag = np.abs(np.asarray(v, dtype=np.float64))
+    table = grid.array
+    below = np.where(table[None, :] <= mag.reshape(-1, 1), table[None, :], -np.inf).max(axis=1)
+    above = np.where(table[None, :] >= mag.reshape(-1, 1), table[None, :], np.inf).min(axis=1)
+    sign = np.where(np.signbit(v), -1.0, 1.0).reshape(-1)
+    return (sign * below).reshape(np.shape(v)), (sign * above).reshape(np.shape(v))
+
+
+# --------------------------------------------------------------------------------------------
+# Block scales
+# --------------------------------------------------------------------------------------------
+
+
+def floor_log2(value: Fraction) -> int:
+    """floor(log2 value) for a positive rational, exactly."""
+    n, d = value.numerator, value.denominator
+    e = n.bit_length() - d.bit_length()
+    # 2^e <= n/d < 2^(e+1) ?
+    while Fraction(2) ** e > value:
+        e -= 1
+    while Fraction(2) ** (e + 1) <= value:
+        e += 1
+    return e
+
+
+def e8m0_exponent(amax: float, elem_max: float, rule: str) -> int:
+    """The E8M0 exponent of a block with finite amax (a float32 value), clamped to
+    [-127, 127]."""
+    if amax == 0:
+        return -127
+    a, m = Fraction(amax), Fraction(elem_max)
+    if rule == "floor":
+        e = floor_log2(a) - floor_log2(m)
+    else:  # ceil(log2(amax / emax)): the smallest e with amax <= emax * 2^e
+        ratio = a / m
+        e = floor_log2(ratio)
+        if Fraction(2) ** e < ratio:
+            e += 1
+    return max(-127, min(127, e))
+
+
+def _round_binary(value: float, mbits: int, emin: int, mode: str) -> float:
+    """Round a non-negative float64 onto a binary float grid with `mbits` mantissa bits and
+    minimum normal exponent `emin` (subnormals below), unbounded above. rne or up."""
+    if value == 0:
+        return 0.0
+    r = Fraction(value)
+    e = max(floor_log2(r), emin)
+    ulp = Fraction(2) ** (e - mbits)
+    units = r / ulp
+    whole = math.floor(units)
+    frac = units - whole
+    if mode == "rne":
+        up = frac > Fraction(1, 2) or (frac == Fraction(1, 2) and whole % 2 == 1)
+    else:
+        up = frac > 0
+    return float((whole + up) * ulp)
+
+
+def _round_scale_grid(raw: float, grid: Grid, mode: str) -> float:
+    """raw (>= 0) onto an unsigned scale grid by enumeration: rne (ties to even code) or up."""
+    if mode == "rne":
+        return float(round_to_grid(np.array([raw]), grid, "rne")[0])
+    table = grid.array
+    above = table[table >= raw]
+    return float(above.min()) if above.size else grid.max_value
+
+
+def block_scale(amax: float, spec: Any) -> float:
+    """The scale of one block with finite amax (float32 value; after the tensor scale)."""
+    elem_max = ELEMENT_MAX[spec.element]
+    if spec.scale == "e8m0":
+        return 2.0 ** e8m0_exponent(amax, elem_max, spec.scale_rule)
+    # FP32 MIRROR (2): the quotient is a float32 division, then rounded onto the scale grid.
+    raw = float(F32(amax) / F32(elem_max))
+    mode = "up" if spec.scale_rule == "ceil" else "rne"
+    if spec.scale in SCALE_GRIDS:
+        grid = SCALE_GRIDS[spec.scale]
+        lo, hi = grid.values[1], grid.max_value
+        s = _round_scale_grid(raw, grid, mode)
+    elif spec.scale == "bf16":
+        lo, hi = 2.0**-133, BF16_MAX
+        s = _round_binary(raw, 7, -126, mode)
+    elif spec.scale == "fp32":
+        # raw is already a float32: rounding it (either way) onto the fp32 grid leaves it.
+        lo, hi = 2.0**-149, FP32_MAX
+        s = raw
+    else:
+        raise ValueError(spec.scale)
+    return min(max(s, lo), hi)
+
+
+def scale_max(spec: Any) -> float:
+    return {"ue5m3": 61440.0, "ue4m3": 448.0}[spec.scale]
+
+
+# --------------------------------------------------------------------------------------------
+# Stochastic-rounding bits: Philox4x32-10 (Random123), counter (i lo, i hi, 0, 0),
+# key (seed lo, seed hi), uniform = (first word >> 8) * 2^-24.
+# --------------------------------------------------------------------------------------------
+
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+_LOW32 = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32_10(counter: tuple[np.ndarray, ...], key: tuple[int, int]) -> list[np.ndarray]:
+    c = [np.asarray(w, dtype=np.uint64) & _LOW32 for w in counter]
+    k0, k1 = key[0] & 0xFFFFFFFF, key[1] & 0xFFFFFFFF
+    for round_index in range(10):
+        if round_index:
+            k0, k1 = (k0 + _W0) & 0xFFFFFFFF, (k1 + _W1) & 0xFFFFFFFF
+        p0 = _M0 * c[0]  # < 2^64: no wrap-around
+        p1 = _M1 * c[2]
+        c = [
+            (p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k0),
+            p1 & _LOW32,
+            (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k1),
+            p0 & _LOW32,
+        ]
+    return c
+
+
+def sr_uniform(seed: int, index: np.ndarray) -> np.ndarray:
+    """The uniform number in [0, 1) of each element index (row-major index in x)."""
+    index = np.asarray(index, dtype=np.uint64)
+    zero = np.zeros_like(index)
+    seed &= (1 << 64) - 1
+    word = philox4x32_10(
+        (index & _LOW32, index >> np.uint64(32), zero, zero), (seed & 0xFFFFFFFF, seed >> 32)
+    )[0]
+    return (word >> np.uint64(8)).astype(np.float64) * 2.0**-24
+
+
+# --------------------------------------------------------------------------------------------
+# The whole quantizer
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Reference:
+    """out: dequantized float32 in x's shape. q: element values (float64, NaN in non-finite
+    blocks) in the moved (axis-last, unpadded) layout. scales: float32 block scales (NaN for
+    non-finite blocks) shaped like fp4cli's scale tensor. ts: the tensor scale or None."""
+
+    out: np.ndarray
+    q: np.ndarray
+    scales: np.ndarray
+    ts: float | None
+
+
+def _block_ids(shape: tuple[int, ...], spec: Any) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Block id of every element of the moved (axis-last) tensor, and the scales' shape."""
+    length = shape[-1]
+    lead = shape[:-1]
+    position = np.broadcast_to(np.arange(length), shape)
+    lead_index = np.arange(int(np.prod(lead, dtype=np.int64))).reshape(*lead, 1)
+    if spec.tile2d:
+        if len(shape) != 2:
+            raise ValueError("tile2d needs 2-D")
+        b = int(spec.block)
+        rows = np.arange(shape[0]).reshape(-1, 1) // b
+        n_cols = -(-length // b)
+        return rows * n_cols + position // b, (-(-shape[0] // b), n_cols)
+    if spec.block == "row":
+        return np.broadcast_to(lead_index, shape), (*lead, 1)
+    if spec.block == "tensor":
+        return np.zeros(shape, dtype=np.int64), (1,)
+    b = int(spec.block)
+    n_blocks = -(-length // b)
+    return lead_index * n_blocks + position // b, (*lead, n_blocks)
+
+
+def reference(x: np.ndarray, spec: Any, axis: int = -1, seed: int | None = None) -> Reference:
+    """Quantize-dequantize float32 `x` along `axis` by the contract."""
+    x = np.asarray(x, dtype=np.float32)
+    axis = axis % x.ndim
+    moved = np.moveaxis(x, axis, -1)
+    ids, scale_shape = _block_ids(moved.shape, spec)
+    ids = np.ascontiguousarray(ids).reshape(-1)
+    flat = np.ascontiguousarray(moved).reshape(-1)
+    n_blocks = int(np.prod(scale_shape))
+
+    finite = np.isfinite(flat)
+    bad_block = np.zeros(n_blocks, dtype=bool)
+    np.logical_or.at(bad_block, ids, ~finite)
+    clean = np.where(finite, flat, F32(0)).astype(np.float32)
+
+    ts = None
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        if spec.tensor_scale:
+            amax_t = F32(np.abs(clean).max())
+            # FP32 MIRROR (1)
+            target = F32(scale_max(spec) * ELEMENT_MAX[spec.element])
+            ts_f32 = F32(target / amax_t) if amax_t > 0 else F32(1.0)
+            # docs/numerics.md: at most the largest finite float32 (a tensor of tiny values
+            # would overflow it)
+            ts_f32 = min(ts_f32, F32(FP32_MAX))
+            ts = float(ts_f32)
+            clean = (clean * ts_f32).astype(np.float32)
+
+        amax = np.zeros(n_blocks, dtype=np.float32)
+        np.maximum.at(amax, ids, np.abs(clean))
+        cache_: dict[float, float] = {}
+        scales64 = np.array([cache_.setdefault(a, block_scale(a, spec)) for a in amax.tolist()])
+        scales = scales64.astype(np.float32)
+        assert np.array_equal(scales.astype(np.float64), scales64), "scale not a float32"
+
+        s_el = scales[ids]
+        v = (clean / s_el).astype(np.float32)  # FP32 MIRROR (3)
+        if spec.sr_prescale != 1.0:
+            v = (v * F32(spec.sr_prescale)).astype(np.float32)
+        uniform = None
+        if spec.rounding == "sr":
+            if seed is None:
+                raise ValueError("the oracle needs an explicit seed for sr")
+            index = np.moveaxis(np.arange(x.size).reshape(x.shape), axis, -1).reshape(-1)
+            uniform = sr_uniform(seed, index)
+        q = round_to_grid(v.astype(np.float64), GRIDS[spec.element], spec.rounding, uniform)
+
+        out = (q.astype(np.float32) * s_el).astype(np.float32)  # FP32 MIRROR (4)
+        if spec.sr_prescale != 1.0:
+            out = (out / F32(spec.sr_prescale)).astype(np.float32)
+        if ts is not None:
+            out = (out / F32(ts)).astype(np.float32)
+
+    bad = bad_block[ids]
+    out = np.where(bad, np.float32(np.nan), out)
+    q = np.where(bad, np.nan, q)
+    scales = np.where(bad_block, np.float32(np.nan), scales)
+    out_moved = out.reshape(moved.shape)
+    return Reference(
+        out=np.ascontiguousarray(np.moveaxis(out_moved, -1, axis)),
+        q=q.reshape(moved.shape),
+        scales=scales.reshape(scale_shape),
+        ts=ts,
+    )
+
+
+@cache
+def code_table(element: str) -> dict[int, float]:
+    """Full code -> value table of a signed element format (finite codes only)."""
+    grid = GRIDS[element]
+    table = {}
+    for code, value in zip(grid.codes, grid.values, strict=True):
+        table[code] = float(value)
+        table[code | grid.sign_bit] = -float(value)
+    return table

@@ -1,0 +1,710 @@
+"""The reference quantizer against the independent oracle (tests/oracle.py), bit for bit,
+plus hand-derived cases, stochastic rounding, layouts and QuantSpec validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fp4cli.quant import QuantSpec, SpecError, fake_quantize, quantize
+
+try:  # run as `python -m pytest` from the repository root, or with tests/ on sys.path
+    from tests import oracle
+except ImportError:  # pragma: no cover
+    import oracle  # type: ignore[no-redef]
+
+ELEMENTS = ["e2m1", "e3m0", "int4", "e4m3", "e5m2"]
+SCALES = ["e8m0", "ue5m3", "ue4m3", "fp32", "bf16"]
+TWO_LEVEL_SCALES = ["ue5m3", "ue4m3"]
+FP32_MAX = float(torch.finfo(torch.float32).max)
+NAN, INF = float("nan"), float("inf")
+
+
+def assert_same(actual: torch.Tensor, expected: torch.Tensor | np.ndarray) -> None:
+    """Bit-exact up to the sign of zero: equal values, NaN where NaN, same dtype and shape."""
+    if isinstance(expected, np.ndarray):
+        expected = torch.from_numpy(np.ascontiguousarray(expected))
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def oracle_tensor(x: torch.Tensor, spec: QuantSpec, axis: int = -1, seed: int | None = None):
+    ref = oracle.reference(x.float().numpy(), spec, axis=axis, seed=seed)
+    return ref, torch.from_numpy(ref.out).to(x.dtype)
+
+
+def decode_codes(codes: torch.Tensor, spec: QuantSpec) -> np.ndarray:
+    """Independent decode of QuantizedTensor.codes: unpack low nibble first, look up codes."""
+    raw = codes.numpy().astype(np.int64)
+    if spec.element in ("e2m1", "e3m0", "int4"):
+        raw = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(*raw.shape[:-1], -1)
+    table = oracle.code_table(spec.element)
+    lookup = np.array([table.get(c, np.nan) for c in range(256)])
+    return lookup[raw]
+
+
+def check_against_oracle(
+    x: torch.Tensor, spec: QuantSpec, axis: int = -1, seed: int | None = None
+) -> None:
+    """fake_quantize, quantize().dequantize(), scales and codes all agree with the oracle."""
+    ref, expected = oracle_tensor(x, spec, axis, seed)
+    assert_same(fake_quantize(x, spec, axis=axis, seed=seed), expected)
+    qt = quantize(x, spec, axis=axis, seed=seed)
+    assert_same(qt.dequantize(), expected)
+    assert_same(qt.scale_values(), torch.from_numpy(ref.scales))
+    # codes: the unpadded part decodes to the oracle's element values (non-finite blocks aside),
+    # the padding to zero
+    values = decode_codes(qt.codes, spec)
+    inner = values[tuple(slice(0, n) for n in ref.q.shape)]
+    finite_block = ~np.isnan(ref.q)
+    np.testing.assert_array_equal(inner[finite_block], ref.q[finite_block])
+    padding = np.ones(values.shape, dtype=bool)
+    padding[tuple(slice(0, n) for n in ref.q.shape)] = False
+    assert (values[padding] == 0).all()
+
+
+# --------------------------------------------------------------------------------------------
+# The full matrix: element x scale x rule x rounding (x two-level), on many kinds of input
+# --------------------------------------------------------------------------------------------
+
+
+def _specs() -> list[QuantSpec]:
+    specs = []
+    for element in ELEMENTS:
+        for scale in SCALES:
+            for rule in ("floor", "ceil"):
+                for rounding in ("rne", "away"):
+                    for two_level in (False, True) if scale in TWO_LEVEL_SCALES else (False,):
+                        specs.append(
+                            QuantSpec(
+                                element=element,
+                                scale=scale,
+                                scale_rule=rule,
+                                rounding=rounding,
+                                tensor_scale=two_level,
+                            )
+                        )
+    return specs
+
+
+SPECS = _specs()
+
+
+def _rng(name: str) -> np.random.Generator:
+    return np.random.default_rng(sum(map(ord, name)))
+
+
+def _blocks(rows: list[list[float]], width: int = 32) -> torch.Tensor:
+    """Rows of blocks (zero-padded to `width`), laid side by side along the last axis."""
+    out = np.zeros((len(rows), width), dtype=np.float32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return torch.from_numpy(out)
+
+
+def case_ties(element: str) -> torch.Tensor:
+    """Every grid point and midpoint (both signs) in blocks whose amax is the element max, so
+    that the scale is 1 (every scale format); then values past the max (they saturate)."""
+    grid = oracle.GRIDS[element].array
+    top = grid[-1]
+    mids = (grid[:-1] + grid[1:]) / 2
+    values = np.concatenate([grid[1:], mids, -grid[1:], -mids])
+    rows = [[top, *values[i : i + 31]] for i in range(0, values.size, 31)]
+    rows.append([top * 1.0625, top, -top * 1.0625, top * 1.125, top * 13 / 12, top * 7 / 6])
+    return _blocks(rows)
+
+
+def case_zero_blocks(element: str) -> torch.Tensor:
+    x = torch.from_numpy(_rng("zero").standard_normal((3, 64)).astype(np.float32))
+    x[0] = 0
+    x[1, :32] = 0
+    x[2, 32:] = -0.0
+    return x
+
+
+def case_single_nonzero(element: str) -> torch.Tensor:
+    x = torch.zeros(7, 32)
+    for i, v in enumerate([0.3, -5.7e-3, 1234.5, -7.1, 1e-20, 2.5e10, 6.5]):
+        x[i, (5 * i) % 32] = v
+    return x
+
+
+def case_subnormal(element: str) -> torch.Tensor:
+    rng = _rng("subnormal")
+    x = np.zeros((3, 64), dtype=np.float32)
+    x[0, :32] = (rng.integers(1, 2**23, 32) * 2.0**-149) * rng.choice([-1, 1], 32)
+    x[0, 32:] = 1e-40 * rng.uniform(-1, 1, 32)
+    x[1, 5] = 1e-45  # the smallest subnormal
+    x[1, 32:] = rng.integers(1, 2**20, 32) * 2.0**-149
+    x[1, 40] = 1e-38  # a normal value among subnormals
+    x[2] = rng.standard_normal(64)  # keeps the two-level tensor scale finite
+    return torch.from_numpy(x)
+
+
+def case_near_max(element: str) -> torch.Tensor:
+    rng = _rng("max")
+    x = np.zeros((4, 32), dtype=np.float32)
+    x[0, :4] = [3e38, -1.0, 2.9e38, 1.5e38]
+    x[1, :3] = [FP32_MAX, -FP32_MAX, 3.3e38]
+    x[2] = rng.uniform(-3.4e38, 3.4e38, 32)
+    x[3] = rng.uniform(-1, 1, 32) * 1e38
+    return torch.from_numpy(x)
+
+
+def case_huge_and_tiny(element: str) -> torch.Tensor:
+    rng = _rng("huge")
+    x = rng.standard_normal((2, 96)).astype(np.float32)
+    x[:, :32] *= np.float32(1e30)
+    x[:, 32:64] *= np.float32(1e-30)
+    return torch.from_numpy(x)
+
+
+def case_random(element: str) -> torch.Tensor:
+    rng = _rng("random")
+    x = rng.standard_normal((4, 96)) * 10.0 ** rng.uniform(-3, 3, (4, 3)).repeat(32, axis=1)
+    return torch.from_numpy(x.astype(np.float32))
+
+
+def case_nonfinite(element: str) -> torch.Tensor:
+    x = torch.from_numpy(_rng("nonfinite").standard_normal((4, 64)).astype(np.float32))
+    x[0, 3] = NAN
+    x[1, 40] = INF
+    x[2, 5] = -INF
+    x[2, 6] = NAN
+    return x
+
+
+CASES = {
+    "ties": case_ties,
+    "zero_blocks": case_zero_blocks,
+    "single_nonzero": case_single_nonzero,
+    "subnormal": case_subnormal,
+    "near_max": case_near_max,
+    "huge_and_tiny": case_huge_and_tiny,
+    "random": case_random,
+    "nonfinite": case_nonfinite,
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.short())
+def test_matrix_vs_oracle(spec, case):
+    check_against_oracle(CASES[case](spec.element), spec)
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.rounding == "rne"], ids=lambda s: s.short())
+def test_bf16_input(spec):
+    x = torch.cat([case_random(spec.element), case_huge_and_tiny(spec.element)[:, :96]])
+    x[0, 0] = NAN
+    xb = x.to(torch.bfloat16)
+    _, expected = oracle_tensor(xb, spec)
+    assert expected.dtype == torch.bfloat16
+    got = fake_quantize(xb, spec)
+    assert got.dtype == torch.bfloat16
+    assert_same(got, expected)
+    assert_same(quantize(xb, spec).dequantize(), expected)
+
+
+# --------------------------------------------------------------------------------------------
+# Hand-derived values (no oracle)
+# --------------------------------------------------------------------------------------------
+
+# (element max as the anchor: scale 1 in every scale format) value -> rne, away
+HAND_TIES = {
+    "e2m1": [(0.25, 0, 0.5), (0.75, 1, 1), (1.25, 1, 1.5), (1.75, 2, 2), (2.5, 2, 3),
+             (3.5, 4, 4), (5, 4, 6), (7, 6, 6), (0.1, 0, 0), (5.5, 6, 6)],
+    "e3m0": [(0.125, 0, 0.25), (0.375, 0.5, 0.5), (0.75, 0.5, 1), (1.5, 2, 2), (3, 2, 4),
+             (6, 8, 8), (12, 8, 16)],
+    "int4": [(0.5, 0, 1), (1.5, 2, 2), (2.5, 2, 3), (3.5, 4, 4), (4.5, 4, 5), (5.5, 6, 6),
+             (6.5, 6, 7), (7.5, 7, 7)],
+    "e4m3": [(0.5 * 2**-9, 0, 2**-9), (1.5 * 2**-9, 2 * 2**-9, 2 * 2**-9), (1.0625, 1, 1.125),
+             (1.1875, 1.25, 1.25), (464, 448, 448), (9.5, 10, 10), (8.5, 8, 9)],
+    "e5m2": [(0.5 * 2**-16, 0, 2**-16), (1.125, 1, 1.25), (1.375, 1.5, 1.5),
+             (61440, 57344, 57344), (5, 5, 5), (4.5, 4, 5)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("rounding", ["rne", "away"])
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("element", ELEMENTS)
+def test_hand_ties(element, scale, rounding):
+    top = oracle.ELEMENT_MAX[element]
+    # values past the max saturate; they would change a non power-of-two scale (amax > max)
+    cases = [c for c in HAND_TIES[element] if c[0] <= top or scale == "e8m0"]
+    values = [v for v, _, _ in cases]
+    want = [rne if rounding == "rne" else away for _, rne, away in cases]
+    x = torch.tensor([[top, *values, *[-v for v in values]]], dtype=torch.float32)
+    expected = torch.tensor([[top, *want, *[-w for w in want]]], dtype=torch.float32)
+    spec = QuantSpec(element=element, scale=scale, rounding=rounding, block=32)
+    assert_same(fake_quantize(x, spec), expected)
+    assert_same(quantize(x, spec).dequantize(), expected)
+
+
+@pytest.mark.parametrize(
+    ("scale", "smallest"), [("e8m0", 2.0**-127), ("ue5m3", 2.0**-17), ("ue4m3", 2.0**-9)]
+)
+@pytest.mark.parametrize("rule", ["floor", "ceil"])
+def test_all_zero_block_gets_smallest_scale(scale, smallest, rule):
+    x = torch.zeros(2, 64)
+    x[1, 32:] = torch.linspace(-1, 1, 32)
+    qt = quantize(x, QuantSpec(scale=scale, scale_rule=rule))
+    assert qt.scale_values()[0].tolist() == [smallest, smallest]
+    assert qt.scale_values()[1, 0].item() == smallest
+    assert (qt.dequantize()[0] == 0).all()
+    assert (qt.dequantize()[1, :32] == 0).all()
+    assert (qt.codes[0] == 0).all()
+    if scale == "e8m0":
+        assert qt.scales[0].tolist() == [0, 0]
+
+
+def test_power_of_two_scale_rules_by_hand():
+    x = torch.zeros(4, 32)
+    x[0, 0] = 0.3  # floor: 2^(-2-2); ceil: 2^ceil(log2 .05) = 2^-4; 0.3/2^-4 = 4.8 -> 4
+    x[1, :2] = torch.tensor([7.5, 1.0])  # floor: s=1, 7.5 clips to 6; ceil: s=2, 3.75 -> 4
+    x[2, :2] = torch.tensor([6.0, 0.75])  # both: s=1; 0.75 -> 1 (tie to even)
+    x[3, :2] = torch.tensor([12.5, -2.5])  # floor: s=2 (12.5 -> 6.25 -> 6); ceil: s=4
+    floor = fake_quantize(x, QuantSpec.preset("mxfp4"))
+    ceil = fake_quantize(x, QuantSpec.preset("mxfp4-ceil"))
+    assert floor[:, :2].tolist() == [[0.25, 0], [6, 1], [6, 1], [12, -2]]
+    assert ceil[:, :2].tolist() == [[0.25, 0], [8, 1], [6, 1], [12, -2]]
+    qf = quantize(x, QuantSpec.preset("mxfp4"))
+    qc = quantize(x, QuantSpec.preset("mxfp4-ceil"))
+    assert qf.scales[:, 0].tolist() == [127 - 4, 127, 127, 128]
+    assert qc.scales[:, 0].tolist() == [127 - 4, 128, 127, 129]
+
+
+def test_mxfp4_codes_by_hand():
+    x = torch.zeros(1, 64)
+    x[0, :5] = torch.tensor([0.5, 6.0, -0.5, 1.5, 3.0])
+    x[0, 32:34] = torch.tensor([-12.0, 1.0])  # scale 2: -12 -> -6 (0b1111), 1 -> 0.5 (0b0001)
+    qt = quantize(x, QuantSpec.preset("mxfp4"))
+    assert qt.codes.shape == (1, 32)
+    assert qt.codes.dtype == torch.uint8
+    assert qt.codes[0, :3].tolist() == [0x71, 0x39, 0x05]
+    assert qt.codes[0, 16].item() == 0x1F
+    assert qt.scales.tolist() == [[127, 128]]
+
+
+def test_nvfp4_by_hand():
+    x = torch.ones(1, 32)
+    x[0, 0] = 12.0
+    x[0, 16:] = 0.375
+    qt = quantize(x, QuantSpec.preset("nvfp4"))
+    assert qt.tensor_scale is not None
+    assert qt.tensor_scale.item() == 224.0  # 448 * 6 / 12
+    # block 0: amax 12 * 224 = 2688 -> scale 448; block 1: 0.375*224/6 = 14 -> scale 14
+    assert qt.scale_values().tolist() == [[448.0, 14.0]]
+    assert torch.equal(qt.dequantize(), x)
+
+
+# --------------------------------------------------------------------------------------------
+# Non-finite input
+# --------------------------------------------------------------------------------------------
+
+
+NONFINITE_SPECS = [QuantSpec.preset(name) for name in QuantSpec.PRESETS] + [
+    QuantSpec(block="tensor", scale_rule="ceil"),
+    QuantSpec(element="e4m3", scale="ue5m3", block="tensor", tensor_scale=True),
+]
+
+
+@pytest.mark.parametrize("spec", NONFINITE_SPECS, ids=lambda s: s.short())
+@pytest.mark.parametrize("bad", [NAN, INF, -INF])
+def test_nonfinite_poisons_only_its_block(spec, bad):
+    x = torch.from_numpy(_rng("poison").standard_normal((32, 64)).astype(np.float32))
+    x[3, 17] = 0.0  # so that the finite amax (two-level scale) is the same with and without
+    clean = fake_quantize(x, spec, seed=1)
+    x[3, 17] = bad
+    got = fake_quantize(x, spec, seed=1)
+    if spec.block == "tensor":
+        poisoned = torch.ones_like(x, dtype=torch.bool)
+    elif spec.block == "row":
+        poisoned = torch.zeros_like(x, dtype=torch.bool)
+        poisoned[3] = True
+    elif spec.tile2d:
+        b = int(spec.block)
+        poisoned = torch.zeros_like(x, dtype=torch.bool)
+        poisoned[0:b, b : 2 * b] = True
+    else:
+        b = int(spec.block)
+        poisoned = torch.zeros_like(x, dtype=torch.bool)
+        poisoned[3, (17 // b) * b : (17 // b + 1) * b] = True
+    assert torch.isnan(got[poisoned]).all()
+    assert_same(got[~poisoned], clean[~poisoned])
+    assert torch.isnan(quantize(x, spec, seed=1).dequantize()[poisoned]).all()
+
+
+# --------------------------------------------------------------------------------------------
+# Tiny tensors: the two-level scale would overflow float32
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", list(QuantSpec.PRESETS))
+@pytest.mark.parametrize("magnitude", [1e-40, 1e-36, 1e-33, 1e-30])
+def test_tiny_tensor(preset, magnitude):
+    """Finite input never decodes to NaN (only blocks holding NaN/Inf do), also when the
+    two-level scale target / amax overflows float32 (it is capped at the float32 max)."""
+    spec = QuantSpec.preset(preset)
+    x = torch.from_numpy((_rng("tiny").uniform(-1, 1, (16, 40)) * magnitude).astype(np.float32))
+    x[:, 3] = 0.0  # zeros (and the padding to whole blocks) are finite too
+    got = fake_quantize(x, spec, seed=3)
+    assert not torch.isnan(got).any(), f"NaN for finite input of magnitude {magnitude}"
+    assert torch.isfinite(got).all()
+    assert_same(got, oracle_tensor(x, spec, seed=3)[1])
+    if spec.tensor_scale and magnitude <= 1e-36:
+        ts = quantize(x, spec).tensor_scale
+        assert ts is not None and ts.item() == FP32_MAX
+        assert (got != 0).any()  # the capped scale still brings the values into range
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes, axes, block kinds, tiles, layouts
+# --------------------------------------------------------------------------------------------
+
+LAYOUT_SPECS = [
+    QuantSpec.preset("mxfp4"),
+    QuantSpec.preset("nvfp4"),
+    QuantSpec(element="int4", scale="ue5m3", scale_rule="ceil"),
+    QuantSpec(element="e3m0", scale="bf16", scale_rule="ceil", rounding="away"),
+    QuantSpec(element="e4m3", scale="fp32"),
+    QuantSpec(element="e5m2", scale="e8m0", scale_rule="ceil"),
+]
+SHAPES = [
+    ((3, 37), -1),
+    ((3, 37), 0),
+    ((37, 3), 0),
+    ((37,), 0),
+    ((2, 5, 37), -1),
+    ((2, 37, 5), 1),
+    ((37, 2, 5), 0),
+    ((4, 3, 2, 33), 2),
+]
+
+
+def _random(shape: tuple[int, ...], name: str = "shape") -> torch.Tensor:
+    rng = _rng(name + str(shape))
+    x = rng.standard_normal(shape) * 10.0 ** rng.uniform(-2, 2, shape[-1:])
+    return torch.from_numpy(x.astype(np.float32))
+
+
+@pytest.mark.parametrize(("shape", "axis"), SHAPES, ids=str)
+@pytest.mark.parametrize("spec", LAYOUT_SPECS, ids=lambda s: s.short())
+def test_shapes_and_axes(spec, shape, axis):
+    x = _random(shape)
+    check_against_oracle(x, spec, axis=axis)
+    qt = quantize(x, spec, axis=axis)
+    assert qt.dequantize().shape == x.shape
+    b = int(spec.block)
+    length = shape[axis]
+    padded = -(-length // b) * b
+    moved = list(shape)
+    del moved[axis % len(shape)]
+    assert tuple(qt.scales.shape) == (*moved, padded // b)
+    per_byte = 2 if spec.packed else 1
+    assert tuple(qt.codes.shape) == (*moved, padded // per_byte)
+
+
+@pytest.mark.parametrize("block", [8, 16, 32, 64, 128, 256])
+@pytest.mark.parametrize("spec", LAYOUT_SPECS[:4], ids=lambda s: s.short())
+def test_block_sizes(spec, block):
+    spec = spec.replace(block=block)
+    x = _random((5, 300), "blocks")
+    check_against_oracle(x, spec)
+    check_against_oracle(x.T.contiguous(), spec, axis=0)
+    assert_same(fake_quantize(x.T, spec, axis=0).T, fake_quantize(x, spec))
+
+
+@pytest.mark.parametrize("kind", ["row", "tensor"])
+@pytest.mark.parametrize(("shape", "axis"), [((4, 37), -1), ((4, 37), 0), ((2, 3, 37), 1)])
+@pytest.mark.parametrize("spec", LAYOUT_SPECS, ids=lambda s: s.short())
+def test_row_and_tensor_blocks(spec, kind, shape, axis):
+    spec = spec.replace(block=kind)
+    x = _random(shape, kind)
+    check_against_oracle(x, spec, axis=axis)
+    scales = quantize(x, spec, axis=axis).scale_values()
+    if kind == "tensor":
+        assert scales.numel() == 1
+    else:
+        assert scales.numel() == x.numel() // shape[axis]
+
+
+@pytest.mark.parametrize("block", [8, 16, 32])
+@pytest.mark.parametrize(("rows", "cols"), [(40, 56), (33, 70), (16, 16), (5, 3)])
+@pytest.mark.parametrize("spec", LAYOUT_SPECS, ids=lambda s: s.short())
+def test_tile2d(spec, rows, cols, block):
+    spec = spec.replace(block=block, tile2d=True)
+    w = _random((rows, cols), "tile")
+    check_against_oracle(w, spec, axis=-1)
+    check_against_oracle(w, spec, axis=0)
+    by_rows = fake_quantize(w, spec, axis=-1)
+    # a weight and its transpose quantize identically
+    assert_same(fake_quantize(w.T, spec, axis=0).T, by_rows)
+    assert_same(fake_quantize(w.T.contiguous(), spec, axis=-1).T, by_rows)
+    assert_same(fake_quantize(w, spec, axis=0), by_rows)
+    q1, q2 = quantize(w, spec, axis=-1), quantize(w.T, spec, axis=0)
+    assert torch.equal(q1.codes, q2.codes)
+    assert_same(q1.scale_values(), q2.scale_values())
+    assert q1.scale_values().shape == (-(-rows // block), -(-cols // block))
+
+
+def test_mxfp4_codes_layout():
+    x = _random((6, 70), "codes")
+    qt = quantize(x, QuantSpec.preset("mxfp4"))
+    assert qt.codes.shape == (6, 48) and qt.codes.dtype == torch.uint8  # 70 -> 96 padded
+    assert qt.scales.shape == (6, 3) and qt.scales.dtype == torch.uint8
+    ref = oracle.reference(x.numpy(), QuantSpec.preset("mxfp4"))
+    exponents = np.log2(ref.scales.astype(np.float64))
+    assert qt.scales.numpy().astype(np.int64).tolist() == (exponents + 127).astype(int).tolist()
+    qt0 = quantize(x.T.contiguous(), QuantSpec.preset("mxfp4"), axis=0)
+    assert torch.equal(qt0.codes, qt.codes)  # codes are axis-last
+    assert torch.equal(qt0.scales, qt.scales)
+
+
+# --------------------------------------------------------------------------------------------
+# Presets
+# --------------------------------------------------------------------------------------------
+
+PRESET_FIELDS = {
+    "mxfp4": dict(element="e2m1", scale="e8m0", block=32, scale_rule="floor", rounding="rne",
+                  tensor_scale=False, tile2d=False, sr_prescale=1.0),
+    "mxfp4-ceil": dict(element="e2m1", scale="e8m0", block=32, scale_rule="ceil",
+                       rounding="rne", tensor_scale=False, tile2d=False),
+    "nvfp4": dict(element="e2m1", scale="ue4m3", block=16, scale_rule="floor", rounding="rne",
+                  tensor_scale=True, tile2d=False),
+    "mxfp4-ue5m3": dict(element="e2m1", scale="ue5m3", block=32, scale_rule="floor",
+                        rounding="rne", tensor_scale=True, tile2d=False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(PRESET_FIELDS))
+def test_preset_fields(name):
+    spec = QuantSpec.preset(name)
+    for field, value in PRESET_FIELDS[name].items():
+        assert getattr(spec, field) == value, field
+
+
+def test_preset_overrides_and_unknown():
+    assert QuantSpec.preset("nvfp4", block=32).block == 32
+    with pytest.raises(SpecError):
+        QuantSpec.preset("no-such-preset")
+
+
+@pytest.mark.parametrize("preset", list(QuantSpec.PRESETS))
+def test_fake_quantize_equals_quantize_dequantize(preset):
+    spec = QuantSpec.preset(preset)
+    gen = torch.Generator().manual_seed(7)
+    for shape in [(16, 64), (48, 37), (33, 16)]:
+        x = torch.randn(shape, generator=gen) * torch.logspace(-3, 3, shape[1])
+        for axis in (-1, 0):
+            fq = fake_quantize(x, spec, axis=axis, seed=11)
+            assert_same(quantize(x, spec, axis=axis, seed=11).dequantize(), fq)
+            assert_same(fq, oracle_tensor(x, spec, axis=axis, seed=11)[1])
+
+
+# --------------------------------------------------------------------------------------------
+# Stochastic rounding
+# --------------------------------------------------------------------------------------------
+
+SR_SPECS = [
+    QuantSpec.preset("mxfp4-sr"),
+    QuantSpec.preset("mxfp4-sr", scale_rule="ceil"),
+    QuantSpec.preset("mxfp4-sr", sr_prescale=0.75),
+    QuantSpec.preset("nvfp4", rounding="sr"),
+    QuantSpec(element="int4", scale="ue5m3", scale_rule="ceil", rounding="sr"),
+    QuantSpec(element="e3m0", scale="bf16", rounding="sr", block=16),
+    QuantSpec(element="e4m3", scale="fp32", block="row", rounding="sr"),
+]
+
+
+@pytest.mark.parametrize("spec", SR_SPECS, ids=lambda s: s.short())
+def test_sr_matches_oracle_philox(spec):
+    """The bits for element i are Philox4x32-10(counter=(i lo, i hi, 0, 0), key=seed), top 24
+    bits * 2^-24, i the row-major index in x (quantize's docstring)."""
+    x = _random((3, 40, 24), "sr")
+    for seed, axis in [(0, -1), (12345, 1), (2**40 + 7, 0)]:
+        check_against_oracle(x, spec, axis=axis, seed=seed)
+
+
+def test_oracle_philox_known_answer():
+    zero = np.zeros(1, dtype=np.uint64)
+    words = oracle.philox4x32_10((zero, zero, zero, zero), (0, 0))
+    assert [int(w[0]) for w in words] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+
+@pytest.mark.parametrize("spec", SR_SPECS, ids=lambda s: s.short())
+def test_sr_reproducible_and_seeded(spec):
+    x = _random((8, 96), "seeded")
+    a = fake_quantize(x, spec, seed=5)
+    assert_same(fake_quantize(x, spec, seed=5), a)
+    assert_same(quantize(x, spec, seed=5).dequantize(), a)
+    assert not torch.equal(fake_quantize(x, spec, seed=6), a)
+    torch.manual_seed(0)
+    b = fake_quantize(x, spec)
+    torch.manual_seed(0)
+    assert_same(fake_quantize(x, spec), b)
+
+
+def _sr_anchor_tensor(top: float, values: np.ndarray, rows: int) -> torch.Tensor:
+    """rows x 32: column 0 holds the anchor `top` (fixing the scale), 1..31 the test values."""
+    x = np.empty((rows, 32), dtype=np.float32)
+    x[:, 0] = top
+    x[:, 1:] = values
+    return torch.from_numpy(x)
+
+
+UNBIASED = [
+    # (spec, anchor amax, range of test values); the anchor makes every block's scale fixed
+    (QuantSpec.preset("mxfp4-sr"), 6.0, 6.0),
+    (QuantSpec.preset("mxfp4-sr", scale_rule="ceil"), 6.0, 6.0),
+    (QuantSpec.preset("nvfp4", rounding="sr", block=32), 6.0, 6.0),
+    (QuantSpec(element="int4", scale="ue5m3", rounding="sr"), 7.0, 7.0),
+    (QuantSpec(element="e3m0", scale="e8m0", rounding="sr"), 16.0, 16.0),
+    (QuantSpec(element="e4m3", scale="fp32", rounding="sr"), 448.0, 448.0),
+    # the 3/4 pre-scale with the floor rule: amax 7.9 gives scale 1 and 7.9 * 0.75 < 6
+    (QuantSpec.preset("mxfp4-sr", sr_prescale=0.75), 7.9, 7.9),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "anchor", "span"), UNBIASED, ids=[s.short() for s, _, _ in UNBIASED]
+)
+def test_sr_unbiased(spec, anchor, span):
+    rows = 2000
+    values = np.linspace(-span * 0.97, span * 0.99, 31).astype(np.float32)
+    x = _sr_anchor_tensor(anchor, values, rows)
+    got = fake_quantize(x, spec, seed=2024).double()
+    mean = got.mean(dim=0)
+    std_err = got.std(dim=0) / math.sqrt(rows)
+    target = x[0].double()
+    # (a grid point has zero variance: it must come back exactly)
+    bad = (mean - target).abs() > 4 * std_err
+    assert not bad.any(), f"biased at {target[bad].tolist()}: means {mean[bad].tolist()}"
+
+
+@pytest.mark.parametrize("spec", SR_SPECS, ids=lambda s: s.short())
+def test_sr_lands_on_bracketing_grid_points(spec):
+    x = _random((64, 64), "bracket")
+    rne = spec.replace(rounding="rne", sr_prescale=1.0)
+    ref = oracle.reference(x.numpy(), rne)  # the scales do not depend on the rounding
+    qt = quantize(x, spec, seed=99)
+    assert_same(qt.scale_values(), torch.from_numpy(ref.scales))
+    q = decode_codes(qt.codes, spec)[tuple(slice(0, n) for n in ref.q.shape)]
+    # element values before rounding, mirroring the float32 order of quantize.py
+    top = oracle.ELEMENT_MAX[spec.element]
+    v = np.clip(_scaled_values(x, spec), -top, top)
+    lo, hi = oracle.grid_floor_ceil(v, oracle.GRIDS[spec.element])
+    assert ((q == lo) | (q == hi)).all()
+    # and the rounding is not always down nor always up
+    off_grid = lo != hi
+    assert (q[off_grid] == lo[off_grid]).any() and (q[off_grid] == hi[off_grid]).any()
+
+
+def _scaled_values(x: torch.Tensor, spec: QuantSpec) -> np.ndarray:
+    """x / s (times the pre-scale) in float32, moved axis last, unpadded (block along -1)."""
+    xs = x.numpy().astype(np.float32)
+    if spec.tensor_scale:
+        amax = np.float32(np.abs(xs).max())
+        ts = np.float32(oracle.scale_max(spec) * oracle.ELEMENT_MAX[spec.element]) / amax
+        xs = (xs * np.float32(ts)).astype(np.float32)
+    ref = oracle.reference(x.numpy(), spec.replace(rounding="rne", sr_prescale=1.0))
+    if spec.block == "row":
+        s = np.repeat(ref.scales, xs.shape[-1], axis=-1)
+    else:
+        s = np.repeat(ref.scales, int(spec.block), axis=-1)[..., : xs.shape[-1]]
+    v = (xs / s).astype(np.float32)
+    if spec.sr_prescale != 1.0:
+        v = (v * np.float32(spec.sr_prescale)).astype(np.float32)
+    return v.astype(np.float64)
+
+
+def test_sr_prescale_never_clips():
+    """Floor rule + 3/4 pre-scale: every element is strictly inside the grid before rounding,
+    so values in (6, 8) * scale are not clipped (their mean comes back)."""
+    spec = QuantSpec.preset("mxfp4-sr", sr_prescale=0.75)
+    rng = _rng("clip")
+    x = rng.uniform(-1, 1, (512, 32)).astype(np.float32) * 10.0 ** rng.uniform(-3, 3, (512, 1))
+    v = _scaled_values(torch.from_numpy(x.astype(np.float32)), spec)
+    assert np.abs(v).max() <= 6.0
+    values = np.linspace(6.05, 7.95, 31).astype(np.float32)
+    big = _sr_anchor_tensor(7.99, values, 2000)
+    got = fake_quantize(big, spec, seed=1).double()
+    mean = got[:, 1:].mean(dim=0)
+    std_err = got[:, 1:].std(dim=0) / math.sqrt(2000)
+    assert ((mean - torch.from_numpy(values).double()).abs() <= 4 * std_err).all()
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"element": "e2m2"}, "element"),
+        ({"element": "E2M1"}, "element"),
+        ({"scale": "e5m3"}, "scale"),
+        ({"block": 7}, "block"),
+        ({"block": 3}, "block"),
+        ({"block": 512}, "block"),
+        ({"block": 258}, "block"),
+        ({"block": 6}, "block"),
+        ({"block": 33}, "block"),
+        ({"block": "col"}, "block"),
+        ({"block": True}, "block"),
+        ({"block": 32.0}, "block"),
+        ({"scale_rule": "round"}, "scale_rule"),
+        ({"rounding": "nearest"}, "rounding"),
+        ({"rounding": "RNE"}, "rounding"),
+        ({"sr_prescale": 0.75}, "sr_prescale"),
+        ({"sr_prescale": 0.0, "rounding": "sr"}, "sr_prescale"),
+        ({"sr_prescale": 1.5, "rounding": "sr"}, "sr_prescale"),
+        ({"tensor_scale": True}, "tensor_scale"),
+        ({"tensor_scale": True, "scale": "fp32"}, "tensor_scale"),
+        ({"tensor_scale": True, "scale": "bf16"}, "tensor_scale"),
+        ({"tile2d": True, "block": "row"}, "tile2d"),
+        ({"tile2d": True, "block": "tensor"}, "tile2d"),
+    ],
+    ids=str,
+)
+def test_spec_validation(changes, field):
+    assert issubclass(SpecError, ValueError)
+    with pytest.raises(SpecError, match=field):
+        QuantSpec(**changes)
+
+
+def test_valid_specs_construct():
+    for spec in SPECS:
+        assert QuantSpec(**spec.to_dict()) == spec
+    QuantSpec(rounding="sr", sr_prescale=0.75)
+    QuantSpec(block=8)
+    QuantSpec(block=256, tile2d=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.int8, torch.bool])
+def test_quantize_rejects_integer_tensors(dtype):
+    x = torch.ones(4, 32).to(dtype)
+    with pytest.raises((TypeError, ValueError)):
+        quantize(x, QuantSpec())
+    with pytest.raises((TypeError, ValueError)):
+        fake_quantize(x, QuantSpec())
+
+
+@pytest.mark.parametrize("axis", [2, -3, 5])
+def test_quantize_rejects_bad_axis(axis):
+    with pytest.raises((ValueError, IndexError)):
+        quantize(torch.ones(4, 32), QuantSpec(), axis=axis)
+    with pytest.raises((ValueError, IndexError)):
+        fake_quantize(torch.ones(4, 32), QuantSpec(), axis=axis)
+
+
+def test_quantized_tensor_metadata():
+    x = torch.randn(3, 37, dtype=torch.bfloat16)
+    qt = quantize(x, QuantSpec.preset("nvfp4"), axis=0)
+    assert qt.shape == x.shape and qt.dtype == torch.bfloat16 and qt.axis == 0
+    assert qt.dequantize().dtype == torch.bfloat16
+    assert qt.dequantize(torch.float32).dtype == torch.float32
+    assert dataclasses.is_dataclass(qt)
