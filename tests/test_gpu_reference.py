@@ -1,0 +1,70 @@
+"""On a CUDA GPU: the reference gives the same bits as on the CPU, and the layer trains in bf16."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fp4cli
+from fp4cli import QuantSpec, fake_quantize, quantize
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+SPECS = [
+    QuantSpec.preset("mxfp4"),
+    QuantSpec.preset("mxfp4-ceil", rounding="sr"),
+    QuantSpec.preset("mxfp4", rounding="sr", sr_prescale=0.75),
+    QuantSpec.preset("nvfp4"),
+    QuantSpec.preset("nvfp4-2d"),
+    QuantSpec.preset("mxfp4-ue5m3", rounding="sr"),
+    QuantSpec.preset("fp8-e4m3"),
+]
+
+
+def _adversarial(shape, generator):
+    x = torch.randn(shape, generator=generator) * torch.exp2(
+        torch.randint(-40, 40, (shape[0], 1), generator=generator).float()
+    )
+    x[0, :64] = 0.0  # all-zero blocks
+    x[1, 5] = float("nan")
+    x[2, 7] = float("inf")
+    x[3, :32] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0] * 4)  # ties
+    x[4, :8] = 1e-40  # subnormals
+    return x
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.short())
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_reference_is_device_independent_bf16(spec, axis):
+    generator = torch.Generator().manual_seed(0)
+    x = _adversarial((1024, 1000), generator).to(torch.bfloat16)
+    cpu = quantize(x, spec, axis=axis, seed=42)
+    gpu = quantize(x.cuda(), spec, axis=axis, seed=42)
+    assert torch.equal(cpu.codes, gpu.codes.cpu())
+    assert torch.equal(cpu.scales, gpu.scales.cpu())
+    a = fake_quantize(x, spec, axis=axis, seed=42)
+    b = fake_quantize(x.cuda(), spec, axis=axis, seed=42).cpu()
+    assert torch.equal(a.isnan(), b.isnan())
+    assert torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+@pytest.mark.parametrize("recipe", ["tetrajet", "nvfp4", "tseng-rht-sr", "wang-fp4"])
+def test_layer_trains_under_bf16_autocast(recipe):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).cuda()
+    fp4cli.quantize_model(model, recipe, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    teacher = torch.randn(256, 256, device="cuda") / 16
+    losses = []
+    for _ in range(30):
+        x = torch.randn(512, 256, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = nn.functional.mse_loss(model(x).float(), torch.tanh(x @ teacher))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(map(lambda v: v == v and v < float("inf"), losses))
+    assert sum(losses[-5:]) < 0.7 * sum(losses[:5])
