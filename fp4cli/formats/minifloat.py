@@ -144,9 +144,10 @@ def round_to_grid(
 def encode(values: torch.Tensor, fmt: Minifloat) -> torch.Tensor:
     """Codes (uint8) of values that lie on `fmt`'s grid. NaN gets the format's NaN code (or 0)."""
     grid = magnitude_grid(fmt, str(values.device))
-    magnitude = values.abs().contiguous()
+    magnitude = values.abs()
     finite = torch.isfinite(values)
-    codes = torch.searchsorted(grid, torch.where(finite, magnitude, torch.zeros_like(magnitude)))
+    finite_magnitude = torch.where(finite, magnitude, torch.zeros_like(magnitude)).contiguous()
+    codes = torch.searchsorted(grid, finite_magnitude)
     codes = codes.clamp(max=fmt.max_code)
     if fmt.signed:
         negative = torch.signbit(values) & (magnitude > 0)

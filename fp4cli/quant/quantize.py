@@ -18,7 +18,7 @@ import torch
 from fp4cli.formats import decode, encode, pack_nibbles, round_to_grid, unpack_nibbles
 from fp4cli.quant import random_bits
 from fp4cli.quant.blocking import BlockLayout
-from fp4cli.quant.scales import block_scales, nan_scales, scale_values, tensor_scale
+from fp4cli.quant.scales import block_scales, divide, nan_scales, scale_values, tensor_scale
 from fp4cli.quant.spec import QuantSpec
 
 
@@ -176,7 +176,7 @@ def _dequantize_blocks(
 ) -> torch.Tensor:
     values = q * scales.unsqueeze(-1)  # NaN scales make whole blocks NaN
     if spec.sr_prescale != 1.0:
-        values = values / spec.sr_prescale
+        values = divide(values, spec.sr_prescale)
     if t_scale is not None:
         values = values / t_scale
     return values

@@ -8,6 +8,12 @@ from fp4cli.formats import Minifloat, ScaleFormat, decode, encode, round_to_grid
 from fp4cli.quant.spec import QuantSpec
 
 
+def divide(numerator: torch.Tensor, denominator: float) -> torch.Tensor:
+    """numerator / denominator, correctly rounded on every device. (CUDA turns a division by a
+    Python number into a multiplication by its rounded reciprocal; a tensor divisor is divided.)"""
+    return numerator / torch.full_like(numerator, denominator)
+
+
 def pow2(exponent: torch.Tensor) -> torch.Tensor:
     """2^exponent as float32, exact for integer exponents down to -149 (via float64)."""
     return torch.exp2(exponent.to(torch.float64)).to(torch.float32)
@@ -64,7 +70,7 @@ def block_scales(amax: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, tor
         exponent = torch.where(amax > 0, exponent, torch.full_like(exponent, fmt.min_exponent))
         exponent = exponent.clamp(fmt.min_exponent, fmt.max_exponent)
         return pow2(exponent), (exponent + fmt.exponent_bias).to(torch.uint8)
-    raw = amax / spec.element_format.max_value
+    raw = divide(amax, spec.element_format.max_value)
     if fmt.kind == "minifloat":
         assert fmt.minifloat is not None
         values = _round_scale_minifloat(raw, fmt.minifloat, spec.scale_rule)
