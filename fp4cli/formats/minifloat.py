@@ -8,6 +8,7 @@ power of two), split into integer and fraction, and the fraction decides up or d
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cache
 
@@ -64,7 +65,7 @@ class Minifloat:
     @property
     def max_exponent(self) -> int:
         """floor(log2(max_value)): the OCP scale rule subtracts this from the block's exponent."""
-        return int(torch.tensor(self.max_value).log2().floor().item())
+        return math.frexp(self.max_value)[1] - 1
 
 
 @cache
