@@ -67,18 +67,21 @@ class RecipeError(ValueError):
 class QRampConfig:
     """Q-Ramping (TetraJet): each weight updates every min(floor(R / alpha) * beta + 1,
     max_period) steps, R its oscillation ratio over `calibration_steps` steps of plain AdamW.
-    METHODS.md gives no value for max_period (N_max); 16 is our default."""
+    Calibration repeats every `interval` steps (TetraJet: every epoch; our tasks sample batches
+    with replacement, so an interval in steps stands in). METHODS.md gives no value for
+    max_period (N_max); 16 is our default."""
 
     alpha: float = 16.0
     beta: int = 5
     calibration_steps: int = 30
     max_period: int = 16
+    interval: int = 500
 
     def __post_init__(self) -> None:
         a = self.alpha
         if isinstance(a, bool) or not isinstance(a, (int, float)) or a <= 0:
             raise SpecError(f"alpha: must be a positive number (got {a!r})")
-        for name in ("beta", "calibration_steps", "max_period"):
+        for name in ("beta", "calibration_steps", "max_period", "interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(f"{name}: must be a positive integer (got {value!r})")

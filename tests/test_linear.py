@@ -187,3 +187,21 @@ def test_invalid_linear_configs_are_rejected():
         LinearConfig(forward_x=MX, double_quant=True, forward_hadamard=HadamardConfig(16))
     with pytest.raises(SpecError, match="tile2d"):
         LinearConfig(forward_x=QuantSpec.preset("nvfp4-2d"))
+
+
+def test_layer_records_operand_statistics_when_asked():
+    config = LinearConfig(MX_CEIL, MX_CEIL, MX_SR, MX_SR, MX_SR, None)
+    _, layer = _pair(config, in_features=64, out_features=32)
+    x = torch.randn(16, 64)
+    layer(x).sum().backward()
+    assert layer.stats is None  # off by default: nothing recorded
+    layer.stats = {}
+    layer(x).sum().backward()
+    operands = {operand for operand, _ in layer.stats}
+    assert operands == {"forward_x", "forward_w", "grad_input_dy", "grad_input_w", "grad_weight_dy"}
+    expected = fake_quantize(x, MX_CEIL)
+    rel_mse = (expected - x).square().sum() / x.square().sum()
+    torch.testing.assert_close(layer.stats[("forward_x", "rel_mse")], rel_mse)
+    assert layer.stats[("forward_x", "clipped")] == 0  # the ceil rule never clips
+    snr = layer.stats[("forward_w", "snr_db")]
+    assert 10 < snr < 30  # FP4 with block scales: roughly 15-20 dB on Gaussian data

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
+from fp4cli.linear.stats import operand_stats
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.techniques.dge import dge_derivative
 from fp4cli.techniques.double_quant import backward_source
@@ -40,16 +41,25 @@ _OPERAND_SEED = {
 _RHT_SEED = {"forward": 6, "grad_input": 7, "grad_weight": 8}
 
 
+StatsSink = dict[tuple[str, str], torch.Tensor]  # (operand, metric) -> 0-d tensor
+
+
 def _quantize_operand(
     tensor: torch.Tensor,
     spec: QuantSpec | None,
     axis: int,
     seed: torch.Tensor,
     guide: torch.Tensor | None = None,
+    stats: tuple[StatsSink, str] | None = None,
 ) -> torch.Tensor:
     if spec is None:
         return tensor
-    return fake_quantize(tensor, spec, axis=axis, seed=seed, guide=guide)
+    quantized = fake_quantize(tensor, spec, axis=axis, seed=seed, guide=guide)
+    if stats is not None:
+        sink, operand = stats
+        for metric, value in operand_stats(tensor, quantized, spec, axis, seed).items():
+            sink[(operand, metric)] = value
+    return quantized
 
 
 def gemm_operands(
@@ -60,16 +70,20 @@ def gemm_operands(
     hadamard: HadamardConfig | None,
     seeds: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     guide_b: torch.Tensor | None = None,
+    stats: tuple[StatsSink, str, str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both operands of one GEMM, transformed (RHT) and fake-quantized along their reduction
-    dims `dims`, cast back to a's dtype (the GEMM's compute dtype)."""
+    dims `dims`, cast back to a's dtype (the GEMM's compute dtype). With `stats` = (sink,
+    operand a's name, operand b's name), each quantized operand's error statistics go to sink."""
     compute_dtype = a.dtype
     if hadamard is not None:
         a = rht(a, dims[0], hadamard.size, seeds[2])
         b = rht(b, dims[1], hadamard.size, seeds[2])
         guide_b = rht(guide_b, dims[1], hadamard.size, seeds[2]) if guide_b is not None else None
-    a_q = _quantize_operand(a, specs[0], dims[0], seeds[0])
-    b_q = _quantize_operand(b, specs[1], dims[1], seeds[1], guide_b)
+    stats_a = (stats[0], stats[1]) if stats is not None else None
+    stats_b = (stats[0], stats[2]) if stats is not None else None
+    a_q = _quantize_operand(a, specs[0], dims[0], seeds[0], stats=stats_a)
+    b_q = _quantize_operand(b, specs[1], dims[1], seeds[1], guide_b, stats=stats_b)
     return a_q.to(compute_dtype), b_q.to(compute_dtype)
 
 
@@ -93,6 +107,7 @@ class QuantLinearFunction(torch.autograd.Function):
         config: LinearConfig,
         call_seed: torch.Tensor,
         weight_guide: torch.Tensor | None,
+        stats: StatsSink | None = None,
     ) -> torch.Tensor:
         x_clamped, residual = x, None
         if config.outliers is not None:
@@ -106,6 +121,7 @@ class QuantLinearFunction(torch.autograd.Function):
             config.forward_hadamard,
             seeds,
             guide_b=weight_guide,
+            stats=(stats, "forward_x", "forward_w") if stats is not None else None,
         )
         y = F.linear(x_q, w_q, bias)
         if residual is not None and config.outliers is not None and config.outliers.compensate:
@@ -117,6 +133,7 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.config = config
         ctx.call_seed = call_seed
         ctx.has_bias = bias is not None
+        ctx.stats = stats
         return y
 
     @staticmethod
@@ -133,6 +150,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 (config.grad_input_dy, config.grad_input_w),
                 config.grad_input_hadamard,
                 seeds,
+                stats=_names(ctx.stats, "grad_input_dy", "grad_input_w"),
             )
             grad_x = dy_q.mm(w_q)
         if ctx.needs_input_grad[1]:
@@ -144,13 +162,18 @@ class QuantLinearFunction(torch.autograd.Function):
                 (config.grad_weight_dy, config.grad_weight_x),
                 config.grad_weight_hadamard,
                 seeds,
+                stats=_names(ctx.stats, "grad_weight_dy", "grad_weight_x"),
             )
             grad_w = x_q.t().mm(dy_q).t()
             if config.dge is not None:
                 grad_w = grad_w * _dge_factor(weight, config).to(grad_w.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_y.sum(0)
-        return grad_x, grad_w, grad_b, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def _names(sink: StatsSink | None, a: str, b: str) -> tuple[StatsSink, str, str] | None:
+    return (sink, a, b) if sink is not None else None
 
 
 def _dge_factor(weight: torch.Tensor, config: LinearConfig) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
+from fp4cli.quant import fake_quantize
 from fp4cli.quant.random_bits import draw_seed
 from fp4cli.techniques.qema import update_ema
 
@@ -61,6 +62,7 @@ class QuantLinear(nn.Linear):
 
     def _setup(self, config: LinearConfig, seed: int | None) -> None:
         self.config = config
+        self.stats: dict[tuple[str, str], torch.Tensor] | None = None  # set to {} to record
         device = self.weight.device
         seed = draw_seed() if seed is None else seed
         self.register_buffer("rng_seed", torch.tensor(seed & _SEED_MASK, device=device))
@@ -92,6 +94,7 @@ class QuantLinear(nn.Linear):
                 self.config,
                 call_seed,
                 self._weight_guide(),
+                self.stats,
             )
         return y.reshape(*x.shape[:-1], self.out_features)
 
@@ -111,6 +114,14 @@ class QuantLinear(nn.Linear):
             return
         update_ema(self.weight_ema, self.weight, self.config.qema.beta, self.ema_updates)
         self.ema_updates.add_(1)
+
+    @torch.no_grad()
+    def quantized_weight(self) -> torch.Tensor:
+        """The forward pass's quantized weight (Q-EMA guided when on; SR with a fixed seed)."""
+        spec = self.config.forward_w
+        if spec is None:
+            return self.weight.detach()
+        return fake_quantize(self.weight.detach(), spec, seed=0, guide=self._weight_guide())
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {self.config.summary()}"

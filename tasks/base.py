@@ -1,0 +1,104 @@
+"""What a task is: a model, deterministic batches, a loss and an evaluation, plus its defaults.
+
+Batches are a pure function of (seed, step): the trainer asks for the batch of step k and gets
+the same tensors whether the run started at step 0 or resumed at step k. Every task registers
+itself by name with `register_task` and offers at least the sizes "debug" (seconds on a CPU,
+for tests) and "default" (worth running on one GPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+
+
+class TaskError(ValueError):
+    """A bad task name, size or data path; the message is one line."""
+
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    """Training defaults of a task at one size (the trainer's config starts from these)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    weight_decay: float = 0.05
+    warmup_steps: int = 0
+    eval_every: int = 0  # 0: only at the end
+    grad_clip: float = 1.0
+
+
+@dataclass
+class Batch:
+    """Tensors of one step, already on the task's device."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+
+class Task(Protocol):
+    name: str
+    size: str
+    defaults: TaskDefaults
+    primary_metric: str  # the evaluation metric reports compare (e.g. "val_loss", "top1")
+
+    def build_model(self) -> nn.Module: ...
+
+    def batch(self, step: int, batch_size: int, seed: int) -> Batch: ...
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor: ...
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+TaskFactory = Callable[..., Task]
+_REGISTRY: dict[str, TaskFactory] = {}
+
+
+def register_task(name: str) -> Callable[[TaskFactory], TaskFactory]:
+    def add(factory: TaskFactory) -> TaskFactory:
+        _REGISTRY[name] = factory
+        return factory
+
+    return add
+
+
+def task_names() -> list[str]:
+    _import_builtin_tasks()
+    return sorted(_REGISTRY)
+
+
+def create_task(
+    name: str,
+    size: str = "default",
+    data: str | Path | None = None,
+    device: str | torch.device = "cpu",
+) -> Task:
+    """Build a registered task. Raises TaskError for an unknown name/size or a bad data path."""
+    _import_builtin_tasks()
+    if name not in _REGISTRY:
+        raise TaskError(f"unknown task {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name](size=size, data=data, device=torch.device(device))
+
+
+def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
+    """A CPU generator determined by (seed, step, stream): the source of a step's randomness."""
+    mixed = (seed * 1_000_003 + step * 7_919 + stream * 104_729) & 0x7FFFFFFFFFFFFFFF
+    return torch.Generator().manual_seed(mixed)
+
+
+def _import_builtin_tasks() -> None:
+    import importlib
+
+    for module in ("regression", "vit", "diffusion", "gpt"):
+        importlib.import_module(f"fp4cli.tasks.{module}")
