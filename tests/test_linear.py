@@ -192,7 +192,7 @@ def test_invalid_linear_configs_are_rejected():
 def test_layer_records_operand_statistics_when_asked():
     config = LinearConfig(MX_CEIL, MX_CEIL, MX_SR, MX_SR, MX_SR, None)
     _, layer = _pair(config, in_features=64, out_features=32)
-    x = torch.randn(16, 64)
+    x = torch.randn(16, 64, requires_grad=True)  # so that the grad_input GEMM runs
     layer(x).sum().backward()
     assert layer.stats is None  # off by default: nothing recorded
     layer.stats = {}
