@@ -13,15 +13,18 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from fp4cli.cli import recipes_cmd
+from fp4cli.cli import recipes_cmd, runs_cmd, train_cmd
 
 # "module:Class" of the errors that mean "the request is impossible", not "the code is broken";
 # other parts add theirs here. A class is looked up only if its module is already imported (it
 # cannot have been raised otherwise), so this list costs no import.
 DOMAIN_ERRORS = [
+    "fp4cli.train.config:ConfigError",
+    "fp4cli.tasks.base:TaskError",
     "fp4cli.recipe_schema:RecipeError",
     "fp4cli.quant.spec:SpecError",
     "builtins:FileNotFoundError",
+    "fp4cli.store:StoreError",
 ]
 USER_ERROR_EXIT = 2
 
@@ -63,6 +66,8 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(recipes_cmd.app, name="recipes")
+app.add_typer(runs_cmd.app, name="runs")
+app.command(name="train")(train_cmd.train)
 
 
 def _print_version(value: bool) -> None:

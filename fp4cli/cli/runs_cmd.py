@@ -1,0 +1,212 @@
+"""`fp4 runs`: list, show and delete the runs in the run store."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(help="List, inspect and delete the runs in the run store.", no_args_is_help=True)
+
+StoreOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--store",
+        help="The run store file [default: $FP4_STORE, else runs/fp4.db]",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (NaN and inf as null).")]
+RunArgument = Annotated[str, typer.Argument(help="A run id, or a unique prefix of one.")]
+
+PRIMARY_METRICS = ("val_loss", "eval_loss", "top1")  # the final numbers `runs list` shows
+STATUS_STYLES = {
+    "running": "yellow",
+    "finished": "green",
+    "failed": "red",
+    "diverged": "magenta",
+    "interrupted": "dim",
+}
+
+
+@app.command("list")
+def list_command(
+    status: Annotated[
+        str | None,
+        typer.Option(help="running, finished, failed, diverged or interrupted."),
+    ] = None,
+    task: Annotated[str | None, typer.Option(help="Only runs of this task.")] = None,
+    recipe: Annotated[str | None, typer.Option(help="Only runs of this recipe.")] = None,
+    sweep: Annotated[str | None, typer.Option(help="Only runs of this sweep.")] = None,
+    tag: Annotated[str | None, typer.Option(help="Only runs with this tag.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="At most this many runs.")] = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List runs, newest first, with their final val_loss / eval_loss / top1."""
+    from fp4cli.store import RunStore, store_path
+
+    path = store_path(store)
+    runs: list[dict[str, Any]] = []
+    if path.exists():  # listing a store that is not there creates nothing
+        with RunStore(path) as run_store:
+            runs = run_store.list_runs(status, task, recipe, sweep, tag, limit)
+            for run in runs:
+                run["final_metrics"] = run_store.final_metrics(run["id"], PRIMARY_METRICS)
+    if as_json:
+        _echo_json(runs)
+    elif not runs:
+        filtered = any(f is not None for f in (status, task, recipe, sweep, tag))
+        typer.echo(f"no runs in {path}" + (" match these filters" if filtered else ""))
+    else:
+        _print_runs(runs, path)
+
+
+@app.command("show")
+def show_command(run: RunArgument, store: StoreOption = None, as_json: JsonOption = False) -> None:
+    """Show a run: its fields, resolved config, final metrics, checkpoints, last quant stats."""
+    from fp4cli.store import RunStore
+
+    with RunStore(store, create=False) as run_store:
+        record = run_store.get_run(run)
+        run_id = record["id"]
+        record["final_metrics"] = run_store.final_metrics(run_id)
+        record["checkpoints"] = run_store.checkpoints(run_id)
+        record["quant_stats"] = run_store.quant_stats_summary(run_id)
+    if as_json:
+        _echo_json(record)
+    else:
+        _print_run(record)
+
+
+@app.command("delete")
+def delete_command(
+    run: RunArgument,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking.")] = False,
+    store: StoreOption = None,
+) -> None:
+    """Delete a run and its metrics, quant stats and checkpoint records (not the files)."""
+    from fp4cli.store import RunStore
+
+    with RunStore(store, create=False) as run_store:
+        record = run_store.get_run(run)
+        if not yes:
+            what = f"{record['id']} ({record['task']}, {record['recipe']}, {record['status']})"
+            typer.confirm(f"Delete run {what} and all its rows?", abort=True)
+        run_store.delete_run(record["id"])
+    typer.echo(f"deleted run {record['id']}")
+
+
+def _print_runs(runs: list[dict[str, Any]], path: Path) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    metrics = [m for m in PRIMARY_METRICS if any(m in run["final_metrics"] for run in runs)]
+    table = Table(title=f"runs in {path}", box=box.SIMPLE_HEAD)
+    for column in ("id", "task", "recipe"):
+        table.add_column(column)
+    table.add_column("seed", justify="right")
+    table.add_column("status")
+    for column in ("step", *metrics):
+        table.add_column(column, justify="right")
+    table.add_column("started (UTC)")
+    table.add_column("duration", justify="right")
+    for run in runs:
+        finals = [_number(run["final_metrics"].get(m)) for m in metrics]
+        cells = [run["id"], run["task"], run["recipe"], _text(run["seed"])]
+        status = Text(run["status"], style=STATUS_STYLES[run["status"]])
+        started = run["started_at"][:16].replace("T", " ")
+        after = [_text(run["step"]), *finals, started, _duration(run)]
+        table.add_row(*map(Text, cells), status, *map(Text, after))  # no markup in names
+    Console().print(table)
+
+
+def _print_run(run: dict[str, Any]) -> None:
+    import yaml
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    status = Text(run["status"], style=STATUS_STYLES[run["status"]])
+    console.print(Text.assemble((f"run {run['id']}", "bold"), "  ", status))
+    fields = Table.grid(padding=(0, 2))
+    fields.add_column(style="dim")
+    fields.add_column()
+    skip = {"id", "status", "config", "versions", "torch_version", "triton_version"}
+    skip |= {"final_metrics", "checkpoints", "quant_stats"}
+    for key, value in run.items():
+        if key not in skip:
+            fields.add_row(key, Text(_text(", ".join(value) if key == "tags" else value)))
+    fields.add_row("duration", _duration(run))
+    versions = " ".join(f"{k} {v}" for k, v in run["versions"].items())
+    fields.add_row("versions", Text(_text(versions)))
+    console.print(fields)
+
+    console.rule("resolved config", style="dim")
+    console.print(yaml.safe_dump(run["config"], sort_keys=False).rstrip(), markup=False)
+    if run["final_metrics"]:
+        table = Table("metric", "final value", box=box.SIMPLE_HEAD, title="final metrics")
+        for name, value in run["final_metrics"].items():
+            table.add_row(Text(name), _number(value))
+        console.print(table)
+    if run["checkpoints"]:
+        table = Table("step", "path", "created (UTC)", box=box.SIMPLE_HEAD, title="checkpoints")
+        for checkpoint in run["checkpoints"]:
+            row = (str(checkpoint["step"]), checkpoint["path"], checkpoint["created_at"])
+            table.add_row(*map(Text, row))
+        console.print(table)
+    stats = run["quant_stats"]
+    if stats is not None:
+        table = Table(
+            "operand", "metric", "layers", "mean", "min", "max",
+            box=box.SIMPLE_HEAD, title=f"quant stats at step {stats['step']} (over layers)",
+        )  # fmt: skip
+        for row in stats["rows"]:
+            numbers = [_number(row[key]) for key in ("mean", "min", "max")]
+            names = (row["operand"], row["metric"], str(row["layers"]))
+            table.add_row(*map(Text, names), *numbers)
+        console.print(table)
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _duration(run: dict[str, Any]) -> str:
+    """Started to ended (to now, for a run still running)."""
+    start = datetime.fromisoformat(run["started_at"])
+    end = datetime.fromisoformat(run["ended_at"]) if run["ended_at"] else None
+    if end is None and run["status"] != "running":
+        return "-"
+    seconds = int(((end or datetime.now(timezone.utc)) - start).total_seconds())
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def _echo_json(data: Any) -> None:
+    import json
+    import math
+
+    def plain(value: Any) -> Any:  # strict JSON has no NaN or inf
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: plain(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [plain(item) for item in value]
+        return value
+
+    typer.echo(json.dumps(plain(data), indent=2, allow_nan=False))

@@ -1,0 +1,143 @@
+"""The store's file: where it is, how it is opened, and its versioned schema.
+
+The schema version is `PRAGMA user_version`: `MIGRATIONS[v]` takes a file from version v to
+v + 1. Pending migrations run when the file is opened, in the transaction that bumps the
+version, so two processes opening an old file at once migrate it exactly once. A released
+migration is frozen: a schema change is a new function appended to MIGRATIONS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from sqlite_utils import Database
+
+DEFAULT_PATH = "runs/fp4.db"
+STATUSES = ("running", "finished", "failed", "diverged", "interrupted")
+BUSY_TIMEOUT_MS = 30_000
+
+
+class StoreError(ValueError):
+    """An unreadable store, an unknown run or a bad argument; the message is one line."""
+
+
+def store_path(path: str | os.PathLike[str] | None = None) -> Path:
+    """The store file: `path`, else $FP4_STORE, else runs/fp4.db (relative to the cwd)."""
+    return Path(path or os.environ.get("FP4_STORE") or DEFAULT_PATH)
+
+
+def _v1_tables(db: Database) -> None:
+    db.table("runs").create(
+        {
+            "id": str, "name": str, "task": str, "recipe": str, "seed": int, "status": str,
+            "config": str, "tags": str, "sweep": str, "started_at": str, "ended_at": str,
+            "step": int, "diverged_step": int, "message": str, "device": str,
+            "torch_version": str, "triton_version": str, "versions": str, "git_revision": str,
+            "host": str, "pid": int, "heartbeat_at": str,
+        },
+        pk="id",
+        not_null=["task", "recipe", "status", "config", "tags", "versions", "started_at"],
+    )  # fmt: skip
+    db.table("metrics").create(
+        {"run_id": str, "step": int, "name": str, "value": float},
+        not_null=["run_id", "step", "name"],  # value NULL is a NaN
+    )
+    db.table("metrics").create_index(["run_id", "name", "step"])
+    db.table("quant_stats").create(
+        {"run_id": str, "step": int, "layer": str, "operand": str, "metric": str, "value": float},
+        not_null=["run_id", "step", "layer", "operand", "metric"],
+    )
+    db.table("quant_stats").create_index(["run_id", "step"])
+    db.table("checkpoints").create(
+        {"run_id": str, "step": int, "path": str, "created_at": str},
+        not_null=["run_id", "step", "path", "created_at"],
+    )
+    db.table("checkpoints").create_index(["run_id", "step"])
+    db.table("benchmarks").create(
+        {
+            "id": int, "created_at": str, "kind": str, "device": str, "torch_version": str,
+            "triton_version": str, "versions": str, "config": str, "name": str, "value": float,
+            "unit": str,
+        },
+        pk="id",
+        not_null=["created_at", "kind", "versions", "config", "name"],
+    )  # fmt: skip
+    db.table("benchmarks").create_index(["kind", "created_at"])
+    db.table("sweeps").create(
+        {"id": str, "name": str, "spec": str, "created_at": str},
+        pk="id",
+        not_null=["spec", "created_at"],
+    )
+
+
+def _v2_distributed_runs(db: Database) -> None:
+    runs = db.table("runs")
+    runs.add_column("world_size", int, not_null_default=1)
+    runs.add_column("parallel", str, not_null_default="none")
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [_v1_tables, _v2_distributed_runs]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@contextlib.contextmanager
+def write(db: Database) -> Iterator[Database]:
+    """One short write transaction. BEGIN IMMEDIATE takes the write lock up front (waiting for it
+    up to the busy timeout) instead of upgrading a read lock mid-transaction, which fails at
+    once with "database is locked" when another process wrote in between."""
+    conn = db.conn
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def connect(path: Path) -> Database:
+    """Open (creating if missing) the store at `path`: WAL mode, busy timeout, migrated."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = Database(path, execute_plugins=False)
+    except (OSError, sqlite3.Error) as error:
+        raise StoreError(f"cannot open run store {path}: {error}") from None
+    try:
+        conn = db.conn
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode = WAL")  # persistent: once per file
+        conn.execute("PRAGMA synchronous = NORMAL")  # in WAL mode: durable when a process dies
+        _migrate(db, path)
+    except BaseException as error:
+        db.close()
+        if isinstance(error, sqlite3.DatabaseError):
+            raise StoreError(f"cannot open run store {path}: {error}") from None
+        raise
+    return db
+
+
+def _migrate(db: Database, path: Path) -> None:
+    if _version(db) == SCHEMA_VERSION:
+        return
+    with write(db):  # read the version again under the lock: another process may have migrated
+        version = _version(db)
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"run store {path} has schema version {version}, newer than this fp4cli "
+                f"knows ({SCHEMA_VERSION}): upgrade fp4cli"
+            )
+        if version == 0 and db.table_names():
+            raise StoreError(f"{path} is an SQLite database but not a run store")
+        for migration in MIGRATIONS[version:]:
+            migration(db)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _version(db: Database) -> int:
+    return int(db.conn.execute("PRAGMA user_version").fetchone()[0])

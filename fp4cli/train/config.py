@@ -1,0 +1,127 @@
+"""TrainConfig and its resolution: CLI flag > --set > recipe > task defaults.
+
+`--set key=value` reaches any field: a TrainConfig field by its name (`lr=3e-4`, `steps=200`),
+anything else is a recipe key (`linear.forward.x.rounding=sr`). The fully resolved config
+(training fields, the recipe's resolved mapping, the task's description) is what the run store
+and every checkpoint keep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from fp4cli.recipe_schema import did_you_mean
+
+
+class ConfigError(ValueError):
+    """A bad training option: a one-line message naming the key."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    task: str = "regression"
+    recipe: str = "mxfp4"
+    size: str = "default"
+    steps: int | None = None  # None: the task's default
+    batch_size: int | None = None
+    lr: float | None = None
+    weight_decay: float | None = None
+    warmup_steps: int | None = None
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    grad_clip: float | None = None
+    seed: int = 0
+    device: str = "auto"
+    data: str | None = None
+    eval_every: int | None = None
+    stats_every: int = 0  # 0: no quantization statistics (cheap)
+    checkpoint_every: int = 0  # 0: only at the end
+    log_every: int = 10
+    tags: tuple[str, ...] = field(default_factory=tuple)
+    sweep: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "log_every"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"{name}: must be a positive integer (got {value!r})")
+        for name in ("eval_every", "stats_every", "checkpoint_every", "warmup_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ConfigError(f"{name}: must be a non-negative integer (got {value!r})")
+        if self.lr is not None and not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ConfigError(f"lr: must be a positive number (got {self.lr!r})")
+        if self.size not in ("debug", "default"):
+            raise ConfigError(f"size: must be debug or default (got {self.size!r})")
+        if self.device != "auto" and not str(self.device).startswith(("cpu", "cuda")):
+            raise ConfigError(f"device: must be auto, cpu or cuda[:N] (got {self.device!r})")
+
+    def with_task_defaults(self, defaults: Any) -> TrainConfig:
+        """Fill every unset field from the task's TaskDefaults."""
+        filled = {
+            name: getattr(defaults, name)
+            for name in (
+                "steps",
+                "batch_size",
+                "lr",
+                "weight_decay",
+                "warmup_steps",
+                "eval_every",
+                "grad_clip",
+            )
+            if getattr(self, name) is None
+        }
+        return dataclasses.replace(self, **filled)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["tags"] = list(self.tags)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        values["tags"] = tuple(values.get("tags", ()))
+        return cls(**values)
+
+
+def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """(TrainConfig field values, recipe overrides) from `--set key=value` strings."""
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    train_values: dict[str, Any] = {}
+    recipe_overrides: list[str] = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        if key in fields:
+            try:
+                train_values[key] = yaml.safe_load(raw) if raw.strip() else None
+            except yaml.YAMLError:
+                raise ConfigError(f"--set {key}: cannot parse value {raw!r}") from None
+        elif "." in key or key in ("skip", "description", "linear", "optimizer"):
+            recipe_overrides.append(item)
+        else:
+            hint = did_you_mean(key, sorted(fields))
+            raise ConfigError(f"--set {key}: no such training option or recipe key{hint}")
+    return train_values, recipe_overrides
+
+
+def resolve_config(
+    flags: dict[str, Any], overrides: Sequence[str]
+) -> tuple[TrainConfig, list[str]]:
+    """TrainConfig from CLI flags (None = unset) over --set values; plus the recipe overrides."""
+    set_values, recipe_overrides = split_overrides(overrides)
+    values = {**set_values, **{k: v for k, v in flags.items() if v is not None}}
+    if "tags" in values:
+        values["tags"] = tuple(values["tags"])
+    try:
+        return TrainConfig(**values), recipe_overrides
+    except TypeError as error:
+        raise ConfigError(str(error)) from None

@@ -1,0 +1,280 @@
+"""One trainer for every task: AdamW, warmup + cosine, clipping, BF16 autocast on GPU,
+evaluation, quantization statistics, checkpoints, resume, divergence detection.
+
+Everything a run produces goes to the run store; a run that is interrupted (Ctrl-C, SIGTERM)
+is marked so, one killed outright is marked `interrupted` the next time the store is opened.
+Batches are a pure function of (seed, step) and every random stream of the quantized layers is
+in the model's state dict, so a resumed run reproduces the uninterrupted one's metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from fp4cli.train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
+from fp4cli.train.config import ConfigError, TrainConfig
+from fp4cli.train.progress import Reporter, SilentReporter
+from fp4cli.train.stats import QuantStatsCollector
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: str
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint: str | None = None
+    seconds: float = 0.0
+
+
+class _Stop(Exception):
+    """Raised from a signal handler to end the loop cleanly (status `interrupted`)."""
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to lr * min_lr_ratio."""
+    assert config.lr is not None and config.steps is not None
+    warmup = config.warmup_steps or 0
+    if step < warmup:
+        return config.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, config.steps - warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(requested)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda was asked for but no CUDA GPU is available")
+    return device
+
+
+def versions() -> dict[str, str]:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    return {
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "python": platform.python_version(),
+    }
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+class Trainer:
+    """Builds a run from a resolved config and trains it, writing everything to `store`."""
+
+    def __init__(self, config: TrainConfig, recipe: Any, task: Any, store: Any) -> None:
+        self.config, self.recipe, self.task, self.store = config, recipe, task, store
+        self.device = pick_device(config.device)
+        self.model = self._build_model()
+        self.optimizer = self._build_optimizer()
+        self.stats = QuantStatsCollector(self.model, enabled=config.stats_every > 0)
+        self.run_id: str | None = None
+        self.start_step = 0
+
+    def _build_model(self) -> nn.Module:
+        import fp4cli
+
+        torch.manual_seed(self.config.seed)
+        model = self.task.build_model().to(self.device)
+        fp4cli.quantize_model(model, self.recipe, seed=self.config.seed)
+        return model
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        import fp4cli
+        from fp4cli.train.qramp import QRampAdamW
+
+        decay: list[nn.Parameter] = []
+        no_decay: list[nn.Parameter] = []
+        for name, param in self.model.named_parameters():
+            (no_decay if param.ndim < 2 or "embed" in name else decay).append(param)
+        assert self.config.lr is not None
+        groups: list[dict[str, Any]] = [
+            {"params": decay, "weight_decay": self.config.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        optimizer: torch.optim.Optimizer
+        if self.recipe.qramp is not None:
+            optimizer = QRampAdamW(groups, lr=self.config.lr)
+        else:
+            fused = self.device.type == "cuda"
+            optimizer = torch.optim.AdamW(groups, lr=self.config.lr, fused=fused)
+        fp4cli.attach_qema(self.model, optimizer)
+        return optimizer
+
+    def resolved(self) -> dict[str, Any]:
+        return {
+            "train": self.config.to_dict(),
+            "recipe": self.recipe.to_dict(),
+            "task": self.task.describe(),
+        }
+
+    def start(self) -> str:
+        self.run_id = self.store.create_run(
+            task=self.config.task,
+            recipe=self.recipe.name,
+            seed=self.config.seed,
+            config=self.resolved(),
+            device=device_name(self.device),
+            versions=versions(),
+            tags=self.config.tags,
+            sweep=self.config.sweep,
+        )
+        return self.run_id
+
+    def resume(self, run_id: str) -> None:
+        """Continue `run_id` from its newest checkpoint (same run row in the store)."""
+        checkpoint = self.store.latest_checkpoint(run_id)
+        if checkpoint is None:
+            raise ConfigError(f"run {run_id} has no checkpoint to resume from")
+        state = load_checkpoint(checkpoint["path"], self.device)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        restore_rng(state["rng"])
+        self.start_step = int(state["step"])
+        self.run_id = run_id
+        self.store.reopen_run(run_id, self.start_step)
+
+    def checkpoint_dir(self) -> Path:
+        return Path(self.store.path).parent / "checkpoints" / str(self.run_id)
+
+    def run(self, reporter: Reporter | None = None) -> RunResult:
+        assert self.run_id is not None, "call start() or resume() first"
+        reporter = reporter or SilentReporter()
+        config = self.config
+        assert config.steps is not None
+        began = time.time()
+        previous = _install_stop_handler()
+        reporter.start(config.steps, self.start_step, f"{config.task}/{self.recipe.name}")
+        try:
+            status, step = self._loop(reporter)
+        except (_Stop, KeyboardInterrupt):
+            status, step = "interrupted", self._step
+            self.store.finish_run(self.run_id, "interrupted", step=step, message="stopped")
+        except BaseException as error:
+            self.store.finish_run(self.run_id, "failed", step=self._step, message=str(error)[:500])
+            raise
+        finally:
+            reporter.finish()
+            signal.signal(signal.SIGTERM, previous)
+        final = self.store.final_metrics(self.run_id)
+        return RunResult(
+            self.run_id, status, step, final, self._last_checkpoint, time.time() - began
+        )
+
+    _step = 0
+    _last_checkpoint: str | None = None
+
+    def _loop(self, reporter: Reporter) -> tuple[str, int]:
+        config, model, task = self.config, self.model, self.task
+        assert config.steps is not None and config.batch_size is not None
+        run_id = self.run_id
+        autocast = self.device.type == "cuda"
+        model.train()
+        tick, samples = time.time(), 0
+        for step in range(self.start_step, config.steps):
+            self._step = step
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr_at(step, config)
+            qramp = self.recipe.qramp
+            if qramp is not None and step % qramp.interval == 0:
+                self.store.log_metrics(run_id, step, self._calibrate(step))
+            batch = task.batch(step, config.batch_size, config.seed)
+            collect = config.stats_every > 0 and (step + 1) % config.stats_every == 0
+            self.stats.begin(collect)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
+                loss = task.loss(model, batch)
+            loss_value = loss.detach()
+            if not torch.isfinite(loss_value):
+                self.store.finish_run(
+                    run_id,
+                    "diverged",
+                    step=step,
+                    diverged_step=step,
+                    message=f"loss became {loss_value.item()} at step {step}",
+                )
+                reporter.message(f"diverged at step {step}: loss {loss_value.item()}")
+                return "diverged", step
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or 1e9)
+            self.optimizer.step()
+            self.stats.after_step()
+            samples += config.batch_size
+            done = step + 1
+            if done % config.log_every == 0 or done == config.steps:
+                values = {
+                    "train_loss": loss_value.item(),
+                    "grad_norm": grad_norm.item(),
+                    "lr": lr_at(step, config),
+                }
+                self.store.log_metrics(run_id, done, values)  # also the run's heartbeat
+                rate = samples / max(time.time() - tick, 1e-9)
+                reporter.update(done, values["train_loss"], rate)
+                tick, samples = time.time(), 0
+            if collect:
+                self.store.log_quant_stats(run_id, done, self.stats.rows())
+            if config.eval_every and done % config.eval_every == 0 and done != config.steps:
+                self.store.log_metrics(run_id, done, task.evaluate(model))
+            if config.checkpoint_every and done % config.checkpoint_every == 0:
+                self._save(done)
+        self.store.log_metrics(run_id, config.steps, task.evaluate(model))
+        self._save(config.steps)
+        self.store.finish_run(run_id, "finished", step=config.steps)
+        return "finished", config.steps
+
+    def _calibrate(self, step: int) -> dict[str, float]:
+        """Q-Ramping calibration on batches of their own stream (seed + 1 + step)."""
+        from fp4cli.train.qramp import QRampAdamW, calibrate
+
+        config = self.config
+        assert config.batch_size is not None
+
+        def plain_step(i: int) -> None:
+            batch = self.task.batch(i, config.batch_size, config.seed + 1 + step)
+            with torch.autocast(
+                self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"
+            ):
+                loss = self.task.loss(self.model, batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+
+        assert isinstance(self.optimizer, QRampAdamW)
+        result = calibrate(self.model, self.optimizer, plain_step, self.recipe.qramp)
+        self.optimizer.zero_grad(set_to_none=True)
+        return result
+
+    def _save(self, step: int) -> None:
+        path = save_checkpoint(
+            self.checkpoint_dir(), step, self.model, self.optimizer, self.resolved()
+        )
+        self.store.add_checkpoint(self.run_id, step, str(path))
+        self._last_checkpoint = str(path)
+
+
+def _install_stop_handler() -> Any:
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stop()
+
+    return signal.signal(signal.SIGTERM, stop)

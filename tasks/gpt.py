@@ -1,0 +1,114 @@
+"""gpt: byte-level next-token prediction with a small GPT decoder (tasks/gpt_model.py).
+
+Data: see tasks/text.py (a text file or folder; by default the Python standard library's
+sources). A batch is `batch_size` random windows of block_size + 1 bytes of the train split;
+val_loss is the mean cross-entropy over fixed, evenly spaced windows of the validation split.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .base import Batch, TaskDefaults, register_task, step_generator
+from .common import count_params, evaluation, pick_size
+from .gpt_model import GPT, GPTConfig
+from .text import load_text
+
+VOCAB_SIZE = 256  # bytes
+EVAL_BATCH = 16
+
+
+@dataclass(frozen=True)
+class GPTSize:
+    model: GPTConfig
+    val_windows: int
+
+
+SIZES = {
+    "debug": GPTSize(GPTConfig(VOCAB_SIZE, block_size=32, n_layer=2, n_embd=32, n_head=2), 8),
+    "default": GPTSize(GPTConfig(VOCAB_SIZE, block_size=256, n_layer=6, n_embd=384, n_head=6), 64),
+}
+DEFAULTS = {
+    "debug": TaskDefaults(steps=20, batch_size=8, lr=1e-3),
+    "default": TaskDefaults(
+        steps=2000, batch_size=64, lr=1e-3, weight_decay=0.1, warmup_steps=100, eval_every=250
+    ),
+}
+
+
+class GPTTask:
+    name = "gpt"
+    primary_metric = "val_loss"
+
+    def __init__(self, size: str, data: str | Path | None, device: torch.device) -> None:
+        self.size = size
+        self.config = pick_size(self.name, SIZES, size)
+        self.defaults = DEFAULTS[size]
+        self.device = device
+        self.block_size = self.config.model.block_size
+        self.data = load_text(data, self.block_size)
+        self.train_bytes = self.data.train_bytes.to(device)  # (N,) uint8
+        self.val_windows = self._val_windows()  # (W, T + 1) int64
+
+    def _val_windows(self) -> torch.Tensor:
+        """config.val_windows windows of T + 1 bytes, evenly spaced over the validation split."""
+        last_start = len(self.data.val_bytes) - (self.block_size + 1)
+        starts = torch.linspace(0, last_start, self.config.val_windows).round().long()  # (W,)
+        return _windows(self.data.val_bytes, starts, self.block_size).to(self.device)
+
+    def build_model(self) -> nn.Module:
+        return GPT(self.config.model).to(self.device)
+
+    def batch(self, step: int, batch_size: int, seed: int) -> Batch:
+        generator = step_generator(seed, step)
+        last_start = len(self.train_bytes) - (self.block_size + 1)
+        starts = torch.randint(0, last_start + 1, (batch_size,), generator=generator)  # (B,)
+        windows = _windows(self.train_bytes, starts.to(self.device), self.block_size)
+        return Batch({"inputs": windows[:, :-1], "targets": windows[:, 1:]})  # (B, T) each
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        return _next_byte_loss(model, batch["inputs"], batch["targets"])
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        loss_sum = 0.0
+        with evaluation(model, self.device):
+            for windows in self.val_windows.split(EVAL_BATCH):
+                loss = _next_byte_loss(model, windows[:, :-1], windows[:, 1:])
+                loss_sum += loss.item() * len(windows)
+        val_loss = loss_sum / len(self.val_windows)
+        return {"val_loss": val_loss, "val_bpb": val_loss / math.log(2)}  # bits per byte
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "task": self.name,
+            "size": self.size,
+            "params": count_params(lambda: GPT(self.config.model)),
+            "model": asdict(self.config.model),
+            "val_windows": self.config.val_windows,
+            **self.data.describe(),
+        }
+
+
+def _windows(tokens: torch.Tensor, starts: torch.Tensor, block_size: int) -> torch.Tensor:
+    """(W, T + 1) int64 windows of the uint8 byte tensor `tokens` at `starts` (W,)."""
+    offsets = torch.arange(block_size + 1, device=starts.device)  # (T + 1,)
+    return tokens[starts[:, None] + offsets].long()
+
+
+def _next_byte_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = model(inputs)  # (B, T, V)
+    return F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), targets.reshape(-1))
+
+
+@register_task("gpt")
+def create_gpt(
+    size: str = "default", data: str | Path | None = None, device: torch.device | None = None
+) -> GPTTask:
+    return GPTTask(size, data, device or torch.device("cpu"))
