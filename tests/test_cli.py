@@ -33,6 +33,7 @@ def command_paths(command: object, prefix: tuple[str, ...] = ()) -> Iterator[tup
 def test_every_command_has_help() -> None:
     paths = list(command_paths(get_command(app)))
     assert ("recipes", "list") in paths and ("recipes", "show") in paths
+    assert ("train",) in paths and ("runs", "list") in paths and ("runs", "show") in paths
     for path in paths:
         result = runner.invoke(app, [*path, "--help"])
         assert result.exit_code == 0, (path, result.output)
