@@ -15,6 +15,7 @@ which it first appears.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -58,7 +59,7 @@ def apply_overrides(recipe: Recipe, overrides: Sequence[str]) -> Recipe:
         if not sep or not key:
             raise RecipeError(label, item, "expected key=value, e.g. linear.forward.x.rounding=sr")
         try:
-            value = yaml.safe_load(text)
+            value = parse_value(text)
         except yaml.YAMLError as error:
             raise RecipeError(label, key, f"value is not valid YAML: {error}") from None
         _set(tree, key, value, label)
@@ -170,3 +171,16 @@ class _StrictLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 reads 3e-4 (no dot) as a string; recipes and --set values mean a number.
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_value(text: str) -> Any:
+    """A `--set` value or recipe scalar, parsed as the recipe files are (3e-4 is a float)."""
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader

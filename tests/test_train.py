@@ -196,3 +196,13 @@ def test_fp4_train_with_no_arguments_trains_and_summarizes(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "finished" in done.stdout and str(tmp_path / "fp4.db") in done.stdout
     assert Path(tmp_path / "fp4.db").exists()
+
+
+def test_set_values_parse_exponent_floats():
+    from fp4cli.recipes import apply_overrides, load_recipe
+    from fp4cli.train.config import resolve_config
+
+    config, recipe_overrides = resolve_config({}, ["lr=3e-4", "linear.qema.beta=9.98e-1"])
+    assert config.lr == 3e-4
+    recipe = apply_overrides(load_recipe("tetrajet-qema"), recipe_overrides)
+    assert recipe.linear.qema.beta == 0.998

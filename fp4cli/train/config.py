@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from fp4cli.recipe_loader import parse_value
 from fp4cli.recipe_schema import did_you_mean
 
 
@@ -102,7 +103,7 @@ def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]
             raise ConfigError(f"--set {item!r}: expected key=value")
         if key in fields:
             try:
-                train_values[key] = yaml.safe_load(raw) if raw.strip() else None
+                train_values[key] = parse_value(raw) if raw.strip() else None
             except yaml.YAMLError:
                 raise ConfigError(f"--set {key}: cannot parse value {raw!r}") from None
         elif "." in key or key in ("skip", "description", "linear", "optimizer"):
