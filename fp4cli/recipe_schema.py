@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import fnmatch
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import Any
 import yaml
 
 from fp4cli.linear.config import LinearConfig
+from fp4cli.linear.module import matches_skip
 from fp4cli.quant.spec import QuantSpec, SpecError
 from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConfig
 
@@ -98,8 +98,7 @@ class Recipe:
 
     def skips(self, module_name: str) -> bool:
         """Whether the module with this dotted name stays in high precision."""
-        last = module_name.rsplit(".", 1)[-1]
-        return any(fnmatch.fnmatchcase(n, p) for p in self.skip for n in (module_name, last))
+        return matches_skip(module_name, self.skip)
 
     def to_dict(self) -> dict[str, Any]:
         """Fully resolved and JSON-able: presets expanded, no base; from_dict reads it back."""

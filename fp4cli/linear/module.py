@@ -146,7 +146,7 @@ def quantize_model(
         return model
     base_seed = draw_seed() if seed is None else seed
     for index, (parent, child_name, full_name, linear) in enumerate(_linear_children(model)):
-        if _skipped(full_name, patterns):
+        if matches_skip(full_name, patterns):
             continue
         layer_seed = _mix_seed(base_seed, index)
         setattr(parent, child_name, QuantLinear.from_linear(linear, config, seed=layer_seed))
@@ -194,9 +194,10 @@ def _linear_children(model: nn.Module):
     return found
 
 
-def _skipped(full_name: str, patterns: tuple[str, ...]) -> bool:
-    last = full_name.rsplit(".", 1)[-1]
-    return any(fnmatch.fnmatchcase(full_name, p) or fnmatch.fnmatchcase(last, p) for p in patterns)
+def matches_skip(module_name: str, patterns: Iterable[str]) -> bool:
+    """Whether a skip pattern (fnmatch) matches the module's full dotted name or its last part."""
+    last = module_name.rsplit(".", 1)[-1]
+    return any(fnmatch.fnmatchcase(n, p) for p in patterns for n in (module_name, last))
 
 
 def _mix_seed(base: int, index: int) -> int:
