@@ -206,3 +206,15 @@ def test_set_values_parse_exponent_floats():
     assert config.lr == 3e-4
     recipe = apply_overrides(load_recipe("tetrajet-qema"), recipe_overrides)
     assert recipe.linear.qema.beta == 0.998
+
+
+def test_quant_confidence_values():
+    from fp4cli import LinearConfig, QuantLinear, QuantSpec
+    from fp4cli.train.stats import quant_confidence
+
+    layer = QuantLinear(32, 1, config=LinearConfig(forward_w=QuantSpec.preset("mxfp4-ceil")))
+    values = [6.0, 1.25, 1.0, 2.5, 3.25, 0.375, -4.5] + [0.0] * 25  # amax 6: scale 1
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([values]))
+    confidence = quant_confidence(layer)[0, :7].tolist()
+    assert confidence == [1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5]

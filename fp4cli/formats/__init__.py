@@ -1,6 +1,13 @@
 """Element and scale formats: exact encode, decode, rounding and nibble packing."""
 
-from fp4cli.formats.minifloat import Minifloat, decode, encode, magnitude_grid, round_to_grid
+from fp4cli.formats.minifloat import (
+    Minifloat,
+    decode,
+    encode,
+    grid_interval,
+    magnitude_grid,
+    round_to_grid,
+)
 from fp4cli.formats.packing import pack_nibbles, unpack_nibbles
 from fp4cli.formats.registry import (
     E2M1,
@@ -31,6 +38,7 @@ __all__ = [
     "ScaleFormat",
     "decode",
     "encode",
+    "grid_interval",
     "magnitude_grid",
     "pack_nibbles",
     "round_to_grid",

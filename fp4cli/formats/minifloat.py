@@ -75,6 +75,16 @@ def magnitude_grid(fmt: Minifloat, device: str = "cpu") -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32, device=device)
 
 
+def grid_interval(magnitude: torch.Tensor, fmt: Minifloat) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grid points (lower, upper) with lower <= |x| < upper; both are the largest grid value
+    at and beyond it. In `magnitude`'s dtype."""
+    grid = magnitude_grid(fmt, str(magnitude.device)).to(magnitude.dtype)
+    upper_index = torch.searchsorted(grid, magnitude.abs().contiguous(), right=True)
+    lower = grid[(upper_index - 1).clamp(0, grid.numel() - 1)]
+    upper = grid[upper_index.clamp(max=grid.numel() - 1)]
+    return lower, upper
+
+
 def _grid_spacing(fmt: Minifloat, magnitude: torch.Tensor) -> torch.Tensor:
     """The spacing of `fmt`'s grid at |x| (float32, a power of two), exact via frexp."""
     if fmt.ebits == 0:

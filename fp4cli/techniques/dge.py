@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fp4cli.formats import Minifloat, magnitude_grid
+from fp4cli.formats import Minifloat, grid_interval
 from fp4cli.quant.spec import SpecError
 
 
@@ -33,12 +33,7 @@ class DGEConfig:
 
 def _interval(scaled: torch.Tensor, fmt: Minifloat) -> tuple[torch.Tensor, torch.Tensor]:
     """The grid interval [lower, lower + width) holding |scaled| (width 0 beyond the grid)."""
-    grid = magnitude_grid(fmt, str(scaled.device)).to(scaled.dtype)
-    magnitude = scaled.abs()
-    index = torch.searchsorted(grid, magnitude, right=True) - 1  # lower point's index
-    index = index.clamp(0, grid.numel() - 1)
-    lower = grid[index]
-    upper = grid[(index + 1).clamp(max=grid.numel() - 1)]
+    lower, upper = grid_interval(scaled, fmt)
     return lower, upper - lower
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from fp4cli.formats import magnitude_grid
+from fp4cli.formats import grid_interval
 from fp4cli.linear import QuantLinear, quantized_layers
 from fp4cli.quant import quantize
 
@@ -62,15 +62,12 @@ def quant_confidence(layer: QuantLinear) -> torch.Tensor:
     assert spec is not None
     w = layer.weight.detach().float()
     units = quantize(w, spec, seed=0).grid_units(w).abs()
-    grid = magnitude_grid(spec.element_format, str(w.device))
-    upper_index = torch.searchsorted(grid, units.contiguous(), right=True).clamp(
-        1, grid.numel() - 1
-    )
-    lower, upper = grid[upper_index - 1], grid[upper_index]
+    lower, upper = grid_interval(units, spec.element_format)
     half_gap = (upper - lower) / 2
     threshold = lower + half_gap
     confidence = (units - threshold).abs() / half_gap
-    return torch.where(units >= grid[-1], torch.ones_like(confidence), confidence.clamp(0, 1))
+    beyond = upper == lower  # at or past the grid's largest value: nothing to flip to
+    return torch.where(beyond, torch.ones_like(confidence), confidence.clamp(0, 1))
 
 
 class QuantStatsCollector:
