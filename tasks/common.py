@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from dataclasses import asdict
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn as nn
@@ -45,6 +46,18 @@ def evaluation(model: nn.Module, device: torch.device) -> Iterator[None]:
             yield
     finally:
         model.train(was_training)
+
+
+def model_description(
+    task: str, size: str, model_config: Any, make_model: Callable[[], nn.Module]
+) -> dict[str, Any]:
+    """The part of a task's describe() every task shares."""
+    return {
+        "task": task,
+        "size": size,
+        "params": count_params(make_model),
+        "model": asdict(model_config),
+    }
 
 
 def count_params(make_model: Callable[[], nn.Module]) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import Batch, TaskDefaults, register_task, step_generator
-from .common import count_params, evaluation, pick_size
+from .common import evaluation, model_description, pick_size
 from .data import load_images
 
 TRAIN_TIMESTEPS = 1000
@@ -135,10 +135,7 @@ class DiffusionTask:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "task": self.name,
-            "size": self.size,
-            "params": count_params(self._make_model),
-            "model": asdict(self.config),
+            **model_description(self.name, self.size, self.config, self._make_model),
             "train_timesteps": TRAIN_TIMESTEPS,
             "eval_timesteps": self.eval_timesteps,
             "eval_images": len(self.eval_images),

@@ -8,7 +8,7 @@ val_loss is the mean cross-entropy over fixed, evenly spaced windows of the vali
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import Batch, TaskDefaults, register_task, step_generator
-from .common import count_params, evaluation, pick_size
+from .common import evaluation, model_description, pick_size
 from .gpt_model import GPT, GPTConfig
 from .text import load_text
 
@@ -87,10 +87,9 @@ class GPTTask:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "task": self.name,
-            "size": self.size,
-            "params": count_params(lambda: GPT(self.config.model)),
-            "model": asdict(self.config.model),
+            **model_description(
+                self.name, self.size, self.config.model, lambda: GPT(self.config.model)
+            ),
             "val_windows": self.config.val_windows,
             **self.data.describe(),
         }

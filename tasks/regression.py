@@ -7,7 +7,7 @@ teacher on a fixed held-out set (its floor is 0): what FP4 costs shows up there 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import Batch, TaskDefaults, TaskError, register_task, step_generator
-from .common import count_params, evaluation, pick_size
+from .common import evaluation, model_description, pick_size
 
 TEACHER_SEED = 1_234_567  # the teacher is the same for every run
 VAL_SEED = 7_654_321
@@ -131,10 +131,7 @@ class RegressionTask:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "task": self.name,
-            "size": self.size,
-            "params": count_params(self._make_model),
-            "model": asdict(self.config),
+            **model_description(self.name, self.size, self.config, self._make_model),
             "dataset": "teacher-mlp",
             "noise_std": NOISE_STD,
             "val_samples": self.config.val_samples,

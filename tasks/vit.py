@@ -7,7 +7,7 @@ get a random crop (zero padding S/8) and, where that keeps the label, a random m
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import Batch, TaskDefaults, register_task, step_generator
-from .common import count_params, evaluation, pick_size
+from .common import evaluation, model_description, pick_size
 from .data import augment, load_images, normalize
 
 EVAL_BATCH = 256
@@ -102,10 +102,7 @@ class VitTask:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "task": self.name,
-            "size": self.size,
-            "params": count_params(self._make_model),
-            "model": asdict(self.config),
+            **model_description(self.name, self.size, self.config, self._make_model),
             **self.data.describe(),
         }
 
