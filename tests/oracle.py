@@ -268,11 +268,14 @@ def philox4x32_10(counter: tuple[np.ndarray, ...], key: tuple[int, int]) -> list
 def sr_uniform(seed: int, index: np.ndarray) -> np.ndarray:
     """The uniform number in [0, 1) of each element index (row-major index in x)."""
     index = np.asarray(index, dtype=np.uint64)
+    counter = index >> np.uint64(2)  # four elements share one Philox call
     zero = np.zeros_like(index)
     seed &= (1 << 64) - 1
-    word = philox4x32_10(
-        (index & _LOW32, index >> np.uint64(32), zero, zero), (seed & 0xFFFFFFFF, seed >> 32)
-    )[0]
+    words = philox4x32_10(
+        (counter & _LOW32, counter >> np.uint64(32), zero, zero), (seed & 0xFFFFFFFF, seed >> 32)
+    )
+    lane = (index & np.uint64(3)).astype(np.int64)
+    word = np.choose(lane, words)
     return (word >> np.uint64(8)).astype(np.float64) * 2.0**-24
 
 

@@ -7,6 +7,11 @@ For a tensor x, a QuantSpec and an axis, in float32:
   4. v = x / s (times sr_prescale), rounded onto the element grid (rne / sr / away), saturated;
   5. a block holding NaN or Inf gets the NaN scale and decodes to NaN.
 Dequantization is ((q * s) / sr_prescale) / tensor_scale.
+
+With `hadamard=n`, x is first transformed by the random Hadamard transform along the axis
+(`fp4cli.techniques.hadamard.rht`, zero-padded to whole n-blocks) and that is what is quantized.
+`backend` picks the reference below or the fused Triton kernels (`fp4cli.quant.backend`); both
+give the same bits.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 
 from fp4cli.formats import decode, encode, pack_nibbles, round_to_grid, unpack_nibbles
 from fp4cli.quant import random_bits
+from fp4cli.quant.backend import use_kernels
 from fp4cli.quant.blocking import BlockLayout
 from fp4cli.quant.scales import block_scales, divide, nan_scales, scale_values, tensor_scale
 from fp4cli.quant.spec import QuantSpec
@@ -60,8 +66,15 @@ class QuantizedTensor:
             units = units * self.spec.sr_prescale
         return self.layout.unpad(self.layout.from_blocks(units)).movedim(-1, self.axis)
 
-    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
         """The represented tensor, in the original shape and dtype (or `dtype`)."""
+        if use_kernels(backend, torch.empty(0, device=self.codes.device), self.spec):
+            from fp4cli.kernels.launch import dequantize_e2m1
+
+            return dequantize_e2m1(
+                self.codes, self.scales, self.tensor_scale, self.spec, self.shape, self.axis,
+                dtype or self.dtype,
+            )  # fmt: skip
         blocks = self.layout.to_blocks(self.element_values())
         values = _dequantize_blocks(blocks, self.scale_values(), self.tensor_scale, self.spec)
         moved = self.layout.unpad(self.layout.from_blocks(values))
@@ -74,6 +87,10 @@ def quantize(
     axis: int = -1,
     seed: random_bits.Seed | None = None,
     guide: torch.Tensor | None = None,
+    *,
+    hadamard: int | None = None,
+    hadamard_seed: random_bits.Seed = 0,
+    backend: str = "auto",
 ) -> QuantizedTensor:
     """Quantize `x` along `axis` with `spec`.
 
@@ -81,8 +98,22 @@ def quantize(
         for each element depends only on the seed and the element's index in `x` (row-major).
     guide: Q-EMA rounding: of the two grid points bracketing each value, take the one nearer the
         guide tensor (same shape as x, same scales); None rounds by `spec.rounding`.
+    hadamard, hadamard_seed: quantize the random Hadamard transform of x (size n, signs drawn
+        from hadamard_seed) along the axis instead; the result has the padded length.
+    backend: "torch" (reference), "triton" (fused kernels) or "auto".
     """
     axis = _check_input(x, axis)
+    seed = _seed_for(spec, seed)
+    if use_kernels(backend, x, spec, guided=guide is not None):
+        from fp4cli.kernels.launch import quantize_e2m1
+
+        codes, scales, t_scale, _ = quantize_e2m1(x, spec, axis, seed, hadamard, hadamard_seed)
+        assert codes is not None and scales is not None
+        shape = _transformed_shape(x, axis, hadamard)
+        layout = BlockLayout.for_tensor(_moved(shape, axis), spec)
+        dtype = torch.float32 if hadamard else x.dtype
+        return QuantizedTensor(codes, scales, t_scale, shape, spec, axis, dtype, layout)
+    x, guide = _transform(x, guide, axis, hadamard, hadamard_seed)
     blocks, layout = _blocks_of(x.to(torch.float32), spec, axis)
     uniform = _uniform_blocks(x, spec, axis, layout, seed)
     guide_blocks = _blocks_of(guide.to(torch.float32), spec, axis)[0] if guide is not None else None
@@ -99,15 +130,64 @@ def fake_quantize(
     axis: int = -1,
     seed: random_bits.Seed | None = None,
     guide: torch.Tensor | None = None,
+    *,
+    hadamard: int | None = None,
+    hadamard_seed: random_bits.Seed = 0,
+    out_dtype: torch.dtype | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
-    """quantize(x, ...).dequantize() in x's dtype, without encoding and packing."""
+    """quantize(x, ...).dequantize() without encoding and packing, in `out_dtype` (default: x's
+    dtype; float32 with a Hadamard transform, whose output is float32)."""
     axis = _check_input(x, axis)
+    seed = _seed_for(spec, seed)
+    dtype = out_dtype or (torch.float32 if hadamard else x.dtype)
+    if use_kernels(backend, x, spec, guided=guide is not None):
+        from fp4cli.kernels.launch import quantize_e2m1
+
+        values = quantize_e2m1(x, spec, axis, seed, hadamard, hadamard_seed, values_dtype=dtype)[3]
+        assert values is not None
+        return values
+    x, guide = _transform(x, guide, axis, hadamard, hadamard_seed)
     blocks, layout = _blocks_of(x.to(torch.float32), spec, axis)
     uniform = _uniform_blocks(x, spec, axis, layout, seed)
     guide_blocks = _blocks_of(guide.to(torch.float32), spec, axis)[0] if guide is not None else None
     q, stored_scales, t_scale = _quantize_blocks(blocks, spec, uniform, guide_blocks)
     values = _dequantize_blocks(q, scale_values(stored_scales, spec.scale_format), t_scale, spec)
-    return layout.unpad(layout.from_blocks(values)).movedim(-1, axis).to(x.dtype)
+    return layout.unpad(layout.from_blocks(values)).movedim(-1, axis).to(dtype)
+
+
+def _seed_for(spec: QuantSpec, seed: random_bits.Seed | None) -> random_bits.Seed | None:
+    """The seed to use: drawn from torch's random state when SR needs one and none is given."""
+    if spec.rounding == "sr" and seed is None:
+        return random_bits.draw_seed()
+    return seed
+
+
+def _transform(
+    x: torch.Tensor,
+    guide: torch.Tensor | None,
+    axis: int,
+    hadamard: int | None,
+    seed: random_bits.Seed,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if not hadamard:
+        return x, guide
+    from fp4cli.techniques.hadamard import rht
+
+    guide = rht(guide, axis, hadamard, seed) if guide is not None else None
+    return rht(x, axis, hadamard, seed), guide
+
+
+def _transformed_shape(x: torch.Tensor, axis: int, hadamard: int | None) -> torch.Size:
+    if not hadamard:
+        return x.shape
+    shape = list(x.shape)
+    shape[axis] = -(-shape[axis] // hadamard) * hadamard
+    return torch.Size(shape)
+
+
+def _moved(shape: torch.Size, axis: int) -> tuple[int, ...]:
+    return (*shape[:axis], *shape[axis + 1 :], shape[axis])
 
 
 def _check_input(x: torch.Tensor, axis: int) -> int:
@@ -136,8 +216,7 @@ def _uniform_blocks(
     """Uniform numbers for stochastic rounding, keyed by each element's index in x."""
     if spec.rounding != "sr":
         return None
-    if seed is None:
-        seed = random_bits.draw_seed()
+    assert seed is not None
     index = torch.arange(x.numel(), device=x.device, dtype=torch.int64).reshape(x.shape)
     moved_index = layout.pad(index.movedim(axis, -1))
     return random_bits.uniform(seed, layout.to_blocks(moved_index))

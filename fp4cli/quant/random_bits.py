@@ -1,9 +1,11 @@
 """Counter-based random numbers for stochastic rounding (Philox4x32-10).
 
 The bits for element i of a tensor depend only on (seed, i): the same seed gives the same
-rounding on any device, in any block order, and a Triton kernel calling `tl.randint(seed, i)`
-draws the very same 32 bits (counter = (i low, i high, 0, 0), key = (seed low, seed high)).
-A uniform number in [0, 1) is the top 24 bits times 2^-24, exact in float32.
+rounding on any device, in any block order. One Philox call gives four 32-bit words, so four
+consecutive elements share one: element i takes word (i mod 4) of Philox with counter
+(i // 4 low, i // 4 high, 0, 0) and key (seed low, seed high). A Triton kernel calling
+`tl.randint4x(seed, i // 4)` draws the very same words.
+A uniform number in [0, 1) is the top 24 bits of the word times 2^-24, exact in float32.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ def _key(seed: Seed) -> tuple[int | torch.Tensor, int | torch.Tensor]:
     return seed & _MASK32, seed >> 32
 
 
-def philox_bits(seed: Seed, offsets: torch.Tensor) -> torch.Tensor:
-    """32 random bits (as int64 in [0, 2^32)) for each int64 offset, keyed by `seed`."""
+def philox4(seed: Seed, counters: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The four 32-bit output words (int64 in [0, 2^32)) of Philox4x32-10 for each int64
+    counter (counter words: low 32 bits, high 32 bits, 0, 0), keyed by `seed`."""
     k0, k1 = _key(seed)
-    offsets = offsets.to(torch.int64)
-    c0 = offsets & _MASK32
-    c1 = (offsets >> 32) & _MASK32
+    counters = counters.to(torch.int64)
+    c0 = counters & _MASK32
+    c1 = (counters >> 32) & _MASK32
     c2 = torch.zeros_like(c0)
     c3 = torch.zeros_like(c0)
     for _ in range(N_ROUNDS):
@@ -52,7 +55,15 @@ def philox_bits(seed: Seed, offsets: torch.Tensor) -> torch.Tensor:
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
         k0 = (k0 + _KEY_A) & _MASK32
         k1 = (k1 + _KEY_B) & _MASK32
-    return c0
+    return c0, c1, c2, c3
+
+
+def philox_bits(seed: Seed, offsets: torch.Tensor) -> torch.Tensor:
+    """32 random bits (int64 in [0, 2^32)) for each non-negative int64 offset: word
+    (offset mod 4) of Philox for counter offset // 4."""
+    offsets = offsets.to(torch.int64)
+    words = torch.stack(philox4(seed, offsets >> 2), dim=-1)
+    return torch.gather(words, -1, (offsets & 3).unsqueeze(-1)).squeeze(-1)
 
 
 def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:

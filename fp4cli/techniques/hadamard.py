@@ -4,6 +4,11 @@ R = blockdiag(H_n D): H_n the normalized Sylvester Hadamard matrix of size n, D 
 random signs drawn from a seed, fresh for every GEMM call. R is orthogonal, so transforming both
 operands along the reduction dimension leaves the product unchanged: (A R)(B R)^T = A B^T. The
 dimension is zero-padded to a multiple of n (zeros add nothing to the product).
+
+The transform is computed, here and in the Triton kernels, in one fixed float32 order so that
+every backend gives the same bits: signs first (exact), then the butterfly stages h = 1, 2, 4,
+.., n/2 (each pair (a, b) at distance h becomes (a + b, a - b)), then one multiplication by the
+float32 constant 1/sqrt(n).
 """
 
 from __future__ import annotations
@@ -51,6 +56,24 @@ def rht_matrix(n: int, seed: Seed, device: torch.device | str = "cpu") -> torch.
     return random_signs(seed, n, device).unsqueeze(1) * hadamard_matrix(n, device)
 
 
+def normalization(n: int) -> float:
+    """1/sqrt(n) rounded to float32 (exact for n = 16, 64, 256)."""
+    return float(torch.tensor(1.0 / n**0.5, dtype=torch.float32))
+
+
+def fwht(blocks: torch.Tensor) -> torch.Tensor:
+    """The unnormalized Walsh-Hadamard transform of the last dimension (a power of two) of
+    float32 `blocks`, in the butterfly order h = 1, 2, 4, ... (the order every backend uses)."""
+    n = blocks.shape[-1]
+    h = 1
+    while h < n:
+        pairs = blocks.reshape(*blocks.shape[:-1], n // (2 * h), 2, h)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        blocks = torch.stack((a + b, a - b), dim=-2).reshape(*blocks.shape[:-1], n)
+        h *= 2
+    return blocks
+
+
 def rht(x: torch.Tensor, dim: int, size: int, seed: Seed) -> torch.Tensor:
     """x transformed along `dim` by R (padded to a multiple of `size`), in float32.
 
@@ -63,5 +86,6 @@ def rht(x: torch.Tensor, dim: int, size: int, seed: Seed) -> torch.Tensor:
     if padded_length != length:
         moved = F.pad(moved, (0, padded_length - length))
     blocks = moved.reshape(*moved.shape[:-1], padded_length // size, size)
-    transformed = blocks @ rht_matrix(size, seed, x.device)
+    signed = blocks * random_signs(seed, size, x.device)
+    transformed = fwht(signed) * normalization(size)
     return transformed.reshape(*moved.shape[:-1], padded_length).movedim(-1, dim)

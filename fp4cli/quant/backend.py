@@ -1,0 +1,74 @@
+"""Which implementation runs a quantization: the PyTorch reference or the Triton kernels.
+
+backend="torch": the reference, on any device. backend="triton": the fused kernels of
+`fp4cli.kernels`, on a CUDA tensor (or on the CPU under TRITON_INTERPRET=1); a configuration
+they do not cover is an error. backend="auto": the kernels for a CUDA tensor whose
+configuration they cover, else the reference. Both give the same bits.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+import torch
+
+from fp4cli.quant.spec import QuantSpec, SpecError
+
+BACKENDS = ("torch", "triton", "auto")
+KERNEL_BLOCKS = (8, 16, 32, 64, 128, 256)
+KERNEL_SCALES = ("e8m0", "ue5m3", "ue4m3")
+KERNEL_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise SpecError(f"backend: must be one of {', '.join(BACKENDS)} (got {backend!r})")
+
+
+@cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def kernel_gap(spec: QuantSpec, dtype: torch.dtype, guided: bool = False) -> str | None:
+    """Why the kernels cannot run this configuration, or None when they can."""
+    if spec.element != "e2m1":
+        return f"element {spec.element!r} (the kernels quantize to e2m1)"
+    if spec.block not in KERNEL_BLOCKS or spec.tile2d:
+        return f"block {spec.block!r}{' tile2d' if spec.tile2d else ''} (kernels: {KERNEL_BLOCKS})"
+    if spec.scale not in KERNEL_SCALES:
+        return f"scale {spec.scale!r} (kernels: {', '.join(KERNEL_SCALES)})"
+    if spec.rounding not in ("rne", "sr"):
+        return f"rounding {spec.rounding!r} (kernels: rne, sr)"
+    if dtype not in KERNEL_INPUT_DTYPES:
+        return f"input dtype {dtype} (kernels: float32, bfloat16, float16)"
+    if guided:
+        return "guided (Q-EMA) rounding"
+    return None
+
+
+def use_kernels(backend: str, x: torch.Tensor, spec: QuantSpec, guided: bool = False) -> bool:
+    """Whether this call runs the Triton kernels (raises for an impossible backend="triton")."""
+    check_backend(backend)
+    if backend == "torch":
+        return False
+    gap = kernel_gap(spec, x.dtype, guided)
+    runnable = triton_available() and (x.is_cuda or interpreter_on())
+    if backend == "auto":
+        return gap is None and x.is_cuda and runnable
+    if gap is not None:
+        raise SpecError(f"backend 'triton' does not cover {gap}; use backend 'torch' or 'auto'")
+    if not runnable:
+        raise SpecError(
+            "backend 'triton' needs triton and a CUDA tensor (or TRITON_INTERPRET=1 on the CPU)"
+        )
+    return True

@@ -1,0 +1,101 @@
+"""Dequantization of packed E2M1 codes and block scales (axis-last padded layout) back to a
+tensor in its own layout, and the per-tile dequantization the fake-quantization path shares."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from fp4cli.kernels.tile_io import line_mask, store_values, tile_origin
+from fp4cli.kernels.tile_ops import e2m1_value, pow2, unsigned_minifloat_value
+
+
+@triton.jit
+def dequantize_tile(
+    code,
+    scale,
+    finite_blocks,
+    tensor_scale,
+    PRESCALE: tl.constexpr,
+    TENSOR_SCALE: tl.constexpr,
+):
+    """Float32 values [ROWS, BLOCKS, BLOCK] of signed E2M1 codes: q * scale (/ pre-scale)
+    (/ tensor scale), NaN in non-finite blocks."""
+    magnitude = e2m1_value(code & 7)
+    q = tl.where(code >= 8, -magnitude, magnitude)
+    values = q * scale[:, :, None]
+    if PRESCALE != 1.0:
+        values = tl.div_rn(values, tl.full(values.shape, PRESCALE, tl.float32))
+    if TENSOR_SCALE:
+        values = tl.div_rn(values, tl.zeros(values.shape, tl.float32) + tensor_scale)
+    return tl.where(finite_blocks[:, :, None], values, float("nan"))
+
+
+@triton.jit
+def dequantize_kernel(
+    codes_ptr,
+    scales_ptr,
+    out_ptr,
+    tensor_scale_ptr,
+    lines,
+    inner,
+    out_length,
+    padded_length,
+    tiles_along,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+    POW2_SCALE: tl.constexpr,
+    SCALE_MBITS: tl.constexpr,
+    SCALE_MIN_EXP: tl.constexpr,
+    SCALE_MAX_CODE: tl.constexpr,
+    PRESCALE: tl.constexpr,
+    TENSOR_SCALE: tl.constexpr,
+):
+    """Packed E2M1 codes and scale codes (axis-last padded layout) -> values in the tensor's
+    own layout."""
+    pid = tl.program_id(0)
+    first_line, first_pos, outer, first_inner = tile_origin(
+        pid, inner, tiles_along, ROWS, COLS, TRANSPOSED
+    )
+    rows_ok = line_mask(first_line, first_inner, lines, inner, ROWS, TRANSPOSED)
+    line_ids = first_line + tl.arange(0, ROWS)
+    byte_cols = first_pos // 2 + tl.arange(0, COLS // 2)
+    byte_mask = rows_ok[:, None] & (byte_cols < padded_length // 2)[None, :]
+    packed = tl.load(
+        codes_ptr + line_ids[:, None] * (padded_length // 2) + byte_cols[None, :],
+        mask=byte_mask,
+        other=0,
+    ).to(tl.int32)
+    code = tl.reshape(tl.join(packed & 15, packed >> 4), (ROWS, COLS // BLOCK, BLOCK))
+    n_blocks = padded_length // BLOCK
+    block_cols = first_pos // BLOCK + tl.arange(0, COLS // BLOCK)
+    block_mask = rows_ok[:, None] & (block_cols < n_blocks)[None, :]
+    scale_code = tl.load(
+        scales_ptr + line_ids[:, None] * n_blocks + block_cols[None, :], mask=block_mask, other=0
+    ).to(tl.int32)
+    if POW2_SCALE:
+        scale = pow2(tl.minimum(scale_code, 254) - 127)
+        finite_blocks = scale_code != 255
+    else:
+        scale = unsigned_minifloat_value(scale_code, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX_CODE)
+        finite_blocks = scale_code <= SCALE_MAX_CODE
+    tensor_scale = 1.0
+    if TENSOR_SCALE:
+        tensor_scale = tl.load(tensor_scale_ptr)
+    values = dequantize_tile(code, scale, finite_blocks, tensor_scale, PRESCALE, TENSOR_SCALE)
+    store_values(
+        out_ptr,
+        tl.reshape(values, (ROWS, COLS)),
+        first_line,
+        first_pos,
+        outer,
+        first_inner,
+        rows_ok,
+        out_length,
+        inner,
+        ROWS,
+        COLS,
+        TRANSPOSED,
+    )

@@ -1,0 +1,210 @@
+"""Python side of the quantization kernels: shapes, tiles, seeds and launches.
+
+`quantize_e2m1` and `dequantize_e2m1` take and return exactly what the reference
+`fp4cli.quant.quantize` works with (codes and scales in the axis-last padded layout, a 0-d
+tensor scale), so `fp4cli.quant` can hand a call to either backend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fp4cli.kernels.dequantize import dequantize_kernel
+from fp4cli.kernels.quantize import amax_kernel, quantize_kernel
+from fp4cli.quant.random_bits import Seed
+from fp4cli.quant.scales import tensor_scale
+from fp4cli.quant.spec import QuantSpec
+from fp4cli.techniques.hadamard import normalization
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A program's tile: `rows` lines by `cols` positions along the axis, and its warps."""
+
+    rows: int
+    cols: int
+    warps: int = 4
+
+
+@dataclass(frozen=True)
+class AxisView:
+    """The input seen as (outer, length, inner) around the quantization axis."""
+
+    outer: int
+    length: int
+    inner: int
+
+    @classmethod
+    def of(cls, shape: torch.Size | tuple[int, ...], axis: int) -> AxisView:
+        return cls(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :]))
+
+    @property
+    def transposed(self) -> bool:
+        return self.inner > 1
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def choose_tile(view: AxisView, padded_length: int, block: int, hadamard: int | None) -> Tile:
+    """A tile holding whole blocks and whole Hadamard blocks, about 4K elements."""
+    least = max(block, hadamard or 1, 8)
+    if view.transposed:
+        cols = max(least, min(64, _pow2_at_least(padded_length)))
+        rows = max(4, min(64, _pow2_at_least(view.inner), 4096 // cols))
+        return Tile(rows, cols, 4)
+    cols = max(least, min(256, _pow2_at_least(padded_length)))
+    rows = max(1, min(_pow2_at_least(view.outer), 4096 // cols))
+    return Tile(rows, cols, 4)
+
+
+def _grid(view: AxisView, tile: Tile, padded_length: int) -> tuple[int, int]:
+    """(programs, tiles along the axis)."""
+    along = -(-padded_length // tile.cols)
+    if view.transposed:
+        return view.outer * along * -(-view.inner // tile.rows), along
+    return -(-view.outer // tile.rows) * along, along
+
+
+def _seed_args(seed: Seed | None, device: torch.device) -> tuple[torch.Tensor | None, int, bool]:
+    """(pointer argument, value argument, whether the kernel reads the pointer)."""
+    if isinstance(seed, torch.Tensor):
+        return seed.to(device=device, dtype=torch.int64).reshape(1), 0, True
+    value = int(seed or 0) & 0xFFFFFFFFFFFFFFFF
+    return None, value - (1 << 64) if value >= 1 << 63 else value, False
+
+
+def _scale_constants(spec: QuantSpec) -> dict[str, object]:
+    fmt = spec.scale_format
+    if fmt.kind == "pow2":
+        return dict(POW2_SCALE=True, SCALE_MBITS=0, SCALE_MIN_EXP=0, SCALE_MAX=0.0, SCALE_NAN=255)
+    mini = fmt.minifloat
+    assert mini is not None
+    return dict(
+        POW2_SCALE=False,
+        SCALE_MBITS=mini.mbits,
+        SCALE_MIN_EXP=mini.min_exponent,
+        SCALE_MAX=mini.max_value,
+        SCALE_NAN=fmt.nan_code,
+    )
+
+
+def _hadamard_constants(hadamard: int | None) -> dict[str, object]:
+    if not hadamard:
+        return dict(HADAMARD=0, LOG2_HADAMARD=0, HADAMARD_NORM=1.0)
+    return dict(
+        HADAMARD=hadamard,
+        LOG2_HADAMARD=hadamard.bit_length() - 1,
+        HADAMARD_NORM=normalization(hadamard),
+    )
+
+
+def tensor_amax(
+    x: torch.Tensor, axis: int, hadamard: int | None, hadamard_seed: Seed, tile: Tile | None = None
+) -> torch.Tensor:
+    """The largest finite |x| (of the Hadamard-transformed x, if any), a 1-element tensor."""
+    view = AxisView.of(x.shape, axis)
+    out_length = _round_up(view.length, hadamard) if hadamard else view.length
+    tile = tile or choose_tile(view, out_length, 8, hadamard)
+    programs, along = _grid(view, tile, out_length)
+    amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+    seed_ptr, seed_value, from_ptr = _seed_args(hadamard_seed, x.device)
+    amax_kernel[(programs,)](
+        x, amax, seed_ptr, seed_value,
+        view.outer, view.length, view.inner, along,
+        ROWS=tile.rows, COLS=tile.cols, TRANSPOSED=view.transposed,
+        SEED_FROM_PTR=from_ptr, **_hadamard_constants(hadamard),
+        num_warps=tile.warps,
+    )  # fmt: skip
+    return amax
+
+
+def quantize_e2m1(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int,
+    seed: Seed | None,
+    hadamard: int | None = None,
+    hadamard_seed: Seed = 0,
+    values_dtype: torch.dtype | None = None,
+    tile: Tile | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(codes, scales, tensor scale, values) of x quantized along `axis` (non-negative).
+
+    With `values_dtype`, only the dequantized values are written (the fake-quantization path)
+    and codes and scales are None; otherwise values is None. With `hadamard`, x is first
+    transformed along the axis (zero-padded to whole Hadamard blocks)."""
+    x = x.contiguous()
+    view = AxisView.of(x.shape, axis)
+    block = int(spec.block)
+    out_length = _round_up(view.length, hadamard) if hadamard else view.length
+    padded = _round_up(out_length, block)
+    tile = tile or choose_tile(view, padded, block, hadamard)
+    programs, along = _grid(view, tile, padded)
+    t_scale = None
+    if spec.tensor_scale:
+        t_scale = tensor_scale(tensor_amax(x, axis, hadamard, hadamard_seed)[0], spec)
+    lead = [*x.shape[:axis], *x.shape[axis + 1 :]]
+    codes = scales = values = None
+    if values_dtype is not None:
+        out_shape = [*x.shape[:axis], out_length, *x.shape[axis + 1 :]]
+        values = torch.empty(out_shape, dtype=values_dtype, device=x.device)
+    else:
+        codes = torch.empty([*lead, padded // 2], dtype=torch.uint8, device=x.device)
+        scales = torch.empty([*lead, padded // block], dtype=torch.uint8, device=x.device)
+    seed_ptr, seed_value, seed_from_ptr = _seed_args(seed, x.device)
+    rht_ptr, rht_value, rht_from_ptr = _seed_args(hadamard_seed, x.device)
+    grouped = (view.inner if view.transposed else out_length) % 4 == 0
+    quantize_kernel[(programs,)](
+        x, codes, scales, values, t_scale,
+        seed_ptr, seed_value, rht_ptr, rht_value,
+        view.outer, view.length, view.inner, out_length, padded, along,
+        ROWS=tile.rows, COLS=tile.cols, BLOCK=block, TRANSPOSED=view.transposed,
+        CEIL=spec.scale_rule == "ceil", SR=spec.rounding == "sr", GROUPED=grouped,
+        SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
+        PRESCALE=float(spec.sr_prescale), TENSOR_SCALE=spec.tensor_scale,
+        WRITE_VALUES=values_dtype is not None,
+        **_scale_constants(spec), **_hadamard_constants(hadamard),
+        num_warps=tile.warps,
+    )  # fmt: skip
+    return codes, scales, t_scale, values
+
+
+def dequantize_e2m1(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    t_scale: torch.Tensor | None,
+    spec: QuantSpec,
+    shape: torch.Size | tuple[int, ...],
+    axis: int,
+    dtype: torch.dtype,
+    tile: Tile | None = None,
+) -> torch.Tensor:
+    """Values of shape `shape` from packed codes and scale codes (axis-last padded layout)."""
+    view = AxisView.of(shape, axis)
+    block = int(spec.block)
+    padded = codes.shape[-1] * 2
+    tile = tile or choose_tile(view, padded, block, None)
+    programs, along = _grid(view, tile, padded)
+    out = torch.empty(shape, dtype=dtype, device=codes.device)
+    constants = _scale_constants(spec)
+    mini = spec.scale_format.minifloat
+    dequantize_kernel[(programs,)](
+        codes.contiguous(), scales.contiguous(), out, t_scale,
+        view.outer, view.inner, view.length, padded, along,
+        ROWS=tile.rows, COLS=tile.cols, BLOCK=block, TRANSPOSED=view.transposed,
+        POW2_SCALE=constants["POW2_SCALE"], SCALE_MBITS=constants["SCALE_MBITS"],
+        SCALE_MIN_EXP=constants["SCALE_MIN_EXP"],
+        SCALE_MAX_CODE=mini.max_code if mini is not None else 254,
+        PRESCALE=float(spec.sr_prescale), TENSOR_SCALE=t_scale is not None,
+        num_warps=tile.warps,
+    )  # fmt: skip
+    return out

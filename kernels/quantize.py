@@ -1,0 +1,258 @@
+"""Fused block quantization of E2M1 tensors: one read of the input, one write of the result.
+
+A program takes a tile of lines x positions along the quantization axis (`tile_io`), optionally
+applies the random Hadamard transform to it, computes each block's scale, rounds (nearest-even
+or stochastic) and writes either packed E2M1 codes and scale codes, or the dequantized values
+(the fake-quantization path), along the input's last axis or any other.
+
+Two-level (tensor-scaled) specs first reduce the tensor's amax with `_amax_kernel` (one read);
+a tensor small enough for the L2 cache is then read the second time from there.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from fp4cli.kernels.dequantize import dequantize_tile
+from fp4cli.kernels.tile_io import (
+    line_mask,
+    load_tile,
+    seed_of,
+    sr_uniforms,
+    store_codes,
+    store_values,
+    tile_origin,
+)
+from fp4cli.kernels.tile_ops import (
+    FLOAT32_MAX,
+    e2m1_code_rne,
+    e2m1_code_sr,
+    e8m0_exponent,
+    hadamard_rows,
+    pow2,
+    round_unsigned_minifloat,
+)
+
+
+@triton.jit
+def quantize_tile(
+    x,
+    uniform,
+    tensor_scale,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    POW2_SCALE: tl.constexpr,
+    CEIL: tl.constexpr,
+    SCALE_MBITS: tl.constexpr,
+    SCALE_MIN_EXP: tl.constexpr,
+    SCALE_MAX: tl.constexpr,
+    SCALE_NAN: tl.constexpr,
+    SR: tl.constexpr,
+    PRESCALE: tl.constexpr,
+    TENSOR_SCALE: tl.constexpr,
+):
+    """E2M1 codes (sign included, int32 [ROWS, BLOCKS, BLOCK]), scale values and scale codes
+    ([ROWS, BLOCKS]) and which blocks are finite, for a float32 tile."""
+    BLOCKS: tl.constexpr = COLS // BLOCK
+    finite = tl.abs(x) <= FLOAT32_MAX
+    x = tl.where(finite, x, 0.0)
+    if TENSOR_SCALE:
+        x = x * tensor_scale
+    blocks = tl.reshape(x, (ROWS, BLOCKS, BLOCK))
+    finite_blocks = tl.min(tl.reshape(finite.to(tl.int32), (ROWS, BLOCKS, BLOCK)), axis=2) > 0
+    amax = tl.max(tl.abs(blocks), axis=2)
+    if POW2_SCALE:
+        exponent = e8m0_exponent(amax, 2, 0x400000, CEIL)  # E2M1: 6 = 1.5 * 2^2
+        scale = pow2(exponent)
+        scale_code = exponent + 127
+        scaled = blocks * pow2(-exponent)[:, :, None]
+    else:
+        raw = tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
+        scale, scale_code = round_unsigned_minifloat(
+            raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL
+        )
+        scaled = tl.div_rn(blocks, tl.broadcast_to(scale[:, :, None], blocks.shape))
+    if PRESCALE != 1.0:
+        scaled = scaled * PRESCALE
+    magnitude = tl.abs(scaled)
+    if SR:
+        code = e2m1_code_sr(magnitude, tl.reshape(uniform, (ROWS, BLOCKS, BLOCK)))
+    else:
+        code = e2m1_code_rne(magnitude)
+    code = tl.where((scaled < 0) & (code > 0), code + 8, code)
+    code = tl.where(finite_blocks[:, :, None], code, 0)
+    scale_code = tl.where(finite_blocks, scale_code, SCALE_NAN)
+    return code, scale, scale_code, finite_blocks
+
+
+@triton.jit
+def quantize_kernel(
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    out_ptr,
+    tensor_scale_ptr,
+    seed_ptr,
+    seed_value,
+    rht_seed_ptr,
+    rht_seed_value,
+    lines,
+    length,
+    inner,
+    out_length,
+    padded_length,
+    tiles_along,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+    POW2_SCALE: tl.constexpr,
+    CEIL: tl.constexpr,
+    SCALE_MBITS: tl.constexpr,
+    SCALE_MIN_EXP: tl.constexpr,
+    SCALE_MAX: tl.constexpr,
+    SCALE_NAN: tl.constexpr,
+    SR: tl.constexpr,
+    GROUPED: tl.constexpr,
+    SEED_FROM_PTR: tl.constexpr,
+    RHT_SEED_FROM_PTR: tl.constexpr,
+    PRESCALE: tl.constexpr,
+    TENSOR_SCALE: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    LOG2_HADAMARD: tl.constexpr,
+    HADAMARD_NORM: tl.constexpr,
+    WRITE_VALUES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    first_line, first_pos, outer, first_inner = tile_origin(
+        pid, inner, tiles_along, ROWS, COLS, TRANSPOSED
+    )
+    rows_ok = line_mask(first_line, first_inner, lines, inner, ROWS, TRANSPOSED)
+    x = load_tile(
+        x_ptr,
+        first_line,
+        first_pos,
+        outer,
+        first_inner,
+        lines,
+        length,
+        inner,
+        ROWS,
+        COLS,
+        TRANSPOSED,
+    )
+    if HADAMARD > 0:
+        rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
+        x = hadamard_rows(x, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD, HADAMARD_NORM)
+    uniform = x
+    if SR:
+        seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
+        uniform = sr_uniforms(
+            seed,
+            first_line,
+            first_pos,
+            outer,
+            first_inner,
+            inner,
+            out_length,
+            ROWS,
+            COLS,
+            TRANSPOSED,
+            GROUPED,
+        )
+    tensor_scale = 1.0
+    if TENSOR_SCALE:
+        tensor_scale = tl.load(tensor_scale_ptr)
+    code, scale, scale_code, finite_blocks = quantize_tile(
+        x,
+        uniform,
+        tensor_scale,
+        ROWS,
+        COLS,
+        BLOCK,
+        POW2_SCALE,
+        CEIL,
+        SCALE_MBITS,
+        SCALE_MIN_EXP,
+        SCALE_MAX,
+        SCALE_NAN,
+        SR,
+        PRESCALE,
+        TENSOR_SCALE,
+    )
+    if WRITE_VALUES:
+        values = dequantize_tile(code, scale, finite_blocks, tensor_scale, PRESCALE, TENSOR_SCALE)
+        store_values(
+            out_ptr,
+            tl.reshape(values, (ROWS, COLS)),
+            first_line,
+            first_pos,
+            outer,
+            first_inner,
+            rows_ok,
+            out_length,
+            inner,
+            ROWS,
+            COLS,
+            TRANSPOSED,
+        )
+    else:
+        store_codes(
+            codes_ptr,
+            scales_ptr,
+            tl.reshape(code, (ROWS, COLS)),
+            scale_code,
+            first_line,
+            first_pos,
+            rows_ok,
+            padded_length,
+            ROWS,
+            COLS,
+            BLOCK,
+        )
+
+
+@triton.jit
+def amax_kernel(
+    x_ptr,
+    amax_ptr,
+    rht_seed_ptr,
+    rht_seed_value,
+    lines,
+    length,
+    inner,
+    tiles_along,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+    SEED_FROM_PTR: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    LOG2_HADAMARD: tl.constexpr,
+    HADAMARD_NORM: tl.constexpr,
+):
+    """The largest finite |x| (after the Hadamard transform, if any) into amax_ptr."""
+    pid = tl.program_id(0)
+    first_line, first_pos, outer, first_inner = tile_origin(
+        pid, inner, tiles_along, ROWS, COLS, TRANSPOSED
+    )
+    x = load_tile(
+        x_ptr,
+        first_line,
+        first_pos,
+        outer,
+        first_inner,
+        lines,
+        length,
+        inner,
+        ROWS,
+        COLS,
+        TRANSPOSED,
+    )
+    if HADAMARD > 0:
+        rht_seed = seed_of(rht_seed_ptr, rht_seed_value, SEED_FROM_PTR)
+        x = hadamard_rows(x, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD, HADAMARD_NORM)
+    magnitude = tl.abs(x)
+    magnitude = tl.where(magnitude <= FLOAT32_MAX, magnitude, 0.0)
+    tl.atomic_max(amax_ptr, tl.max(tl.max(magnitude, axis=1), axis=0))

@@ -1,0 +1,172 @@
+"""Where a quantization kernel's tile lies, and its loads and stores.
+
+A program works on a tile of ROWS lines x COLS positions along the quantization axis. Lines are
+the rows of the axis-last layout: for an input whose axis is last, its rows; otherwise the input
+is viewed as (outer, length, inner), a line is one (outer, inner) pair, and the tile is loaded
+along inner, where memory is contiguous, and turned in registers (no transposed copy is made).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from fp4cli.kernels.tile_ops import uniform_at, uniform_rows
+
+
+@triton.jit
+def tile_origin(
+    pid, inner, tiles_along, ROWS: tl.constexpr, COLS: tl.constexpr, TRANSPOSED: tl.constexpr
+):
+    """(first line, first position along the axis, outer index, first inner index) of program
+    `pid`'s tile. Lines are the rows of the axis-last layout: not transposed, the input's rows;
+    transposed (input viewed as (outer, length, inner)), line = outer * inner + inner index,
+    and one tile's lines share one outer index."""
+    if TRANSPOSED:
+        tiles_inner = tl.cdiv(inner, ROWS)
+        outer = (pid // (tiles_along * tiles_inner)).to(tl.int64)
+        rest = pid % (tiles_along * tiles_inner)
+        first_inner = (rest % tiles_inner) * ROWS
+        return outer * inner + first_inner, (rest // tiles_inner) * COLS, outer, first_inner
+    first_line = ((pid // tiles_along) * ROWS).to(tl.int64)
+    return first_line, (pid % tiles_along) * COLS, first_line * 0, 0
+
+
+@triton.jit
+def line_mask(first_line, first_inner, lines, inner, ROWS: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Which of the tile's ROWS lines exist."""
+    if TRANSPOSED:
+        return (first_inner + tl.arange(0, ROWS)) < inner
+    return (first_line + tl.arange(0, ROWS)) < lines
+
+
+@triton.jit
+def load_tile(
+    x_ptr,
+    first_line,
+    first_pos,
+    outer,
+    first_inner,
+    lines,
+    length,
+    inner,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+):
+    """The float32 tile [ROWS lines, COLS positions] at the origin, zero outside the input
+    ((lines, length) contiguous, or (outer, length, inner) contiguous when TRANSPOSED)."""
+    pos = first_pos + tl.arange(0, COLS)
+    rows_ok = line_mask(first_line, first_inner, lines, inner, ROWS, TRANSPOSED)
+    if TRANSPOSED:
+        inn = first_inner + tl.arange(0, ROWS)
+        offsets = outer * length * inner + pos.to(tl.int64)[:, None] * inner + inn[None, :]
+        mask = (pos < length)[:, None] & rows_ok[None, :]
+        return tl.trans(tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+    lin = first_line + tl.arange(0, ROWS)
+    offsets = lin[:, None] * length + pos[None, :]
+    mask = rows_ok[:, None] & (pos < length)[None, :]
+    return tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def seed_of(seed_ptr, seed_value, FROM_PTR: tl.constexpr):
+    if FROM_PTR:
+        return tl.load(seed_ptr)
+    return seed_value
+
+
+@triton.jit
+def sr_uniforms(
+    seed,
+    first_line,
+    first_pos,
+    outer,
+    first_inner,
+    inner,
+    out_length,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+    GROUPED: tl.constexpr,
+):
+    """Uniforms [ROWS, COLS] for the tile: element (line, pos) has the row-major index of its
+    place in the (transformed) input, (line, pos) or (outer, pos, inner)."""
+    if TRANSPOSED:
+        first = (outer * out_length + first_pos) * inner + first_inner
+        if GROUPED:
+            return tl.trans(uniform_rows(seed, first, inner, COLS, ROWS))
+        index = first + tl.arange(0, COLS).to(tl.int64)[:, None] * inner
+        return tl.trans(uniform_at(seed, index + tl.arange(0, ROWS)[None, :]))
+    first = first_line * out_length + first_pos
+    if GROUPED:
+        return uniform_rows(seed, first, out_length, ROWS, COLS)
+    index = first + tl.arange(0, ROWS).to(tl.int64)[:, None] * out_length
+    return uniform_at(seed, index + tl.arange(0, COLS)[None, :])
+
+
+@triton.jit
+def store_codes(
+    codes_ptr,
+    scales_ptr,
+    code,
+    scale_code,
+    first_line,
+    first_pos,
+    rows_ok,
+    padded_length,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Packed codes (two per byte, low nibble first) and scale codes, axis-last padded layout;
+    rows_ok [ROWS] says which of the tile's lines exist."""
+    line_ids = first_line + tl.arange(0, ROWS)
+    pairs = tl.reshape(code, (ROWS, COLS // 2, 2))
+    low, high = tl.split(pairs)
+    packed = (low | (high << 4)).to(tl.uint8)
+    byte_cols = first_pos // 2 + tl.arange(0, COLS // 2)
+    byte_mask = rows_ok[:, None] & (byte_cols < padded_length // 2)[None, :]
+    tl.store(
+        codes_ptr + line_ids[:, None] * (padded_length // 2) + byte_cols[None, :],
+        packed,
+        mask=byte_mask,
+    )
+    n_blocks = padded_length // BLOCK
+    block_cols = first_pos // BLOCK + tl.arange(0, COLS // BLOCK)
+    block_mask = rows_ok[:, None] & (block_cols < n_blocks)[None, :]
+    tl.store(
+        scales_ptr + line_ids[:, None] * n_blocks + block_cols[None, :],
+        scale_code.to(tl.uint8),
+        mask=block_mask,
+    )
+
+
+@triton.jit
+def store_values(
+    out_ptr,
+    values,
+    first_line,
+    first_pos,
+    outer,
+    first_inner,
+    rows_ok,
+    out_length,
+    inner,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+):
+    """Values [ROWS, COLS] into the (transformed) input's own layout."""
+    values = values.to(out_ptr.dtype.element_ty)
+    pos = first_pos + tl.arange(0, COLS)
+    if TRANSPOSED:
+        inn = first_inner + tl.arange(0, ROWS)
+        offsets = (outer * out_length + pos.to(tl.int64)[:, None]) * inner + inn[None, :]
+        mask = (pos < out_length)[:, None] & rows_ok[None, :]
+        tl.store(out_ptr + offsets, tl.trans(values), mask=mask)
+    else:
+        lin = first_line + tl.arange(0, ROWS)
+        offsets = lin[:, None] * out_length + pos[None, :]
+        mask = rows_ok[:, None] & (pos < out_length)[None, :]
+        tl.store(out_ptr + offsets, values, mask=mask)

@@ -1,0 +1,193 @@
+"""Triton building blocks shared by the quantize and dequantize kernels.
+
+Each function computes, on a register tile, exactly what the reference in `fp4cli.quant`,
+`fp4cli.formats` and `fp4cli.techniques.hadamard` computes, with the same float32 operations in
+the same order: powers of two are built from their bits, divisions by powers of two are
+multiplications by exact reciprocals, and every other division is `tl.div_rn` (correctly
+rounded; a plain `/` may be approximate on the GPU).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@triton.jit
+def pow2(exponent):
+    """2^exponent as float32 for int32 exponents in [-149, 127], exact (subnormals too)."""
+    normal = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
+    shift = tl.minimum(tl.maximum(exponent + 149, 0), 30)
+    subnormal = (tl.full(exponent.shape, 1, tl.int32) << shift).to(tl.float32, bitcast=True)
+    return tl.where(exponent >= -126, normal, subnormal)
+
+
+@triton.jit
+def frexp_parts(positive):
+    """(floor(log2 x), mantissa bits of x normalized to [1, 2)) for finite x >= 0, exact; the
+    result for x == 0 is meaningless and must be masked by the caller."""
+    is_subnormal = positive < 1.1754943508222875e-38
+    normalized = tl.where(is_subnormal, positive * 16777216.0, positive)  # * 2^24, exact
+    bits = normalized.to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) - 127 - tl.where(is_subnormal, 24, 0)
+    return exponent, bits & 0x7FFFFF
+
+
+@triton.jit
+def e8m0_exponent(
+    amax, ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr, CEIL: tl.constexpr
+):
+    """The clamped E8M0 exponent of each block amax (int32): floor(log2 amax) - emax_exp, plus
+    one under the ceil rule when amax's mantissa exceeds the element max's (amax > emax * 2^e);
+    -127 for an all-zero block."""
+    exponent, mantissa = frexp_parts(amax)
+    exponent = exponent - ELEM_MAX_EXP
+    if CEIL:
+        exponent = exponent + (mantissa > ELEM_MAX_MANT).to(tl.int32)
+    exponent = tl.where(amax > 0, exponent, -127)
+    return tl.minimum(tl.maximum(exponent, -127), 127)
+
+
+@triton.jit
+def round_unsigned_minifloat(
+    raw, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_VALUE: tl.constexpr, UP: tl.constexpr
+):
+    """Round raw >= 0 onto an unsigned minifloat grid (nearest even, or up), saturating at
+    MAX_VALUE and at least the smallest subnormal; returns (value, code)."""
+    exponent, _ = frexp_parts(raw)
+    exponent = tl.maximum(exponent, MIN_EXP)
+    units = raw * pow2(MBITS - exponent)  # exact
+    floor_units = tl.floor(units)
+    frac = units - floor_units
+    if UP:
+        round_up = frac > 0
+    else:
+        odd = (floor_units.to(tl.int32) & 1) == 1
+        round_up = (frac > 0.5) | ((frac == 0.5) & odd)
+    value = (floor_units + round_up.to(tl.float32)) * pow2(exponent - MBITS)
+    value = tl.minimum(value, MAX_VALUE)
+    value = tl.maximum(value, pow2(tl.full(raw.shape, MIN_EXP - MBITS, tl.int32)))
+    return value, _unsigned_minifloat_code(value, MBITS, MIN_EXP)
+
+
+@triton.jit
+def _unsigned_minifloat_code(value, MBITS: tl.constexpr, MIN_EXP: tl.constexpr):
+    exponent, _ = frexp_parts(value)
+    exponent = tl.maximum(exponent, MIN_EXP)
+    units = (value * pow2(MBITS - exponent)).to(tl.int32)
+    return ((exponent - MIN_EXP) << MBITS) + units
+
+
+@triton.jit
+def unsigned_minifloat_value(
+    code, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_CODE: tl.constexpr
+):
+    """Float32 value of an unsigned minifloat scale code (codes above MAX_CODE are NaN)."""
+    field = code >> MBITS
+    mantissa = code & ((1 << MBITS) - 1)
+    subnormal = mantissa.to(tl.float32) * pow2(tl.full(code.shape, MIN_EXP - MBITS, tl.int32))
+    normal = (mantissa + (1 << MBITS)).to(tl.float32) * pow2(field - 1 + MIN_EXP - MBITS)
+    value = tl.where(field == 0, subnormal, normal)
+    return tl.where(code > MAX_CODE, float("nan"), value)
+
+
+@triton.jit
+def e2m1_code_rne(magnitude):
+    """E2M1 magnitude code (0..7) of |v| rounded to nearest, ties to the even code, saturating:
+    the number of decision points at or beyond which |v| lies."""
+    code = (magnitude > 0.25).to(tl.int32)
+    code += (magnitude >= 0.75).to(tl.int32)
+    code += (magnitude > 1.25).to(tl.int32)
+    code += (magnitude >= 1.75).to(tl.int32)
+    code += (magnitude > 2.5).to(tl.int32)
+    code += (magnitude >= 3.5).to(tl.int32)
+    code += (magnitude > 5.0).to(tl.int32)
+    return code
+
+
+@triton.jit
+def e2m1_value(code):
+    """Float32 magnitude of an E2M1 magnitude code (0..7)."""
+    exponent = code >> 1
+    mantissa = (code & 1).to(tl.float32)
+    binade = (tl.full(code.shape, 1, tl.int32) << exponent).to(tl.float32) * 0.25
+    return tl.where(exponent == 0, 0.5 * mantissa, (2.0 + mantissa) * binade)
+
+
+@triton.jit
+def e2m1_code_sr(magnitude, uniform):
+    """E2M1 magnitude code of |v| rounded stochastically: up from the lower grid point with
+    probability (|v| - lower) / spacing, i.e. when uniform * spacing < |v| - lower (both exact)."""
+    lower = (magnitude >= 0.5).to(tl.int32)
+    lower += (magnitude >= 1.0).to(tl.int32)
+    lower += (magnitude >= 1.5).to(tl.int32)
+    lower += (magnitude >= 2.0).to(tl.int32)
+    lower += (magnitude >= 3.0).to(tl.int32)
+    lower += (magnitude >= 4.0).to(tl.int32)
+    lower += (magnitude >= 6.0).to(tl.int32)
+    spacing = tl.where(magnitude < 2.0, 0.5, tl.where(magnitude < 4.0, 1.0, 2.0))
+    round_up = (uniform * spacing < magnitude - e2m1_value(lower)) & (lower < 7)
+    return lower + round_up.to(tl.int32)
+
+
+@triton.jit
+def uniform_from_bits(bits):
+    """Top 24 of 32 random bits (uint32) times 2^-24."""
+    return (bits >> 8).to(tl.float32) * 5.9604644775390625e-08
+
+
+@triton.jit
+def word_of(w0, w1, w2, w3, lane):
+    return tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
+
+
+@triton.jit
+def uniform_at(seed, index):
+    """The stochastic-rounding uniform of each int64 element index: word (index mod 4) of
+    Philox for counter index // 4 (one call per element; for any index pattern)."""
+    w0, w1, w2, w3 = tl.randint4x(seed, index >> 2)
+    return uniform_from_bits(word_of(w0, w1, w2, w3, (index & 3).to(tl.int32)))
+
+
+@triton.jit
+def uniform_rows(seed, first_index, row_stride, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Uniforms for the tile index[r, c] = first_index + r * row_stride + c (int64), one Philox
+    call per four elements. Needs first_index and row_stride divisible by 4."""
+    rows = tl.arange(0, ROWS).to(tl.int64)[:, None]
+    groups = tl.arange(0, COLS // 4).to(tl.int64)[None, :]
+    counters = (first_index + rows * row_stride) // 4 + groups
+    w0, w1, w2, w3 = tl.randint4x(seed, counters)
+    words = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [r, g, i, j] holds word 2 i + j
+    return uniform_from_bits(tl.reshape(words, (ROWS, COLS)))
+
+
+@triton.jit
+def hadamard_signs(seed, COLS: tl.constexpr, SIZE: tl.constexpr):
+    """+-1 for each column of a tile: the sign of position (column mod SIZE) in the transform,
+    the top bit of the random bits at that offset."""
+    offsets = (tl.arange(0, COLS) % SIZE).to(tl.int64)
+    w0, w1, w2, w3 = tl.randint4x(seed, offsets >> 2)
+    bits = word_of(w0, w1, w2, w3, (offsets & 3).to(tl.int32))
+    return 1.0 - 2.0 * (bits >> 31).to(tl.float32)
+
+
+@triton.jit
+def hadamard_rows(
+    x,
+    seed,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    SIZE: tl.constexpr,
+    LOG2_SIZE: tl.constexpr,
+    NORM: tl.constexpr,
+):
+    """The random Hadamard transform of each SIZE-block along the last axis of a float32 tile:
+    signs, the butterfly stages h = 1, 2, .., SIZE/2 ((a, b) -> (a + b, a - b)), then * NORM."""
+    x = x * hadamard_signs(seed, COLS, SIZE)[None, :]
+    for stage in tl.static_range(LOG2_SIZE):
+        pairs = tl.reshape(x, (ROWS * COLS // (2 << stage), 2, 1 << stage))
+        a, b = tl.split(tl.permute(pairs, (0, 2, 1)))
+        x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (ROWS, COLS))
+    return x * NORM
