@@ -19,7 +19,7 @@ from fp4cli.kernels.tile_io import (
     line_mask,
     load_tile,
     seed_of,
-    sr_uniforms,
+    sr_bits,
     store_codes,
     store_values,
     tile_origin,
@@ -38,7 +38,7 @@ from fp4cli.kernels.tile_ops import (
 @triton.jit
 def quantize_tile(
     x,
-    uniform,
+    random_bits,
     tensor_scale,
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
@@ -56,13 +56,19 @@ def quantize_tile(
     """E2M1 codes (sign included, int32 [ROWS, BLOCKS, BLOCK]), scale values and scale codes
     ([ROWS, BLOCKS]) and which blocks are finite, for a float32 tile."""
     BLOCKS: tl.constexpr = COLS // BLOCK
-    finite = tl.abs(x) <= FLOAT32_MAX
-    x = tl.where(finite, x, 0.0)
+    # A NaN or Inf counts as an infinite magnitude, so one reduction finds the amax and whether
+    # the block is finite; a non-finite block's codes are discarded below, so its values need
+    # no cleaning. Scaling by a positive tensor scale commutes with the max (rounding is
+    # monotonic), so the amax of x * ts is amax(x) * ts.
+    magnitude = tl.abs(x)
+    magnitude = tl.where(magnitude <= FLOAT32_MAX, magnitude, float("inf"))
+    amax = tl.max(tl.reshape(magnitude, (ROWS, BLOCKS, BLOCK)), axis=2)
+    finite_blocks = amax <= FLOAT32_MAX
+    amax = tl.where(finite_blocks, amax, 0.0)
     if TENSOR_SCALE:
         x = x * tensor_scale
+        amax = amax * tensor_scale
     blocks = tl.reshape(x, (ROWS, BLOCKS, BLOCK))
-    finite_blocks = tl.min(tl.reshape(finite.to(tl.int32), (ROWS, BLOCKS, BLOCK)), axis=2) > 0
-    amax = tl.max(tl.abs(blocks), axis=2)
     if POW2_SCALE:
         exponent = e8m0_exponent(amax, 2, 0x400000, CEIL)  # E2M1: 6 = 1.5 * 2^2
         scale = pow2(exponent)
@@ -78,7 +84,7 @@ def quantize_tile(
         scaled = scaled * PRESCALE
     magnitude = tl.abs(scaled)
     if SR:
-        code = e2m1_code_sr(magnitude, tl.reshape(uniform, (ROWS, BLOCKS, BLOCK)))
+        code = e2m1_code_sr(magnitude, tl.reshape(random_bits, (ROWS, BLOCKS, BLOCK)))
     else:
         code = e2m1_code_rne(magnitude)
     code = tl.where((scaled < 0) & (code > 0), code + 8, code)
@@ -146,10 +152,10 @@ def quantize_kernel(
     if HADAMARD > 0:
         rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
         x = hadamard_rows(x, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD, HADAMARD_NORM)
-    uniform = x
+    random_bits = x
     if SR:
         seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
-        uniform = sr_uniforms(
+        random_bits = sr_bits(
             seed,
             first_line,
             first_pos,
@@ -167,7 +173,7 @@ def quantize_kernel(
         tensor_scale = tl.load(tensor_scale_ptr)
     code, scale, scale_code, finite_blocks = quantize_tile(
         x,
-        uniform,
+        random_bits,
         tensor_scale,
         ROWS,
         COLS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.tile_ops import uniform_at, uniform_rows
+from fp4cli.kernels.tile_ops import random_bits_at, random_bits_rows
 
 
 @triton.jit
@@ -77,7 +77,7 @@ def seed_of(seed_ptr, seed_value, FROM_PTR: tl.constexpr):
 
 
 @triton.jit
-def sr_uniforms(
+def sr_bits(
     seed,
     first_line,
     first_pos,
@@ -90,19 +90,19 @@ def sr_uniforms(
     TRANSPOSED: tl.constexpr,
     GROUPED: tl.constexpr,
 ):
-    """Uniforms [ROWS, COLS] for the tile: element (line, pos) has the row-major index of its
-    place in the (transformed) input, (line, pos) or (outer, pos, inner)."""
+    """Random bits [ROWS, COLS] (uint32) for the tile: element (line, pos) draws at the
+    row-major index of its place in the (transformed) input, (line, pos) or (outer, pos, inner)."""
     if TRANSPOSED:
         first = (outer * out_length + first_pos) * inner + first_inner
         if GROUPED:
-            return tl.trans(uniform_rows(seed, first, inner, COLS, ROWS))
+            return tl.trans(random_bits_rows(seed, first, inner, COLS, ROWS))
         index = first + tl.arange(0, COLS).to(tl.int64)[:, None] * inner
-        return tl.trans(uniform_at(seed, index + tl.arange(0, ROWS)[None, :]))
+        return tl.trans(random_bits_at(seed, index + tl.arange(0, ROWS)[None, :]))
     first = first_line * out_length + first_pos
     if GROUPED:
-        return uniform_rows(seed, first, out_length, ROWS, COLS)
+        return random_bits_rows(seed, first, out_length, ROWS, COLS)
     index = first + tl.arange(0, ROWS).to(tl.int64)[:, None] * out_length
-    return uniform_at(seed, index + tl.arange(0, COLS)[None, :])
+    return random_bits_at(seed, index + tl.arange(0, COLS)[None, :])
 
 
 @triton.jit

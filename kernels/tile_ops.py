@@ -95,16 +95,17 @@ def unsigned_minifloat_value(
 
 @triton.jit
 def e2m1_code_rne(magnitude):
-    """E2M1 magnitude code (0..7) of |v| rounded to nearest, ties to the even code, saturating:
-    the number of decision points at or beyond which |v| lies."""
-    code = (magnitude > 0.25).to(tl.int32)
-    code += (magnitude >= 0.75).to(tl.int32)
-    code += (magnitude > 1.25).to(tl.int32)
-    code += (magnitude >= 1.75).to(tl.int32)
-    code += (magnitude > 2.5).to(tl.int32)
-    code += (magnitude >= 3.5).to(tl.int32)
-    code += (magnitude > 5.0).to(tl.int32)
-    return code
+    """E2M1 magnitude code (0..7) of |v| rounded to nearest, ties to the even code, saturating.
+
+    Below 1 the grid is 0, 0.5, 1: the code is 2|v| rounded to an integer, which adding
+    1.5 * 2^23 does in float32 (ties to even). From 1 up the grid is float32 with one mantissa
+    bit: the bits are rounded to one mantissa bit (ties to even) and the exponent and that bit
+    read off as the code; codes past 7 saturate."""
+    low = ((magnitude * 2.0 + 12582912.0).to(tl.int32, bitcast=True)) & 3
+    bits = magnitude.to(tl.int32, bitcast=True)
+    rounded = bits + 0x1FFFFF + ((bits >> 22) & 1)
+    high = tl.minimum((rounded >> 22) - 252, 7)
+    return tl.where(magnitude < 1.0, low, high)
 
 
 @triton.jit
@@ -117,25 +118,21 @@ def e2m1_value(code):
 
 
 @triton.jit
-def e2m1_code_sr(magnitude, uniform):
-    """E2M1 magnitude code of |v| rounded stochastically: up from the lower grid point with
-    probability (|v| - lower) / spacing, i.e. when uniform * spacing < |v| - lower (both exact)."""
-    lower = (magnitude >= 0.5).to(tl.int32)
-    lower += (magnitude >= 1.0).to(tl.int32)
-    lower += (magnitude >= 1.5).to(tl.int32)
-    lower += (magnitude >= 2.0).to(tl.int32)
-    lower += (magnitude >= 3.0).to(tl.int32)
-    lower += (magnitude >= 4.0).to(tl.int32)
-    lower += (magnitude >= 6.0).to(tl.int32)
-    spacing = tl.where(magnitude < 2.0, 0.5, tl.where(magnitude < 4.0, 1.0, 2.0))
-    round_up = (uniform * spacing < magnitude - e2m1_value(lower)) & (lower < 7)
-    return lower + round_up.to(tl.int32)
+def e2m1_code_sr(magnitude, bits):
+    """E2M1 magnitude code of |v| rounded stochastically with 32 random bits (uint32): up from
+    the lower grid point when u = (bits >> 8) / 2^24 < (|v| - lower) / spacing.
 
-
-@triton.jit
-def uniform_from_bits(bits):
-    """Top 24 of 32 random bits (uint32) times 2^-24."""
-    return (bits >> 8).to(tl.float32) * 5.9604644775390625e-08
+    Below 1 that fraction is 2|v| - floor(2|v|); from 1 up it is |v|'s mantissa bits below the
+    first, over 2^22, so the test is the integer comparison (bits >> 8) < those bits * 4."""
+    random24 = (bits >> 8).to(tl.int32)
+    twice = magnitude * 2.0
+    floor_twice = tl.floor(twice)
+    up_low = random24.to(tl.float32) * 5.9604644775390625e-08 < twice - floor_twice
+    low = floor_twice.to(tl.int32) + up_low.to(tl.int32)
+    value_bits = magnitude.to(tl.int32, bitcast=True)
+    up_high = random24 < ((value_bits & 0x3FFFFF) << 2)
+    high = tl.minimum((value_bits >> 22) - 252 + up_high.to(tl.int32), 7)
+    return tl.where(magnitude < 1.0, low, high)
 
 
 @triton.jit
@@ -144,23 +141,23 @@ def word_of(w0, w1, w2, w3, lane):
 
 
 @triton.jit
-def uniform_at(seed, index):
-    """The stochastic-rounding uniform of each int64 element index: word (index mod 4) of
-    Philox for counter index // 4 (one call per element; for any index pattern)."""
+def random_bits_at(seed, index):
+    """The stochastic-rounding bits (uint32) of each int64 element index: word (index mod 4)
+    of Philox for counter index // 4 (one call per element; for any index pattern)."""
     w0, w1, w2, w3 = tl.randint4x(seed, index >> 2)
-    return uniform_from_bits(word_of(w0, w1, w2, w3, (index & 3).to(tl.int32)))
+    return word_of(w0, w1, w2, w3, (index & 3).to(tl.int32))
 
 
 @triton.jit
-def uniform_rows(seed, first_index, row_stride, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """Uniforms for the tile index[r, c] = first_index + r * row_stride + c (int64), one Philox
-    call per four elements. Needs first_index and row_stride divisible by 4."""
+def random_bits_rows(seed, first_index, row_stride, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Random bits (uint32) for the tile index[r, c] = first_index + r * row_stride + c (int64),
+    one Philox call per four elements. Needs first_index and row_stride divisible by 4."""
     rows = tl.arange(0, ROWS).to(tl.int64)[:, None]
     groups = tl.arange(0, COLS // 4).to(tl.int64)[None, :]
     counters = (first_index + rows * row_stride) // 4 + groups
     w0, w1, w2, w3 = tl.randint4x(seed, counters)
     words = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [r, g, i, j] holds word 2 i + j
-    return uniform_from_bits(tl.reshape(words, (ROWS, COLS)))
+    return tl.reshape(words, (ROWS, COLS))
 
 
 @triton.jit

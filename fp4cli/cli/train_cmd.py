@@ -19,6 +19,9 @@ def train(
     seed: Annotated[int | None, Opt(help="Seed of data order, init and rounding.")] = None,
     data: Annotated[str | None, Opt(help="Data path (image folder / CIFAR / text).")] = None,
     device: Annotated[str | None, Opt(help="auto, cpu, cuda or cuda:N.")] = None,
+    backend: Annotated[
+        str | None, Opt(help="Quantizer: auto (Triton kernels on CUDA), torch or triton.")
+    ] = None,
     eval_every: Annotated[int | None, Opt(help="Evaluate every N steps (0: at the end).")] = None,
     stats_every: Annotated[int | None, Opt(help="Quantization statistics every N steps.")] = None,
     checkpoint_every: Annotated[int | None, Opt(help="Checkpoint every N steps.")] = None,
@@ -47,6 +50,7 @@ def train(
         "seed": seed,
         "data": data,
         "device": device,
+        "backend": backend,
         "eval_every": eval_every,
         "stats_every": stats_every,
         "checkpoint_every": checkpoint_every,

@@ -49,15 +49,26 @@ def _quantize_operand(
     spec: QuantSpec | None,
     axis: int,
     seed: torch.Tensor,
+    hadamard: tuple[int, torch.Tensor] | None,
+    compute_dtype: torch.dtype,
+    backend: str,
     guide: torch.Tensor | None = None,
     stats: tuple[StatsSink, str] | None = None,
 ) -> torch.Tensor:
+    """The operand as the GEMM reads it: Hadamard-transformed (size, seed) along `axis` if asked,
+    then fake-quantized (one fused kernel where the backend allows), in the compute dtype."""
+    size, rht_seed = hadamard if hadamard is not None else (None, 0)
     if spec is None:
-        return tensor
-    quantized = fake_quantize(tensor, spec, axis=axis, seed=seed, guide=guide)
+        transformed = rht(tensor, axis, size, rht_seed) if size else tensor
+        return transformed.to(compute_dtype)
+    quantized = fake_quantize(
+        tensor, spec, axis=axis, seed=seed, guide=guide, hadamard=size, hadamard_seed=rht_seed,
+        out_dtype=compute_dtype, backend=backend,
+    )  # fmt: skip
     if stats is not None:
         sink, operand = stats
-        for metric, value in operand_stats(tensor, quantized, spec, axis, seed).items():
+        source = rht(tensor, axis, size, rht_seed) if size else tensor
+        for metric, value in operand_stats(source, quantized, spec, axis, seed, backend).items():
             sink[(operand, metric)] = value
     return quantized
 
@@ -71,20 +82,22 @@ def gemm_operands(
     seeds: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     guide_b: torch.Tensor | None = None,
     stats: tuple[StatsSink, str, str] | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both operands of one GEMM, transformed (RHT) and fake-quantized along their reduction
-    dims `dims`, cast back to a's dtype (the GEMM's compute dtype). With `stats` = (sink,
-    operand a's name, operand b's name), each quantized operand's error statistics go to sink."""
+    dims `dims`, in a's dtype (the GEMM's compute dtype). With `stats` = (sink, operand a's
+    name, operand b's name), each quantized operand's error statistics go to sink."""
     compute_dtype = a.dtype
-    if hadamard is not None:
-        a = rht(a, dims[0], hadamard.size, seeds[2])
-        b = rht(b, dims[1], hadamard.size, seeds[2])
-        guide_b = rht(guide_b, dims[1], hadamard.size, seeds[2]) if guide_b is not None else None
+    rht_args = (hadamard.size, seeds[2]) if hadamard is not None else None
     stats_a = (stats[0], stats[1]) if stats is not None else None
     stats_b = (stats[0], stats[2]) if stats is not None else None
-    a_q = _quantize_operand(a, specs[0], dims[0], seeds[0], stats=stats_a)
-    b_q = _quantize_operand(b, specs[1], dims[1], seeds[1], guide_b, stats=stats_b)
-    return a_q.to(compute_dtype), b_q.to(compute_dtype)
+    a_q = _quantize_operand(
+        a, specs[0], dims[0], seeds[0], rht_args, compute_dtype, backend, stats=stats_a
+    )
+    b_q = _quantize_operand(
+        b, specs[1], dims[1], seeds[1], rht_args, compute_dtype, backend, guide_b, stats_b
+    )
+    return a_q, b_q
 
 
 def _seeds(call_seed: torch.Tensor, gemm: str, operands: tuple[str, str]):
@@ -108,6 +121,7 @@ class QuantLinearFunction(torch.autograd.Function):
         call_seed: torch.Tensor,
         weight_guide: torch.Tensor | None,
         stats: StatsSink | None = None,
+        backend: str = "auto",
     ) -> torch.Tensor:
         x_clamped, residual = x, None
         if config.outliers is not None:
@@ -122,6 +136,7 @@ class QuantLinearFunction(torch.autograd.Function):
             seeds,
             guide_b=weight_guide,
             stats=(stats, "forward_x", "forward_w") if stats is not None else None,
+            backend=backend,
         )
         y = F.linear(x_q, w_q, bias)
         if residual is not None and config.outliers is not None and config.outliers.compensate:
@@ -134,6 +149,7 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.call_seed = call_seed
         ctx.has_bias = bias is not None
         ctx.stats = stats
+        ctx.backend = backend
         return y
 
     @staticmethod
@@ -151,6 +167,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 config.grad_input_hadamard,
                 seeds,
                 stats=_names(ctx.stats, "grad_input_dy", "grad_input_w"),
+                backend=ctx.backend,
             )
             grad_x = dy_q.mm(w_q)
         if ctx.needs_input_grad[1]:
@@ -163,22 +180,24 @@ class QuantLinearFunction(torch.autograd.Function):
                 config.grad_weight_hadamard,
                 seeds,
                 stats=_names(ctx.stats, "grad_weight_dy", "grad_weight_x"),
+                backend=ctx.backend,
             )
             grad_w = x_q.t().mm(dy_q).t()
             if config.dge is not None:
-                grad_w = grad_w * _dge_factor(weight, config).to(grad_w.dtype)
+                grad_w = grad_w * _dge_factor(weight, config, ctx.backend).to(grad_w.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_y.sum(0)
-        return grad_x, grad_w, grad_b, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 def _names(sink: StatsSink | None, a: str, b: str) -> tuple[StatsSink, str, str] | None:
     return (sink, a, b) if sink is not None else None
 
 
-def _dge_factor(weight: torch.Tensor, config: LinearConfig) -> torch.Tensor:
+def _dge_factor(weight: torch.Tensor, config: LinearConfig, backend: str) -> torch.Tensor:
     """DGE's derivative on the forward weight quantizer's scaled weight."""
     assert config.dge is not None and config.forward_w is not None
     spec = config.forward_w
-    units = quantize(weight.detach(), spec, axis=-1, seed=0).grid_units(weight.detach())
+    quantized = quantize(weight.detach(), spec, axis=-1, seed=0, backend=backend)
+    units = quantized.grid_units(weight.detach())
     return dge_derivative(units, spec.element_format, config.dge)

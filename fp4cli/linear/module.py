@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
 from fp4cli.quant import fake_quantize
+from fp4cli.quant.backend import check_backend
 from fp4cli.quant.random_bits import draw_seed
 from fp4cli.techniques.qema import update_ema
 
@@ -25,6 +26,8 @@ class QuantLinear(nn.Linear):
     Buffers: `rng_seed` (this layer's seed), `calls` (training forward passes so far: each one
     draws fresh stochastic-rounding bits and Hadamard signs), and with Q-EMA `weight_ema` and
     `ema_updates`. All are saved in the state dict, so a resumed run continues the same streams.
+    `backend` ("auto", "torch" or "triton") picks the quantizer implementation; all give the
+    same bits.
     """
 
     config: LinearConfig
@@ -42,13 +45,18 @@ class QuantLinear(nn.Linear):
         seed: int | None = None,
         device: Any = None,
         dtype: Any = None,
+        backend: str = "auto",
     ) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self._setup(config or LinearConfig(), seed)
+        self._setup(config or LinearConfig(), seed, backend)
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, config: LinearConfig, seed: int | None = None
+        cls,
+        linear: nn.Linear,
+        config: LinearConfig,
+        seed: int | None = None,
+        backend: str = "auto",
     ) -> QuantLinear:
         """A QuantLinear sharing `linear`'s parameters (optimizers built before keep working)."""
         module = cls.__new__(cls)
@@ -57,11 +65,13 @@ class QuantLinear(nn.Linear):
         module.weight = linear.weight
         module.bias = linear.bias
         module.train(linear.training)
-        module._setup(config, seed)
+        module._setup(config, seed, backend)
         return module
 
-    def _setup(self, config: LinearConfig, seed: int | None) -> None:
+    def _setup(self, config: LinearConfig, seed: int | None, backend: str) -> None:
+        check_backend(backend)
         self.config = config
+        self.backend = backend
         self.stats: dict[tuple[str, str], torch.Tensor] | None = None  # set to {} to record
         device = self.weight.device
         seed = draw_seed() if seed is None else seed
@@ -95,6 +105,7 @@ class QuantLinear(nn.Linear):
                 call_seed,
                 self._weight_guide(),
                 self.stats,
+                self.backend,
             )
         return y.reshape(*x.shape[:-1], self.out_features)
 
@@ -121,10 +132,12 @@ class QuantLinear(nn.Linear):
         spec = self.config.forward_w
         if spec is None:
             return self.weight.detach()
-        return fake_quantize(self.weight.detach(), spec, seed=0, guide=self._weight_guide())
+        weight, guide = self.weight.detach(), self._weight_guide()
+        return fake_quantize(weight, spec, seed=0, guide=guide, backend=self.backend)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, {self.config.summary()}"
+        backend = f", backend={self.backend}" if self.backend != "auto" else ""
+        return f"{super().extra_repr()}, {self.config.summary()}{backend}"
 
 
 def quantize_model(
@@ -132,13 +145,15 @@ def quantize_model(
     recipe: Any,
     seed: int | None = None,
     skip: Iterable[str] | None = None,
+    backend: str = "auto",
 ) -> nn.Module:
     """Swap the nn.Linear modules of `model` for QuantLinear in place and return the model.
 
     recipe: a Recipe, a recipe name or YAML path, or a LinearConfig. Layers whose name matches
     one of the recipe's skip patterns (or `skip`, which replaces them) stay nn.Linear: a pattern
     matches a module's full dotted name or its last component (fnmatch). seed: the base of every
-    layer's random streams (None: drawn from torch's random state).
+    layer's random streams (None: drawn from torch's random state). backend: the quantizer
+    implementation of every layer ("auto", "torch" or "triton"; the same bits).
     """
     config, recipe_skip = _resolve(recipe)
     patterns = tuple(recipe_skip if skip is None else skip)
@@ -149,7 +164,8 @@ def quantize_model(
         if matches_skip(full_name, patterns):
             continue
         layer_seed = _mix_seed(base_seed, index)
-        setattr(parent, child_name, QuantLinear.from_linear(linear, config, seed=layer_seed))
+        layer = QuantLinear.from_linear(linear, config, seed=layer_seed, backend=backend)
+        setattr(parent, child_name, layer)
     return model
 
 

@@ -17,7 +17,12 @@ METRICS = ("rel_mse", "snr_db", "clipped", "flushed")
 
 
 def operand_stats(
-    source: torch.Tensor, quantized: torch.Tensor, spec: QuantSpec, axis: int, seed: Seed
+    source: torch.Tensor,
+    quantized: torch.Tensor,
+    spec: QuantSpec,
+    axis: int,
+    seed: Seed,
+    backend: str = "auto",
 ) -> dict[str, torch.Tensor]:
     x = source.detach().to(torch.float32)
     q = quantized.detach().to(torch.float32)
@@ -27,7 +32,7 @@ def operand_stats(
     error = (q - x).square().sum()
     tiny = torch.finfo(torch.float32).tiny
     rel_mse = error / signal.clamp_min(tiny)
-    units = quantize(x, spec, axis=axis, seed=seed).grid_units(x)
+    units = quantize(x, spec, axis=axis, seed=seed, backend=backend).grid_units(x)
     nonzero = x != 0
     return {
         "rel_mse": rel_mse,

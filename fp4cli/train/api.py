@@ -31,12 +31,14 @@ def run_training(
         run = store.get_run(resume)
         resolved = run["config"] if isinstance(run["config"], dict) else json.loads(run["config"])
         config = TrainConfig.from_dict(resolved["train"])
-        if flags.get("steps") is not None:
-            config = dataclasses.replace(config, steps=flags["steps"])
-        unexpected = sorted(k for k, v in flags.items() if v is not None and k != "steps")
+        changeable = ("steps", "backend")  # the backend changes speed, not a single bit
+        for key in changeable:
+            if flags.get(key) is not None:
+                config = dataclasses.replace(config, **{key: flags[key]})
+        unexpected = sorted(k for k, v in flags.items() if v is not None and k not in changeable)
         if unexpected or overrides:
             raise ConfigError(
-                f"--resume continues a run as it was; only --steps may change "
+                f"--resume continues a run as it was; only --steps and --backend may change "
                 f"(got {', '.join(unexpected + list(overrides))})"
             )
         recipe = Recipe.from_dict(resolved["recipe"], source=f"run {run['id']}")

@@ -37,6 +37,7 @@ class TrainConfig:
     grad_clip: float | None = None
     seed: int = 0
     device: str = "auto"
+    backend: str = "auto"  # quantizer implementation: auto, torch or triton (the same bits)
     data: str | None = None
     eval_every: int | None = None
     stats_every: int = 0  # 0: no quantization statistics (cheap)
@@ -58,6 +59,8 @@ class TrainConfig:
             raise ConfigError(f"lr: must be a positive number (got {self.lr!r})")
         if self.size not in ("debug", "default"):
             raise ConfigError(f"size: must be debug or default (got {self.size!r})")
+        if self.backend not in ("auto", "torch", "triton"):
+            raise ConfigError(f"backend: must be auto, torch or triton (got {self.backend!r})")
         if self.device != "auto" and not str(self.device).startswith(("cpu", "cuda")):
             raise ConfigError(f"device: must be auto, cpu or cuda[:N] (got {self.device!r})")
 

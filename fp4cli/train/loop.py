@@ -97,7 +97,9 @@ class Trainer:
 
         torch.manual_seed(self.config.seed)
         model = self.task.build_model().to(self.device)
-        fp4cli.quantize_model(model, self.recipe, seed=self.config.seed)
+        fp4cli.quantize_model(
+            model, self.recipe, seed=self.config.seed, backend=self.config.backend
+        )
         return model
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
