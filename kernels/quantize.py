@@ -53,47 +53,47 @@ def quantize_tile(
     PRESCALE: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
 ):
-    """E2M1 codes (sign included, int32 [ROWS, BLOCKS, BLOCK]), scale values and scale codes
-    ([ROWS, BLOCKS]) and which blocks are finite, for a float32 tile."""
+    """E2M1 codes (sign included, int32 [ROWS, BLOCKS, BLOCK]; meaningless in non-finite
+    blocks), scale values and scale codes ([ROWS, BLOCKS]) and which blocks are finite, for a
+    float32 tile. The magnitude is scaled and rounded; the sign is x's."""
     BLOCKS: tl.constexpr = COLS // BLOCK
-    # A NaN or Inf counts as an infinite magnitude, so one reduction finds the amax and whether
-    # the block is finite; a non-finite block's codes are discarded below, so its values need
-    # no cleaning. Scaling by a positive tensor scale commutes with the max (rounding is
-    # monotonic), so the amax of x * ts is amax(x) * ts.
-    magnitude = tl.abs(x)
-    magnitude = tl.where(magnitude <= FLOAT32_MAX, magnitude, float("inf"))
-    amax = tl.max(tl.reshape(magnitude, (ROWS, BLOCKS, BLOCK)), axis=2)
-    finite_blocks = amax <= FLOAT32_MAX
-    amax = tl.where(finite_blocks, amax, 0.0)
+    # On the bits of |x|, one integer max per block gives both the amax and whether the block is
+    # finite (NaN and Inf have the largest magnitude bits). A non-finite block's codes are
+    # discarded on storing, so its values need no cleaning. Scaling by a positive tensor scale
+    # commutes with the max (rounding is monotonic): the amax of x * ts is amax(x) * ts.
+    bits = tl.reshape(x.to(tl.int32, bitcast=True), (ROWS, BLOCKS, BLOCK))
+    magnitude_bits = bits & 0x7FFFFFFF
+    amax_bits = tl.max(magnitude_bits, axis=2)
+    finite_blocks = amax_bits < 0x7F800000
+    amax = tl.where(finite_blocks, amax_bits, 0).to(tl.float32, bitcast=True)
+    magnitude = magnitude_bits.to(tl.float32, bitcast=True)
     if TENSOR_SCALE:
-        x = x * tensor_scale
+        magnitude = magnitude * tensor_scale
         amax = amax * tensor_scale
-    blocks = tl.reshape(x, (ROWS, BLOCKS, BLOCK))
     if POW2_SCALE:
         exponent = e8m0_exponent(amax, 2, 0x400000, CEIL)  # E2M1: 6 = 1.5 * 2^2
         scale = pow2(exponent)
         scale_code = exponent + 127
-        scaled = blocks * pow2(-exponent)[:, :, None]
+        magnitude = magnitude * pow2(-exponent)[:, :, None]
     else:
         raw = tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
         scale, scale_code = round_unsigned_minifloat(
             raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL
         )
-        scaled = tl.div_rn(blocks, tl.broadcast_to(scale[:, :, None], blocks.shape))
+        magnitude = tl.div_rn(magnitude, tl.broadcast_to(scale[:, :, None], magnitude.shape))
     if PRESCALE != 1.0:
-        scaled = scaled * PRESCALE
-    magnitude = tl.abs(scaled)
+        magnitude = magnitude * PRESCALE
     if SR:
         code = e2m1_code_sr(magnitude, tl.reshape(random_bits, (ROWS, BLOCKS, BLOCK)))
     else:
         code = e2m1_code_rne(magnitude)
-    code = tl.where((scaled < 0) & (code > 0), code + 8, code)
-    code = tl.where(finite_blocks[:, :, None], code, 0)
+    # The sign bit joins a non-zero code: (code + 7) & 8 is 8 exactly for codes 1..7.
+    code = code | ((bits >> 28) & (code + 7) & 8)
     scale_code = tl.where(finite_blocks, scale_code, SCALE_NAN)
     return code, scale, scale_code, finite_blocks
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_value", "rht_seed_value"])
 def quantize_kernel(
     x_ptr,
     codes_ptr,
@@ -208,8 +208,9 @@ def quantize_kernel(
         store_codes(
             codes_ptr,
             scales_ptr,
-            tl.reshape(code, (ROWS, COLS)),
+            code,
             scale_code,
+            finite_blocks,
             first_line,
             first_pos,
             rows_ok,
@@ -220,7 +221,7 @@ def quantize_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rht_seed_value"])
 def amax_kernel(
     x_ptr,
     amax_ptr,

@@ -111,6 +111,7 @@ def store_codes(
     scales_ptr,
     code,
     scale_code,
+    finite_blocks,
     first_line,
     first_pos,
     rows_ok,
@@ -119,12 +120,13 @@ def store_codes(
     COLS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Packed codes (two per byte, low nibble first) and scale codes, axis-last padded layout;
-    rows_ok [ROWS] says which of the tile's lines exist."""
+    """Packed codes (two per byte, low nibble first; zero in non-finite blocks) and scale
+    codes, axis-last padded layout. code is [ROWS, blocks, BLOCK], finite_blocks
+    [ROWS, blocks]; rows_ok [ROWS] says which of the tile's lines exist."""
     line_ids = first_line + tl.arange(0, ROWS)
-    pairs = tl.reshape(code, (ROWS, COLS // 2, 2))
-    low, high = tl.split(pairs)
-    packed = (low | (high << 4)).to(tl.uint8)
+    low, high = tl.split(tl.reshape(code, (ROWS, COLS // BLOCK, BLOCK // 2, 2)))
+    packed = tl.where(finite_blocks[:, :, None], low | (high << 4), 0)
+    packed = tl.reshape(packed, (ROWS, COLS // 2)).to(tl.uint8)
     byte_cols = first_pos // 2 + tl.arange(0, COLS // 2)
     byte_mask = rows_ok[:, None] & (byte_cols < padded_length // 2)[None, :]
     tl.store(
