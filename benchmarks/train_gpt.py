@@ -1,6 +1,7 @@
 """Train the gpt task at its default size with several recipes, side by side on one device.
 
-    python benchmarks/train_gpt.py [--recipes bf16,mxfp4] [--steps N] [--store PATH]
+    python benchmarks/train_gpt.py [--recipes bf16,mxfp4] [--steps N] [--backend auto|torch]
+                                   [--store PATH]
 
 Prints, per recipe: wall time, tokens/s, the ratio to the first recipe's throughput and the final
 validation loss. Each run is an ordinary run in the store (tagged `bench-train-gpt`).
@@ -21,11 +22,18 @@ def main() -> None:
     parser.add_argument("--recipes", default="bf16,mxfp4")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--store", default=None)
+    parser.add_argument("--backend", default="auto", help="quantizer: auto, torch or triton")
     args = parser.parse_args()
     store = RunStore(args.store)
     rows = []
     for recipe in args.recipes.split(","):
-        flags = {"task": "gpt", "recipe": recipe, "steps": args.steps, "tags": ("bench-train-gpt",)}
+        flags = {
+            "task": "gpt",
+            "recipe": recipe,
+            "steps": args.steps,
+            "backend": args.backend,
+            "tags": ("bench-train-gpt",),
+        }
         began = time.time()
         result, trainer = run_training(flags, [], store, reporter=SilentReporter())
         seconds = time.time() - began
