@@ -61,7 +61,7 @@ def choose_tile(view: AxisView, padded_length: int, block: int, hadamard: int | 
         cols = max(least, min(64, _pow2_at_least(padded_length)))
         rows = max(4, min(64, _pow2_at_least(view.inner), 4096 // cols))
         return Tile(rows, cols, 4)
-    cols = max(least, min(512, _pow2_at_least(padded_length)))
+    cols = max(least, min(1024, _pow2_at_least(padded_length)))
     rows = max(1, min(_pow2_at_least(view.outer), 4096 // cols))
     return Tile(rows, cols, 4)
 
