@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from fp4cli.cli import recipes_cmd, runs_cmd, train_cmd
+from fp4cli.cli import bench_cmd, recipes_cmd, runs_cmd, train_cmd
 
 # "module:Class" of the errors that mean "the request is impossible", not "the code is broken";
 # other parts add theirs here. A class is looked up only if its module is already imported (it
@@ -25,6 +25,7 @@ DOMAIN_ERRORS = [
     "fp4cli.quant.spec:SpecError",
     "builtins:FileNotFoundError",
     "fp4cli.store:StoreError",
+    "fp4cli.bench.configs:BenchError",
 ]
 USER_ERROR_EXIT = 2
 
@@ -68,6 +69,7 @@ app = typer.Typer(
 app.add_typer(recipes_cmd.app, name="recipes")
 app.add_typer(runs_cmd.app, name="runs")
 app.command(name="train")(train_cmd.train)
+app.add_typer(bench_cmd.app, name="bench")
 
 
 def _print_version(value: bool) -> None:

@@ -40,9 +40,13 @@ def _key(seed: Seed) -> tuple[int | torch.Tensor, int | torch.Tensor]:
     return seed & _MASK32, seed >> 32
 
 
+@torch.compiler.disable
 def philox4(seed: Seed, counters: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The four 32-bit output words (int64 in [0, 2^32)) of Philox4x32-10 for each int64
-    counter (counter words: low 32 bits, high 32 bits, 0, 0), keyed by `seed`."""
+    counter (counter words: low 32 bits, high 32 bits, 0, 0), keyed by `seed`.
+
+    Runs eagerly under torch.compile: its ten rounds of 64-bit integer arithmetic make the
+    compiler's graph grow without bound."""
     k0, k1 = _key(seed)
     counters = counters.to(torch.int64)
     c0 = counters & _MASK32

@@ -1,0 +1,59 @@
+"""The calls a quantization benchmark times: one kernel on one backend, with no arguments.
+
+Backends: "triton" (the fused kernels), "torch" (the reference) and "compile" (the reference
+under torch.compile; quantize and fake-quantize only). Stochastic rounding uses a fixed seed and
+the Hadamard signs their default one, so every backend computes the same bits. Every call goes
+through the public API (`fp4cli.quant.quantize`, `fake_quantize`, `QuantizedTensor.dequantize`),
+so its time includes the Python dispatch, which for a small tensor can outweigh the kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from fp4cli.bench.configs import BenchConfig
+from fp4cli.quant import fake_quantize, quantize
+
+SEED = 0
+
+
+def kernel_call(
+    kernel: str, backend: str, x: torch.Tensor, config: BenchConfig, axis: int
+) -> Callable[[], object]:
+    """A no-argument call running `kernel` on x with `backend`."""
+    if kernel == "copy":
+        destination = torch.empty_like(x)
+        return lambda: destination.copy_(x)
+    if backend == "compile":
+        compiled = torch.compile(_reference_function(kernel, config, axis))
+        return lambda: compiled(x)
+    spec, hadamard = config.spec, config.hadamard
+    if kernel == "quantize":
+        return lambda: quantize(x, spec, axis, SEED, hadamard=hadamard, backend=backend)
+    if kernel == "fake-quantize":
+        return lambda: fake_quantize(
+            x, spec, axis, SEED, hadamard=hadamard, out_dtype=x.dtype, backend=backend
+        )
+    quantized = quantize(x, spec, axis, SEED, hadamard=hadamard, backend=backend)
+    return lambda: quantized.dequantize(x.dtype, backend=backend)
+
+
+def _reference_function(
+    kernel: str, config: BenchConfig, axis: int
+) -> Callable[[torch.Tensor], object]:
+    """The reference `kernel` as a function of x, for torch.compile."""
+    spec, hadamard = config.spec, config.hadamard
+
+    def reference_codes(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        quantized = quantize(x, spec, axis, SEED, hadamard=hadamard, backend="torch")
+        scale = quantized.tensor_scale
+        return (quantized.codes, quantized.scales, *(() if scale is None else (scale,)))
+
+    def reference_values(x: torch.Tensor) -> torch.Tensor:
+        return fake_quantize(
+            x, spec, axis, SEED, hadamard=hadamard, out_dtype=x.dtype, backend="torch"
+        )
+
+    return reference_codes if kernel == "quantize" else reference_values

@@ -1,0 +1,55 @@
+"""The quantizer configurations a benchmark can name: a QuantSpec and an optional Hadamard size."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fp4cli.quant.spec import QuantSpec
+
+
+class BenchError(ValueError):
+    """An impossible benchmark request (unknown config, malformed shape, bad option)."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """A named quantizer configuration: `spec`, after a random Hadamard transform of size
+    `hadamard` along the axis when set."""
+
+    name: str
+    spec: QuantSpec
+    hadamard: int | None = None
+
+    def describe(self) -> str:
+        return self.spec.short() + (f"/rht{self.hadamard}" if self.hadamard else "")
+
+
+def _config(
+    name: str, preset: str, hadamard: int | None = None, **overrides: object
+) -> BenchConfig:
+    return BenchConfig(name, QuantSpec.preset(preset, **overrides), hadamard)
+
+
+CONFIGS: dict[str, BenchConfig] = {
+    config.name: config
+    for config in (
+        _config("mxfp4", "mxfp4"),
+        _config("mxfp4-rht32-sr", "mxfp4", hadamard=32, rounding="sr", sr_prescale=0.75),
+        _config("nvfp4", "nvfp4"),
+        _config("mxfp4-ceil", "mxfp4-ceil"),
+        _config("mxfp4-ue5m3", "mxfp4-ue5m3"),
+    )
+}
+
+
+def bench_configs(names: Iterable[str]) -> list[BenchConfig]:
+    """The registered configs of these names, in order."""
+    configs = []
+    for name in names:
+        if name not in CONFIGS:
+            raise BenchError(f"unknown config {name!r}; known: {', '.join(CONFIGS)}")
+        configs.append(CONFIGS[name])
+    if not configs:
+        raise BenchError("configs: name at least one")
+    return configs

@@ -1,0 +1,74 @@
+"""Wall time of a call: CUDA events around a loop of calls on a GPU, perf_counter on the CPU;
+and a limit on the wall time of a block (for a compiler that may not finish)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _loop_ms(call: Callable[[], object], iters: int, device: torch.device) -> float:
+    """Milliseconds per call over one loop of `iters` calls."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / iters
+    began = time.perf_counter()
+    for _ in range(iters):
+        call()
+    return (time.perf_counter() - began) * 1e3 / iters
+
+
+def median_ms(
+    call: Callable[[], object],
+    device: torch.device,
+    iters: int,
+    warmup: int = 2,
+    repeats: int = 5,
+) -> float:
+    """The median over `repeats` loops of milliseconds per call, after `warmup` calls."""
+    for _ in range(warmup):
+        call()
+    synchronize(device)
+    return statistics.median(_loop_ms(call, iters, device) for _ in range(repeats))
+
+
+class TimeLimitExceeded(BaseException):
+    """Raised in the main thread when a `time_limit` expires (a BaseException, like
+    KeyboardInterrupt, so that no `except Exception` on the way out swallows it)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Interrupt the body with TimeLimitExceeded after `seconds` of wall time. Only in the main
+    thread of a platform with SIGALRM; elsewhere, or for seconds <= 0, there is no limit."""
+    in_main = threading.current_thread() is threading.main_thread()
+    if seconds <= 0 or not in_main or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeLimitExceeded(f"gave up after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

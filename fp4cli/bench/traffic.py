@@ -1,0 +1,75 @@
+"""Bytes a quantization kernel moves: each operand read or written once.
+
+A tensor-scaled spec (nvfp4, mxfp4-ue5m3) reads its input twice, once for the tensor amax and
+once to quantize; the count here takes one read, so its GB/s is a lower bound on the traffic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fp4cli.bench.configs import BenchConfig
+from fp4cli.quant.blocking import BlockLayout
+
+KERNELS = ("copy", "quantize", "fake-quantize", "dequantize")
+TENSOR_SCALE_BYTES = 4  # the FP32 two-level scale
+
+
+@dataclass(frozen=True)
+class QuantTraffic:
+    """Sizes in bytes of one tensor's operands.
+
+    input: x in its dtype. codes: the element codes (two per byte for 4-bit elements) in the
+    padded axis-last layout. scales: the block scales plus the tensor scale, if any. values: the
+    dequantized tensor in x's dtype (the Hadamard-padded length when there is a transform).
+    """
+
+    input: int
+    codes: int
+    scales: int
+    values: int
+
+    def kernel_bytes(self, kernel: str) -> int:
+        """Bytes `kernel` reads plus bytes it writes."""
+        moved = {
+            "copy": 2 * self.input,
+            "quantize": self.input + self.codes + self.scales,
+            "fake-quantize": self.input + self.values,
+            "dequantize": self.codes + self.scales + self.values,
+        }
+        return moved[kernel]
+
+
+def quant_traffic(
+    shape: tuple[int, ...], dtype: torch.dtype, axis: int, config: BenchConfig
+) -> QuantTraffic:
+    """The operand sizes of `shape` in `dtype` quantized along `axis` with `config`."""
+    spec = config.spec
+    axis = axis % len(shape)
+    length = shape[axis]
+    if config.hadamard:
+        length = -(-length // config.hadamard) * config.hadamard
+    moved_shape = (*shape[:axis], *shape[axis + 1 :], length)
+    layout = BlockLayout.for_tensor(moved_shape, spec)
+    padded = torch.empty(layout.padded_shape, device="meta")
+    scale_count = math.prod(layout.to_blocks(padded).shape[:-1])
+    code_count = math.prod(layout.padded_shape)
+    scales = scale_count * _scale_itemsize(config)
+    if spec.tensor_scale:
+        scales += TENSOR_SCALE_BYTES
+    return QuantTraffic(
+        input=math.prod(shape) * dtype.itemsize,
+        codes=code_count // 2 if spec.packed else code_count,
+        scales=scales,
+        values=math.prod(moved_shape) * dtype.itemsize,
+    )
+
+
+def _scale_itemsize(config: BenchConfig) -> int:
+    scale_format = config.spec.scale_format
+    if scale_format.kind != "float":
+        return 1  # a uint8 code
+    return getattr(torch, scale_format.dtype_name).itemsize

@@ -1,0 +1,162 @@
+"""`fp4 bench`: kernel benchmarks, measured side by side and kept in the run store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+Opt = typer.Option
+
+app = typer.Typer(
+    help="Benchmark the kernels side by side; every measurement goes to the run store.",
+    no_args_is_help=True,
+)
+
+DEFAULT_SHAPES = "4096x4096,16384x8192,8192x28672"
+DEFAULT_CONFIGS = "mxfp4,mxfp4-rht32-sr,nvfp4"
+COLUMNS = ("shape", "config", "kernel", "backend", "ms", "GB/s", "x copy", "Triton speedup")
+
+
+@app.command("quantize")
+def quantize_command(
+    shapes: Annotated[str, Opt(help="Comma-separated tensor shapes, e.g. 4096x4096.")] = (
+        DEFAULT_SHAPES
+    ),
+    configs: Annotated[
+        str,
+        Opt(help="Comma-separated: mxfp4, mxfp4-rht32-sr, nvfp4, mxfp4-ceil, mxfp4-ue5m3."),
+    ] = DEFAULT_CONFIGS,
+    dtype: Annotated[str, Opt(help="Input dtype: bf16, fp16 or fp32.")] = "bf16",
+    axis: Annotated[int, Opt(help="Quantization axis: -1 (along rows) or 0 (along columns).")] = -1,
+    backends: Annotated[
+        str,
+        Opt(help="Comma-separated: triton, torch (the reference), compile (it, torch.compile'd)."),
+    ] = "triton,torch,compile",
+    iters: Annotated[
+        int, Opt(min=1, help="Calls per timed loop; the time is the median of 5 loops.")
+    ] = 20,
+    device: Annotated[str, Opt(help="auto, cuda, cuda:N or cpu.")] = "auto",
+    compile_timeout: Annotated[
+        float,
+        Opt(min=0, help="Stop waiting for a torch.compile after this many seconds (0: never)."),
+    ] = 120.0,
+    store: Annotated[
+        Path | None,
+        Opt(help="Run store (default $FP4_STORE or runs/fp4.db).", show_default=False),
+    ] = None,
+    no_store: Annotated[bool, Opt("--no-store", help="Print only; store nothing.")] = False,
+) -> None:
+    """Quantize, fake-quantize and dequantize throughput: Triton kernels vs the reference.
+
+    Each shape x config is measured in one process: the device's copy bandwidth, the Triton
+    kernels, and the PyTorch reference, eager and under torch.compile. The table gives GB/s, the
+    fraction of copy bandwidth and the Triton speedup; each number also goes to the run store.
+    """
+    from rich.console import Console
+
+    from fp4cli.bench.configs import bench_configs
+    from fp4cli.bench.parsing import parse_choices, parse_dtype, parse_shapes, split_list
+    from fp4cli.bench.quantize import BACKENDS, bench_device, check_request, run_quantize_bench
+    from fp4cli.store import RunStore
+
+    shape_list = parse_shapes(shapes)
+    config_names = [config.name for config in bench_configs(split_list(configs))]
+    backend_list = parse_choices("backends", backends, BACKENDS)
+    torch_dtype, torch_device = parse_dtype(dtype), bench_device(device)
+    check_request(shape_list, axis, backend_list, iters)
+    run_store = None if no_store else RunStore(store)
+    with _CaseProgress(len(shape_list) * len(config_names)) as progress:
+        rows = run_quantize_bench(
+            shape_list, config_names, torch_dtype, axis, backend_list, iters, torch_device,
+            compile_timeout_s=compile_timeout, on_case=progress.case,
+        )  # fmt: skip
+    console = Console(highlight=False)
+    console.print(_table(rows, torch_device, dtype, axis, iters))
+    if run_store is None:
+        typer.echo("not stored (--no-store)")
+        return
+    with run_store:
+        logged = _store(run_store, rows, torch_device)
+    typer.echo(f"{logged} measurements stored in {run_store.path}")
+
+
+class _CaseProgress:
+    """A progress bar over the benchmark cases on stderr (silent when it is not a terminal)."""
+
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        console = Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            console=console, transient=True, disable=not console.is_terminal,
+        )  # fmt: skip
+        self.task = self.progress.add_task("quantize", total=total)
+
+    def __enter__(self) -> _CaseProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def case(self, index: int, case: Any) -> None:
+        description = f"quantize {case.shape_text} {case.config.name}"
+        self.progress.update(self.task, completed=index, description=description)
+
+
+def _store(run_store: Any, rows: list[Any], device: Any) -> int:
+    from fp4cli.bench.record import store_rows
+    from fp4cli.train.loop import device_name, versions
+
+    return store_rows(run_store, "quantize", device_name(device), versions(), rows)
+
+
+def _table(rows: list[Any], device: Any, dtype: str, axis: int, iters: int) -> Any:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from fp4cli.train.loop import device_name
+
+    title = f"quantize on {device_name(device)}: {dtype}, axis {axis}, {iters} calls per loop"
+    table = Table(title=title, box=box.SIMPLE_HEAD, caption=_caption(rows))
+    for column in COLUMNS:
+        table.add_column(column, justify="right" if column in COLUMNS[4:] else "left")
+    notes = any(row.note for row in rows)
+    if notes:
+        table.add_column("note", style="yellow")
+    for row in rows:
+        first = row.kernel == "copy"
+        if first and row is not rows[0]:
+            table.add_section()
+        case = (row.case.shape_text, row.case.config.name) if first else ("", "")
+        numbers = (_significant(row.ms), _significant(row.gbps), _significant(row.copy_ratio, 2))
+        speedup = _significant(row.triton_speedup) + ("x" if row.triton_speedup else "")
+        cells = [*case, row.kernel, row.backend, *numbers, speedup]
+        table.add_row(*map(Text, cells), *([Text(row.note or "")] if notes else []))
+    return table
+
+
+def _caption(rows: list[Any]) -> str:
+    caption = (
+        "GB/s: bytes read + written once per call (quantize: input + codes + scales; "
+        "fake-quantize: input + output; dequantize: codes + scales + output; copy: 2 x input)."
+    )
+    scaled = sorted({row.case.config.name for row in rows if row.case.config.spec.tensor_scale})
+    if scaled:
+        caption += (
+            f" {', '.join(scaled)}: the tensor amax pass reads the input a second time inside"
+            " the timed call; the bytes count one read."
+        )
+    return caption
+
+
+def _significant(value: float | None, digits: int = 3) -> str:
+    """`digits` significant digits; whole numbers from 10^digits up (2,543 rather than 2.54e+03)."""
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 10**digits else f"{value:.{digits}g}"

@@ -1,0 +1,194 @@
+"""`fp4 bench quantize` and fp4cli.bench: end to end on the CPU, byte accounting, failure notes.
+
+The Triton rows run under TRITON_INTERPRET=1 (`make test` sets it); without it they must carry the
+note saying so. Nothing here asserts on a measured time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from fp4cli.bench import CONFIGS, BenchRow, Case, run_quantize_bench
+from fp4cli.bench.quantize import COMPILE_TIMEOUT_S
+from fp4cli.bench.traffic import quant_traffic
+from fp4cli.cli.main import app
+from fp4cli.quant.backend import interpreter_on, triton_available
+from fp4cli.store import RunStore
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "200"}
+TRITON_RUNS = triton_available() and interpreter_on()
+SMALL = ["--shapes", "64x64", "--iters", "1", "--device", "cpu"]
+ROWS_PER_CASE = [
+    ("copy", "torch"),
+    ("quantize", "triton"),
+    ("quantize", "torch"),
+    ("fake-quantize", "triton"),
+    ("fake-quantize", "torch"),
+    ("dequantize", "triton"),
+]
+
+
+def bench(*args: str) -> Any:
+    return runner.invoke(app, ["bench", "quantize", *args], env=WIDE)
+
+
+def test_quantize_command_prints_and_stores(tmp_path: Path) -> None:
+    path = tmp_path / "fp4.db"
+    args = [*SMALL, "--configs", "mxfp4,nvfp4", "--backends", "triton,torch"]
+    result = bench(*args, "--store", str(path))
+    assert result.exit_code == 0, result.output
+    for header in ("shape", "config", "kernel", "backend", "GB/s", "x copy", "Triton speedup"):
+        assert header in result.stdout
+    words = " ".join(result.stdout.split())
+    assert "fake-quantize" in words and "nvfp4: the tensor amax pass reads the input" in words
+    assert result.stdout.rstrip().endswith(str(path))
+    with RunStore(path) as store:
+        rows = store.benchmarks("quantize")
+    measured = [row for row in rows if row["name"] == "gbps"]
+    expected = [(c, k, b) for c in ("mxfp4", "nvfp4") for k, b in ROWS_PER_CASE]
+    if not TRITON_RUNS:
+        assert "needs CUDA or TRITON_INTERPRET=1" in result.stdout
+        expected = [key for key in expected if key[2] != "triton"]
+    keys = [
+        (r["config"]["config"], r["config"]["kernel"], r["config"]["backend"]) for r in measured
+    ]
+    assert sorted(keys) == sorted(expected)
+    ratios = [row for row in rows if row["name"] == "copy_ratio"]
+    assert len(ratios) == len(expected) - 2  # every measurement but the two copies
+    assert Counter(row["unit"] for row in rows) == {"GB/s": len(measured), "x": len(ratios)}
+    for row in rows:
+        assert row["value"] > 0 and row["device"].startswith("cpu")
+        assert row["versions"]["torch"] == torch.__version__
+        config = row["config"]
+        assert (config["shape"], config["dtype"], config["axis"], config["iters"]) == (
+            [64, 64], "bf16", -1, 1,
+        )  # fmt: skip
+
+
+def test_no_store_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "fp4.db"
+    result = bench(
+        *SMALL, "--configs", "mxfp4", "--backends", "torch", "--store", str(path), "--no-store"
+    )
+    assert result.exit_code == 0, result.output
+    assert "quantize" in result.stdout and "not stored" in result.stdout
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "fragment"),
+    [
+        ("--shapes", "12x", "shape '12x'"),
+        ("--shapes", "0x5", "at least 1"),
+        ("--shapes", "axb", "shape 'axb'"),
+        ("--configs", "mxfp4,mxfp5", "unknown config 'mxfp5'"),
+        ("--dtype", "fp8", "dtype"),
+        ("--backends", "triton,cuda", "backends"),
+        ("--axis", "2", "axis 2 is out of range"),
+        ("--device", "gpu", "device"),
+    ],
+)
+def test_bad_requests_are_one_line_exit_2(
+    tmp_path: Path, option: str, value: str, fragment: str
+) -> None:
+    path = tmp_path / "fp4.db"
+    result = bench("--shapes", "8x32", option, value, "--store", str(path))
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert fragment in result.stderr
+    assert not path.exists()
+
+
+def test_help_names_every_config_and_the_compile_default() -> None:
+    group = runner.invoke(app, ["bench", "--help"], env=WIDE)
+    assert group.exit_code == 0 and "quantize" in group.stdout
+    command = runner.invoke(app, ["bench", "quantize", "--help"], env=WIDE)
+    assert command.exit_code == 0
+    for name in CONFIGS:
+        assert name in command.stdout
+    options = {
+        param.name: param
+        for param in get_command(app).commands["bench"].commands["quantize"].params
+    }
+    assert options["compile_timeout"].default == COMPILE_TIMEOUT_S
+
+
+def test_traffic_of_a_hand_computed_case() -> None:
+    mxfp4 = quant_traffic((64, 64), torch.bfloat16, -1, CONFIGS["mxfp4"])
+    assert (mxfp4.input, mxfp4.codes, mxfp4.scales, mxfp4.values) == (8192, 2048, 128, 8192)
+    assert mxfp4.kernel_bytes("copy") == 16384
+    assert mxfp4.kernel_bytes("quantize") == 8192 + 2048 + 128
+    assert mxfp4.kernel_bytes("fake-quantize") == 8192 + 8192
+    assert mxfp4.kernel_bytes("dequantize") == 2048 + 128 + 8192
+    nvfp4 = quant_traffic((64, 64), torch.bfloat16, -1, CONFIGS["nvfp4"])
+    assert nvfp4.scales == 64 * 4 + 4  # a UE4M3 byte per 16 values, plus the FP32 tensor scale
+    # The Hadamard transform pads 40 to 64 along the axis: codes, scales and values follow it.
+    rht = quant_traffic((48, 40), torch.float16, -1, CONFIGS["mxfp4-rht32-sr"])
+    assert (rht.input, rht.codes, rht.scales, rht.values) == (3840, 1536, 96, 6144)
+    columns = quant_traffic((64, 48), torch.float32, 0, CONFIGS["mxfp4"])
+    assert (columns.input, columns.codes, columns.scales) == (12288, 1536, 96)
+
+
+def test_row_arithmetic() -> None:
+    case = Case((1000, 1000), torch.bfloat16, -1, CONFIGS["mxfp4"])
+    row = BenchRow(case, "quantize", "torch", 2_000_000, 1, ms=1.0, copy_gbps=4.0, triton_ms=0.5)
+    assert row.gbps == pytest.approx(2.0) and row.copy_ratio == pytest.approx(0.5)
+    assert row.triton_speedup == pytest.approx(2.0)
+    assert [name for name, _, _ in row.measurements()] == ["gbps", "copy_ratio"]
+    triton = BenchRow(case, "quantize", "triton", 2_000_000, 1, ms=0.5, triton_ms=0.5)
+    assert triton.triton_speedup is None
+    failed = BenchRow(case, "quantize", "compile", 2_000_000, 1, note="out of memory")
+    assert failed.gbps is None and failed.measurements() == []
+
+
+def test_failures_become_notes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fp4cli.bench.calls as calls
+
+    def no_compiler(fn: Any) -> Any:
+        raise RuntimeError("no C++ compiler\nmore detail")
+
+    def out_of_memory(*args: Any, **kwargs: Any) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4 GiB")
+
+    monkeypatch.setattr(calls.torch, "compile", no_compiler)
+    monkeypatch.setattr(calls, "quantize", out_of_memory)
+    rows = run_quantize_bench([(8, 32)], ["mxfp4"], backends=("torch", "compile"), iters=1,
+                              device="cpu", warmup=0, repeats=1)  # fmt: skip
+    notes = {(row.kernel, row.backend): row.note for row in rows}
+    assert notes == {
+        ("copy", "torch"): None,
+        ("quantize", "torch"): "out of memory",
+        ("quantize", "compile"): "compile failed: RuntimeError: no C++ compiler",
+        ("fake-quantize", "torch"): None,
+        ("fake-quantize", "compile"): "compile failed: RuntimeError: no C++ compiler",
+    }
+
+
+def test_a_slow_compile_is_given_up_once_per_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fp4cli.bench.calls as calls
+
+    def endless_compile(fn: Any) -> Any:
+        def compiled(x: torch.Tensor) -> Any:
+            time.sleep(30)
+            return fn(x)
+
+        return compiled
+
+    monkeypatch.setattr(calls.torch, "compile", endless_compile)
+    rows = run_quantize_bench([(8, 32), (16, 32)], ["mxfp4"], backends=("compile",), iters=1,
+                              device="cpu", warmup=1, repeats=1, compile_timeout_s=0.2)  # fmt: skip
+    notes = [row.note for row in rows if row.backend == "compile"]
+    assert (
+        notes
+        == ["compile timed out (gave up after 0.2 s)"] * 2 + ["not compiled: timed out at 8x32"] * 2
+    )
