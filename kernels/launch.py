@@ -162,7 +162,9 @@ def quantize_e2m1(
         scales = torch.empty([*lead, padded // block], dtype=torch.uint8, device=x.device)
     seed_ptr, seed_value, seed_from_ptr = _seed_args(seed, x.device)
     rht_ptr, rht_value, rht_from_ptr = _seed_args(hadamard_seed, x.device)
-    grouped = (view.inner if view.transposed else out_length) % 4 == 0
+    # One Philox call per four elements needs rows of a multiple of 4 along the contiguous dim.
+    contiguous = view.inner if view.transposed else out_length
+    grouped = contiguous % 4 == 0 and (tile.rows % 4 == 0 or not view.transposed)
     quantize_kernel[(programs,)](
         x, codes, scales, values, t_scale,
         seed_ptr, seed_value, rht_ptr, rht_value,

@@ -1,0 +1,96 @@
+"""Checks shared by the kernel tests (tests/test_kernels.py on the CPU interpreter or a GPU,
+tests/test_gpu_kernels.py on a GPU): the Triton backend against the PyTorch reference."""
+
+from __future__ import annotations
+
+import torch
+
+from fp4cli.quant import QuantizedTensor, QuantSpec, fake_quantize, quantize
+
+_SAME_WIDTH_INT = {
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
+
+
+def assert_bits(actual: torch.Tensor, expected: torch.Tensor, what: str = "values") -> None:
+    """Identical bits: same dtype, shape and device; NaN exactly where `expected` has NaN (any
+    payload); every other element the same bit pattern, the sign of zero included."""
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert actual.device == expected.device, f"{what}: device {actual.device} != {expected.device}"
+    if not actual.is_floating_point():
+        mismatch = actual != expected
+    else:
+        expected_nan = expected.isnan()
+        wrong_nan = actual.isnan() != expected_nan
+        assert not wrong_nan.any(), (
+            f"{what}: NaN in different places, first at {wrong_nan.nonzero()[:5].tolist()}"
+        )
+        int_dtype = _SAME_WIDTH_INT[actual.dtype]
+        actual_bits = actual.masked_fill(expected_nan, 0).contiguous().view(int_dtype)
+        expected_bits = expected.masked_fill(expected_nan, 0).contiguous().view(int_dtype)
+        mismatch = actual_bits != expected_bits
+    if mismatch.any():
+        where = mismatch.nonzero()[:5]
+        pairs = [
+            (tuple(i.tolist()), actual[tuple(i)].item(), expected[tuple(i)].item()) for i in where
+        ]
+        raise AssertionError(
+            f"{what}: {int(mismatch.sum())} of {mismatch.numel()} elements differ; "
+            f"(index, actual, expected): {pairs}"
+        )
+
+
+def assert_same_up_to_zero_sign(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """As assert_bits, except that 0.0 and -0.0 count as equal (tests/test_quantize.assert_same:
+    the reference's fake_quantize keeps the sign of a value that rounds to zero, its codes and
+    the kernels do not)."""
+    assert_bits(
+        torch.where(actual == 0, 0.0, actual), torch.where(expected == 0, 0.0, expected), what
+    )
+
+
+def assert_same_quantized(kernel: QuantizedTensor, reference: QuantizedTensor) -> None:
+    """Codes, scale codes, tensor scale and metadata identical."""
+    assert_bits(kernel.codes, reference.codes, "codes")
+    assert_bits(kernel.scales, reference.scales, "scale codes")
+    if reference.tensor_scale is None:
+        assert kernel.tensor_scale is None, "the kernel made a tensor scale the spec has not"
+    else:
+        assert kernel.tensor_scale is not None, "the kernel made no tensor scale"
+        assert_bits(kernel.tensor_scale, reference.tensor_scale, "tensor scale")
+    assert (kernel.shape, kernel.axis, kernel.dtype) == (
+        reference.shape,
+        reference.axis,
+        reference.dtype,
+    )
+    assert kernel.layout == reference.layout
+
+
+def check_backends_agree(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int = -1,
+    seed: int | torch.Tensor | None = 0,
+    hadamard: int | None = None,
+    hadamard_seed: int | torch.Tensor = 0,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """backend="triton" against backend="torch": quantize (codes, scales, tensor scale), each
+    one's dequantize() on its own backend, and fake_quantize. Returns the reference's
+    fake-quantized values."""
+    options = dict(axis=axis, seed=seed, hadamard=hadamard, hadamard_seed=hadamard_seed)
+    reference = quantize(x, spec, backend="torch", **options)
+    kernel = quantize(x, spec, backend="triton", **options)
+    assert_same_quantized(kernel, reference)
+    dequantized = reference.dequantize(out_dtype, backend="torch")
+    assert_bits(kernel.dequantize(out_dtype, backend="triton"), dequantized, "dequantize()")
+    fake_reference = fake_quantize(x, spec, out_dtype=out_dtype, backend="torch", **options)
+    fake_kernel = fake_quantize(x, spec, out_dtype=out_dtype, backend="triton", **options)
+    # The kernel's fake quantization is bit for bit the dequantization of the codes ...
+    assert_bits(fake_kernel, dequantized, "fake_quantize (kernel) vs dequantize()")
+    # ... and the reference's, up to the sign of zero.
+    assert_same_up_to_zero_sign(fake_kernel, fake_reference, "fake_quantize")
+    return fake_reference
