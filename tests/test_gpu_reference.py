@@ -80,11 +80,14 @@ def test_compiled_model_matches_eager():
         model = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128)).cuda()
         return fp4cli.quantize_model(model, "tetrajet", seed=0)
 
-    eager, compiled = build(), torch.compile(build())
+    eager, compiled_model = build(), build()
+    compiled = torch.compile(compiled_model)
     for _ in range(2):  # the second step must reuse the graph with fresh random bits
         x = torch.randn(64, 128, device="cuda")
         y_eager, y_compiled = eager(x), compiled(x)
         torch.testing.assert_close(y_compiled, y_eager, rtol=1e-5, atol=1e-5)
         y_eager.square().sum().backward()
         y_compiled.square().sum().backward()
-    torch.testing.assert_close(compiled[0].weight.grad, eager[0].weight.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        compiled_model[0].weight.grad, eager[0].weight.grad, rtol=1e-4, atol=1e-4
+    )
