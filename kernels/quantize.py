@@ -36,6 +36,37 @@ from fp4cli.kernels.tile_ops import (
 
 
 @triton.jit
+def transformed_tile(
+    x_ptr,
+    first_line,
+    first_pos,
+    outer,
+    first_inner,
+    lines,
+    length,
+    inner,
+    rht_seed_ptr,
+    rht_seed_value,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+    RHT_SEED_FROM_PTR: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    LOG2_HADAMARD: tl.constexpr,
+    HADAMARD_NORM: tl.constexpr,
+):
+    """The float32 tile at the origin, Hadamard-transformed along the axis when HADAMARD > 0."""
+    x = load_tile(
+        x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
+        ROWS, COLS, TRANSPOSED,
+    )  # fmt: skip
+    if HADAMARD > 0:
+        rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
+        x = hadamard_rows(x, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD, HADAMARD_NORM)
+    return x
+
+
+@triton.jit
 def quantize_tile(
     x,
     random_bits,
@@ -136,22 +167,11 @@ def quantize_kernel(
         pid, inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
     rows_ok = line_mask(first_line, first_inner, lines, inner, ROWS, TRANSPOSED)
-    x = load_tile(
-        x_ptr,
-        first_line,
-        first_pos,
-        outer,
-        first_inner,
-        lines,
-        length,
-        inner,
-        ROWS,
-        COLS,
-        TRANSPOSED,
-    )
-    if HADAMARD > 0:
-        rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
-        x = hadamard_rows(x, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD, HADAMARD_NORM)
+    x = transformed_tile(
+        x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
+        rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, RHT_SEED_FROM_PTR,
+        HADAMARD, LOG2_HADAMARD, HADAMARD_NORM,
+    )  # fmt: skip
     random_bits = x
     if SR:
         seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
@@ -244,22 +264,11 @@ def amax_kernel(
     first_line, first_pos, outer, first_inner = tile_origin(
         pid, inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
-    x = load_tile(
-        x_ptr,
-        first_line,
-        first_pos,
-        outer,
-        first_inner,
-        lines,
-        length,
-        inner,
-        ROWS,
-        COLS,
-        TRANSPOSED,
-    )
-    if HADAMARD > 0:
-        rht_seed = seed_of(rht_seed_ptr, rht_seed_value, SEED_FROM_PTR)
-        x = hadamard_rows(x, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD, HADAMARD_NORM)
+    x = transformed_tile(
+        x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
+        rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, SEED_FROM_PTR,
+        HADAMARD, LOG2_HADAMARD, HADAMARD_NORM,
+    )  # fmt: skip
     magnitude = tl.abs(x)
     magnitude = tl.where(magnitude <= FLOAT32_MAX, magnitude, 0.0)
     tl.atomic_max(amax_ptr, tl.max(tl.max(magnitude, axis=1), axis=0))
