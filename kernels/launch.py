@@ -3,6 +3,9 @@
 `quantize_e2m1` and `dequantize_e2m1` take and return exactly what the reference
 `fp4cli.quant.quantize` works with (codes and scales in the axis-last padded layout, a 0-d
 tensor scale), so `fp4cli.quant` can hand a call to either backend.
+
+The launchers run eagerly under torch.compile (a graph break): traced into a compiled backward
+pass, the kernels gave wrong gradients, while eager calls match the reference bit for bit.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ def _hadamard_constants(hadamard: int | None) -> dict[str, object]:
     )
 
 
+@torch.compiler.disable
 def tensor_amax(
     x: torch.Tensor, axis: int, hadamard: int | None, hadamard_seed: Seed, tile: Tile | None = None
 ) -> torch.Tensor:
@@ -127,6 +131,7 @@ def tensor_amax(
     return amax
 
 
+@torch.compiler.disable
 def quantize_e2m1(
     x: torch.Tensor,
     spec: QuantSpec,
@@ -180,6 +185,7 @@ def quantize_e2m1(
     return codes, scales, t_scale, values
 
 
+@torch.compiler.disable
 def dequantize_e2m1(
     codes: torch.Tensor,
     scales: torch.Tensor,
