@@ -1,0 +1,56 @@
+"""Shared inputs of the kernel tests: the device they run on, the specs they cover."""
+
+from __future__ import annotations
+
+import torch
+
+from fp4cli.quant import QuantSpec
+from fp4cli.quant.backend import interpreter_on
+
+# The interpreter runs CPU tensors; without it the kernels need CUDA tensors.
+DEVICE = torch.device("cpu") if interpreter_on() else torch.device("cuda")
+NAN, INF = float("nan"), float("inf")
+FP32_MAX = torch.finfo(torch.float32).max
+
+MXFP4 = QuantSpec.preset("mxfp4")
+MXFP4_SR = QuantSpec.preset("mxfp4-sr")
+MXFP4_SR_PRESCALE = QuantSpec.preset("mxfp4", rounding="sr", sr_prescale=0.75)
+NVFP4 = QuantSpec.preset("nvfp4")
+NVFP4_SR = QuantSpec.preset("nvfp4", rounding="sr")
+
+SPECS = {
+    "mxfp4": MXFP4,
+    "mxfp4-ceil": QuantSpec.preset("mxfp4-ceil"),
+    "mxfp4-sr": MXFP4_SR,
+    "mxfp4-sr-prescale0.75": MXFP4_SR_PRESCALE,
+    "nvfp4": NVFP4,
+    "nvfp4-sr": NVFP4_SR,
+    "mxfp4-ue5m3": QuantSpec.preset("mxfp4-ue5m3"),
+    "ue4m3-ceil": QuantSpec(scale="ue4m3", scale_rule="ceil"),
+    "ue5m3-ceil": QuantSpec(scale="ue5m3", scale_rule="ceil"),
+    "ue5m3-ceil-ts-sr": QuantSpec(
+        scale="ue5m3", scale_rule="ceil", rounding="sr", tensor_scale=True
+    ),
+}
+# The other block sizes the kernels take (32 and 16 are above).
+BLOCK_SPECS = {
+    "mxfp4-block8": MXFP4.replace(block=8),
+    "mxfp4-ceil-block16": QuantSpec.preset("mxfp4-ceil", block=16),
+    "mxfp4-sr-block64": MXFP4_SR.replace(block=64),
+    "nvfp4-block128": NVFP4.replace(block=128),
+    "ue5m3-ceil-sr-block256": QuantSpec(scale="ue5m3", scale_rule="ceil", rounding="sr", block=256),
+}
+
+
+def on_device(values: torch.Tensor) -> torch.Tensor:
+    return values.to(DEVICE)
+
+
+def seeded_normal(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def finite_amax(x: torch.Tensor) -> torch.Tensor:
+    """The largest finite |x| (NaN and Inf left out), as a 1-element tensor."""
+    magnitude = x.abs()
+    return torch.where(magnitude.isfinite(), magnitude, 0.0).amax().reshape(1)
