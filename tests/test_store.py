@@ -434,3 +434,30 @@ def test_runs_errors_are_one_line_exit_2(tmp_path: Path, args: list[str], fragme
     assert result.stdout == ""
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     assert fragment in result.stderr
+
+
+def test_opening_retries_while_the_file_is_locked() -> None:
+    """Switching a fresh file to WAL can fail at once with "database is locked" when several
+    processes open it together; opening tries again, and gives up on any other error."""
+    import sqlite3
+
+    from fp4cli.store.schema import _retry_while_locked
+
+    calls = []
+
+    def locked_twice() -> None:
+        calls.append(1)
+        if len(calls) < 3:
+            raise sqlite3.OperationalError("database is locked")
+
+    _retry_while_locked(locked_twice)
+    assert len(calls) == 3
+
+    def broken() -> None:
+        calls.append(1)
+        raise sqlite3.OperationalError("no such table: runs")
+
+    calls.clear()
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        _retry_while_locked(broken)
+    assert len(calls) == 1

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -108,18 +110,38 @@ def connect(path: Path) -> Database:
     except (OSError, sqlite3.Error) as error:
         raise StoreError(f"cannot open run store {path}: {error}") from None
     try:
-        conn = db.conn
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            conn.execute("PRAGMA journal_mode = WAL")  # persistent: once per file
-        conn.execute("PRAGMA synchronous = NORMAL")  # in WAL mode: durable when a process dies
-        _migrate(db, path)
+        _retry_while_locked(lambda: _set_up(db, path))
     except BaseException as error:
         db.close()
         if isinstance(error, sqlite3.DatabaseError):
             raise StoreError(f"cannot open run store {path}: {error}") from None
         raise
     return db
+
+
+def _set_up(db: Database, path: Path) -> None:
+    conn = db.conn
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        conn.execute("PRAGMA journal_mode = WAL")  # persistent: once per file
+    conn.execute("PRAGMA synchronous = NORMAL")  # in WAL mode: durable when a process dies
+    _migrate(db, path)
+
+
+def _retry_while_locked(action: Callable[[], None]) -> None:
+    """Run `action`, again after a short random pause while SQLite says the file is locked, up
+    to the busy timeout. Switching a new file to WAL can fail at once, without waiting, when
+    several processes open it together (SQLite does not call the busy handler there)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            action()
+            return
+        except sqlite3.OperationalError as error:
+            locked = "locked" in str(error) or "busy" in str(error)
+            if not locked or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01 + 0.04 * random.random())
 
 
 def _migrate(db: Database, path: Path) -> None:
