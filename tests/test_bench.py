@@ -192,3 +192,26 @@ def test_a_slow_compile_is_given_up_once_per_config(monkeypatch: pytest.MonkeyPa
         notes
         == ["compile timed out (gave up after 0.2 s)"] * 2 + ["not compiled: timed out at 8x32"] * 2
     )
+
+
+def test_an_interrupted_bench_keeps_the_cases_it_measured(tmp_path: Path, monkeypatch) -> None:
+    """Each case is stored as soon as it is measured: stopping during the second case keeps the
+    first one's rows."""
+    from fp4cli.bench import quantize as bench_quantize
+
+    measured_case = bench_quantize._Runner.case_rows
+    calls = []
+
+    def interrupted_on_second(self, case):
+        calls.append(case)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measured_case(self, case)
+
+    monkeypatch.setattr(bench_quantize._Runner, "case_rows", interrupted_on_second)
+    path = tmp_path / "fp4.db"
+    result = bench(*SMALL, "--configs", "mxfp4,nvfp4", "--backends", "torch", "--store", str(path))
+    assert result.exit_code != 0
+    with RunStore(path) as store:
+        rows = store.benchmarks("quantize")
+    assert rows and {row["config"]["config"] for row in rows} == {"mxfp4"}

@@ -108,8 +108,10 @@ def run_quantize_bench(
     repeats: int = 5,
     compile_timeout_s: float = COMPILE_TIMEOUT_S,
     on_case: Callable[[int, Case], None] | None = None,
+    on_rows: Callable[[list[BenchRow]], None] | None = None,
 ) -> list[BenchRow]:
-    """Measure every shape x config; `on_case(index, case)` is called before each case.
+    """Measure every shape x config; `on_case(index, case)` is called before each case and
+    `on_rows(rows)` with each case's rows as soon as they are measured (to store them then).
 
     A torch.compile that takes longer than `compile_timeout_s` (warm-up and timing included) is
     given up, and that config's kernel is not compiled again at the later shapes."""
@@ -120,7 +122,10 @@ def run_quantize_bench(
     for index, case in enumerate(cases):
         if on_case is not None:
             on_case(index, case)
-        rows += runner.case_rows(case)
+        case_rows = runner.case_rows(case)
+        if on_rows is not None:
+            on_rows(case_rows)
+        rows += case_rows
     return rows
 
 

@@ -67,19 +67,28 @@ def quantize_command(
     torch_dtype, torch_device = parse_dtype(dtype), bench_device(device)
     check_request(shape_list, axis, backend_list, iters)
     run_store = None if no_store else RunStore(store)
-    with _CaseProgress(len(shape_list) * len(config_names)) as progress:
-        rows = run_quantize_bench(
-            shape_list, config_names, torch_dtype, axis, backend_list, iters, torch_device,
-            compile_timeout_s=compile_timeout, on_case=progress.case,
-        )  # fmt: skip
+    logged = [0]
+
+    def store_case(case_rows: list[Any]) -> None:
+        """Each case goes to the store when measured: an interrupted run keeps what it did."""
+        if run_store is not None:
+            logged[0] += _store(run_store, case_rows, torch_device)
+
+    try:
+        with _CaseProgress(len(shape_list) * len(config_names)) as progress:
+            rows = run_quantize_bench(
+                shape_list, config_names, torch_dtype, axis, backend_list, iters, torch_device,
+                compile_timeout_s=compile_timeout, on_case=progress.case, on_rows=store_case,
+            )  # fmt: skip
+    finally:
+        if run_store is not None:
+            run_store.close()
     console = Console(highlight=False)
     console.print(_table(rows, torch_device, dtype, axis, iters))
     if run_store is None:
         typer.echo("not stored (--no-store)")
         return
-    with run_store:
-        logged = _store(run_store, rows, torch_device)
-    typer.echo(f"{logged} measurements stored in {run_store.path}")
+    typer.echo(f"{logged[0]} measurements stored in {run_store.path}")
 
 
 class _CaseProgress:
