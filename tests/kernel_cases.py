@@ -1,11 +1,50 @@
-"""Shared inputs of the kernel tests: the device they run on, the specs they cover."""
+"""Shared by the kernel tests: the device they run on, the specs they cover, and the checks.
+
+Importing this module skips the importing test module where the kernels cannot run.
+"""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fp4cli.quant import QuantSpec
-from fp4cli.quant.backend import interpreter_on
+from fp4cli.quant.backend import interpreter_on, triton_available
+
+if not triton_available() or not (interpreter_on() or torch.cuda.is_available()):
+    pytest.skip(
+        "the Triton kernels run only under TRITON_INTERPRET=1 (CPU) or on a CUDA GPU, "
+        "with triton installed",
+        allow_module_level=True,
+    )
+
+try:  # run as `python -m pytest` from the repository root, or with tests/ on sys.path
+    from tests.kernel_checks import (
+        assert_bits,
+        assert_same_quantized,
+        assert_same_up_to_zero_sign,
+        check_backends_agree,
+    )
+except ImportError:  # pragma: no cover
+    from kernel_checks import (  # type: ignore[no-redef]
+        assert_bits,
+        assert_same_quantized,
+        assert_same_up_to_zero_sign,
+        check_backends_agree,
+    )
+
+from fp4cli.kernels.launch import Tile, dequantize_e2m1, quantize_e2m1, tensor_amax  # noqa: E402
+
+__all__ = [
+    "Tile",
+    "dequantize_e2m1",
+    "quantize_e2m1",
+    "tensor_amax",
+    "assert_bits",
+    "assert_same_quantized",
+    "assert_same_up_to_zero_sign",
+    "check_backends_agree",
+]
 
 # The interpreter runs CPU tensors; without it the kernels need CUDA tensors.
 DEVICE = torch.device("cpu") if interpreter_on() else torch.device("cuda")

@@ -17,30 +17,9 @@ import pytest
 import torch
 
 from fp4cli.quant import fake_quantize, quantize
-from fp4cli.quant.backend import interpreter_on, triton_available
 from fp4cli.techniques.hadamard import rht
 
-if not triton_available() or not (interpreter_on() or torch.cuda.is_available()):
-    pytest.skip(
-        "the Triton kernels run only under TRITON_INTERPRET=1 (CPU) or on a CUDA GPU, "
-        "with triton installed",
-        allow_module_level=True,
-    )
-
 try:  # run as `python -m pytest` from the repository root, or with tests/ on sys.path
-    from tests.kernel_checks import (
-        assert_bits,
-        check_backends_agree,
-    )
-except ImportError:  # pragma: no cover
-    from kernel_checks import (  # type: ignore[no-redef]
-        assert_bits,
-        check_backends_agree,
-    )
-
-from fp4cli.kernels.launch import Tile, dequantize_e2m1, quantize_e2m1, tensor_amax  # noqa: E402
-
-try:
     from tests.kernel_cases import (
         BLOCK_SPECS,
         FP32_MAX,
@@ -50,9 +29,15 @@ try:
         NAN,
         NVFP4_SR,
         SPECS,
+        Tile,
+        assert_bits,
+        check_backends_agree,
+        dequantize_e2m1,
         finite_amax,
         on_device,
+        quantize_e2m1,
         seeded_normal,
+        tensor_amax,
     )
 except ImportError:  # pragma: no cover
     from kernel_cases import (  # type: ignore[no-redef]
@@ -64,9 +49,15 @@ except ImportError:  # pragma: no cover
         NAN,
         NVFP4_SR,
         SPECS,
+        Tile,
+        assert_bits,
+        check_backends_agree,
+        dequantize_e2m1,
         finite_amax,
         on_device,
+        quantize_e2m1,
         seeded_normal,
+        tensor_amax,
     )
 
 # numpy warns about the Inf and NaN that non-finite blocks and saturating lanes compute in the

@@ -13,34 +13,10 @@ import torch.nn as nn
 import fp4cli
 from fp4cli.linear.config import OPERANDS
 from fp4cli.quant import QuantSpec, SpecError, fake_quantize, quantize
-from fp4cli.quant.backend import interpreter_on, kernel_gap, triton_available
+from fp4cli.quant.backend import kernel_gap
 from fp4cli.techniques.hadamard import rht
 
-if not triton_available() or not (interpreter_on() or torch.cuda.is_available()):
-    pytest.skip(
-        "the Triton kernels run only under TRITON_INTERPRET=1 (CPU) or on a CUDA GPU, "
-        "with triton installed",
-        allow_module_level=True,
-    )
-
 try:  # run as `python -m pytest` from the repository root, or with tests/ on sys.path
-    from tests.kernel_checks import (
-        assert_bits,
-        assert_same_quantized,
-        assert_same_up_to_zero_sign,
-        check_backends_agree,
-    )
-except ImportError:  # pragma: no cover
-    from kernel_checks import (  # type: ignore[no-redef]
-        assert_bits,
-        assert_same_quantized,
-        assert_same_up_to_zero_sign,
-        check_backends_agree,
-    )
-
-from fp4cli.kernels.launch import tensor_amax  # noqa: E402
-
-try:
     from tests.kernel_cases import (
         DEVICE,
         INF,
@@ -49,9 +25,14 @@ try:
         NAN,
         NVFP4_SR,
         SPECS,
+        assert_bits,
+        assert_same_quantized,
+        assert_same_up_to_zero_sign,
+        check_backends_agree,
         finite_amax,
         on_device,
         seeded_normal,
+        tensor_amax,
     )
 except ImportError:  # pragma: no cover
     from kernel_cases import (  # type: ignore[no-redef]
@@ -62,9 +43,14 @@ except ImportError:  # pragma: no cover
         NAN,
         NVFP4_SR,
         SPECS,
+        assert_bits,
+        assert_same_quantized,
+        assert_same_up_to_zero_sign,
+        check_backends_agree,
         finite_amax,
         on_device,
         seeded_normal,
+        tensor_amax,
     )
 
 # numpy warns about the Inf and NaN that non-finite blocks and saturating lanes compute in the
