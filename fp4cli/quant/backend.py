@@ -56,15 +56,23 @@ def kernel_gap(spec: QuantSpec, dtype: torch.dtype, guided: bool = False) -> str
     return None
 
 
-def use_kernels(backend: str, x: torch.Tensor, spec: QuantSpec, guided: bool = False) -> bool:
-    """Whether this call runs the Triton kernels (raises for an impossible backend="triton")."""
+def use_kernels(
+    backend: str,
+    spec: QuantSpec,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    guided: bool = False,
+) -> bool:
+    """Whether a call on a `dtype` tensor on `device` runs the Triton kernels (raises for an
+    impossible backend="triton")."""
     check_backend(backend)
     if backend == "torch":
         return False
-    gap = kernel_gap(spec, x.dtype, guided)
-    runnable = triton_available() and (x.is_cuda or interpreter_on())
+    gap = kernel_gap(spec, dtype, guided)
+    on_cuda = device.type == "cuda"
+    runnable = triton_available() and (on_cuda or interpreter_on())
     if backend == "auto":
-        return gap is None and x.is_cuda and runnable
+        return gap is None and on_cuda and runnable
     if gap is not None:
         raise SpecError(f"backend 'triton' does not cover {gap}; use backend 'torch' or 'auto'")
     if not runnable:

@@ -68,7 +68,7 @@ class QuantizedTensor:
 
     def dequantize(self, dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
         """The represented tensor, in the original shape and dtype (or `dtype`)."""
-        if use_kernels(backend, torch.empty(0, device=self.codes.device), self.spec):
+        if use_kernels(backend, self.spec, self.codes.device):
             from fp4cli.kernels.launch import dequantize_e2m1
 
             return dequantize_e2m1(
@@ -104,7 +104,7 @@ def quantize(
     """
     axis = _check_input(x, axis)
     seed = _seed_for(spec, seed)
-    if use_kernels(backend, x, spec, guided=guide is not None):
+    if use_kernels(backend, spec, x.device, x.dtype, guided=guide is not None):
         from fp4cli.kernels.launch import quantize_e2m1
 
         codes, scales, t_scale, _ = quantize_e2m1(x, spec, axis, seed, hadamard, hadamard_seed)
@@ -114,10 +114,7 @@ def quantize(
         dtype = torch.float32 if hadamard else x.dtype
         return QuantizedTensor(codes, scales, t_scale, shape, spec, axis, dtype, layout)
     x, guide = _transform(x, guide, axis, hadamard, hadamard_seed)
-    blocks, layout = _blocks_of(x.to(torch.float32), spec, axis)
-    uniform = _uniform_blocks(x, spec, axis, layout, seed)
-    guide_blocks = _blocks_of(guide.to(torch.float32), spec, axis)[0] if guide is not None else None
-    q, stored_scales, t_scale = _quantize_blocks(blocks, spec, uniform, guide_blocks)
+    q, stored_scales, t_scale, layout = _reference_blocks(x, spec, axis, seed, guide)
     codes = encode(layout.from_blocks(q), spec.element_format)
     if spec.packed:
         codes = pack_nibbles(codes)
@@ -141,19 +138,31 @@ def fake_quantize(
     axis = _check_input(x, axis)
     seed = _seed_for(spec, seed)
     dtype = out_dtype or (torch.float32 if hadamard else x.dtype)
-    if use_kernels(backend, x, spec, guided=guide is not None):
+    if use_kernels(backend, spec, x.device, x.dtype, guided=guide is not None):
         from fp4cli.kernels.launch import quantize_e2m1
 
         values = quantize_e2m1(x, spec, axis, seed, hadamard, hadamard_seed, values_dtype=dtype)[3]
         assert values is not None
         return values
     x, guide = _transform(x, guide, axis, hadamard, hadamard_seed)
+    q, stored_scales, t_scale, layout = _reference_blocks(x, spec, axis, seed, guide)
+    values = _dequantize_blocks(q, scale_values(stored_scales, spec.scale_format), t_scale, spec)
+    return layout.unpad(layout.from_blocks(values)).movedim(-1, axis).to(dtype)
+
+
+def _reference_blocks(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int,
+    seed: random_bits.Seed | None,
+    guide: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, BlockLayout]:
+    """The reference's steps 1-5: (element values q in blocks, stored scales, tensor scale,
+    layout) of x along `axis`."""
     blocks, layout = _blocks_of(x.to(torch.float32), spec, axis)
     uniform = _uniform_blocks(x, spec, axis, layout, seed)
     guide_blocks = _blocks_of(guide.to(torch.float32), spec, axis)[0] if guide is not None else None
-    q, stored_scales, t_scale = _quantize_blocks(blocks, spec, uniform, guide_blocks)
-    values = _dequantize_blocks(q, scale_values(stored_scales, spec.scale_format), t_scale, spec)
-    return layout.unpad(layout.from_blocks(values)).movedim(-1, axis).to(dtype)
+    return (*_quantize_blocks(blocks, spec, uniform, guide_blocks), layout)
 
 
 def _seed_for(spec: QuantSpec, seed: random_bits.Seed | None) -> random_bits.Seed | None:
