@@ -103,10 +103,9 @@ def tensor_scale(finite_amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """The FP32 two-level scale: (largest block scale * element max) / amax, at most the largest
     finite float32 (a tensor of tiny values would overflow it); 1 for an all-zero tensor.
     NVFP4: 448 * 6 / amax."""
-    target = torch.tensor(
-        spec.scale_format.max_value * spec.element_format.max_value,
-        dtype=torch.float32,
-        device=finite_amax.device,
+    # full_like: made on the device, with no copy from the host on every call.
+    target = torch.full_like(
+        finite_amax, spec.scale_format.max_value * spec.element_format.max_value
     )
     safe = torch.where(finite_amax > 0, finite_amax, target)
     return torch.clamp(target / safe, max=torch.finfo(torch.float32).max)
