@@ -14,6 +14,7 @@ which it first appears.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 from collections.abc import Sequence
@@ -52,18 +53,55 @@ def apply_overrides(recipe: Recipe, overrides: Sequence[str]) -> Recipe:
     if not overrides:
         return recipe
     label = f"{_display(recipe.source)} (--set)"
-    tree = recipe.to_dict()
+    values: list[tuple[str, Any]] = []
     for item in overrides:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise RecipeError(label, item, "expected key=value, e.g. linear.forward.x.rounding=sr")
         try:
-            value = parse_value(text)
+            values.append((key, parse_value(text)))
         except yaml.YAMLError as error:
             raise RecipeError(label, key, f"value is not valid YAML: {error}") from None
-        _set(tree, key, value, label)
+    return apply_values(recipe, values, label)
+
+
+def apply_values(
+    recipe: Recipe, values: Sequence[tuple[str, Any]], label: str | None = None
+) -> Recipe:
+    """A new Recipe with (dotted key, value) pairs set in order on the resolved dict, then
+    validated again. A key with `*` components (fnmatch-style) names every path of the resolved
+    recipe that already holds its last component: `linear.*.*.rounding` sets the field on every
+    quantized operand (null operands stay high precision), `linear.grad_*.hadamard` both
+    backward GEMMs' transforms."""
+    label = label or f"{_display(recipe.source)} (--set)"
+    tree = recipe.to_dict()
+    for key, value in values:
+        paths = expand_key(tree, key)
+        if not paths:
+            raise RecipeError(label, key, "matches no quantized operand or mapping")
+        for path in paths:
+            _set(tree, path, value, label)
     return build_recipe(tree, label, keys=DICT_KEYS, name=recipe.name, source=recipe.source)
+
+
+def expand_key(tree: dict[str, Any], key: str) -> list[str]:
+    """The dotted keys that `key` (with `*` components, fnmatch-style) names in `tree`: those
+    whose parent mapping already holds the last component. A key without wildcards names
+    itself."""
+    if "*" not in key and "?" not in key:
+        return [key]
+    *parents, last = key.split(".")
+    nodes: list[tuple[str, Any]] = [("", tree)]
+    for part in parents:
+        nodes = [
+            (f"{prefix}{name}.", child)
+            for prefix, node in nodes
+            if isinstance(node, dict)
+            for name, child in node.items()
+            if fnmatch.fnmatchcase(name, part) and isinstance(child, dict)
+        ]
+    return [f"{prefix}{last}" for prefix, node in nodes if isinstance(node, dict) and last in node]
 
 
 def _set(tree: dict[str, Any], key: str, value: Any, label: str) -> None:

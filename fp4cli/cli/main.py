@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from fp4cli.cli import bench_cmd, recipes_cmd, runs_cmd, train_cmd
+from fp4cli.cli import bench_cmd, recipes_cmd, runs_cmd, sweep_cmd, train_cmd
 
 # "module:Class" of the errors that mean "the request is impossible", not "the code is broken";
 # other parts add theirs here. A class is looked up only if its module is already imported (it
@@ -26,6 +26,7 @@ DOMAIN_ERRORS = [
     "builtins:FileNotFoundError",
     "fp4cli.store:StoreError",
     "fp4cli.bench.configs:BenchError",
+    "fp4cli.sweep.errors:SweepError",
 ]
 USER_ERROR_EXIT = 2
 
@@ -70,6 +71,7 @@ app.add_typer(recipes_cmd.app, name="recipes")
 app.add_typer(runs_cmd.app, name="runs")
 app.command(name="train")(train_cmd.train)
 app.add_typer(bench_cmd.app, name="bench")
+app.command(name="sweep")(sweep_cmd.sweep)
 
 
 def _print_version(value: bool) -> None:

@@ -133,6 +133,27 @@ class RunStore:
             self._touch(run_id, step)
             db.table("quant_stats").insert_all([columns, *records])
 
+    def log_layers(self, run_id: str, layers: Iterable[tuple[str, int, int, int, bool]]) -> None:
+        """(layer, tokens, in_features, out_features, quantized) of each linear layer, once per
+        run (a resumed run keeps the first attempt's rows)."""
+        rows = [(run_id, name, m, k, n, int(q)) for name, m, k, n, q in layers]
+        columns = ("run_id", "layer", "tokens", "in_features", "out_features", "quantized")
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM layers WHERE run_id = ?", [run_id]).fetchone():
+                return
+            db.table("layers").insert_all([columns, *rows])
+
+    def layers(self, run_id: str) -> list[Row]:
+        """{layer, tokens, in_features, out_features, quantized} rows of a run."""
+        rows = self._rows(
+            "SELECT layer, tokens, in_features, out_features, quantized FROM layers "
+            "WHERE run_id = ? ORDER BY rowid",
+            [run_id],
+        )
+        for row in rows:
+            row["quantized"] = bool(row["quantized"])
+        return rows
+
     def add_checkpoint(self, run_id: str, step: int, path: str | os.PathLike[str]) -> None:
         row = {"run_id": run_id, "step": step, "path": str(path), "created_at": now()}
         with self._write() as db:
@@ -208,7 +229,7 @@ class RunStore:
         Returns the full id."""
         full_id = self.get_run(run_id)["id"]
         with self._write() as db:
-            for table in ("metrics", "quant_stats", "checkpoints"):
+            for table in ("metrics", "quant_stats", "checkpoints", "layers"):
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", [full_id])
             db.execute("DELETE FROM runs WHERE id = ?", [full_id])
         return str(full_id)
@@ -383,6 +404,33 @@ class RunStore:
             row.update(config=json.loads(row["config"]), versions=json.loads(row["versions"]))
             row["value"] = _value(row["value"])
         return rows
+
+    def ensure_sweep(self, name: str, spec: Mapping[str, Any]) -> str:
+        """The id of the sweep called `name` (its spec updated), created if there is none."""
+        with self._write() as db:
+            row = db.execute(
+                "SELECT id FROM sweeps WHERE name = ? ORDER BY created_at DESC LIMIT 1", [name]
+            ).fetchone()
+            if row is not None:
+                db.execute("UPDATE sweeps SET spec = ? WHERE id = ?", [json.dumps(spec), row[0]])
+                return str(row[0])
+            sweep_id = new_id("s")
+            record = {"id": sweep_id, "name": name, "spec": json.dumps(spec), "created_at": now()}
+            db.table("sweeps").insert(record)
+        return sweep_id
+
+    def get_sweep(self, ref: str) -> Row:
+        """A sweep by id or name (the newest of that name), spec decoded."""
+        rows = self._rows(
+            "SELECT * FROM sweeps WHERE id = ? OR name = ? ORDER BY created_at DESC LIMIT 1",
+            [ref, ref],
+        )
+        if not rows:
+            known = ", ".join(row["name"] for row in self.sweeps()) or "none"
+            raise StoreError(f"unknown sweep {ref!r} in {self.path} (sweeps: {known})")
+        row = rows[0]
+        row["spec"] = json.loads(row["spec"])
+        return row
 
     def create_sweep(self, name: str, spec: Mapping[str, Any]) -> str:
         """Record a sweep (its runs name it in `sweep`); returns its id."""

@@ -82,7 +82,25 @@ def _v2_distributed_runs(db: Database) -> None:
     runs.add_column("parallel", str, not_null_default="none")
 
 
-MIGRATIONS: list[Callable[[Database], None]] = [_v1_tables, _v2_distributed_runs]
+def _v3_layer_shapes(db: Database) -> None:
+    """The shapes of a run's linear layers' GEMMs (for cost estimates): tokens = rows of the
+    layer's input per step (M), in_features (K), out_features (N)."""
+    db.table("layers").create(
+        {
+            "run_id": str, "layer": str, "tokens": int, "in_features": int, "out_features": int,
+            "quantized": int,
+        },
+        not_null=["run_id", "layer", "tokens", "in_features", "out_features", "quantized"],
+    )  # fmt: skip
+    db.table("layers").create_index(["run_id"])
+    db.table("sweeps").create_index(["name"])
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [
+    _v1_tables,
+    _v2_distributed_runs,
+    _v3_layer_shapes,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

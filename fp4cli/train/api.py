@@ -18,9 +18,11 @@ def run_training(
     store: Any = None,
     resume: str | None = None,
     reporter: Reporter | None = None,
+    recipe: Any = None,
 ) -> tuple[RunResult, Trainer]:
     """Train a new run (flags > --set overrides > recipe > task defaults), or continue `resume`
-    from its newest checkpoint with its stored config (flags may only extend `steps`)."""
+    from its newest checkpoint with its stored config (flags may only extend `steps`). A
+    `recipe` object given is trained as is (flags' "recipe" then only names it)."""
     from fp4cli.recipes import Recipe, apply_overrides, load_recipe
     from fp4cli.store import RunStore
     from fp4cli.tasks.base import create_task
@@ -44,7 +46,8 @@ def run_training(
         recipe = Recipe.from_dict(resolved["recipe"], source=f"run {run['id']}")
     else:
         config, recipe_overrides = resolve_config(flags, overrides)
-        recipe = apply_overrides(load_recipe(config.recipe), recipe_overrides)
+        base = recipe if recipe is not None else load_recipe(config.recipe)
+        recipe = apply_overrides(base, recipe_overrides)
     device = pick_device(config.device)
     task = create_task(config.task, config.size, config.data, device)
     config = config.with_task_defaults(task.defaults)

@@ -42,6 +42,7 @@ class TrainConfig:
     eval_every: int | None = None
     stats_every: int = 0  # 0: no quantization statistics (cheap)
     checkpoint_every: int = 0  # 0: only at the end
+    checkpoints: bool = True  # false: none at all (a sweep's many small runs)
     log_every: int = 10
     tags: tuple[str, ...] = field(default_factory=tuple)
     sweep: str | None = None
@@ -61,6 +62,8 @@ class TrainConfig:
             raise ConfigError(f"size: must be debug or default (got {self.size!r})")
         if self.backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"backend: must be auto, torch or triton (got {self.backend!r})")
+        if not isinstance(self.checkpoints, bool):
+            raise ConfigError(f"checkpoints: must be true or false (got {self.checkpoints!r})")
         if self.device != "auto" and not str(self.device).startswith(("cpu", "cuda")):
             raise ConfigError(f"device: must be auto, cpu or cuda[:N] (got {self.device!r})")
 

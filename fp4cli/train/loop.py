@@ -204,8 +204,11 @@ class Trainer:
             batch = task.batch(step, config.batch_size, config.seed)
             collect = config.stats_every > 0 and (step + 1) % config.stats_every == 0
             self.stats.begin(collect)
+            shapes = LayerShapes(model) if step == self.start_step else None
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
                 loss = task.loss(model, batch)
+            if shapes is not None:
+                self.store.log_layers(run_id, shapes.rows())
             loss_value = loss.detach()
             if not torch.isfinite(loss_value):
                 self.store.finish_run(
@@ -268,11 +271,45 @@ class Trainer:
         return result
 
     def _save(self, step: int) -> None:
+        if not self.config.checkpoints:
+            return
         path = save_checkpoint(
             self.checkpoint_dir(), step, self.model, self.optimizer, self.resolved()
         )
         self.store.add_checkpoint(self.run_id, step, str(path))
         self._last_checkpoint = str(path)
+
+
+class LayerShapes:
+    """The GEMM shape of each linear layer in one forward pass: forward hooks that record the
+    rows of the layer's input (tokens summed over its calls), removed by rows()."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from fp4cli.linear import QuantLinear
+
+        self.tokens: dict[str, int] = {}
+        self.layers = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        self.quantized = {
+            name: isinstance(m, QuantLinear) and not m.config.is_high_precision
+            for name, m in self.layers.items()
+        }
+        self.handles = [m.register_forward_hook(self._hook(n)) for n, m in self.layers.items()]
+
+    def _hook(self, name: str) -> Any:
+        def record(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+            x = inputs[0]  # (..., in_features)
+            self.tokens[name] = self.tokens.get(name, 0) + x.numel() // x.shape[-1]
+
+        return record
+
+    def rows(self) -> list[tuple[str, int, int, int, bool]]:
+        for handle in self.handles:
+            handle.remove()
+        return [
+            (name, self.tokens[name], m.in_features, m.out_features, self.quantized[name])
+            for name, m in self.layers.items()
+            if name in self.tokens
+        ]
 
 
 def _install_stop_handler() -> Any:

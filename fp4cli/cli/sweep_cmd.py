@@ -1,0 +1,161 @@
+"""`fp4 sweep`: run every point of a sweep file (recipes x tasks x seeds), resumable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+Opt = typer.Option
+
+
+def sweep(
+    file: Annotated[Path, typer.Argument(help="The sweep file (YAML).", show_default=False)],
+    workers: Annotated[
+        int | None,
+        Opt(min=1, help="Worker processes [default: one per GPU, 4 per GPU for regression]."),
+    ] = None,
+    device: Annotated[
+        str | None, Opt(help="Put every worker on this device (cpu, cuda:1) [default: spread].")
+    ] = None,
+    dry_run: Annotated[
+        bool, Opt("--dry-run", help="List the points and what is done; train nothing.")
+    ] = False,
+    store: Annotated[
+        Path | None,
+        Opt(help="The run store [default: $FP4_STORE, else runs/fp4.db].", show_default=False),
+    ] = None,
+    quiet: Annotated[bool, Opt(help="No progress bar.")] = False,
+) -> None:
+    """Train every point of a sweep: a base recipe with axes over any recipe or training field
+    (a grid or a random sample, less exclusions), times tasks and seeds, plus baseline recipes.
+    Points finished in the store are skipped, so running it again after a kill resumes it.
+    Each point is an ordinary run, in the sweep, tagged point:ID. See sweeps/ for examples."""
+    from rich.console import Console
+
+    from fp4cli.store import RunStore
+    from fp4cli.sweep import load_sweep, plan_sweep, run_sweep
+    from fp4cli.sweep.runner import SweepStopped
+
+    spec = load_sweep(file)
+    console = Console(highlight=False)
+    with RunStore(store) as run_store:
+        plan = plan_sweep(spec, run_store)
+        if dry_run:
+            console.print(_points_table(plan))
+            console.print(_plan_line(plan))
+            return
+        console.print(_plan_line(plan))
+        reporter = _SilentReporter() if quiet else _RichReporter(console)
+        try:
+            results = run_sweep(plan, run_store, workers, device, reporter)
+        except (KeyboardInterrupt, SweepStopped):
+            console.print(
+                f"[yellow]sweep {spec.name} stopped[/]; finished points are in "
+                f"{run_store.path}. Run the same command again to resume."
+            )
+            raise typer.Exit(130) from None
+    console.print(_summary(spec.name, results, run_store.path))
+    if any(r.status == "failed" for r in results):
+        raise typer.Exit(1)
+
+
+def _plan_line(plan: Any) -> str:
+    parts = [f"{len(plan.points)} points", f"{len(plan.done)} done", f"{len(plan.pending)} to run"]
+    if plan.elsewhere:
+        parts.append(f"{len(plan.elsewhere)} running in another process")
+    return f"Sweep {plan.spec.name} ({plan.sweep_id}): " + ", ".join(parts) + "."
+
+
+def _points_table(plan: Any) -> Any:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table("point", "task", "seed", "recipe", "state", box=None, pad_edge=False)
+    for point in plan.points:
+        if point.id in plan.done:
+            state = f"[green]done[/] {plan.done[point.id]}"
+        elif point.id in plan.elsewhere:
+            state = f"[yellow]running[/] {plan.elsewhere[point.id]}"
+        else:
+            state = "to run"
+        table.add_row(point.id, point.task, str(point.seed), escape(point.recipe["name"]), state)
+    return table
+
+
+def _summary(name: str, results: list[Any], store_path: Any) -> str:
+    from rich.markup import escape
+
+    if not results:
+        return f"Sweep {name}: nothing to run. Compare its runs with: fp4 report --sweep {name}"
+    counts: dict[str, int] = {}
+    for result in results:
+        counts[result.status] = counts.get(result.status, 0) + 1
+    seconds = sum(r.seconds for r in results)
+    lines = [
+        f"Sweep {name}: ran {len(results)} points ("
+        + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        + f"), {seconds:.0f} s of training. Stored in {store_path}; "
+        f"compare them with: fp4 report --sweep {name}"
+    ]
+    for result in results:
+        if result.status == "failed":
+            lines.append(
+                f"[red]failed[/] {escape(result.label)} ({result.task}): {escape(result.message)}"
+            )
+    return "\n".join(lines)
+
+
+class _SilentReporter:
+    def start(self, total: int, done: int, description: str) -> None:
+        pass
+
+    def point_done(self, result: Any) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class _RichReporter:
+    """One bar over the whole sweep: points done, failures, the last point's result."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self.failed = 0
+
+    def start(self, total: int, done: int, description: str) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task(description, total=total, completed=done)
+
+    def point_done(self, result: Any) -> None:
+        from rich.markup import escape
+
+        if result.status == "failed":
+            self.failed += 1
+            self.progress.console.print(
+                f"[red]failed[/] {escape(result.label)} ({result.task}): {escape(result.message)}"
+            )
+        elif result.status == "diverged":
+            self.progress.console.print(f"[magenta]diverged[/] {escape(result.label)}")
+        self.progress.update(self.task, advance=1)
+
+    def finish(self) -> None:
+        self.progress.stop()

@@ -1,0 +1,259 @@
+"""Running a sweep: plan what is left, run it in parallel workers, resume after a kill.
+
+Every point is an ordinary run in the store, in the sweep (`runs.sweep` = the sweep's id) and
+tagged `point:<id>`. Planning reads the store: a point with a finished or diverged run is done;
+one whose run is still `running` in a live process (another `fp4 sweep` of the same file) is
+left to it; an interrupted or failed attempt is deleted and the point runs again. So a sweep
+killed at any moment, run again, ends with exactly one run per point.
+
+Workers are processes (spawned, so CUDA is safe), one per GPU by default and several per GPU for
+the small regression task; each opens its own RunStore (the store is made for many writers)
+and trains the points it takes from a shared queue. With one worker the points run in this
+process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fp4cli.sweep.points import Point, expand_points
+from fp4cli.sweep.spec import SweepSpec
+
+DONE_STATUSES = ("finished", "diverged")
+REGRESSION_RUNS_PER_GPU = 4
+POINT_TAG = "point:"
+
+
+@dataclass
+class SweepPlan:
+    spec: SweepSpec
+    sweep_id: str
+    points: list[Point]
+    done: dict[str, str] = field(default_factory=dict)  # point id -> run id
+    elsewhere: dict[str, str] = field(default_factory=dict)  # running in a live process
+    stale: list[str] = field(default_factory=list)  # run ids of attempts to delete
+
+    @property
+    def pending(self) -> list[Point]:
+        return [p for p in self.points if p.id not in self.done and p.id not in self.elsewhere]
+
+
+@dataclass
+class PointResult:
+    point_id: str
+    label: str
+    task: str
+    seed: int
+    status: str  # finished, diverged, failed, interrupted
+    run_id: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    message: str = ""
+
+
+class SweepReporter(Protocol):
+    def start(self, total: int, done: int, description: str) -> None: ...
+
+    def point_done(self, result: PointResult) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class SilentSweepReporter:
+    def start(self, total: int, done: int, description: str) -> None:
+        pass
+
+    def point_done(self, result: PointResult) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class SweepStopped(Exception):
+    """The sweep was stopped (Ctrl-C, SIGTERM); what finished is in the store."""
+
+
+def plan_sweep(spec: SweepSpec, store: Any) -> SweepPlan:
+    """Record the sweep in `store` (by name) and sort its points into done and to do."""
+    points = expand_points(spec)
+    plan = SweepPlan(spec, store.ensure_sweep(spec.name, spec.to_dict()), points)
+    wanted = {p.id for p in points}
+    for run in sorted(store.list_runs(sweep=plan.sweep_id), key=lambda r: r["started_at"]):
+        point_id = _point_of(run)
+        if point_id is None or point_id not in wanted:
+            continue  # a point the file no longer has: kept, not ours to judge
+        if run["status"] in DONE_STATUSES and point_id not in plan.done:
+            plan.done[point_id] = run["id"]
+        elif run["status"] in DONE_STATUSES or run["status"] in ("interrupted", "failed"):
+            plan.stale.append(run["id"])  # a second finished run would be a duplicate
+        elif run["status"] == "running":
+            plan.elsewhere[point_id] = run["id"]
+    plan.elsewhere = {k: v for k, v in plan.elsewhere.items() if k not in plan.done}
+    return plan
+
+
+def default_workers(tasks: Sequence[str]) -> int:
+    """One per GPU; several per GPU when every task is regression; one on a CPU."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if gpus == 0:
+        return 1
+    per_gpu = REGRESSION_RUNS_PER_GPU if set(tasks) == {"regression"} else 1
+    return gpus * per_gpu
+
+
+def worker_devices(workers: int, device: str | None) -> list[str]:
+    """The device of each worker: `device` for all, else the GPUs round-robin, else the CPU."""
+    import torch
+
+    if device is not None and device != "auto":
+        return [device] * workers
+    gpus = torch.cuda.device_count()
+    return [f"cuda:{i % gpus}" if gpus else "cpu" for i in range(workers)]
+
+
+def run_sweep(
+    plan: SweepPlan,
+    store: Any,
+    workers: int | None = None,
+    device: str | None = None,
+    reporter: SweepReporter | None = None,
+) -> list[PointResult]:
+    """Run the plan's pending points; returns their results. Raises SweepStopped when stopped
+    (every finished point is stored; running ones are marked interrupted)."""
+    reporter = reporter or SilentSweepReporter()
+    for run_id in plan.stale:
+        store.delete_run(run_id)
+    pending = plan.pending
+    workers = max(1, min(workers or default_workers(plan.spec.tasks), max(len(pending), 1)))
+    devices = worker_devices(workers, device)
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    reporter.start(len(plan.points), len(plan.done), plan.spec.name)
+    try:
+        if workers == 1:
+            return _run_here(plan, pending, store, devices[0], reporter)
+        return _run_in_workers(plan, pending, str(store.path), devices, threads, reporter)
+    finally:
+        reporter.finish()
+
+
+def run_point(
+    point: Point, sweep_id: str, tags: Sequence[str], device: str, store: Any
+) -> PointResult:
+    """Train one point into `store`; a failure is a result, not an exception."""
+    from fp4cli.recipes import Recipe
+    from fp4cli.train import run_training
+
+    began = time.time()
+    flags = {**point.train, "task": point.task, "recipe": point.recipe["name"]}
+    flags |= {"seed": point.seed, "sweep": sweep_id, "tags": (*tags, POINT_TAG + point.id)}
+    flags.setdefault("device", device)
+    result = PointResult(point.id, point.label, point.task, point.seed, "failed")
+    try:
+        recipe = Recipe.from_dict(point.recipe, source=point.recipe.get("source", "sweep"))
+        outcome, _ = run_training(flags, (), store, recipe=recipe)
+    except Exception as error:  # the trainer has marked its run failed, if it made one
+        result.message = " ".join(str(error).split())[:300] or type(error).__name__
+    else:
+        result.status, result.run_id = outcome.status, outcome.run_id
+        result.metrics = outcome.metrics
+    result.seconds = time.time() - began
+    return result
+
+
+def _run_here(
+    plan: SweepPlan, pending: list[Point], store: Any, device: str, reporter: SweepReporter
+) -> list[PointResult]:
+    results = []
+    with _stop_on_sigterm():
+        for point in pending:
+            result = run_point(point, plan.sweep_id, plan.spec.tags, device, store)
+            if result.status == "interrupted":
+                raise SweepStopped(f"stopped during {point.label}")
+            results.append(result)
+            reporter.point_done(result)
+    return results
+
+
+def _run_in_workers(
+    plan: SweepPlan,
+    pending: list[Point],
+    store_path: str,
+    devices: list[str],
+    threads: int,
+    reporter: SweepReporter,
+) -> list[PointResult]:
+    from fp4cli.sweep.worker import worker_main
+
+    context = multiprocessing.get_context("spawn")
+    jobs: Any = context.Queue()
+    results_queue: Any = context.Queue()
+    for point in pending:
+        jobs.put(point)
+    for _ in devices:
+        jobs.put(None)
+    args = (store_path, plan.sweep_id, plan.spec.tags, threads, jobs, results_queue)
+    processes = [context.Process(target=worker_main, args=(*args, d)) for d in devices]
+    results: list[PointResult] = []
+    with _stop_on_sigterm():
+        try:
+            for process in processes:
+                process.start()
+            while len(results) < len(pending):
+                try:
+                    result = results_queue.get(timeout=0.5)
+                except queue.Empty:
+                    if not any(p.is_alive() for p in processes):
+                        break  # every worker ended (one that died loses its point)
+                    continue
+                results.append(result)
+                reporter.point_done(result)
+        except BaseException:
+            _stop(processes)
+            raise
+    for process in processes:
+        process.join()
+    return results
+
+
+def _stop(processes: list[Any]) -> None:
+    """SIGTERM each worker (its trainer marks the run interrupted), then wait; kill stragglers."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.time() + 30
+    for process in processes:
+        process.join(max(0.1, deadline - time.time()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+class _stop_on_sigterm:
+    """SIGTERM raises SweepStopped in this process while the sweep runs (Ctrl-C raises
+    KeyboardInterrupt already); the previous handler comes back after."""
+
+    def __enter__(self) -> None:
+        def stop(signum: int, frame: Any) -> None:
+            raise SweepStopped("stopped by SIGTERM")
+
+        self.previous = signal.signal(signal.SIGTERM, stop)
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
+
+
+def _point_of(run: dict[str, Any]) -> str | None:
+    for tag in run.get("tags") or []:
+        if isinstance(tag, str) and tag.startswith(POINT_TAG):
+            return tag[len(POINT_TAG) :]
+    return None

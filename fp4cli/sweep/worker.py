@@ -1,0 +1,36 @@
+"""A sweep worker process: trains the points it takes from the queue until it gets None."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+
+def worker_main(
+    store_path: str,
+    sweep_id: str,
+    tags: Sequence[str],
+    threads: int,
+    jobs: Any,
+    results: Any,
+    device: str,
+) -> None:
+    """Open the store, then train points from `jobs` on `device`; each result goes to
+    `results`. A point stopped by SIGTERM ends the worker (the sweep is being stopped), and so
+    does finding, between points, that the sweep's process is gone (killed outright)."""
+    import torch
+
+    from fp4cli.store import RunStore
+    from fp4cli.sweep.runner import run_point
+
+    parent = os.getppid()
+    torch.set_num_threads(threads)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    with RunStore(store_path) as store:
+        while os.getppid() == parent and (point := jobs.get()) is not None:
+            result = run_point(point, sweep_id, tags, device, store)
+            results.put(result)
+            if result.status == "interrupted":
+                return
