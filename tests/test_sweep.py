@@ -231,6 +231,7 @@ def test_cli_dry_run_lists_points_and_trains_nothing(tmp_path):
     assert result.exit_code == 0, result.output
     assert "5 points, 0 done, 5 to run" in result.output and "mxfp4[bwd=sr" in result.output
     assert RunStore(tmp_path / "s.db").list_runs() == []
+    assert RunStore(tmp_path / "s.db").sweeps() == []
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ def sweep(
     file: Annotated[Path, typer.Argument(help="The sweep file (YAML).", show_default=False)],
     workers: Annotated[
         int | None,
-        Opt(min=1, help="Worker processes [default: one per GPU, 4 per GPU for regression]."),
+        Opt(min=1, help="Worker processes [default: one per GPU; up to 8 per GPU for regression]."),
     ] = None,
     device: Annotated[
         str | None, Opt(help="Put every worker on this device (cpu, cuda:1) [default: spread].")
@@ -41,7 +41,7 @@ def sweep(
     spec = load_sweep(file)
     console = Console(highlight=False)
     with RunStore(store) as run_store:
-        plan = plan_sweep(spec, run_store)
+        plan = plan_sweep(spec, run_store, record=not dry_run)
         if dry_run:
             console.print(_points_table(plan))
             console.print(_plan_line(plan))

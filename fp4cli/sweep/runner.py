@@ -27,7 +27,7 @@ from fp4cli.sweep.points import Point, expand_points
 from fp4cli.sweep.spec import SweepSpec
 
 DONE_STATUSES = ("finished", "diverged")
-REGRESSION_RUNS_PER_GPU = 4
+REGRESSION_RUNS_PER_GPU = 8  # small runs are bound by the CPU's kernel launches: fill the GPU
 POINT_TAG = "point:"
 
 
@@ -81,10 +81,16 @@ class SweepStopped(Exception):
     """The sweep was stopped (Ctrl-C, SIGTERM); what finished is in the store."""
 
 
-def plan_sweep(spec: SweepSpec, store: Any) -> SweepPlan:
-    """Record the sweep in `store` (by name) and sort its points into done and to do."""
+def plan_sweep(spec: SweepSpec, store: Any, record: bool = True) -> SweepPlan:
+    """Sort the sweep's points into done and to do; `record` the sweep in `store` (by name)
+    first, else only look it up (a dry run writes nothing)."""
     points = expand_points(spec)
-    plan = SweepPlan(spec, store.ensure_sweep(spec.name, spec.to_dict()), points)
+    if record:
+        sweep_id = store.ensure_sweep(spec.name, spec.to_dict())
+    else:
+        known = [s for s in store.sweeps() if s["name"] == spec.name]
+        sweep_id = known[0]["id"] if known else "(new)"
+    plan = SweepPlan(spec, sweep_id, points)
     wanted = {p.id for p in points}
     for run in sorted(store.list_runs(sweep=plan.sweep_id), key=lambda r: r["started_at"]):
         point_id = _point_of(run)
@@ -101,14 +107,17 @@ def plan_sweep(spec: SweepSpec, store: Any) -> SweepPlan:
 
 
 def default_workers(tasks: Sequence[str]) -> int:
-    """One per GPU; several per GPU when every task is regression; one on a CPU."""
+    """One per GPU; for a regression-only sweep up to 8 per GPU (at most one per CPU core);
+    one on a machine without a GPU."""
     import torch
 
     gpus = torch.cuda.device_count()
     if gpus == 0:
         return 1
-    per_gpu = REGRESSION_RUNS_PER_GPU if set(tasks) == {"regression"} else 1
-    return gpus * per_gpu
+    if set(tasks) != {"regression"}:
+        return gpus
+    cores_per_gpu = (os.cpu_count() or 1) // gpus
+    return gpus * max(1, min(REGRESSION_RUNS_PER_GPU, cores_per_gpu))
 
 
 def worker_devices(workers: int, device: str | None) -> list[str]:
