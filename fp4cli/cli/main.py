@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from fp4cli.cli import bench_cmd, recipes_cmd, runs_cmd, sweep_cmd, train_cmd
+from fp4cli.cli import bench_cmd, inspect_cmd, recipes_cmd, runs_cmd, sweep_cmd, train_cmd
 
 # "module:Class" of the errors that mean "the request is impossible", not "the code is broken";
 # other parts add theirs here. A class is looked up only if its module is already imported (it
@@ -27,6 +27,7 @@ DOMAIN_ERRORS = [
     "fp4cli.store:StoreError",
     "fp4cli.bench.configs:BenchError",
     "fp4cli.sweep.errors:SweepError",
+    "fp4cli.analysis.errors:AnalysisError",
 ]
 USER_ERROR_EXIT = 2
 
@@ -72,6 +73,7 @@ app.add_typer(runs_cmd.app, name="runs")
 app.command(name="train")(train_cmd.train)
 app.add_typer(bench_cmd.app, name="bench")
 app.command(name="sweep")(sweep_cmd.sweep)
+app.command(name="quantize-inspect")(inspect_cmd.quantize_inspect)
 
 
 def _print_version(value: bool) -> None:

@@ -1,0 +1,1 @@
+"""Analysis of what the run store holds: reports, oscillation, quantization error, plots."""
