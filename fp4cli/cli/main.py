@@ -13,7 +13,15 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from fp4cli.cli import bench_cmd, inspect_cmd, recipes_cmd, runs_cmd, sweep_cmd, train_cmd
+from fp4cli.cli import (
+    bench_cmd,
+    inspect_cmd,
+    oscillation_cmd,
+    recipes_cmd,
+    runs_cmd,
+    sweep_cmd,
+    train_cmd,
+)
 
 # "module:Class" of the errors that mean "the request is impossible", not "the code is broken";
 # other parts add theirs here. A class is looked up only if its module is already imported (it
@@ -73,6 +81,7 @@ app.add_typer(runs_cmd.app, name="runs")
 app.command(name="train")(train_cmd.train)
 app.add_typer(bench_cmd.app, name="bench")
 app.command(name="sweep")(sweep_cmd.sweep)
+app.command(name="oscillation-report")(oscillation_cmd.oscillation_report)
 app.command(name="quantize-inspect")(inspect_cmd.quantize_inspect)
 
 
