@@ -15,9 +15,11 @@ from typer.core import TyperGroup
 
 from fp4cli.cli import (
     bench_cmd,
+    cost_cmd,
     inspect_cmd,
     oscillation_cmd,
     recipes_cmd,
+    report_cmd,
     runs_cmd,
     sweep_cmd,
     train_cmd,
@@ -34,8 +36,9 @@ DOMAIN_ERRORS = [
     "builtins:FileNotFoundError",
     "fp4cli.store:StoreError",
     "fp4cli.bench.configs:BenchError",
-    "fp4cli.sweep.errors:SweepError",
     "fp4cli.analysis.errors:AnalysisError",
+    "fp4cli.cost.errors:CostError",
+    "fp4cli.sweep.errors:SweepError",
 ]
 USER_ERROR_EXIT = 2
 
@@ -81,8 +84,10 @@ app.add_typer(runs_cmd.app, name="runs")
 app.command(name="train")(train_cmd.train)
 app.add_typer(bench_cmd.app, name="bench")
 app.command(name="sweep")(sweep_cmd.sweep)
+app.command(name="report")(report_cmd.report)
 app.command(name="oscillation-report")(oscillation_cmd.oscillation_report)
 app.command(name="quantize-inspect")(inspect_cmd.quantize_inspect)
+app.command(name="cost")(cost_cmd.cost)
 
 
 def _print_version(value: bool) -> None:

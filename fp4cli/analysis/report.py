@@ -1,0 +1,252 @@
+"""`fp4 report`: final metrics of chosen runs against the BF16 and naive-MXFP4 baselines, the
+estimated cost of each recipe, and the Pareto front of the two.
+
+A run's baselines are the finished runs of the recipes `bf16` and `mxfp4` with the same task,
+size, steps, batch size, seed and data (of the same sweep when there is one, else the newest).
+On the task's primary metric (val_loss, eval_loss: lower is better; top1: higher is better):
+
+    gap    = metric - bf16 metric     (top1: bf16 top1 - top1), so a positive gap is worse
+    closed = 1 - gap / gap(mxfp4)     the share of naive MXFP4's gap that the recipe closes
+
+A diverged run has an infinite gap. The estimated cost is the cost model's time of the run's
+linear layers (the GEMM shapes its first step recorded) with the recipe, over the same layers in
+BF16, on a target device profile (fp4cli.cost). The Pareto front is the quantized runs that no
+other quantized run beats on both gap and cost (BF16 is the reference point, not a candidate:
+on a GPU without FP4 tensor cores it would beat everything).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fp4cli.analysis.errors import AnalysisError
+
+PRIMARY_METRICS = {
+    "regression": "val_loss",
+    "vit": "top1",
+    "diffusion": "eval_loss",
+    "gpt": "val_loss",
+}
+HIGHER_IS_BETTER = ("top1",)
+BASELINES = ("bf16", "mxfp4")
+KEY_FIELDS = ("size", "steps", "batch_size", "data")  # with task and seed: comparable runs
+POINT_TAG = "point:"
+
+
+@dataclass
+class ReportRow:
+    run_id: str
+    label: str  # a sweep point's axis values, else the recipe name
+    task: str
+    recipe: str
+    seed: int
+    status: str
+    metric: str
+    value: float
+    bf16: float | None = None  # the bf16 baseline's metric
+    gap: float | None = None
+    mxfp4_gap: float | None = None
+    closed: float | None = None
+    cost_ratio: float | None = None  # estimated time / BF16 time of the run's linear layers
+    pareto: bool = False
+    baseline_runs: dict[str, str] = field(default_factory=dict)  # recipe -> run id
+
+
+@dataclass
+class Report:
+    rows: list[ReportRow]
+    target: str  # the cost model's device profile
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        rows = [{k: _json_number(v) for k, v in asdict(row).items()} for row in self.rows]
+        return json.dumps({"target": self.target, "notes": self.notes, "runs": rows}, indent=2)
+
+
+def select_runs(
+    store: Any,
+    run_ids: Sequence[str] = (),
+    sweep: str | None = None,
+    tag: str | None = None,
+    task: str | None = None,
+) -> list[dict[str, Any]]:
+    """The runs named, or those of a sweep or tag, or every run; finished or diverged only."""
+    if not store.list_runs(limit=1):
+        raise AnalysisError(f"the run store {store.path} has no runs yet: fp4 train or fp4 sweep")
+    if run_ids:
+        runs = [store.get_run(run_id) for run_id in run_ids]
+    else:
+        sweep_id = store.get_sweep(sweep)["id"] if sweep is not None else None
+        runs = store.list_runs(sweep=sweep_id, tag=tag, task=task)
+        if not runs:
+            what = f"tag {tag!r}" if tag else f"task {task!r}" if task else f"sweep {sweep!r}"
+            raise AnalysisError(f"no runs with {what} in {store.path}")
+    if task is not None:
+        runs = [run for run in runs if run["task"] == task]
+    done = [run for run in runs if run["status"] in ("finished", "diverged")]
+    if not done:
+        raise AnalysisError("none of the chosen runs has finished (see fp4 runs list)")
+    return done
+
+
+def build_report(
+    store: Any,
+    runs: Sequence[dict[str, Any]],
+    metric: str | None = None,
+    target: str = "h100",
+    measured: bool = True,
+) -> Report:
+    """Rows for `runs` with their gaps and estimated costs; the Pareto front marked."""
+    from fp4cli.cost import profile_for
+
+    profile = profile_for(target)
+    rates, note = _rates(store, profile, measured)
+    report = Report([], profile.name, [f"cost model: {profile.name} profile; {note}"])
+    candidates = store.list_runs(status="finished")
+    for run in runs:
+        row = _row(store, run, metric)
+        _compare(store, row, run, candidates)
+        row.cost_ratio = _cost_ratio(store, run, profile, rates)
+        report.rows.append(row)
+    mark_pareto(report.rows)
+    report.rows.sort(key=_rank)
+    if any(row.cost_ratio is None for row in report.rows):
+        report.notes.append("no cost for runs that recorded no layer shapes (older runs)")
+    return report
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points (gap, cost) that no other point beats on both (lower is better);
+    of equal points, the first."""
+    front = []
+    for i, (gap, cost) in enumerate(points):
+        dominated = any(
+            (g <= gap and c <= cost and (g < gap or c < cost)) or ((g, c) == (gap, cost) and j < i)
+            for j, (g, c) in enumerate(points)
+            if j != i
+        )
+        if not dominated:
+            front.append(i)
+    return front
+
+
+def mark_pareto(rows: Sequence[ReportRow]) -> None:
+    scored = [
+        r for r in rows if r.recipe not in ("bf16",) and _finite(r.gap) and _finite(r.cost_ratio)
+    ]
+    points = [(float(r.gap), float(r.cost_ratio)) for r in scored]  # type: ignore[arg-type]
+    for i in pareto_front(points):
+        scored[i].pareto = True
+
+
+def primary_metric(task: str) -> str:
+    return PRIMARY_METRICS.get(task, "val_loss")
+
+
+def _row(store: Any, run: dict[str, Any], metric: str | None) -> ReportRow:
+    name = metric or primary_metric(run["task"])
+    finals = store.final_metrics(run["id"], [name])
+    if run["status"] == "finished" and name not in finals:
+        raise AnalysisError(f"run {run['id']} ({run['task']}) has no metric {name!r}")
+    value = finals[name] if run["status"] == "finished" else math.nan
+    label = run["name"] if run.get("name") else _point_label(run) or run["recipe"]
+    return ReportRow(
+        run["id"], label, run["task"], run["recipe"], run["seed"], run["status"], name, value
+    )
+
+
+def _compare(
+    store: Any, row: ReportRow, run: dict[str, Any], candidates: list[dict[str, Any]]
+) -> None:
+    """Fill the row's baseline value, gap, MXFP4 gap and closed share."""
+    values = {}
+    for recipe in BASELINES:
+        baseline = _baseline(run, recipe, candidates)
+        if baseline is not None:
+            row.baseline_runs[recipe] = baseline["id"]
+            values[recipe] = store.final_metrics(baseline["id"], [row.metric]).get(row.metric)
+    bf16 = values.get("bf16")
+    if bf16 is None or not math.isfinite(bf16):
+        return
+    row.bf16 = bf16
+    row.gap = _gap(row.metric, row.value, bf16)
+    if values.get("mxfp4") is not None:
+        row.mxfp4_gap = _gap(row.metric, values["mxfp4"], bf16)
+        if row.mxfp4_gap > 0 and math.isfinite(row.gap):
+            row.closed = 1 - row.gap / row.mxfp4_gap
+
+
+def _gap(metric: str, value: float, bf16: float) -> float:
+    if not math.isfinite(value):
+        return math.inf
+    return bf16 - value if metric in HIGHER_IS_BETTER else value - bf16
+
+
+def _baseline(
+    run: dict[str, Any], recipe: str, candidates: Iterable[dict[str, Any]]
+) -> dict[str, Any] | None:
+    if run["recipe"] == recipe and run["status"] == "finished":
+        return run
+    key = _comparable(run)
+    matches = [c for c in candidates if c["recipe"] == recipe and _comparable(c) == key]
+    same_sweep = [c for c in matches if run.get("sweep") and c.get("sweep") == run["sweep"]]
+    found = same_sweep or matches  # list_runs is newest first
+    return found[0] if found else None
+
+
+def _comparable(run: dict[str, Any]) -> tuple[Any, ...]:
+    train = run["config"].get("train", {})
+    return (run["task"], run["seed"], *(train.get(name) for name in KEY_FIELDS))
+
+
+def _cost_ratio(store: Any, run: dict[str, Any], profile: Any, rates: Any) -> float | None:
+    from fp4cli.cost import LayerShape, estimate_model
+    from fp4cli.recipes import Recipe
+
+    layers = store.layers(run["id"])
+    if not layers:
+        return None
+    shapes = [
+        LayerShape(row["tokens"], row["in_features"], row["out_features"], row["quantized"])
+        for row in layers
+    ]
+    recipe = Recipe.from_dict(run["config"]["recipe"], source=f"run {run['id']}")
+    cost = estimate_model(recipe.linear, shapes, profile, rates, qramp=recipe.qramp)
+    return float(cost.ratio)
+
+
+def _rates(store: Any, profile: Any, measured: bool) -> tuple[Any, str]:
+    from fp4cli.cost import measured_rates
+
+    if not measured:
+        return None, "modelled rates only (--no-measured)"
+    rates = measured_rates(store, profile)
+    if not len(rates):
+        return None, f"modelled rates (no fp4 bench quantize rows of a {profile.name} in the store)"
+    return rates, f"{len(rates)} measured quantize rates from fp4 bench quantize"
+
+
+def _point_label(run: dict[str, Any]) -> str | None:
+    recipe = run["recipe"]
+    if any(str(t).startswith(POINT_TAG) for t in run.get("tags") or []) and "[" in recipe:
+        return recipe[recipe.index("[") + 1 : recipe.rindex("]")] if "]" in recipe else recipe
+    return None
+
+
+def _rank(row: ReportRow) -> tuple[int, float, str]:
+    gap = row.gap if row.gap is not None and not math.isnan(row.gap) else math.inf
+    return (0 if row.gap is not None else 1, gap, row.run_id)
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

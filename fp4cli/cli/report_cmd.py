@@ -1,0 +1,133 @@
+"""`fp4 report`: chosen runs against BF16 and naive MXFP4, estimated cost, Pareto front."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+Opt = typer.Option
+
+
+def report(
+    runs: Annotated[
+        list[str] | None, typer.Argument(help="Run ids or unique prefixes.", show_default=False)
+    ] = None,
+    sweep: Annotated[str | None, Opt(help="Every run of this sweep (name or id).")] = None,
+    tag: Annotated[str | None, Opt(help="Every run with this tag.")] = None,
+    task: Annotated[str | None, Opt(help="Only runs of this task.")] = None,
+    metric: Annotated[
+        str | None, Opt(help="Compare on this metric [default: the task's: val_loss, top1...].")
+    ] = None,
+    target: Annotated[
+        str, Opt(help="Device profile of the cost model: h100, h200, b200, a100...")
+    ] = "h100",
+    measured: Annotated[
+        bool, Opt(help="Use the store's fp4 bench quantize rates of the target GPU, if any.")
+    ] = True,
+    top: Annotated[int, Opt(min=0, help="Show the best N rows (0: all); exports have all.")] = 30,
+    plots: Annotated[
+        Path | None, Opt(help="Write pareto.png and curves.png into this folder.")
+    ] = None,
+    csv: Annotated[Path | None, Opt(help="Write every row to this CSV file.")] = None,
+    as_json: Annotated[bool, Opt("--json", help="Print every row as JSON instead.")] = False,
+    store: Annotated[
+        Path | None,
+        Opt(help="The run store [default: $FP4_STORE, else runs/fp4.db].", show_default=False),
+    ] = None,
+) -> None:
+    """Final metrics of chosen runs (named, a sweep, a tag, or all), the gap to the BF16 run of
+    the same task, size, steps, batch and seed, the share of naive MXFP4's gap each recipe
+    closes, the cost model's estimated time against BF16, and the Pareto front of gap vs cost."""
+    from fp4cli.analysis.report import build_report, select_runs
+    from fp4cli.store import RunStore
+
+    with RunStore(store, create=False) as run_store:
+        chosen = select_runs(run_store, runs or (), sweep, tag, task)
+        result = build_report(run_store, chosen, metric, target, measured)
+        written = _write_plots(run_store, result, plots) if plots is not None else []
+    if csv is not None:
+        written.append(_write_csv(result, csv))
+    if as_json:
+        typer.echo(result.to_json())
+        return
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    if not console.is_terminal:  # a file or a pipe gets whole rows
+        console = Console(highlight=False, width=200)
+    console.print(_table(result, top))
+    for note in result.notes + [f"wrote {path}" for path in written]:
+        console.print(f"[dim]{note}[/]")
+
+
+def _table(result: Any, top: int) -> Any:
+    from rich.markup import escape
+    from rich.table import Table
+
+    rows = result.rows[:top] if top else result.rows
+    shown = f", the best {len(rows)} shown" if len(rows) < len(result.rows) else ""
+    tasks = sorted({(row.task, row.seed, row.metric) for row in result.rows})
+    uniform = len(tasks) == 1
+    title = f"{len(result.rows)} runs{shown}"
+    if uniform:
+        title += f": task {tasks[0][0]}, seed {tasks[0][1]}, {tasks[0][2]}"
+    table = Table(title=title, box=None, pad_edge=False)
+    table.add_column("run", no_wrap=True)
+    table.add_column("recipe / point", overflow="fold")
+    if not uniform:
+        table.add_column("task")
+        table.add_column("seed", justify="right")
+    for column in ("metric" if not uniform else tasks[0][2], "gap", "closed", "cost", "front"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        value = _number(row.value) if row.status == "finished" else "[magenta]diverged[/]"
+        if not uniform:
+            value = f"{row.metric} {value}"
+        cost = f"{row.cost_ratio:.2f}x" if row.cost_ratio is not None else "-"
+        cells = [row.run_id, escape(row.label)]
+        cells += [] if uniform else [row.task, str(row.seed)]
+        cells += [value, _number(row.gap, signed=True), _percent(row.closed), cost]
+        table.add_row(*cells, "[red]*[/]" if row.pareto else "")
+    table.caption = (
+        "gap: metric - bf16 (top1: bf16 - top1), positive is worse; closed: share of the mxfp4 "
+        f"gap closed; cost: estimated time of the linear layers / bf16 on {result.target}; "
+        "front: Pareto front of gap vs cost"
+    )
+    return table
+
+
+def _write_plots(store: Any, result: Any, folder: Path) -> list[Path]:
+    from fp4cli.analysis.report_plot import curves_png, pareto_png
+
+    written = [curves_png(store, result, folder / "curves.png")]
+    pareto = pareto_png(result, folder / "pareto.png")
+    return written + ([pareto] if pareto is not None else [])
+
+
+def _write_csv(result: Any, path: Path) -> Path:
+    import csv as csv_module
+    import dataclasses
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = [f.name for f in dataclasses.fields(result.rows[0])]
+    with path.open("w", newline="") as file:
+        writer = csv_module.DictWriter(file, fieldnames=names)
+        writer.writeheader()
+        for row in result.rows:
+            writer.writerow(dataclasses.asdict(row))
+    return path
+
+
+def _number(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "inf"
+    return f"{value:+.4g}" if signed else f"{value:.4g}"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"

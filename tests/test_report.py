@@ -1,0 +1,148 @@
+"""`fp4 report`: baselines, gaps, closed shares, costs, the Pareto front, exports, errors."""
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from fp4cli.analysis.errors import AnalysisError
+from fp4cli.analysis.report import build_report, pareto_front, select_runs
+from fp4cli.cli.main import app
+from fp4cli.recipes import load_recipe
+from fp4cli.store import RunStore
+from fp4cli.sweep import parse_sweep, plan_sweep, run_sweep
+
+TRAIN = {"size": "debug", "steps": 10, "batch_size": 8, "data": None}
+LAYERS = [("layers.0", 256, 64, 64, True), ("head", 256, 64, 4, False)]
+
+
+def _run(store, recipe, value, task="regression", seed=0, metric="val_loss", train=TRAIN, **kw):
+    """A finished run of a shipped recipe with a final `metric` and recorded layer shapes."""
+    config = {"train": train, "recipe": load_recipe(recipe).to_dict()}
+    run_id = store.create_run(task, recipe, seed, config, "cpu", {}, **kw)
+    store.log_metrics(run_id, 5, {metric: value + 1.0})
+    store.log_metrics(run_id, 10, {metric: value, "train_loss": value})
+    store.log_layers(run_id, LAYERS)
+    store.finish_run(run_id, "finished", step=10)
+    return run_id
+
+
+@pytest.fixture
+def store(tmp_path):
+    return RunStore(tmp_path / "s.db")
+
+
+def _rows(report):
+    return {row.recipe: row for row in report.rows}
+
+
+def test_gap_and_closed_share_by_hand(store):
+    _run(store, "bf16", 0.50)
+    _run(store, "mxfp4", 0.60)
+    _run(store, "tetrajet", 0.52)
+    _run(store, "nvfp4", 0.65)
+    report = build_report(store, select_runs(store))
+    rows = _rows(report)
+    assert rows["bf16"].gap == 0 and rows["mxfp4"].gap == pytest.approx(0.10)
+    assert rows["tetrajet"].gap == pytest.approx(0.02)
+    assert rows["tetrajet"].closed == pytest.approx(1 - 0.02 / 0.10)  # 80% of the gap closed
+    assert rows["nvfp4"].closed == pytest.approx(1 - 0.15 / 0.10)  # worse than naive: negative
+    assert [row.recipe for row in report.rows] == ["bf16", "tetrajet", "mxfp4", "nvfp4"]
+
+
+def test_top1_gap_is_bf16_minus_the_run(store):
+    _run(store, "bf16", 0.90, task="vit", metric="top1")
+    _run(store, "mxfp4", 0.80, task="vit", metric="top1")
+    _run(store, "tetrajet", 0.88, task="vit", metric="top1")
+    rows = _rows(build_report(store, select_runs(store)))
+    assert rows["tetrajet"].gap == pytest.approx(0.02)
+    assert rows["tetrajet"].closed == pytest.approx(0.8)
+
+
+def test_baselines_match_task_seed_and_training_size_only(store):
+    _run(store, "bf16", 0.50, seed=1)  # another seed
+    _run(store, "bf16", 0.40, train=TRAIN | {"steps": 20})  # another length
+    run_id = _run(store, "tetrajet", 0.52)
+    row = build_report(store, select_runs(store, [run_id])).rows[0]
+    assert row.gap is None and row.closed is None and row.baseline_runs == {}
+    bf16 = _run(store, "bf16", 0.45)
+    row = build_report(store, select_runs(store, [run_id])).rows[0]
+    assert row.gap == pytest.approx(0.07) and row.baseline_runs == {"bf16": bf16}
+
+
+def test_a_diverged_run_has_an_infinite_gap(store):
+    _run(store, "bf16", 0.50)
+    run_id = store.create_run("regression", "mxfp4", 0, {"train": TRAIN, "recipe": {}}, "cpu", {})
+    store.finish_run(run_id, "diverged", step=3, diverged_step=3)
+    row = build_report(store, select_runs(store, [run_id])).rows[0]
+    assert row.status == "diverged" and math.isinf(row.gap) and not row.pareto
+
+
+def test_costs_come_from_the_cost_model_on_the_recorded_shapes(store):
+    from fp4cli.cost import LayerShape, estimate_model, profile_for
+
+    _run(store, "bf16", 0.50)
+    run_id = _run(store, "tetrajet", 0.52)
+    rows = _rows(build_report(store, select_runs(store), target="b200", measured=False))
+    shapes = [LayerShape(*layer[1:]) for layer in LAYERS]
+    expected = estimate_model(load_recipe("tetrajet").linear, shapes, profile_for("b200"))
+    assert rows["tetrajet"].cost_ratio == pytest.approx(expected.ratio)
+    assert rows["bf16"].cost_ratio == pytest.approx(1.0)
+    assert rows["tetrajet"].run_id == run_id
+
+
+def test_pareto_front_by_hand():
+    points = [(0.10, 1.0), (0.05, 2.0), (0.07, 2.5), (0.02, 3.0), (0.05, 2.0), (0.2, 0.9)]
+    # (0.07, 2.5) is beaten by (0.05, 2.0); the second (0.05, 2.0) repeats the first.
+    assert pareto_front(points) == [0, 1, 3, 5]
+
+
+def test_bf16_is_the_reference_not_on_the_front(store):
+    _run(store, "bf16", 0.50)
+    _run(store, "mxfp4", 0.60)
+    _run(store, "tetrajet", 0.52)
+    rows = _rows(build_report(store, select_runs(store)))
+    assert not rows["bf16"].pareto and rows["mxfp4"].pareto  # the cheapest FP4 recipe
+
+
+def test_errors_are_one_line(store, tmp_path):
+    with pytest.raises(AnalysisError, match="has no runs yet"):
+        select_runs(store)
+    _run(store, "bf16", 0.5, tags=["a"])
+    with pytest.raises(AnalysisError, match="no runs with tag 'b'"):
+        select_runs(store, tag="b")
+    runner = CliRunner()
+    for args in (
+        ["report", "--store", str(tmp_path / "missing.db")],
+        ["report", "nope", "--store", str(store.path)],
+        ["report", "--sweep", "nope", "--store", str(store.path)],
+        ["report", "--metric", "top5", "--store", str(store.path)],
+        ["report", "--target", "tpu", "--store", str(store.path)],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.startswith("error: ") and result.output.count("\n") == 1
+
+
+def test_cli_on_a_sweep_table_plots_and_exports(tmp_path):
+    store = RunStore(tmp_path / "s.db")
+    train = {"size": "debug", "steps": 4, "device": "cpu", "checkpoints": False}
+    axes = {"bwd": {"set": "linear.grad_*.*.rounding", "values": ["rne", "sr"]}}
+    spec = parse_sweep({"name": "mini", "train": train, "axes": axes}, "mini.yaml")
+    run_sweep(plan_sweep(spec, store), store)
+    args = ["report", "--sweep", "mini", "--store", str(store.path)]
+    result = CliRunner().invoke(
+        app, [*args, "--plots", str(tmp_path / "p"), "--csv", str(tmp_path / "r.csv")]
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        "3 runs: task regression, seed 0, val_loss" in result.output and "bwd=sr" in result.output
+    )
+    for name in ("pareto.png", "curves.png"):
+        assert (tmp_path / "p" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len((tmp_path / "r.csv").read_text().splitlines()) == 4
+    data = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)
+    by_recipe = {row["recipe"]: row for row in data["runs"]}
+    assert by_recipe["bf16"]["gap"] == 0 and by_recipe["mxfp4"]["closed"] == 0
+    assert by_recipe["mxfp4[bwd=sr]"]["cost_ratio"] > 0
