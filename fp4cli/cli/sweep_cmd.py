@@ -40,6 +40,8 @@ def sweep(
 
     spec = load_sweep(file)
     console = Console(highlight=False)
+    if not console.is_terminal:  # a file or a pipe gets whole rows
+        console = Console(highlight=False, width=200)
     with RunStore(store) as run_store:
         plan = plan_sweep(spec, run_store, record=not dry_run)
         if dry_run:
