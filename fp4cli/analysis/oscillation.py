@@ -156,7 +156,7 @@ def confidence_bar(shares: Sequence[float | None]) -> str:
 
 def to_json(runs: Sequence[RunOscillation]) -> dict[str, Any]:
     """Every number: per layer and step, and both summaries; NaN and inf as None."""
-    return _plain({"runs": [_run_json(run) for run in runs]})
+    return {"runs": [_run_json(run) for run in runs]}
 
 
 def _run_json(run: RunOscillation) -> dict[str, Any]:
@@ -181,14 +181,3 @@ def _run_json(run: RunOscillation) -> dict[str, Any]:
         "layers": layers,
         "summary": summaries,
     }
-
-
-def _plain(value: Any) -> Any:
-    """Strict JSON has no NaN or inf."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value

@@ -17,7 +17,6 @@ on a GPU without FP4 tensor cores it would beat everything).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -62,9 +61,8 @@ class Report:
     target: str  # the cost model's device profile
     notes: list[str] = field(default_factory=list)
 
-    def to_json(self) -> str:
-        rows = [{k: _json_number(v) for k, v in asdict(row).items()} for row in self.rows]
-        return json.dumps({"target": self.target, "notes": self.notes, "runs": rows}, indent=2)
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "notes": self.notes, "runs": [asdict(r) for r in self.rows]}
 
 
 def select_runs(
@@ -244,9 +242,3 @@ def _rank(row: ReportRow) -> tuple[int, float, str]:
 
 def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
-
-
-def _json_number(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

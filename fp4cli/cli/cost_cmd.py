@@ -42,8 +42,7 @@ def cost(
 ) -> None:
     """Estimate the work each technique adds to a layer's three GEMMs, and the layer's time as
     a ratio to the same layer in BF16 (formulas: docs/cost-model.md)."""
-    import json
-
+    from fp4cli.cli.output import echo_json
     from fp4cli.cost import estimate_model, local_profile, parse_shape, profile_for
     from fp4cli.cost.measured import MeasuredRates, stored_rates
     from fp4cli.recipes import load_recipe
@@ -65,7 +64,7 @@ def cost(
             "measured": measured_note,
             "recipes": [{"recipe": name, **model.to_dict()} for name, model in estimates],
         }
-        typer.echo(json.dumps(document, indent=2))
+        echo_json(document)
         return
     _print_tables(estimates, profile, device_note, measured_note)
 

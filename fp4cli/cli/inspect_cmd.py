@@ -238,7 +238,7 @@ def _measurement_dict(measurement: Any) -> dict[str, Any] | None:
 def _echo_json(
     source: Any, variants: list[Any], reports: list[Any], summary: dict[str, Any]
 ) -> None:
-    import json
+    from fp4cli.cli.output import echo_json
 
     data = {
         "source": source.description,
@@ -256,7 +256,7 @@ def _echo_json(
         ],
         "summary": {label: _measurement_dict(mean) for label, mean in summary.items()},
     }  # fmt: skip
-    typer.echo(json.dumps(data, indent=2, allow_nan=False))
+    echo_json(data)
 
 
 def _write_csv(path: Path, variants: list[Any], reports: list[Any]) -> Path:

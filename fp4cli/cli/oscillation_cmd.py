@@ -74,9 +74,9 @@ def oscillation_report(
 
         written = plot_oscillation(loaded, png)
     if as_json:
-        import json
+        from fp4cli.cli.output import echo_json
 
-        typer.echo(json.dumps(to_json(loaded), indent=2, allow_nan=False))
+        echo_json(to_json(loaded))
         return
     _print_report(loaded, at.value)
     if png is not None:

@@ -51,7 +51,9 @@ def report(
     if csv is not None:
         written.append(_write_csv(result, csv))
     if as_json:
-        typer.echo(result.to_json())
+        from fp4cli.cli.output import echo_json
+
+        echo_json(result.to_dict())
         return
     from rich.console import Console
 

@@ -197,16 +197,6 @@ def _duration(run: dict[str, Any]) -> str:
 
 
 def _echo_json(data: Any) -> None:
-    import json
-    import math
+    from fp4cli.cli.output import echo_json
 
-    def plain(value: Any) -> Any:  # strict JSON has no NaN or inf
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {key: plain(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [plain(item) for item in value]
-        return value
-
-    typer.echo(json.dumps(plain(data), indent=2, allow_nan=False))
+    echo_json(data)

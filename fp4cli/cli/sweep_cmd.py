@@ -36,7 +36,7 @@ def sweep(
 
     from fp4cli.store import RunStore
     from fp4cli.sweep import load_sweep, plan_sweep, run_sweep
-    from fp4cli.sweep.runner import SweepStopped
+    from fp4cli.sweep.runner import SilentSweepReporter, SweepStopped
 
     spec = load_sweep(file)
     console = Console(highlight=False)
@@ -49,7 +49,7 @@ def sweep(
             console.print(_plan_line(plan))
             return
         console.print(_plan_line(plan))
-        reporter = _SilentReporter() if quiet else _RichReporter(console)
+        reporter = SilentSweepReporter() if quiet else _RichReporter(console)
         try:
             results = run_sweep(plan, run_store, workers, device, reporter)
         except (KeyboardInterrupt, SweepStopped):
@@ -107,17 +107,6 @@ def _summary(name: str, results: list[Any], store_path: Any) -> str:
                 f"[red]failed[/] {escape(result.label)} ({result.task}): {escape(result.message)}"
             )
     return "\n".join(lines)
-
-
-class _SilentReporter:
-    def start(self, total: int, done: int, description: str) -> None:
-        pass
-
-    def point_done(self, result: Any) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
 
 
 class _RichReporter:
