@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -32,12 +33,27 @@ def train(
     tag: Annotated[list[str] | None, Opt(help="Tag the run (repeatable).")] = None,
     store: Annotated[str | None, Opt(help="Run store (default $FP4_STORE or runs/fp4.db).")] = None,
     quiet: Annotated[bool, Opt(help="No progress bar.")] = False,
+    nproc_per_node: Annotated[
+        int | None, Opt(help="Train on N processes (GPUs) of this node, under torchrun.")
+    ] = None,
+    parallel: Annotated[
+        str | None, Opt(help="With several processes: ddp (default) or fsdp (FSDP2).")
+    ] = None,
+    nnodes: Annotated[int, Opt(help="Nodes (with --nproc-per-node; torchrun's).")] = 1,
+    node_rank: Annotated[int, Opt(help="This node's rank (torchrun's).")] = 0,
+    rdzv_endpoint: Annotated[
+        str | None, Opt(help="HOST:PORT of the rendezvous, for several nodes (torchrun's).")
+    ] = None,
 ) -> None:
-    """Train a model with an FP4 recipe; log metrics, statistics and checkpoints to the store."""
+    """Train a model with an FP4 recipe; log metrics, statistics and checkpoints to the store.
+    With --nproc-per-node N the run trains on N processes under torchrun (DDP, or FSDP2 with
+    --parallel fsdp); started by an outside torchrun it joins it. The batch size and learning
+    rate are the global ones: each process trains on its share of every batch."""
     from rich.console import Console
 
     from fp4cli.store import RunStore
     from fp4cli.train import run_training
+    from fp4cli.train.distributed import under_torchrun
     from fp4cli.train.progress import RichReporter, SilentReporter
 
     flags = {
@@ -55,13 +71,47 @@ def train(
         "stats_every": stats_every,
         "checkpoint_every": checkpoint_every,
         "tags": tuple(tag) if tag else None,
+        "parallel": parallel,
     }
+    if nproc_per_node is not None:
+        _launch(flags, set_, resume, store, quiet, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+    main_rank = not under_torchrun() or os.environ.get("RANK") == "0"
     run_store = RunStore(store)
-    reporter = SilentReporter() if quiet else RichReporter()
+    reporter = RichReporter() if main_rank and not quiet else SilentReporter()
     result, trainer = run_training(flags, set_ or [], run_store, resume, reporter)
+    if not main_rank:
+        return
     Console().print(_summary(result, trainer, run_store.path), highlight=False)
     if result.status not in ("finished",):
         raise typer.Exit(1)
+
+
+def _launch(
+    flags: dict[str, Any],
+    overrides: list[str] | None,
+    resume: str | None,
+    store: str | None,
+    quiet: bool,
+    nproc_per_node: int,
+    nnodes: int,
+    node_rank: int,
+    rdzv_endpoint: str | None,
+) -> None:
+    """Run this training under torchrun and exit with its code."""
+    from fp4cli.train.launch import check_launch, run_torchrun, torchrun_command
+
+    check_launch({**flags, "resume": resume}, overrides or [], nproc_per_node, nnodes)
+    args: list[str] = []
+    for name, value in flags.items():
+        if name == "tags":
+            args += [f"--tag={item}" for item in value or ()]
+        elif value is not None:
+            args.append(f"--{name.replace('_', '-')}={value}")
+    args += [f"--set={item}" for item in overrides or ()]
+    args += [f"--{name}={value}" for name, value in (("resume", resume), ("store", store)) if value]
+    args += ["--quiet"] if quiet else []
+    command = torchrun_command(args, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+    raise typer.Exit(run_torchrun(command))
 
 
 def _summary(result: Any, trainer: Any, store_path: Any) -> str:

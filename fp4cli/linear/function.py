@@ -28,8 +28,12 @@ from fp4cli.techniques.hadamard import HadamardConfig, rht
 from fp4cli.techniques.outliers import clamp_outliers
 
 # Per call, operand k (0..5) draws its stochastic-rounding bits from seed + k and GEMM g (0..2)
-# its Hadamard signs from seed + 6 + g; consecutive calls step the seed by SEED_STRIDE.
+# its Hadamard signs from seed + 6 + g; consecutive calls step the seed by SEED_STRIDE. On rank r
+# of a distributed run, the activation and gradient operands (X, dY) add r * RANK_SEED_STRIDE:
+# each rank rounds its own rows independently, while W and the Hadamard signs (shared by a
+# GEMM's two operands) stay the same on every rank, as the weights are.
 SEED_STRIDE = 16
+RANK_SEED_STRIDE = 1 << 48
 _OPERAND_SEED = {
     "forward_x": 0,
     "forward_w": 1,
@@ -100,12 +104,14 @@ def gemm_operands(
     return a_q, b_q
 
 
-def _seeds(call_seed: torch.Tensor, gemm: str, operands: tuple[str, str]):
-    return (
-        call_seed + _OPERAND_SEED[operands[0]],
-        call_seed + _OPERAND_SEED[operands[1]],
-        call_seed + _RHT_SEED[gemm],
-    )
+def _seeds(call_seed: torch.Tensor, gemm: str, operands: tuple[str, str], rank: int = 0):
+    """(SR seed of operand a, of operand b, Hadamard seed) of one GEMM in one call."""
+
+    def operand_seed(name: str) -> torch.Tensor:
+        per_rank = 0 if name.endswith("_w") else rank * RANK_SEED_STRIDE
+        return call_seed + (_OPERAND_SEED[name] + per_rank)
+
+    return operand_seed(operands[0]), operand_seed(operands[1]), call_seed + _RHT_SEED[gemm]
 
 
 class QuantLinearFunction(torch.autograd.Function):
@@ -122,11 +128,12 @@ class QuantLinearFunction(torch.autograd.Function):
         weight_guide: torch.Tensor | None,
         stats: StatsSink | None = None,
         backend: str = "auto",
+        rank: int = 0,
     ) -> torch.Tensor:
         x_clamped, residual = x, None
         if config.outliers is not None:
             x_clamped, residual = clamp_outliers(x, config.outliers)
-        seeds = _seeds(call_seed, "forward", ("forward_x", "forward_w"))
+        seeds = _seeds(call_seed, "forward", ("forward_x", "forward_w"), rank)
         x_q, w_q = gemm_operands(
             x_clamped,
             weight,
@@ -150,6 +157,7 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.has_bias = bias is not None
         ctx.stats = stats
         ctx.backend = backend
+        ctx.rank = rank
         return y
 
     @staticmethod
@@ -158,7 +166,7 @@ class QuantLinearFunction(torch.autograd.Function):
         config: LinearConfig = ctx.config
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            seeds = _seeds(ctx.call_seed, "grad_input", ("grad_input_dy", "grad_input_w"))
+            seeds = _seeds(ctx.call_seed, "grad_input", ("grad_input_dy", "grad_input_w"), ctx.rank)
             dy_q, w_q = gemm_operands(
                 grad_y,
                 w_source,
@@ -171,7 +179,9 @@ class QuantLinearFunction(torch.autograd.Function):
             )
             grad_x = dy_q.mm(w_q)
         if ctx.needs_input_grad[1]:
-            seeds = _seeds(ctx.call_seed, "grad_weight", ("grad_weight_dy", "grad_weight_x"))
+            seeds = _seeds(
+                ctx.call_seed, "grad_weight", ("grad_weight_dy", "grad_weight_x"), ctx.rank
+            )
             dy_q, x_q = gemm_operands(
                 grad_y,
                 x_source,
@@ -187,7 +197,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 grad_w = grad_w * _dge_factor(weight, config, ctx.backend).to(grad_w.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_y.sum(0)
-        return grad_x, grad_w, grad_b, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 
 def _names(sink: StatsSink | None, a: str, b: str) -> tuple[StatsSink, str, str] | None:

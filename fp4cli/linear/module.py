@@ -73,6 +73,7 @@ class QuantLinear(nn.Linear):
         self.config = config
         self.backend = backend
         self.stats: dict[tuple[str, str], torch.Tensor] | None = None  # set to {} to record
+        self.rank = 0  # this process's rank in a distributed run: X and dY round per rank
         device = self.weight.device
         seed = draw_seed() if seed is None else seed
         self.register_buffer("rng_seed", torch.tensor(seed & _SEED_MASK, device=device))
@@ -106,6 +107,7 @@ class QuantLinear(nn.Linear):
                 self._weight_guide(),
                 self.stats,
                 self.backend,
+                self.rank,
             )
         return y.reshape(*x.shape[:-1], self.out_features)
 

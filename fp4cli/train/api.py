@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from fp4cli.train import distributed
 from fp4cli.train.config import ConfigError, TrainConfig, resolve_config
 from fp4cli.train.loop import RunResult, Trainer, pick_device
 from fp4cli.train.progress import Reporter
@@ -23,37 +24,64 @@ def run_training(
     """Train a new run (flags > --set overrides > recipe > task defaults), or continue `resume`
     from its newest checkpoint with its stored config (flags may only extend `steps`). A
     `recipe` object given is trained as is (flags' "recipe" then only names it)."""
-    from fp4cli.recipes import Recipe, apply_overrides, load_recipe
+    from fp4cli.recipes import apply_overrides, load_recipe
     from fp4cli.store import RunStore
     from fp4cli.tasks.base import create_task
 
     flags = flags or {}
     store = store if store is not None else RunStore()
-    if resume is not None:
-        run = store.get_run(resume)
-        resolved = run["config"] if isinstance(run["config"], dict) else json.loads(run["config"])
-        config = TrainConfig.from_dict(resolved["train"])
-        changeable = ("steps", "backend")  # the backend changes speed, not a single bit
-        for key in changeable:
-            if flags.get(key) is not None:
-                config = dataclasses.replace(config, **{key: flags[key]})
-        unexpected = sorted(k for k, v in flags.items() if v is not None and k not in changeable)
-        if unexpected or overrides:
-            raise ConfigError(
-                f"--resume continues a run as it was; only --steps and --backend may change "
-                f"(got {', '.join(unexpected + list(overrides))})"
-            )
-        recipe = Recipe.from_dict(resolved["recipe"], source=f"run {run['id']}")
+    run = store.get_run(resume) if resume is not None else None
+    if run is not None:
+        config, recipe = _resumed(run, flags, overrides)
     else:
         config, recipe_overrides = resolve_config(flags, overrides)
         base = recipe if recipe is not None else load_recipe(config.recipe)
         recipe = apply_overrides(base, recipe_overrides)
-    device = pick_device(config.device)
-    task = create_task(config.task, config.size, config.data, device)
-    config = config.with_task_defaults(task.defaults)
-    trainer = Trainer(config, recipe, task, store)
-    if resume is not None:
-        trainer.resume(run["id"])
-    else:
-        trainer.start()
-    return trainer.run(reporter), trainer
+    if run is not None and run["world_size"] != distributed.world_size():
+        raise ConfigError(
+            f"run {run['id']} trained on {run['world_size']} process(es); resume it on as many "
+            f"(--nproc-per-node; this is {distributed.world_size()})"
+        )
+    dist = distributed.from_environment(config.parallel)
+    config = dataclasses.replace(config, parallel=dist.parallel)
+    device = pick_device(distributed.rank_device(dist, config.device))
+    distributed.join(dist, device)
+    try:
+        if not dist.is_main:  # only rank 0 writes to the store
+            store = distributed.RankStore(str(store.path))
+        task = create_task(config.task, config.size, config.data, device)
+        config = config.with_task_defaults(task.defaults)
+        trainer = Trainer(config, recipe, task, store, dist, device)
+        if run is not None:
+            trainer.resume(run["id"])
+        else:
+            trainer.start()
+        return trainer.run(reporter), trainer
+    finally:
+        distributed.leave(dist)
+
+
+def _resumed(
+    run: dict[str, Any], flags: dict[str, Any], overrides: Sequence[str]
+) -> tuple[TrainConfig, Any]:
+    """The stored config and recipe of `run`; flags may change only steps and backend."""
+    from fp4cli.recipes import Recipe
+
+    resolved = run["config"] if isinstance(run["config"], dict) else json.loads(run["config"])
+    config = TrainConfig.from_dict(resolved["train"])
+    changeable = ("steps", "backend")  # the backend changes speed, not a single bit
+    for key in changeable:
+        if flags.get(key) is not None:
+            config = dataclasses.replace(config, **{key: flags[key]})
+    same = {"parallel": config.parallel}  # may be repeated, not changed
+    unexpected = sorted(
+        k
+        for k, v in flags.items()
+        if v is not None and k not in changeable and (k not in same or v != same[k])
+    )
+    if unexpected or overrides:
+        raise ConfigError(
+            f"--resume continues a run as it was; only --steps and --backend may change "
+            f"(got {', '.join(unexpected + list(overrides))})"
+        )
+    return config, Recipe.from_dict(resolved["recipe"], source=f"run {run['id']}")

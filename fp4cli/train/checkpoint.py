@@ -2,6 +2,11 @@
 
 Written to a temporary file and renamed into place, so a run killed mid-write never leaves a
 truncated checkpoint behind. Only the newest checkpoint of a run is kept.
+
+An FSDP2-sharded model is saved with torch.distributed.checkpoint instead: every rank writes its
+shards into a folder `step-N.dcp` (written as `.partial` and renamed by rank 0 once all are
+done), with the step, config and rank 0's RNG states in its `meta.pt`; it loads back on the same
+number of processes.
 """
 
 from __future__ import annotations
@@ -58,3 +63,53 @@ def restore_rng(states: dict[str, Any]) -> None:
 def _rng_states() -> dict[str, Any]:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def save_sharded(
+    directory: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: dict[str, Any],
+    is_main: bool,
+) -> Path:
+    """Every rank: save an FSDP2 model and optimizer with distributed checkpoint. Returns the
+    folder; rank 0 removes older checkpoints of the run."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = directory / f"step-{step:08d}.dcp"
+    partial = path.with_suffix(".dcp.partial")
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
+    if is_main:
+        meta = {"step": step, "config": config, "rng": _rng_states()}
+        torch.save(meta, partial / "meta.pt")
+    dist.barrier()
+    if is_main:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(partial, path)
+        for old in directory.glob("step-*.*"):
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+    dist.barrier()
+    return path
+
+
+def load_sharded(
+    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """Every rank: load a `save_sharded` folder into an FSDP2 model and its optimizer; returns
+    the meta (step, config, rng)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+    return torch.load(Path(path) / "meta.pt", weights_only=False)

@@ -38,6 +38,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     backend: str = "auto"  # quantizer implementation: auto, torch or triton (the same bits)
+    parallel: str = "none"  # none, ddp or fsdp (under torchrun; fp4cli.train.distributed)
     data: str | None = None
     eval_every: int | None = None
     stats_every: int = 0  # 0: no quantization statistics (cheap)
@@ -60,6 +61,8 @@ class TrainConfig:
             raise ConfigError(f"lr: must be a positive number (got {self.lr!r})")
         if self.size not in ("debug", "default"):
             raise ConfigError(f"size: must be debug or default (got {self.size!r})")
+        if self.parallel not in ("none", "ddp", "fsdp"):
+            raise ConfigError(f"parallel: must be ddp or fsdp (got {self.parallel!r})")
         if self.backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"backend: must be auto, torch or triton (got {self.backend!r})")
         if not isinstance(self.checkpoints, bool):

@@ -20,8 +20,16 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from fp4cli.train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
+from fp4cli.train import distributed
+from fp4cli.train.checkpoint import (
+    load_checkpoint,
+    load_sharded,
+    restore_rng,
+    save_checkpoint,
+    save_sharded,
+)
 from fp4cli.train.config import ConfigError, TrainConfig
+from fp4cli.train.distributed import Distributed
 from fp4cli.train.progress import Reporter, SilentReporter
 from fp4cli.train.stats import QuantStatsCollector
 
@@ -83,10 +91,21 @@ def device_name(device: torch.device) -> str:
 class Trainer:
     """Builds a run from a resolved config and trains it, writing everything to `store`."""
 
-    def __init__(self, config: TrainConfig, recipe: Any, task: Any, store: Any) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        recipe: Any,
+        task: Any,
+        store: Any,
+        dist: Distributed | None = None,
+        device: torch.device | None = None,
+    ) -> None:
         self.config, self.recipe, self.task, self.store = config, recipe, task, store
-        self.device = pick_device(config.device)
-        self.model = self._build_model()
+        self.dist = dist or Distributed()
+        distributed.check_config(self.dist, config, recipe)
+        self.device = device if device is not None else pick_device(config.device)
+        self.model = self._build_model()  # the module itself (state dicts, statistics)
+        self.train_model = distributed.wrap(self.model, self.dist, self.device)  # forward here
         self.optimizer = self._build_optimizer()
         self.stats = QuantStatsCollector(self.model, enabled=config.stats_every > 0)
         self.run_id: str | None = None
@@ -132,7 +151,7 @@ class Trainer:
         }
 
     def start(self) -> str:
-        self.run_id = self.store.create_run(
+        run_id = self.store.create_run(
             task=self.config.task,
             recipe=self.recipe.name,
             seed=self.config.seed,
@@ -141,17 +160,24 @@ class Trainer:
             versions=versions(),
             tags=self.config.tags,
             sweep=self.config.sweep,
+            world_size=self.dist.world_size,
+            parallel=self.config.parallel,
         )
+        self.run_id = distributed.broadcast(run_id, self.dist)
         return self.run_id
 
     def resume(self, run_id: str) -> None:
         """Continue `run_id` from its newest checkpoint (same run row in the store)."""
-        checkpoint = self.store.latest_checkpoint(run_id)
-        if checkpoint is None:
+        checkpoint = self.store.latest_checkpoint(run_id) if self.dist.is_main else None
+        path = distributed.broadcast(checkpoint["path"] if checkpoint else None, self.dist)
+        if path is None:
             raise ConfigError(f"run {run_id} has no checkpoint to resume from")
-        state = load_checkpoint(checkpoint["path"], self.device)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.config.parallel == "fsdp":
+            state = load_sharded(path, self.model, self.optimizer)
+        else:
+            state = load_checkpoint(path, self.device)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         restore_rng(state["rng"])
         self.start_step = int(state["step"])
         self.run_id = run_id
@@ -186,9 +212,10 @@ class Trainer:
 
     _step = 0
     _last_checkpoint: str | None = None
+    _saved_step = -1
 
     def _loop(self, reporter: Reporter) -> tuple[str, int]:
-        config, model, task = self.config, self.model, self.task
+        config, model, task = self.config, self.train_model, self.task
         assert config.steps is not None and config.batch_size is not None
         run_id = self.run_id
         autocast = self.device.type == "cuda"
@@ -201,15 +228,15 @@ class Trainer:
             qramp = self.recipe.qramp
             if qramp is not None and step % qramp.interval == 0:
                 self.store.log_metrics(run_id, step, self._calibrate(step))
-            batch = task.batch(step, config.batch_size, config.seed)
+            batch = distributed.shard(task.batch(step, config.batch_size, config.seed), self.dist)
             collect = config.stats_every > 0 and (step + 1) % config.stats_every == 0
             self.stats.begin(collect)
-            shapes = LayerShapes(model) if step == self.start_step else None
+            shapes = LayerShapes(self.model) if step == self.start_step else None
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
                 loss = task.loss(model, batch)
             if shapes is not None:
                 self.store.log_layers(run_id, shapes.rows())
-            loss_value = loss.detach()
+            loss_value = distributed.mean_over_ranks(loss.detach(), self.dist)
             if not torch.isfinite(loss_value):
                 self.store.finish_run(
                     run_id,
@@ -223,18 +250,20 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or 1e9)
+            grad_norm = distributed.local_value(grad_norm)
             self.optimizer.step()
             self.stats.after_step()
             samples += config.batch_size
             done = step + 1
             if done % config.log_every == 0 or done == config.steps:
+                rate = samples / max(time.time() - tick, 1e-9)  # global samples per second
                 values = {
                     "train_loss": loss_value.item(),
                     "grad_norm": grad_norm.item(),
                     "lr": lr_at(step, config),
+                    "samples_per_s": rate,
                 }
                 self.store.log_metrics(run_id, done, values)  # also the run's heartbeat
-                rate = samples / max(time.time() - tick, 1e-9)
                 reporter.update(done, values["train_loss"], rate)
                 tick, samples = time.time(), 0
             if collect:
@@ -244,7 +273,9 @@ class Trainer:
             if config.checkpoint_every and done % config.checkpoint_every == 0:
                 self._save(done)
         self.store.log_metrics(run_id, config.steps, task.evaluate(model))
-        self._save(config.steps)
+        if self._saved_step != config.steps:  # unless checkpoint_every just saved it
+            self._save(config.steps)
+        distributed.barrier(self.dist)
         self.store.finish_run(run_id, "finished", step=config.steps)
         return "finished", config.steps
 
@@ -257,10 +288,11 @@ class Trainer:
 
         def plain_step(i: int) -> None:
             batch = self.task.batch(i, config.batch_size, config.seed + 1 + step)
+            batch = distributed.shard(batch, self.dist)
             with torch.autocast(
                 self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"
             ):
-                loss = self.task.loss(self.model, batch)
+                loss = self.task.loss(self.train_model, batch)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
@@ -271,13 +303,20 @@ class Trainer:
         return result
 
     def _save(self, step: int) -> None:
+        self._saved_step = step
         if not self.config.checkpoints:
             return
-        path = save_checkpoint(
-            self.checkpoint_dir(), step, self.model, self.optimizer, self.resolved()
-        )
-        self.store.add_checkpoint(self.run_id, step, str(path))
-        self._last_checkpoint = str(path)
+        directory, config = self.checkpoint_dir(), self.resolved()
+        if self.config.parallel == "fsdp":
+            path = save_sharded(
+                directory, step, self.model, self.optimizer, config, self.dist.is_main
+            )
+        elif self.dist.is_main:  # DDP: every rank holds the same state
+            path = save_checkpoint(directory, step, self.model, self.optimizer, config)
+        distributed.barrier(self.dist)
+        if self.dist.is_main:
+            self.store.add_checkpoint(self.run_id, step, str(path))
+            self._last_checkpoint = str(path)
 
 
 class LayerShapes:
