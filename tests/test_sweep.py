@@ -1,5 +1,6 @@
 """`fp4 sweep`: the sweep file, its points, running them, killing and resuming, workers."""
 
+import json
 import os
 import signal
 import subprocess
@@ -161,6 +162,14 @@ def test_sweep_runs_every_point_once_and_a_second_run_has_nothing_to_do(tmp_path
     assert store.checkpoints(run["id"]) == []  # checkpoints: false
     again = plan_sweep(spec, store)
     assert again.pending == [] and len(again.done) == 5
+    listed = CliRunner().invoke(
+        app, ["runs", "list", "--sweep", "tiny", "--store", str(store.path), "--json"]
+    )
+    assert len(json.loads(listed.output)) == 5
+    unknown = CliRunner().invoke(
+        app, ["runs", "list", "--sweep", "nope", "--store", str(store.path)]
+    )
+    assert unknown.exit_code == 2 and "unknown sweep 'nope'" in unknown.output
 
 
 def test_interrupted_and_failed_attempts_are_replaced_not_duplicated(tmp_path):

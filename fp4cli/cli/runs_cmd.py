@@ -39,7 +39,7 @@ def list_command(
     ] = None,
     task: Annotated[str | None, typer.Option(help="Only runs of this task.")] = None,
     recipe: Annotated[str | None, typer.Option(help="Only runs of this recipe.")] = None,
-    sweep: Annotated[str | None, typer.Option(help="Only runs of this sweep.")] = None,
+    sweep: Annotated[str | None, typer.Option(help="Only runs of this sweep (name or id).")] = None,
     tag: Annotated[str | None, typer.Option(help="Only runs with this tag.")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="At most this many runs.")] = None,
     store: StoreOption = None,
@@ -52,7 +52,8 @@ def list_command(
     runs: list[dict[str, Any]] = []
     if path.exists():  # listing a store that is not there creates nothing
         with RunStore(path) as run_store:
-            runs = run_store.list_runs(status, task, recipe, sweep, tag, limit)
+            sweep_id = run_store.get_sweep(sweep)["id"] if sweep is not None else None
+            runs = run_store.list_runs(status, task, recipe, sweep_id, tag, limit)
             for run in runs:
                 run["final_metrics"] = run_store.final_metrics(run["id"], PRIMARY_METRICS)
     if as_json:
