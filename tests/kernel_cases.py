@@ -18,22 +18,13 @@ if not triton_available() or not (interpreter_on() or torch.cuda.is_available())
         allow_module_level=True,
     )
 
-try:  # run as `python -m pytest` from the repository root, or with tests/ on sys.path
-    from tests.kernel_checks import (
-        assert_bits,
-        assert_same_quantized,
-        assert_same_up_to_zero_sign,
-        check_backends_agree,
-    )
-except ImportError:  # pragma: no cover
-    from kernel_checks import (  # type: ignore[no-redef]
-        assert_bits,
-        assert_same_quantized,
-        assert_same_up_to_zero_sign,
-        check_backends_agree,
-    )
-
 from fp4cli.kernels.launch import Tile, dequantize_e2m1, quantize_e2m1, tensor_amax  # noqa: E402
+from tests.kernel_checks import (
+    assert_bits,
+    assert_same_quantized,
+    assert_same_up_to_zero_sign,
+    check_backends_agree,
+)
 
 __all__ = [
     "Tile",

@@ -25,11 +25,7 @@ from fp4cli.formats import (
     unpack_nibbles,
 )
 from fp4cli.quant import QuantSpec, quantize
-
-try:  # run as `python -m pytest` from the repository root, or with tests/ on sys.path
-    from tests import oracle
-except ImportError:  # pragma: no cover
-    import oracle  # type: ignore[no-redef]
+from tests import oracle
 
 NAN = float("nan")
 

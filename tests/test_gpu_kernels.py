@@ -16,11 +16,7 @@ import fp4cli
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.quant.backend import interpreter_on, triton_available
 from fp4cli.techniques.hadamard import rht
-
-try:  # run as `python -m pytest` from the repository root, or with tests/ on sys.path
-    from tests.kernel_checks import assert_bits, check_backends_agree
-except ImportError:  # pragma: no cover
-    from kernel_checks import assert_bits, check_backends_agree  # type: ignore[no-redef]
+from tests.kernel_checks import assert_bits, check_backends_agree
 
 pytestmark = [
     pytest.mark.gpu,

@@ -18,47 +18,25 @@ import torch
 
 from fp4cli.quant import fake_quantize, quantize
 from fp4cli.techniques.hadamard import rht
-
-try:  # run as `python -m pytest` from the repository root, or with tests/ on sys.path
-    from tests.kernel_cases import (
-        BLOCK_SPECS,
-        FP32_MAX,
-        INF,
-        MXFP4,
-        MXFP4_SR,
-        NAN,
-        NVFP4_SR,
-        SPECS,
-        Tile,
-        assert_bits,
-        check_backends_agree,
-        dequantize_e2m1,
-        finite_amax,
-        on_device,
-        quantize_e2m1,
-        seeded_normal,
-        tensor_amax,
-    )
-except ImportError:  # pragma: no cover
-    from kernel_cases import (  # type: ignore[no-redef]
-        BLOCK_SPECS,
-        FP32_MAX,
-        INF,
-        MXFP4,
-        MXFP4_SR,
-        NAN,
-        NVFP4_SR,
-        SPECS,
-        Tile,
-        assert_bits,
-        check_backends_agree,
-        dequantize_e2m1,
-        finite_amax,
-        on_device,
-        quantize_e2m1,
-        seeded_normal,
-        tensor_amax,
-    )
+from tests.kernel_cases import (
+    BLOCK_SPECS,
+    FP32_MAX,
+    INF,
+    MXFP4,
+    MXFP4_SR,
+    NAN,
+    NVFP4_SR,
+    SPECS,
+    Tile,
+    assert_bits,
+    check_backends_agree,
+    dequantize_e2m1,
+    finite_amax,
+    on_device,
+    quantize_e2m1,
+    seeded_normal,
+    tensor_amax,
+)
 
 # numpy warns about the Inf and NaN that non-finite blocks and saturating lanes compute in the
 # interpreter, and that the kernels then discard.

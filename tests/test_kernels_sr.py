@@ -15,37 +15,20 @@ import torch
 from fp4cli.formats import E2M1, grid_interval
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.techniques.hadamard import rht
-
-try:  # run as `python -m pytest` from the repository root, or with tests/ on sys.path
-    from tests.kernel_cases import (
-        MXFP4_SR,
-        MXFP4_SR_PRESCALE,
-        NVFP4,
-        NVFP4_SR,
-        assert_bits,
-        assert_same_quantized,
-        assert_same_up_to_zero_sign,
-        check_backends_agree,
-        finite_amax,
-        on_device,
-        seeded_normal,
-        tensor_amax,
-    )
-except ImportError:  # pragma: no cover
-    from kernel_cases import (  # type: ignore[no-redef]
-        MXFP4_SR,
-        MXFP4_SR_PRESCALE,
-        NVFP4,
-        NVFP4_SR,
-        assert_bits,
-        assert_same_quantized,
-        assert_same_up_to_zero_sign,
-        check_backends_agree,
-        finite_amax,
-        on_device,
-        seeded_normal,
-        tensor_amax,
-    )
+from tests.kernel_cases import (
+    MXFP4_SR,
+    MXFP4_SR_PRESCALE,
+    NVFP4,
+    NVFP4_SR,
+    assert_bits,
+    assert_same_quantized,
+    assert_same_up_to_zero_sign,
+    check_backends_agree,
+    finite_amax,
+    on_device,
+    seeded_normal,
+    tensor_amax,
+)
 
 # numpy warns about the Inf and NaN that non-finite blocks and saturating lanes compute in the
 # interpreter, and that the kernels then discard.

@@ -10,11 +10,7 @@ import pytest
 import torch
 
 from fp4cli.quant import QuantSpec, SpecError, fake_quantize, quantize
-
-try:  # run as `python -m pytest` from the repository root, or with tests/ on sys.path
-    from tests import oracle
-except ImportError:  # pragma: no cover
-    import oracle  # type: ignore[no-redef]
+from tests import oracle
 
 ELEMENTS = ["e2m1", "e3m0", "int4", "e4m3", "e5m2"]
 SCALES = ["e8m0", "ue5m3", "ue4m3", "fp32", "bf16"]

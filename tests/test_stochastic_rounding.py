@@ -9,26 +9,14 @@ import pytest
 import torch
 
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
-
-try:  # run as `python -m pytest` from the repository root, or with tests/ on sys.path
-    from tests import oracle
-    from tests.test_quantize import (
-        _random,
-        _rng,
-        assert_same,
-        check_against_oracle,
-        decode_codes,
-    )
-except ImportError:  # pragma: no cover
-    import oracle  # type: ignore[no-redef]
-    from test_quantize import (  # type: ignore[no-redef]
-        _random,
-        _rng,
-        assert_same,
-        check_against_oracle,
-        decode_codes,
-    )
-
+from tests import oracle
+from tests.test_quantize import (
+    _random,
+    _rng,
+    assert_same,
+    check_against_oracle,
+    decode_codes,
+)
 
 SR_SPECS = [
     QuantSpec.preset("mxfp4-sr"),
