@@ -84,16 +84,11 @@ def oscillation_report(
 
 
 def _print_report(runs: list[RunOscillation], at: str) -> None:
-    from rich.console import Console
-    from rich.measure import Measurement
+    from fp4cli.cli.output import console_for
 
-    console = Console(highlight=False)
     summaries = [summarize(run, at) for run in runs]
     tables = [_layer_table(runs, summaries), _confidence_table(runs, summaries)]
-    if not console.is_terminal:  # a file or a pipe: no reason to wrap the table
-        unbounded = console.options.update_width(10_000)
-        natural = max(Measurement.get(console, unbounded, t).maximum for t in tables)
-        console.width = max(console.width, natural)
+    console = console_for(*tables)
     for table in tables:
         console.print(table)
 

@@ -23,3 +23,17 @@ def strict_json(value: Any) -> Any:
 
 def echo_json(data: Any) -> None:
     typer.echo(json.dumps(strict_json(data), indent=2, allow_nan=False))
+
+
+def console_for(*renderables: Any) -> Any:
+    """A rich Console for printing `renderables`: on a terminal as wide as the terminal; into a
+    file or a pipe at least as wide as the widest of them, so that no row wraps."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console(highlight=False)
+    if not console.is_terminal and renderables:
+        unbounded = console.options.update_width(10_000)
+        natural = max(Measurement.get(console, unbounded, r).maximum for r in renderables)
+        console.width = max(console.width, natural)
+    return console

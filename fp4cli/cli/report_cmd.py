@@ -55,12 +55,11 @@ def report(
 
         echo_json(result.to_dict())
         return
-    from rich.console import Console
+    from fp4cli.cli.output import console_for
 
-    console = Console(highlight=False)
-    if not console.is_terminal:  # a file or a pipe gets whole rows
-        console = Console(highlight=False, width=200)
-    console.print(_table(result, top))
+    table = _table(result, top)
+    console = console_for(table)
+    console.print(table)
     for note in result.notes + [f"wrote {path}" for path in written]:
         console.print(f"[dim]{note}[/]")
 

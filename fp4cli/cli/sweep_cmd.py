@@ -34,18 +34,19 @@ def sweep(
     Each point is an ordinary run, in the sweep, tagged point:ID. See sweeps/ for examples."""
     from rich.console import Console
 
+    from fp4cli.cli.output import console_for
     from fp4cli.store import RunStore
     from fp4cli.sweep import load_sweep, plan_sweep, run_sweep
     from fp4cli.sweep.runner import SilentSweepReporter, SweepStopped
 
     spec = load_sweep(file)
     console = Console(highlight=False)
-    if not console.is_terminal:  # a file or a pipe gets whole rows
-        console = Console(highlight=False, width=200)
     with RunStore(store) as run_store:
         plan = plan_sweep(spec, run_store, record=not dry_run)
         if dry_run:
-            console.print(_points_table(plan))
+            table = _points_table(plan)
+            console = console_for(table)
+            console.print(table)
             console.print(_plan_line(plan))
             return
         console.print(_plan_line(plan))
@@ -113,23 +114,9 @@ class _RichReporter:
     """One bar over the whole sweep: points done, failures, the last point's result."""
 
     def __init__(self, console: Any) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
+        from fp4cli.train.progress import progress_bar
 
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-        )
+        self.progress = progress_bar(console)
         self.failed = 0
 
     def start(self, total: int, done: int, description: str) -> None:

@@ -31,32 +31,38 @@ class SilentReporter:
         pass
 
 
+def progress_bar(console: Any, *fields: str) -> Any:
+    """A rich Progress: description, bar, done/total, the given text columns (formats of the
+    task's fields), elapsed and remaining time."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        *(TextColumn(field) for field in fields),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
 class RichReporter:
     """A rich progress bar: step, loss, throughput and ETA."""
 
     def __init__(self) -> None:
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
 
         self.console = Console(stderr=True)
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[rate]} samples/s"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=self.console,
-            transient=False,
-        )
+        fields = ("loss {task.fields[loss]}", "{task.fields[rate]} samples/s")
+        self.progress = progress_bar(self.console, *fields)
         self.task_id: Any = None
 
     def start(self, total_steps: int, first_step: int, description: str) -> None:
