@@ -33,13 +33,12 @@ PRIMARY_METRICS = {
 HIGHER_IS_BETTER = ("top1",)
 BASELINES = ("bf16", "mxfp4")
 KEY_FIELDS = ("size", "steps", "batch_size", "data")  # with task and seed: comparable runs
-POINT_TAG = "point:"
 
 
 @dataclass
 class ReportRow:
     run_id: str
-    label: str  # a sweep point's axis values, else the recipe name
+    label: str  # the run's name (a sweep point's axis values), else its recipe
     task: str
     recipe: str
     seed: int
@@ -151,7 +150,7 @@ def _row(store: Any, run: dict[str, Any], metric: str | None) -> ReportRow:
     if run["status"] == "finished" and name not in finals:
         raise AnalysisError(f"run {run['id']} ({run['task']}) has no metric {name!r}")
     value = finals[name] if run["status"] == "finished" else math.nan
-    label = run["name"] if run.get("name") else _point_label(run) or run["recipe"]
+    label = run.get("name") or run["recipe"]
     return ReportRow(
         run["id"], label, run["task"], run["recipe"], run["seed"], run["status"], name, value
     )
@@ -226,13 +225,6 @@ def _rates(store: Any, profile: Any, measured: bool) -> tuple[Any, str]:
     if not len(rates):
         return None, f"modelled rates (no fp4 bench quantize rows of a {profile.name} in the store)"
     return rates, f"{len(rates)} measured quantize rates from fp4 bench quantize"
-
-
-def _point_label(run: dict[str, Any]) -> str | None:
-    recipe = run["recipe"]
-    if any(str(t).startswith(POINT_TAG) for t in run.get("tags") or []) and "[" in recipe:
-        return recipe[recipe.index("[") + 1 : recipe.rindex("]")] if "]" in recipe else recipe
-    return None
 
 
 def _rank(row: ReportRow) -> tuple[int, float, str]:

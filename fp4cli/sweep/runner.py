@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fp4cli.sweep.points import Point, expand_points
+from fp4cli.sweep.points import BASELINE, Point, expand_points
 from fp4cli.sweep.spec import SweepSpec
 
 DONE_STATUSES = ("finished", "diverged")
@@ -166,6 +166,8 @@ def run_point(
     flags = {**point.train, "task": point.task, "recipe": point.recipe["name"]}
     flags |= {"seed": point.seed, "sweep": sweep_id, "tags": (*tags, POINT_TAG + point.id)}
     flags.setdefault("device", device)
+    if point.label != BASELINE:  # a baseline is named by its recipe
+        flags["name"] = point.label
     result = PointResult(point.id, point.label, point.task, point.seed, "failed")
     try:
         recipe = Recipe.from_dict(point.recipe, source=point.recipe.get("source", "sweep"))

@@ -47,6 +47,7 @@ class TrainConfig:
     log_every: int = 10
     tags: tuple[str, ...] = field(default_factory=tuple)
     sweep: str | None = None
+    name: str | None = None  # a label for the run (a sweep names each run by its point)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every"):

@@ -160,6 +160,7 @@ class Trainer:
             versions=versions(),
             tags=self.config.tags,
             sweep=self.config.sweep,
+            name=self.config.name,
             world_size=self.dist.world_size,
             parallel=self.config.parallel,
         )
