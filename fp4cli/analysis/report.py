@@ -18,7 +18,7 @@ on a GPU without FP4 tensor cores it would beat everything).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -103,10 +103,10 @@ def build_report(
     profile = profile_for(target)
     rates, note = _rates(store, profile, measured)
     report = Report([], profile.name, [f"cost model: {profile.name} profile; {note}"])
-    candidates = store.list_runs(status="finished")
+    baselines = _Baselines(store)
     for run in runs:
         row = _row(store, run, metric)
-        _compare(store, row, run, candidates)
+        _compare(row, run, baselines)
         row.cost_ratio = _cost_ratio(store, run, profile, rates)
         report.rows.append(row)
     mark_pareto(report.rows)
@@ -156,16 +156,42 @@ def _row(store: Any, run: dict[str, Any], metric: str | None) -> ReportRow:
     )
 
 
-def _compare(
-    store: Any, row: ReportRow, run: dict[str, Any], candidates: list[dict[str, Any]]
-) -> None:
+class _Baselines:
+    """The finished bf16 and mxfp4 runs by comparable key, and their final metrics, each looked
+    up once for the whole report."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for run in store.list_runs(status="finished"):  # newest first
+            if run["recipe"] in BASELINES:
+                self.by_key.setdefault((run["recipe"], *_comparable(run)), []).append(run)
+        self.values: dict[tuple[str, str], float | None] = {}
+
+    def find(self, run: dict[str, Any], recipe: str) -> dict[str, Any] | None:
+        """The newest baseline run of `recipe` for `run`, of the same sweep when there is one."""
+        if run["recipe"] == recipe and run["status"] == "finished":
+            return run
+        matches = self.by_key.get((recipe, *_comparable(run)), [])
+        same_sweep = [m for m in matches if run.get("sweep") and m.get("sweep") == run["sweep"]]
+        found = same_sweep or matches
+        return found[0] if found else None
+
+    def value(self, run_id: str, metric: str) -> float | None:
+        if (run_id, metric) not in self.values:
+            finals = self.store.final_metrics(run_id, [metric])
+            self.values[run_id, metric] = finals.get(metric)
+        return self.values[run_id, metric]
+
+
+def _compare(row: ReportRow, run: dict[str, Any], baselines: _Baselines) -> None:
     """Fill the row's baseline value, gap, MXFP4 gap and closed share."""
     values = {}
     for recipe in BASELINES:
-        baseline = _baseline(run, recipe, candidates)
+        baseline = baselines.find(run, recipe)
         if baseline is not None:
             row.baseline_runs[recipe] = baseline["id"]
-            values[recipe] = store.final_metrics(baseline["id"], [row.metric]).get(row.metric)
+            values[recipe] = baselines.value(baseline["id"], row.metric)
     bf16 = values.get("bf16")
     if bf16 is None or not math.isfinite(bf16):
         return
@@ -181,18 +207,6 @@ def _gap(metric: str, value: float, bf16: float) -> float:
     if not math.isfinite(value):
         return math.inf
     return bf16 - value if metric in HIGHER_IS_BETTER else value - bf16
-
-
-def _baseline(
-    run: dict[str, Any], recipe: str, candidates: Iterable[dict[str, Any]]
-) -> dict[str, Any] | None:
-    if run["recipe"] == recipe and run["status"] == "finished":
-        return run
-    key = _comparable(run)
-    matches = [c for c in candidates if c["recipe"] == recipe and _comparable(c) == key]
-    same_sweep = [c for c in matches if run.get("sweep") and c.get("sweep") == run["sweep"]]
-    found = same_sweep or matches  # list_runs is newest first
-    return found[0] if found else None
 
 
 def _comparable(run: dict[str, Any]) -> tuple[Any, ...]:
