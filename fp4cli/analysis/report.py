@@ -186,12 +186,14 @@ class _Baselines:
 
 def _compare(row: ReportRow, run: dict[str, Any], baselines: _Baselines) -> None:
     """Fill the row's baseline value, gap, MXFP4 gap and closed share."""
-    values = {}
+    values: dict[str, float] = {}
     for recipe in BASELINES:
         baseline = baselines.find(run, recipe)
         if baseline is not None:
             row.baseline_runs[recipe] = baseline["id"]
-            values[recipe] = baselines.value(baseline["id"], row.metric)
+            value = baselines.value(baseline["id"], row.metric)
+            if value is not None:
+                values[recipe] = value
     bf16 = values.get("bf16")
     if bf16 is None or not math.isfinite(bf16):
         return
