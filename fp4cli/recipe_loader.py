@@ -131,8 +131,14 @@ def _display(path: str | Path) -> str:
         return str(path)
 
 
+def names_a_file(ref: str) -> bool:
+    """Whether a recipe reference is a file path (ends in .yaml / .yml or holds a path
+    separator) rather than a shipped recipe's name."""
+    return ref.endswith((".yaml", ".yml")) or "/" in ref or os.sep in ref
+
+
 def _locate(ref: str, label: str, key: str, relative_to: Path) -> Path:
-    if ref.endswith((".yaml", ".yml")) or "/" in ref or os.sep in ref:
+    if names_a_file(ref):
         path = (relative_to / Path(ref).expanduser()).resolve()
         if not path.is_file():
             where = f" (looked for {path})" if key else ""

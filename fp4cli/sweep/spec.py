@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from fp4cli.recipe_loader import parse_value
+from fp4cli.recipe_loader import names_a_file, parse_value
 from fp4cli.recipe_schema import did_you_mean
 from fp4cli.sweep.errors import SweepError
 from fp4cli.train.config import ConfigError, TrainConfig
@@ -272,7 +272,7 @@ def _train(raw: Any, label: str) -> tuple[Setting, ...]:
 def _recipe_ref(ref: Any, label: str, key: str, relative_to: Path | None) -> str:
     if not isinstance(ref, str) or not ref:
         raise SweepError(f"{label}: {key}: must be a recipe name or path (got {ref!r})")
-    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+    if names_a_file(ref):
         path = (relative_to or Path.cwd()) / Path(ref).expanduser()
         return str(path.resolve())
     return ref
