@@ -218,7 +218,7 @@ def measure(tensor: torch.Tensor, variant: Variant, device: str = "cpu") -> Meas
         x = rht(x, -1, variant.hadamard, HADAMARD_SEED)  # the rotated domain; R is orthogonal
     quantized = quantize(x, variant.spec, axis=-1, seed=ROUNDING_SEED)
     x_hat = quantized.dequantize(torch.float32)
-    stats = operand_stats(x, x_hat, variant.spec, -1, ROUNDING_SEED)
+    stats = operand_stats(x, x_hat, variant.spec, -1, ROUNDING_SEED, quantized_codes=quantized)
     histogram, zero_blocks, nan_blocks = scale_exponent_histogram(x, quantized)
     tensor_scale = quantized.tensor_scale
     return Measurement(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from fp4cli.quant import QuantSpec, quantize
+from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
 from fp4cli.quant.random_bits import Seed
 
 METRICS = ("rel_mse", "snr_db", "clipped", "flushed")
@@ -23,7 +23,11 @@ def operand_stats(
     axis: int,
     seed: Seed,
     backend: str = "auto",
+    quantized_codes: QuantizedTensor | None = None,
 ) -> dict[str, torch.Tensor]:
+    """The statistics of `quantized`, the fake quantization of `source`. `quantized_codes`:
+    the QuantizedTensor of `source` when the caller has it (else it is quantized again to read
+    its grid units)."""
     x = source.detach().to(torch.float32)
     q = quantized.detach().to(torch.float32)
     finite = torch.isfinite(x)
@@ -32,7 +36,9 @@ def operand_stats(
     error = (q - x).square().sum()
     tiny = torch.finfo(torch.float32).tiny
     rel_mse = error / signal.clamp_min(tiny)
-    units = quantize(x, spec, axis=axis, seed=seed, backend=backend).grid_units(x)
+    if quantized_codes is None:
+        quantized_codes = quantize(x, spec, axis=axis, seed=seed, backend=backend)
+    units = quantized_codes.grid_units(x)
     nonzero = x != 0
     return {
         "rel_mse": rel_mse,
