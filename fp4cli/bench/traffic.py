@@ -15,7 +15,6 @@ from fp4cli.bench.configs import BenchConfig
 from fp4cli.quant.blocking import BlockLayout
 
 KERNELS = ("copy", "quantize", "fake-quantize", "dequantize")
-TENSOR_SCALE_BYTES = 4  # the FP32 two-level scale
 
 
 @dataclass(frozen=True)
@@ -53,23 +52,10 @@ def quant_traffic(
     if config.hadamard:
         length = -(-length // config.hadamard) * config.hadamard
     moved_shape = (*shape[:axis], *shape[axis + 1 :], length)
-    layout = BlockLayout.for_tensor(moved_shape, spec)
-    padded = torch.empty(layout.padded_shape, device="meta")
-    scale_count = math.prod(layout.to_blocks(padded).shape[:-1])
-    code_count = math.prod(layout.padded_shape)
-    scales = scale_count * _scale_itemsize(config)
-    if spec.tensor_scale:
-        scales += TENSOR_SCALE_BYTES
+    codes, scales = BlockLayout.for_tensor(moved_shape, spec).stored_bytes(spec)
     return QuantTraffic(
         input=math.prod(shape) * dtype.itemsize,
-        codes=code_count // 2 if spec.packed else code_count,
+        codes=codes,
         scales=scales,
         values=math.prod(moved_shape) * dtype.itemsize,
     )
-
-
-def _scale_itemsize(config: BenchConfig) -> int:
-    scale_format = config.spec.scale_format
-    if scale_format.kind != "float":
-        return 1  # a uint8 code
-    return getattr(torch, scale_format.dtype_name).itemsize

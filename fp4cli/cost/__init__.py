@@ -1,5 +1,5 @@
 """The cost model: what each technique adds to a linear layer's three GEMMs, and the layer's
-estimated time as a ratio to BF16, on a device profile (docs/cost-model.md). Imports no torch.
+estimated time as a ratio to BF16, on a device profile (docs/cost-model.md).
 
     from fp4cli.cost import LayerShape, estimate_model, profile_for
     cost = estimate_model(load_recipe("tetrajet").linear, [LayerShape(8192, 4096, 4096)],

@@ -37,14 +37,12 @@ from fp4cli.cost.devices import DeviceProfile
 from fp4cli.cost.items import CostItem, Work, fused_items, pass_item, pass_seconds
 from fp4cli.cost.measured import MeasuredRate, MeasuredRates, spec_key
 from fp4cli.cost.shapes import OPERAND_DIMS, LayerShape
+from fp4cli.quant.blocking import BlockLayout
 
 if TYPE_CHECKING:
     from fp4cli.quant.spec import QuantSpec
 
 HP_BYTES = 2  # a high-precision (BF16) element
-TENSOR_SCALE_BYTES = 4  # the FP32 two-level scale
-ELEMENT_BITS = {"e2m1": 4, "e3m0": 4, "int4": 4, "e4m3": 8, "e5m2": 8}
-SCALE_BYTES = {"e8m0": 1, "ue5m3": 1, "ue4m3": 1, "fp32": 4, "bf16": 2}
 QUANTIZE_OPS = 10  # per element
 AMAX_OPS = 2  # abs, max
 DEQUANTIZE_OPS = 3  # unpack, decode, multiply by the scale
@@ -75,29 +73,19 @@ def operand_size(operand: str, shape: LayerShape, hadamard: int | None = None) -
     return OperandSize(padded, across, along * across)
 
 
+def layout(spec: QuantSpec, size: OperandSize) -> BlockLayout:
+    """The quantizer's block layout of the operand (blocked dimension last)."""
+    return BlockLayout.for_tensor((size.across, size.along), spec)
+
+
 def code_elements(spec: QuantSpec, size: OperandSize) -> int:
     """Elements the codes hold: the operand padded to whole blocks (tiles)."""
-    if not isinstance(spec.block, int):
-        return size.transformed_elements
-    across = _round_up(size.across, spec.block) if spec.tile2d else size.across
-    return _round_up(size.along, spec.block) * across
-
-
-def scale_count(spec: QuantSpec, size: OperandSize) -> int:
-    if spec.block == "tensor":
-        return 1
-    if spec.block == "row":
-        return size.across
-    assert isinstance(spec.block, int)
-    across = -(-size.across // spec.block) if spec.tile2d else size.across
-    return -(-size.along // spec.block) * across
+    return math.prod(layout(spec, size).padded_shape)
 
 
 def quantized_bytes(spec: QuantSpec, size: OperandSize) -> int:
     """Codes plus scales (plus the tensor scale)."""
-    codes = -(-code_elements(spec, size) * ELEMENT_BITS[spec.element] // 8)
-    scales = scale_count(spec, size) * SCALE_BYTES[spec.scale]
-    return codes + scales + (TENSOR_SCALE_BYTES if spec.tensor_scale else 0)
+    return sum(layout(spec, size).stored_bytes(spec))
 
 
 def quantize_bytes(spec: QuantSpec, size: OperandSize) -> int:

@@ -38,6 +38,13 @@ class ScaleFormat:
     dtype_name: str = "float32"
 
     @property
+    def storage_bytes(self) -> int:
+        """Bytes one stored scale takes: a uint8 code, or a float32 / bfloat16 value."""
+        if self.kind != "float":
+            return 1
+        return {"float32": 4, "bfloat16": 2}[self.dtype_name]
+
+    @property
     def max_value(self) -> float:
         if self.kind == "pow2":
             return 2.0**self.max_exponent

@@ -6,12 +6,15 @@ A layout pads the last axis (and, for 2-D tiles, the first) and views the tensor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from fp4cli.quant.spec import QuantSpec, SpecError
+
+TENSOR_SCALE_BYTES = 4  # the FP32 scale of a two-level (tensor-scaled) spec
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,25 @@ class BlockLayout:
             return cls("tensor", length, moved_shape, (*moved_shape[:-1], _round_up(length, pack)))
         block = int(spec.block)
         return cls("int", block, moved_shape, (*moved_shape[:-1], _round_up(length, block)))
+
+    @property
+    def scale_count(self) -> int:
+        """Block scales of the tensor: the element count of the scales tensor."""
+        if self.kind == "tensor":
+            return 1
+        lines = math.prod(self.padded_shape[:-1])
+        if self.kind == "row":
+            return lines
+        if self.kind == "tile2d":
+            return (self.padded_shape[0] // self.block) * (self.padded_shape[1] // self.block)
+        return lines * (self.padded_shape[-1] // self.block)
+
+    def stored_bytes(self, spec: QuantSpec) -> tuple[int, int]:
+        """(codes, scales) bytes of the quantized tensor: the padded codes at the element's
+        width, and the block scales plus the FP32 tensor scale of a two-level spec."""
+        codes = -(-math.prod(self.padded_shape) * spec.element_format.bits // 8)
+        scales = self.scale_count * spec.scale_format.storage_bytes
+        return codes, scales + (TENSOR_SCALE_BYTES if spec.tensor_scale else 0)
 
     def pad(self, moved: torch.Tensor) -> torch.Tensor:
         """Zero-pad a moved tensor to the padded shape."""
