@@ -91,6 +91,18 @@ def create_task(
     return _REGISTRY[name](size=size, data=data, device=torch.device(device))
 
 
+def task_defaults(name: str, size: str) -> TaskDefaults | None:
+    """A built-in task's training defaults at `size` without building it (no data is read);
+    None for a task that does not list them (its module's DEFAULTS)."""
+    import importlib
+
+    _import_builtin_tasks()
+    if name not in _REGISTRY:
+        return None
+    module = importlib.import_module(_REGISTRY[name].__module__)
+    return getattr(module, "DEFAULTS", {}).get(size)
+
+
 def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
     """A CPU generator determined by (seed, step, stream): the source of a step's randomness."""
     mixed = (seed * 1_000_003 + step * 7_919 + stream * 104_729) & 0x7FFFFFFFFFFFFFFF

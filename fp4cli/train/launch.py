@@ -53,6 +53,7 @@ def check_launch(flags: dict[str, Any], overrides: Sequence[str], nproc: int, nn
     """What the workers would refuse, refused here in one line before starting them: a batch
     that does not split over the processes, FSDP2 with what it cannot run."""
     from fp4cli.recipes import apply_overrides, load_recipe
+    from fp4cli.tasks.base import task_defaults
     from fp4cli.train.config import resolve_config
     from fp4cli.train.distributed import Distributed, check_config
 
@@ -61,23 +62,14 @@ def check_launch(flags: dict[str, Any], overrides: Sequence[str], nproc: int, nn
     config, recipe_overrides = resolve_config(flags, overrides)
     recipe = apply_overrides(load_recipe(config.recipe), recipe_overrides)
     if config.batch_size is None:
-        config = dataclasses.replace(config, batch_size=_default_batch(config.task, config.size))
+        defaults = task_defaults(config.task, config.size)
+        batch_size = defaults.batch_size if defaults is not None else None
+        config = dataclasses.replace(config, batch_size=batch_size)
     world = Distributed(
         0, nproc * nnodes, 0, config.parallel if config.parallel != "none" else "ddp"
     )
     if config.batch_size is not None:
         check_config(world, config, recipe)
-
-
-def _default_batch(task: str, size: str) -> int | None:
-    """A built-in task's default batch size (its module's DEFAULTS), else None."""
-    import importlib
-
-    try:
-        defaults = importlib.import_module(f"fp4cli.tasks.{task}").DEFAULTS
-    except (ImportError, AttributeError):
-        return None
-    return defaults[size].batch_size if size in defaults else None
 
 
 def run_torchrun(command: Sequence[str]) -> int:
