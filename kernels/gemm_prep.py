@@ -1,0 +1,102 @@
+"""Per-row facts an MXFP4 GEMM operand needs before its product, and its staged copies.
+
+For each row of an operand blocked along K (codes (rows, K/2) uint8, scale codes
+(rows, K/BLOCK) uint8, K padded to whole blocks) the kernel writes its reference, the largest
+block scale code (127 for a row holding a NaN block), and flags: 1 = a NaN block, 2 = a nonzero
+block more than 26 binades below the reference (beyond E5M2's fold range), 4 = a nonzero block
+more than 3 below (beyond INT8's). It also writes, as asked, the operand folded into INT8, E5M2
+and E4M3 against each row's reference (`gemm_words`; blocks beyond a format's range flushed),
+and each row's E4M3 scale 2^(ref - 127 - 6) as float32 (NaN for a NaN row).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from fp4cli.kernels.gemm_words import (
+    FORMAT_E4M3,
+    FORMAT_E5M2,
+    FORMAT_INT8,
+    decode_words,
+    fold_range,
+)
+from fp4cli.kernels.tile_ops import pow2
+
+E8M0_NAN = tl.constexpr(255)
+FLAG_NAN = tl.constexpr(1)
+FLAG_BEYOND_E5M2 = tl.constexpr(2)
+FLAG_BEYOND_INT8 = tl.constexpr(4)
+E4M3_TOP = tl.constexpr(6)  # E4M3 staging: the largest block's values are q * 2^6
+
+
+@triton.jit
+def row_reference(scales_ptr, row64, row_ok, n_blocks, ROWS: tl.constexpr, CHUNK: tl.constexpr):
+    """The largest scale code of each row (int32)."""
+    top = tl.zeros([ROWS], tl.int32)
+    for b0 in range(0, n_blocks, CHUNK):
+        block = b0 + tl.arange(0, CHUNK)
+        mask = row_ok[:, None] & (block < n_blocks)[None, :]
+        codes = tl.load(scales_ptr + row64[:, None] * n_blocks + block[None, :], mask=mask, other=0)
+        top = tl.maximum(top, tl.max(codes.to(tl.int32), axis=1))
+    return top
+
+
+@triton.jit
+def store_staged(out_ptr, words, below, row64, out_word, out_ok, n_out_words, FORMAT: tl.constexpr):
+    """Fold [R, W] code words into FORMAT and store the [R, 2W] output words."""
+    out = decode_words(words, fold_range(FORMAT) - below, FORMAT)
+    tl.store(
+        out_ptr + row64[:, None] * n_out_words + out_word[None, :],
+        out.to(tl.int32, bitcast=True),
+        mask=out_ok,
+    )
+
+
+@triton.jit
+def row_prep_kernel(
+    code_words_ptr, scales_ptr, int8_ptr, e5m2_ptr, e4m3_ptr, e4m3_scale_ptr, ref_ptr, flags_ptr,
+    rows, k_padded,
+    ROWS: tl.constexpr, WORDS: tl.constexpr, SCALE_CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    WRITE_INT8: tl.constexpr, WRITE_E5M2: tl.constexpr, WRITE_E4M3: tl.constexpr,
+):  # fmt: skip
+    """code_words: the codes as (rows, K/8) int32; each staged output as (rows, K/4) int32
+    (4 bytes of its format per word)."""
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = row < rows
+    row64 = row.to(tl.int64)
+    n_blocks = k_padded // BLOCK
+    n_words = k_padded // 8
+    top = row_reference(scales_ptr, row64, row_ok, n_blocks, ROWS, SCALE_CHUNK)
+    has_nan = top == E8M0_NAN
+    ref = tl.where(has_nan, 127, top)
+    beyond_e5m2 = tl.zeros([ROWS], tl.int32)
+    beyond_int8 = tl.zeros([ROWS], tl.int32)
+    for w0 in range(0, n_words, WORDS):
+        word = w0 + tl.arange(0, WORDS)
+        ok = row_ok[:, None] & (word < n_words)[None, :]
+        words = tl.load(code_words_ptr + row64[:, None] * n_words + word[None, :], mask=ok, other=0)
+        words = words.to(tl.uint32, bitcast=True)
+        scale_codes = tl.load(
+            scales_ptr + row64[:, None] * n_blocks + (word * 8 // BLOCK)[None, :], mask=ok, other=0
+        ).to(tl.int32)
+        below = ref[:, None] - scale_codes  # binades below the row's top block
+        nonzero = ((words & 0x77777777) != 0) & ok
+        beyond_e5m2 = beyond_e5m2 | tl.max((nonzero & (below > 26)).to(tl.int32), axis=1)
+        beyond_int8 = beyond_int8 | tl.max((nonzero & (below > 3)).to(tl.int32), axis=1)
+        out_word = 2 * w0 + tl.arange(0, 2 * WORDS)
+        out_ok = row_ok[:, None] & (out_word < 2 * n_words)[None, :]
+        if WRITE_INT8:
+            store_staged(int8_ptr, words, below, row64, out_word, out_ok, 2 * n_words, FORMAT_INT8)
+        if WRITE_E5M2:
+            store_staged(e5m2_ptr, words, below, row64, out_word, out_ok, 2 * n_words, FORMAT_E5M2)
+        if WRITE_E4M3:
+            store_staged(e4m3_ptr, words, below, row64, out_word, out_ok, 2 * n_words, FORMAT_E4M3)
+    fine = (~has_nan).to(tl.int32)
+    flags = has_nan.to(tl.int32) * FLAG_NAN
+    flags += fine * (beyond_e5m2 * FLAG_BEYOND_E5M2 + beyond_int8 * FLAG_BEYOND_INT8)
+    tl.store(ref_ptr + row, ref, mask=row_ok)
+    tl.store(flags_ptr + row, flags, mask=row_ok)
+    if WRITE_E4M3:
+        scale = tl.where(has_nan, float("nan"), pow2(ref - 127 - E4M3_TOP))
+        tl.store(e4m3_scale_ptr + row, scale, mask=row_ok)
