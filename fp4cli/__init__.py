@@ -17,6 +17,7 @@ _EXPORTS = {
     "SpecError": "fp4cli.quant",
     "quantize": "fp4cli.quant",
     "fake_quantize": "fp4cli.quant",
+    "mxfp4_matmul": "fp4cli.gemm",
     "LinearConfig": "fp4cli.linear",
     "QuantLinear": "fp4cli.linear",
     "quantize_model": "fp4cli.linear",
@@ -32,6 +33,7 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
+    from fp4cli.gemm import mxfp4_matmul as mxfp4_matmul
     from fp4cli.linear import LinearConfig as LinearConfig
     from fp4cli.linear import QuantLinear as QuantLinear
     from fp4cli.linear import attach_qema as attach_qema

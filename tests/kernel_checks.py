@@ -8,6 +8,7 @@ import torch
 from fp4cli.quant import QuantizedTensor, QuantSpec, fake_quantize, quantize
 
 _SAME_WIDTH_INT = {
+    torch.float64: torch.int64,
     torch.float32: torch.int32,
     torch.float16: torch.int16,
     torch.bfloat16: torch.int16,

@@ -1,0 +1,293 @@
+"""The MXFP4 GEMM (fp4cli.mxfp4_matmul and its kernels) against its definition,
+`matmul_reference` (float64).
+
+On the CPU the kernels run under TRITON_INTERPRET=1 (`make test` sets it) with float32 data;
+tests/test_gpu_gemm.py runs them compiled. Operands from tests/gemm_cases.py keep every float32
+partial sum exact, so kernel and reference are compared bit for bit (atol=0) whatever the order
+of summation; the sign of a zero result is not compared (int32 sums give +0 where float64 may
+keep -0).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fp4cli
+from fp4cli.gemm import GemmError, gemm_path, matmul_reference, mxfp4_matmul
+from fp4cli.quant import QuantSpec, SpecError, quantize
+from fp4cli.quant.backend import interpreter_on, triton_available
+from tests.gemm_cases import (
+    MXFP4,
+    exact_sum_pair,
+    flushed_bound,
+    nan_block,
+    quantized,
+    spread_rows,
+    zero_block,
+)
+from tests.kernel_checks import assert_bits
+
+KERNELS = triton_available() and (interpreter_on() or torch.cuda.is_available())
+needs_kernels = pytest.mark.skipif(
+    not KERNELS, reason="the GEMM kernels need TRITON_INTERPRET=1 (CPU) or a CUDA GPU"
+)
+DEVICE = "cpu" if interpreter_on() or not torch.cuda.is_available() else "cuda"
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor, what: str = "product") -> None:
+    """Bit for bit, except the sign of zero."""
+    assert_bits(
+        torch.where(actual == 0, 0.0, actual), torch.where(expected == 0, 0.0, expected), what
+    )
+
+
+def run(a, b, mode: str = "exact", out_dtype: torch.dtype = torch.float32, **kwargs):
+    return mxfp4_matmul(a, b, out_dtype, mode, backend="triton", **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Exact and fast on ordinary data
+# --------------------------------------------------------------------------------------------
+
+SHAPES = [(1, 1, 32), (1, 16, 32), (33, 17, 100), (64, 48, 256), (5, 70, 200), (40, 33, 7)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_reference_bit_for_bit(mode: str, shape: tuple[int, int, int]) -> None:
+    a, b = exact_sum_pair(*shape, seed=sum(shape), device=DEVICE)
+    assert_matches(run(a, b, mode), matmul_reference(a, b, torch.float32))
+
+
+@needs_kernels
+@pytest.mark.parametrize("block", [64, 128, 256])
+def test_larger_blocks(block: int) -> None:
+    spec = QuantSpec.preset("mxfp4", block=block)
+    a, b = exact_sum_pair(20, 24, 256, seed=block, device=DEVICE, spec=spec)
+    for mode in ("exact", "fast"):
+        assert_matches(run(a, b, mode), matmul_reference(a, b, torch.float32), mode)
+
+
+# the interpreter's float32 -> bfloat16 conversion truncates: bfloat16 is tested on a GPU
+OUT_DTYPES = [torch.float16] + ([] if interpreter_on() else [torch.bfloat16])
+
+
+@needs_kernels
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+def test_output_dtypes_round_the_float32_result(out_dtype: torch.dtype) -> None:
+    a, b = exact_sum_pair(9, 12, 96, seed=3, device=DEVICE)
+    expected = matmul_reference(a, b, torch.float32).to(out_dtype)
+    assert_matches(run(a, b, out_dtype=out_dtype), expected)
+
+
+# --------------------------------------------------------------------------------------------
+# The exact GEMM's tiers, chosen per tile by the spread of its rows' block scales
+# --------------------------------------------------------------------------------------------
+
+
+def tier_flags(q) -> list[int]:
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm_launch import prepare
+
+    return prepare(kernel_operand(q)).flags.tolist()
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "binades, flag", [(3, 0), (4, 4), (26, 4), (27, 6), (60, 6)], ids=lambda v: str(v)
+)
+def test_spread_chooses_the_tier_and_stays_exact(binades: int, flag: int) -> None:
+    """Rows 3 and 40 span `binades`: 0-3 stay on INT8 (flag 0), 4-26 go to FP8 (flag 4), more
+    to the per-window kernel (flags 2 | 4). B's first block is zero, so the raised blocks add
+    only exact zeros and the result stays exactly representable."""
+    a, b = exact_sum_pair(48, 40, 128, seed=binades, device=DEVICE)
+    a = spread_rows(a, [3, 40], binades)
+    b = zero_block(b, 0)
+    flags = tier_flags(a)
+    assert flags[3] == flags[40] == flag
+    out = torch.full((48, 40), float("nan"), device=DEVICE)
+    run(a, b, out=out)
+    assert_matches(out, matmul_reference(a, b, torch.float32))
+
+
+@needs_kernels
+def test_far_block_that_dominates_is_kept_exactly() -> None:
+    """A block 40 binades below its row's largest, paired with B's only nonzero values there:
+    the whole result comes from it. Exact mode keeps it; fast mode flushes it, within the
+    stated bound (each product with a block beyond the fold range)."""
+    a, b = exact_sum_pair(24, 16, 128, seed=11, device=DEVICE)
+    a = spread_rows(a, list(range(24)), 40)
+    b = zero_block(b, 0)
+    reference = matmul_reference(a, b, torch.float32)
+    assert reference.abs().max() > 0
+    assert_matches(run(a, b, "exact"), reference)
+    fast = run(a, b, "fast")
+    assert not torch.equal(fast, reference)
+    bound = flushed_bound(a, b, fold_range=26).float()
+    assert ((fast - reference).abs() <= bound).all()
+
+
+@needs_kernels
+def test_zero_rows_blocks_and_negative_zeros() -> None:
+    a, b = exact_sum_pair(20, 18, 128, seed=5, device=DEVICE)
+    a = zero_block(a, 1)  # a block of zeros in every row
+    codes = a.codes.clone()
+    codes[4] = 0  # an all-zero row
+    codes[5] = 0x88  # a row of negative zeros
+    a = type(a)(codes, a.scales, None, a.shape, a.spec, a.axis, a.dtype, a.layout)
+    for mode in ("exact", "fast"):
+        out = run(a, b, mode)
+        assert_matches(out, matmul_reference(a, b, torch.float32), mode)
+        assert (out[4] == 0).all() and (out[5] == 0).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_nan_blocks_make_their_row_and_column_nan(mode: str) -> None:
+    a, b = exact_sum_pair(20, 18, 96, seed=7, device=DEVICE)
+    a, b = nan_block(a, 3, 1), nan_block(b, 9, 2)
+    out = run(a, b, mode)
+    expected = matmul_reference(a, b, torch.float32)
+    assert out[3].isnan().all() and out[:, 9].isnan().all()
+    assert_matches(out, expected)
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs, batches, weight-only, the Blackwell kernel
+# --------------------------------------------------------------------------------------------
+
+
+@needs_kernels
+def test_out_is_overwritten_and_batched_a_keeps_its_leading_dims() -> None:
+    a = quantized((2, 5, 64), 1, DEVICE)
+    b = quantized((24, 64), 2, DEVICE)
+    out = torch.full((2, 5, 24), float("nan"), device=DEVICE)
+    result = run(a, b, out=out)
+    assert result is out
+    assert_matches(out, matmul_reference(a, b, torch.float32))
+    strided = torch.full((24, 10), float("nan"), device=DEVICE).T  # (10, 24), not contiguous
+    a2 = quantized((10, 64), 3, DEVICE)
+    run(a2, b, out=strided)
+    assert_matches(strided, matmul_reference(a2, b, torch.float32))
+
+
+@needs_kernels
+def test_weight_only_float_a() -> None:
+    b = quantized((40, 96), 4, DEVICE)
+    a_quantized = quantized((13, 96), 5, DEVICE)
+    a = a_quantized.dequantize(torch.float32)  # float32 values whose products sum exactly
+    assert gemm_path(a, b, "triton") == "weight-only"
+    assert_matches(run(a, b), matmul_reference(a, b, torch.float32))
+    generic = torch.randn(13, 96, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    result = run(generic, b)
+    expected = matmul_reference(generic, b, torch.float64)
+    bound = 96 * 2**-23 * (generic.abs().double() @ b.dequantize(torch.float64).abs().T)
+    assert ((result.double() - expected).abs() <= bound).all()
+
+
+@needs_kernels
+def test_scaled_dot_kernel_matches_reference() -> None:
+    """The Blackwell path's kernel (tl.dot_scaled), run here emulated."""
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm_launch import scaled_dot_matmul
+
+    a, b = exact_sum_pair(33, 20, 160, seed=9, device=DEVICE)
+    out = torch.full((33, 20), float("nan"), device=DEVICE)
+    scaled_dot_matmul(kernel_operand(a), kernel_operand(b), out)
+    assert_matches(out, matmul_reference(a, b, torch.float32))
+
+
+@needs_kernels
+def test_fused_decode_matches_staged() -> None:
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm_launch import exact_fp8_matmul, fast_fp8_matmul
+
+    a, b = exact_sum_pair(40, 36, 160, seed=12, device=DEVICE)
+    a = spread_rows(a, [1, 2], 9)
+    expected = matmul_reference(a, b, torch.float32)
+    for launcher in (exact_fp8_matmul, fast_fp8_matmul):
+        for fused in (False, True):
+            out = torch.full((40, 36), float("nan"), device=DEVICE)
+            launcher(kernel_operand(a), kernel_operand(b), out, fused=fused)
+            assert_matches(out, expected, f"{launcher.__name__} fused={fused}")
+
+
+# --------------------------------------------------------------------------------------------
+# The staged 8-bit operands
+# --------------------------------------------------------------------------------------------
+
+
+@needs_kernels
+def test_staged_operands_hold_every_code_at_every_shift() -> None:
+    """Each row holds all 16 codes in every block, with block scales falling one binade per
+    block from the row's largest: INT8, E5M2 and E4M3 staging times the row's scale give the
+    dequantized values exactly within each format's range, and zero beyond it."""
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm_launch import prepare
+
+    blocks = 30
+    codes = torch.arange(16, dtype=torch.uint8).repeat(blocks * 2)  # 32 codes per block
+    packed = (codes[0::2] | (codes[1::2] << 4)).reshape(1, -1).repeat(3, 1)
+    top = torch.tensor([[200], [130], [60]])
+    scales = (top - torch.arange(blocks)).to(torch.uint8)
+    q = quantized((3, blocks * 32), 0, DEVICE)
+    q = type(q)(packed.to(DEVICE), scales.to(DEVICE), None, q.shape, q.spec, 1, q.dtype, q.layout)
+    prepared = prepare(kernel_operand(q), int8=True, e5m2=True, e4m3=True)
+    expected = q.dequantize(torch.float64)
+    below = torch.arange(blocks).repeat_interleave(32).to(DEVICE)
+    ref = prepared.ref.double()[:, None]
+    for name, top_exponent, fold in (("int8", 4, 3), ("e5m2", 13, 26), ("e4m3", 6, 11)):
+        staged = getattr(prepared, name).double() * torch.exp2(ref - 127 - top_exponent)
+        inside = below <= fold
+        assert_matches(staged[:, inside], expected[:, inside], f"{name} within range")
+        if name != "int8":  # INT8 has no -0
+            assert_bits(staged[:, inside], expected[:, inside], f"{name} within range")
+        assert (staged[:, ~inside] == 0).all(), f"{name} beyond range"
+    assert prepared.flags.tolist() == [6, 6, 6]
+
+
+# --------------------------------------------------------------------------------------------
+# Paths and errors
+# --------------------------------------------------------------------------------------------
+
+
+def test_reference_path_on_the_cpu_and_for_specs_the_kernels_skip() -> None:
+    a, b = exact_sum_pair(6, 8, 64, seed=1, device="cpu")
+    assert gemm_path(a, b, "torch") == "reference"
+    if not interpreter_on():
+        assert gemm_path(a, b, "auto") == "reference"
+    nv_a, nv_b = exact_sum_pair(6, 8, 64, seed=2, device="cpu", spec=QuantSpec.preset("nvfp4"))
+    assert gemm_path(nv_a, nv_b, "auto") == "reference"
+    result = mxfp4_matmul(nv_a, nv_b, torch.float32)
+    assert_bits(result, matmul_reference(nv_a, nv_b, torch.float32))
+    with pytest.raises(SpecError, match="e2m1/e8m0"):
+        mxfp4_matmul(nv_a, nv_b, backend="triton")
+    assert fp4cli.mxfp4_matmul is mxfp4_matmul
+
+
+def test_bad_inputs_fail_in_one_line() -> None:
+    a, b = exact_sum_pair(6, 8, 64, seed=1, device="cpu")
+    along_rows = quantize(torch.randn(64, 6), MXFP4, axis=0, backend="torch")
+    wrong_k = quantized((6, 96), 3, "cpu")
+    block_64 = quantized((8, 64), 4, "cpu", QuantSpec.preset("mxfp4", block=64))
+    cases = [
+        (lambda: mxfp4_matmul(along_rows, b), "quantized along axis 0"),
+        (lambda: mxfp4_matmul(wrong_k, b), "K = 96 but b has K = 64"),
+        (lambda: mxfp4_matmul(a, a.dequantize()), "b must be a QuantizedTensor"),
+        (lambda: mxfp4_matmul(a, quantized((2, 8, 64), 5, "cpu")), "b must be 2-D"),
+        (lambda: mxfp4_matmul(a, b, mode="quick"), "mode must be one of exact, fast"),
+        (lambda: mxfp4_matmul(a, b, out_dtype=torch.int32), "out_dtype must be"),
+        (lambda: mxfp4_matmul(a, b, out=torch.empty(6, 7)), "out must be a torch.bfloat16"),
+        (lambda: mxfp4_matmul(a, b, backend="cuda"), "backend: must be one of"),
+        (lambda: mxfp4_matmul("a", b), "a must be a QuantizedTensor or a tensor"),
+    ]
+    for call, message in cases:
+        with pytest.raises((GemmError, SpecError), match=message) as error:
+            call()
+        assert "\n" not in str(error.value)
+    assert gemm_path(a, block_64, "auto") == "reference"
+    with pytest.raises(SpecError, match="blocks of 32 and 64"):
+        mxfp4_matmul(a, block_64, backend="triton")
