@@ -32,6 +32,7 @@ from fp4cli.quant.backend import interpreter_on
 PREP_ROWS = 4
 PREP_WORDS = 64  # code words (8 codes each) per row and step of the preparation kernel
 PREP_SCALE_CHUNK = 64
+PREP_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def prepare(operand: Operand, int8: bool = False, e5m2: bool = False, e4m3: bool
         *(_words(out, ref) for out in (int8_out, e5m2_out, e4m3_out)),
         e4m3_scale if e4m3_scale is not None else ref, ref, flags, rows, k_padded,
         ROWS=PREP_ROWS, WORDS=PREP_WORDS, SCALE_CHUNK=PREP_SCALE_CHUNK, BLOCK=operand.block,
-        WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3, num_warps=4,
+        WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3, num_warps=PREP_WARPS,
     )  # fmt: skip
     return Prepared(
         ref,

@@ -75,7 +75,7 @@ def quantize_command(
             logged[0] += _store(run_store, case_rows, torch_device)
 
     try:
-        with _CaseProgress(len(shape_list) * len(config_names)) as progress:
+        with _CaseProgress(len(shape_list) * len(config_names), "quantize") as progress:
             rows = run_quantize_bench(
                 shape_list, config_names, torch_dtype, axis, backend_list, iters, torch_device,
                 compile_timeout_s=compile_timeout, on_case=progress.case, on_rows=store_case,
@@ -94,7 +94,7 @@ def quantize_command(
 class _CaseProgress:
     """A progress bar over the benchmark cases on stderr (silent when it is not a terminal)."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, what: str) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -103,7 +103,7 @@ class _CaseProgress:
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             console=console, transient=True, disable=not console.is_terminal,
         )  # fmt: skip
-        self.task = self.progress.add_task("quantize", total=total)
+        self.task = self.progress.add_task(what, total=total)
 
     def __enter__(self) -> _CaseProgress:
         self.progress.start()
@@ -116,12 +116,20 @@ class _CaseProgress:
         description = f"quantize {case.shape_text} {case.config.name}"
         self.progress.update(self.task, completed=index, description=description)
 
+    def gemm_case(self, index: int, shape: Any) -> None:
+        description = f"gemm {shape.name or shape.text}"
+        self.progress.update(self.task, completed=index, description=description)
+
 
 def _store(run_store: Any, rows: list[Any], device: Any) -> int:
+    return _store_kind(run_store, "quantize", rows, device)
+
+
+def _store_kind(run_store: Any, kind: str, rows: list[Any], device: Any) -> int:
     from fp4cli.bench.record import store_rows
     from fp4cli.train.loop import device_name, versions
 
-    return store_rows(run_store, "quantize", device_name(device), versions(), rows)
+    return store_rows(run_store, kind, device_name(device), versions(), rows)
 
 
 def _table(rows: list[Any], device: Any, dtype: str, axis: int, iters: int) -> Any:
@@ -169,3 +177,107 @@ def _significant(value: float | None, digits: int = 3) -> str:
     if value is None:
         return "-"
     return f"{value:,.0f}" if abs(value) >= 10**digits else f"{value:.{digits}g}"
+
+
+GEMM_COLUMNS = ("shape", "M x N x K", "impl", "ms", "TFLOP/s", "x bf16", "rel err", "beyond bf16")
+
+
+@app.command("gemm")
+def gemm_command(
+    shapes: Annotated[
+        str,
+        Opt(help="Comma-separated MxNxK shapes or sets: square, gpt2-small, llama-7b."),
+    ] = "square,gpt2-small,llama-7b",
+    impls: Annotated[
+        str,
+        Opt(
+            help="Comma-separated: cublas-bf16, cublas-fp8, dot-scaled, exact, fast, exact-fp8, "
+            "fast-fp8, exact-fused, fast-fused."
+        ),
+    ] = "cublas-bf16,cublas-fp8,dot-scaled,exact,fast",
+    rep_ms: Annotated[
+        int, Opt(min=1, help="Milliseconds of timed calls per measurement (the median counts).")
+    ] = 100,
+    device: Annotated[str, Opt(help="auto, cuda, cuda:N or cpu.")] = "auto",
+    store: Annotated[
+        Path | None,
+        Opt(help="Run store (default $FP4_STORE or runs/fp4.db).", show_default=False),
+    ] = None,
+    no_store: Annotated[bool, Opt("--no-store", help="Print only; store nothing.")] = False,
+) -> None:
+    """MXFP4 GEMM throughput and error: cuBLAS bf16 and FP8, Triton's tl.dot_scaled, fp4cli.
+
+    Each shape's operands are random normal matrices quantized to MXFP4 along K. Every
+    implementation multiplies the same operands, in one process: TFLOP/s, the ratio to cuBLAS
+    bf16 (on the dequantized operands), and the relative error against the float64 product,
+    in all and beyond the bf16 output's rounding. Each number also goes to the run store.
+    """
+    from fp4cli.bench.gemm import run_gemm_bench
+    from fp4cli.bench.gemm_cases import parse_gemm_shapes, parse_impls
+    from fp4cli.bench.quantize import bench_device
+    from fp4cli.cli.output import console_for
+    from fp4cli.store import RunStore
+
+    shape_list, impl_list = parse_gemm_shapes(shapes), parse_impls(impls)
+    torch_device = bench_device(device)
+    run_store = None if no_store else RunStore(store)
+    logged = [0]
+
+    def store_shape(shape_rows: list[Any]) -> None:
+        """Each shape goes to the store when measured: an interrupted run keeps what it did."""
+        if run_store is not None:
+            logged[0] += _store_kind(run_store, "gemm", shape_rows, torch_device)
+
+    try:
+        with _CaseProgress(len(shape_list), "gemm") as progress:
+            rows = run_gemm_bench(
+                shape_list, impl_list, torch_device, rep_ms=rep_ms,
+                on_case=progress.gemm_case, on_rows=store_shape,
+            )  # fmt: skip
+    finally:
+        if run_store is not None:
+            run_store.close()
+    table = _gemm_table(rows, torch_device)
+    console_for(table).print(table)
+    if run_store is None:
+        typer.echo("not stored (--no-store)")
+        return
+    typer.echo(f"{logged[0]} measurements stored in {run_store.path}")
+
+
+def _gemm_table(rows: list[Any], device: Any) -> Any:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from fp4cli.train.loop import device_name
+
+    caption = (
+        "x bf16: throughput over cuBLAS bf16's on the same operands. rel err: ||C - C64|| / "
+        "||C64|| against the float64 product; beyond bf16: against C64 rounded to bf16 (what "
+        "the output rounding alone leaves is 0). fp4cli times include preparing the operands."
+    )
+    table = Table(
+        title=f"MXFP4 GEMM on {device_name(device)}, bf16 output",
+        box=box.SIMPLE_HEAD,
+        caption=caption,
+    )
+    for column in GEMM_COLUMNS:
+        table.add_column(column, justify="left" if column in GEMM_COLUMNS[:3] else "right")
+    notes = any(row.note for row in rows)
+    if notes:
+        table.add_column("note", style="yellow")
+    for index, row in enumerate(rows):
+        first = index == 0 or row.shape is not rows[index - 1].shape
+        if first and index > 0:
+            table.add_section()
+        shape = (row.shape.name, row.shape.text) if first else ("", "")
+        ratio = _significant(row.vs_baseline) + ("x" if row.vs_baseline else "")
+        cells = [*shape, row.impl, _significant(row.ms), _significant(row.tflops), ratio,
+                 _error(row.rel_error), _error(row.beyond_rounding)]  # fmt: skip
+        table.add_row(*map(Text, cells + ([row.note or ""] if notes else [])))
+    return table
+
+
+def _error(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"

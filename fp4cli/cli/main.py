@@ -36,6 +36,7 @@ DOMAIN_ERRORS = [
     "builtins:FileNotFoundError",
     "fp4cli.store:StoreError",
     "fp4cli.bench.configs:BenchError",
+    "fp4cli.gemm.operands:GemmError",
     "fp4cli.analysis.errors:AnalysisError",
     "fp4cli.cost.errors:CostError",
     "fp4cli.sweep.errors:SweepError",

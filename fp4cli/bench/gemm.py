@@ -1,0 +1,219 @@
+"""MXFP4 GEMMs measured side by side: cuBLAS bf16 and FP8, Triton's tl.dot_scaled, fp4cli.
+
+For each shape, in one process: random normal A (M, K) and B (N, K), quantized to MXFP4 along
+K; the float64 product of the dequantized operands (the reference); then each implementation,
+timed (the median of `triton.testing.do_bench` on a GPU, of timed loops on the CPU) and checked:
+its relative error against the reference (Frobenius norms), and its error beyond the rounding of
+the output (against the reference rounded to the output dtype). Times are end to end: fp4cli's
+include preparing the operands. An implementation that cannot run gets a row with a note.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fp4cli.bench.gemm_cases import BASELINE, IMPLS, GemmShape
+from fp4cli.bench.timing import median_ms
+from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
+
+SEED = 0
+MXFP4 = QuantSpec.preset("mxfp4")
+
+
+@dataclass
+class GemmRow:
+    """One implementation on one shape: its time and errors, or why there are none."""
+
+    shape: GemmShape
+    impl: str
+    ms: float | None = None
+    rel_error: float | None = None
+    beyond_rounding: float | None = None  # error against the reference rounded to the output
+    note: str | None = None
+    baseline_ms: float | None = None  # cuBLAS bf16 on the same shape, same run
+    dot_scaled_ms: float | None = None
+
+    @property
+    def tflops(self) -> float | None:
+        return None if self.ms is None else self.shape.flop / (self.ms * 1e9)
+
+    @property
+    def vs_baseline(self) -> float | None:
+        """How many times cuBLAS bf16's throughput."""
+        return None if self.ms is None or not self.baseline_ms else self.baseline_ms / self.ms
+
+    @property
+    def vs_dot_scaled(self) -> float | None:
+        return None if self.ms is None or not self.dot_scaled_ms else self.dot_scaled_ms / self.ms
+
+    def stored_config(self) -> dict[str, Any]:
+        shape = self.shape
+        return {"m": shape.m, "n": shape.n, "k": shape.k, "shape": shape.name or shape.text,
+                "impl": self.impl, "format": "mxfp4", "out_dtype": "bf16"}  # fmt: skip
+
+    def measurements(self) -> list[tuple[str, float, str]]:
+        """(name, value, unit) of what the store keeps for this row."""
+        named = [
+            ("ms", self.ms, "ms"),
+            ("tflops", self.tflops, "TFLOP/s"),
+            ("x_cublas_bf16", self.vs_baseline, "x"),
+            ("rel_error", self.rel_error, "1"),
+            ("error_beyond_rounding", self.beyond_rounding, "1"),
+        ]
+        return [(name, value, unit) for name, value, unit in named if value is not None]
+
+
+def run_gemm_bench(
+    shapes: Sequence[GemmShape],
+    impls: Sequence[str],
+    device: torch.device,
+    *,
+    rep_ms: int = 100,
+    on_case: Callable[[int, GemmShape], None] | None = None,
+    on_rows: Callable[[list[GemmRow]], None] | None = None,
+) -> list[GemmRow]:
+    """Measure every shape x implementation; `on_rows` gets each shape's rows when measured."""
+    rows: list[GemmRow] = []
+    for index, shape in enumerate(shapes):
+        if on_case is not None:
+            on_case(index, shape)
+        shape_rows = _shape_rows(shape, impls, device, rep_ms)
+        if on_rows is not None:
+            on_rows(shape_rows)
+        rows += shape_rows
+        _free(device)
+    return rows
+
+
+def _shape_rows(
+    shape: GemmShape, impls: Sequence[str], device: torch.device, rep_ms: int
+) -> list[GemmRow]:
+    a, b = _operands(shape, device)
+    reference = a.dequantize(torch.float64) @ b.dequantize(torch.float64).T
+    rows = [GemmRow(shape, impl) for impl in impls]
+    for row in rows:
+        _measure(row, a, b, reference, device, rep_ms)
+    del reference
+    times = {row.impl: row.ms for row in rows}
+    for row in rows:
+        row.baseline_ms, row.dot_scaled_ms = times.get(BASELINE), times.get("dot-scaled")
+    return rows
+
+
+def _operands(shape: GemmShape, device: torch.device) -> tuple[QuantizedTensor, QuantizedTensor]:
+    generator = torch.Generator(device=device).manual_seed(SEED)
+    x = torch.randn(shape.m, shape.k, generator=generator, device=device, dtype=torch.bfloat16)
+    w = torch.randn(shape.n, shape.k, generator=generator, device=device, dtype=torch.bfloat16)
+    return quantize(x, MXFP4), quantize(w, MXFP4)
+
+
+def _measure(
+    row: GemmRow,
+    a: QuantizedTensor,
+    b: QuantizedTensor,
+    reference: torch.Tensor,
+    device: torch.device,
+    rep_ms: int,
+) -> None:
+    try:
+        call, out = _call(row.impl, a, b, device)
+        call()
+        row.rel_error, row.beyond_rounding = _errors(out, reference)
+        row.ms = _time_ms(call, device, rep_ms)
+    except (torch.OutOfMemoryError, MemoryError):
+        row.note = "out of memory"
+    except _Unavailable as why:
+        row.note = str(why)
+    finally:
+        _free(device)
+
+
+class _Unavailable(Exception):
+    """An implementation that does not run on this device."""
+
+
+def _call(
+    impl: str, a: QuantizedTensor, b: QuantizedTensor, device: torch.device
+) -> tuple[Callable[[], object], torch.Tensor]:
+    """A no-argument call running `impl` into its output tensor, and that tensor."""
+    from fp4cli.gemm import mxfp4_matmul
+
+    out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=device)
+    if impl == "cublas-bf16":
+        a_bf16, b_bf16 = a.dequantize(torch.bfloat16), b.dequantize(torch.bfloat16)
+        return lambda: torch.matmul(a_bf16, b_bf16.T, out=out), out
+    if impl == "cublas-fp8":
+        return _cublas_fp8_call(a, b, out)
+    if impl in ("exact", "fast"):
+        _require_kernels(device)
+        return lambda: mxfp4_matmul(a, b, mode=impl, backend="triton", out=out), out
+    return _kernel_call(impl, a, b, out, device), out
+
+
+def _cublas_fp8_call(a: QuantizedTensor, b: QuantizedTensor, out: torch.Tensor):
+    if out.device.type != "cuda" or torch.cuda.get_device_capability(out.device) < (8, 9):
+        raise _Unavailable("needs a GPU with FP8 tensor cores")
+    operands = []
+    for q in (a, b):
+        values = q.dequantize(torch.float32)
+        scale = values.abs().amax() / 448.0  # E4M3's largest
+        operands.append(((values / scale).to(torch.float8_e4m3fn), scale.reshape(())))
+    (a8, scale_a), (b8, scale_b) = operands
+    return lambda: torch._scaled_mm(
+        a8, b8.T, scale_a, scale_b, out_dtype=torch.bfloat16, out=out
+    ), out
+
+
+def _kernel_call(
+    impl: str, a: QuantizedTensor, b: QuantizedTensor, out: torch.Tensor, device: torch.device
+) -> Callable[[], object]:
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels import gemm_launch
+
+    _require_kernels(device)
+    a_op, b_op = kernel_operand(a), kernel_operand(b)
+    launchers: dict[str, Callable[[], object]] = {
+        "dot-scaled": lambda: gemm_launch.scaled_dot_matmul(a_op, b_op, out),
+        "exact-fp8": lambda: gemm_launch.exact_fp8_matmul(a_op, b_op, out),
+        "fast-fp8": lambda: gemm_launch.fast_fp8_matmul(a_op, b_op, out),
+        "exact-fused": lambda: gemm_launch.exact_fp8_matmul(a_op, b_op, out, fused=True),
+        "fast-fused": lambda: gemm_launch.fast_fp8_matmul(a_op, b_op, out, fused=True),
+    }
+    assert set(launchers) | {"cublas-bf16", "cublas-fp8", "exact", "fast"} == set(IMPLS)
+    return launchers[impl]
+
+
+def _require_kernels(device: torch.device) -> None:
+    from fp4cli.quant.backend import interpreter_on, triton_available
+
+    if not triton_available() or not (device.type == "cuda" or interpreter_on()):
+        raise _Unavailable("needs triton and CUDA (or TRITON_INTERPRET=1)")
+
+
+def _errors(out: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    """(relative error, relative error against the reference rounded to out's dtype)."""
+    norm = reference.norm().item()
+    if norm == 0:
+        return 0.0, 0.0
+    actual = out.double()
+    rounded = reference.to(out.dtype).double()
+    return (actual - reference).norm().item() / norm, (actual - rounded).norm().item() / norm
+
+
+def _time_ms(call: Callable[[], object], device: torch.device, rep_ms: int) -> float:
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return float(do_bench(call, warmup=max(rep_ms // 4, 1), rep=rep_ms, return_mode="median"))
+    return median_ms(call, device, iters=1, warmup=0, repeats=3)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

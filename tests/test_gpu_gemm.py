@@ -1,0 +1,159 @@
+"""On a CUDA GPU: the compiled MXFP4 GEMM kernels against the float64 reference.
+
+Large products (8192^3) within float32 accumulation error (exact) or the stated bound (fast);
+poisoned outputs fully overwritten; repeated runs identical; every tier of the exact GEMM; bf16
+outputs and operands, which the interpreter cannot check. `make gpu-test` runs them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp4cli.gemm import gemm_path, matmul_reference, mxfp4_matmul
+from fp4cli.quant import QuantSpec, quantize
+from fp4cli.quant.backend import interpreter_on, triton_available
+from tests.gemm_cases import exact_sum_pair, flushed_bound, nan_block, spread_rows, zero_block
+from tests.kernel_checks import assert_bits
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not triton_available(), reason="needs triton"),
+    pytest.mark.skipif(interpreter_on(), reason="TRITON_INTERPRET is set: nothing would compile"),
+]
+MXFP4 = QuantSpec.preset("mxfp4")
+FP8_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def normal_pair(m: int, n: int, k: int, seed: int = 0):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, generator=generator, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, generator=generator, device="cuda", dtype=torch.bfloat16)
+    return quantize(x, MXFP4), quantize(w, MXFP4)
+
+
+def relative_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((actual.double() - reference).norm() / reference.norm()).item()
+
+
+def float32_bound(a, b) -> torch.Tensor:
+    """Elementwise bound on float32 summation error: K u sum |a||b| (u = 2^-24), plus the
+    output's rounding."""
+    magnitude = a.dequantize(torch.float64).abs() @ b.dequantize(torch.float64).abs().T
+    return (a.shape[-1] + 1) * 2.0**-24 * magnitude
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert_bits(torch.where(actual == 0, 0.0, actual), torch.where(expected == 0, 0.0, expected))
+
+
+@pytest.fixture(scope="module")
+def large():
+    a, b = normal_pair(8192, 8192, 8192)
+    reference = a.dequantize(torch.float64) @ b.dequantize(torch.float64).T
+    return a, b, reference
+
+
+def test_large_exact_within_float32_accumulation_error(large) -> None:
+    a, b, reference = large
+    assert gemm_path(a, b) == "hopper" or not FP8_GPU
+    exact = mxfp4_matmul(a, b, torch.float32, "exact")
+    a32, b32 = a.dequantize(torch.float32), b.dequantize(torch.float32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    float32_gemm = a32 @ b32.T
+    error, float32_error = relative_error(exact, reference), relative_error(float32_gemm, reference)
+    assert error <= 2 * max(float32_error, 2.0**-24), (error, float32_error)
+    bf16 = mxfp4_matmul(a, b, torch.bfloat16, "exact")
+    assert relative_error(bf16, reference.to(torch.bfloat16).double()) < 1e-6
+
+
+def test_large_fast_within_its_bound(large) -> None:
+    """Gaussian rows span fewer binades than either fold range, so nothing is flushed; what
+    remains is the tensor cores' 14-bit accumulation between float32 promotions."""
+    a, b, reference = large
+    fast = mxfp4_matmul(a, b, torch.bfloat16, "fast")  # cuBLAS path
+    assert relative_error(fast, reference) < 4e-3  # bf16 output: ~2^-9
+    assert relative_error(fast, reference.to(torch.bfloat16).double()) < 1e-3
+    fast_fp32 = mxfp4_matmul(a, b, torch.float32, "fast")  # the FP8 kernel
+    assert relative_error(fast_fp32, reference) < 2.0**-12
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize(
+    "shape", [(8192, 8192, 8192), (1000, 1504, 700), (129, 4097, 96), (1, 256, 32)]
+)
+def test_poisoned_outputs_are_overwritten_and_runs_repeat(mode, shape) -> None:
+    a, b = normal_pair(*shape, seed=sum(shape))
+    for out_dtype in (torch.bfloat16, torch.float32):
+        runs = []
+        for _ in range(3):
+            out = torch.full((shape[0], shape[1]), float("nan"), device="cuda", dtype=out_dtype)
+            mxfp4_matmul(a, b, out_dtype, mode, out=out)
+            assert not out.isnan().any(), f"{mode} {out_dtype}: unwritten outputs"
+            runs.append(out)
+        assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+@pytest.mark.parametrize("binades", [2, 10, 26, 40, 100])
+def test_every_exact_tier_on_wide_rows(binades: int) -> None:
+    """Rows spread over `binades` go to INT8 (<= 3), FP8 (4..26) or per-window (more) tiles;
+    B's zero first block keeps the result inside float32's range for any spread."""
+    a, b = normal_pair(1024, 768, 4096, seed=binades)
+    a = spread_rows(a, list(range(0, 1024, 7)), binades)
+    b = zero_block(b, 0)
+    reference = matmul_reference(a, b, torch.float64)
+    exact = mxfp4_matmul(a, b, torch.float32, "exact")
+    assert ((exact.double() - reference).abs() <= float32_bound(a, b)).all()
+    fast = mxfp4_matmul(a, b, torch.float32, "fast")  # the FP8 kernel: flushes beyond 26
+    magnitude = a.dequantize(torch.float64).abs() @ b.dequantize(torch.float64).abs().T
+    slack = flushed_bound(a, b, fold_range=26) + 2.0**-7 * magnitude
+    assert ((fast.double() - reference).abs() <= slack).all()
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_exact_is_bit_exact_where_float32_sums_are(out_dtype) -> None:
+    a, b = exact_sum_pair(300, 272, 256, seed=4, device="cuda")
+    a, b = nan_block(a, 17, 3), nan_block(b, 5, 0)
+    expected = matmul_reference(a, b, torch.float32).to(out_dtype)
+    assert_matches(mxfp4_matmul(a, b, out_dtype, "exact"), expected)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_fast_nan_rows_and_columns(out_dtype) -> None:
+    a, b = exact_sum_pair(300, 272, 256, seed=5, device="cuda")
+    a, b = nan_block(a, 17, 3), nan_block(b, 5, 0)
+    fast = mxfp4_matmul(a, b, out_dtype, "fast").double()
+    reference = matmul_reference(a, b, torch.float64)
+    assert torch.equal(fast.isnan(), reference.isnan())
+    magnitude = a.dequantize(torch.float64).abs() @ b.dequantize(torch.float64).abs().T
+    finite = ~reference.isnan()
+    rounding = 2.0**-8 * reference.abs()  # bf16 output
+    assert ((fast - reference).abs() <= 2.0**-7 * magnitude + rounding)[finite].all()
+
+
+def test_weight_only_bf16() -> None:
+    b = exact_sum_pair(8, 512, 256, seed=1, device="cuda")[1]
+    a_quantized = exact_sum_pair(300, 8, 256, seed=2, device="cuda")[0]
+    a = a_quantized.dequantize(torch.bfloat16)  # bf16 values whose products sum exactly
+    assert gemm_path(a, b) == "weight-only"
+    assert_matches(mxfp4_matmul(a, b, torch.float32), matmul_reference(a, b, torch.float32))
+
+
+def test_dot_scaled_kernel() -> None:
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm_launch import scaled_dot_matmul
+
+    a, b = exact_sum_pair(300, 272, 256, seed=6, device="cuda")
+    out = torch.full((300, 272), float("nan"), device="cuda")
+    scaled_dot_matmul(kernel_operand(a), kernel_operand(b), out)
+    assert_matches(out, matmul_reference(a, b, torch.float32))
+
+
+def test_paths_by_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = exact_sum_pair(64, 48, 128, seed=8, device="cuda")
+    for capability, path in (((10, 0), "blackwell"), ((9, 0), "hopper"), ((8, 0), "bf16")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_, c=capability: c)
+        assert gemm_path(a, b) == path
+    result = mxfp4_matmul(a, b, torch.bfloat16)  # the bf16 path runs anywhere
+    assert_matches(result, matmul_reference(a, b, torch.bfloat16))
