@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_fp8 import store_tile, tile_flags, tile_ids
+from fp4cli.kernels.gemm_io import load_facts, load_rows, store_tile, tile_flags, tile_ids
 from fp4cli.kernels.gemm_prep import FLAG_BEYOND_INT8
 from fp4cli.kernels.gemm_tiles import scale_outer
 
@@ -20,8 +20,7 @@ INT8_TOP = tl.constexpr(4)  # the largest block's values are q * 2^4 (2 * 6 * 2^
 
 @triton.jit
 def mxfp4_int8_gemm_kernel(
-    a_int8_ptr, a_ref_ptr, a_flags_ptr, b_int8_ptr, b_ref_ptr, b_flags_ptr,
-    out_ptr, M, N, k_padded, stride_om, stride_on,
+    a_int8_ptr, b_int8_ptr, facts_ptr, out_ptr, M, N, k_padded, stride_om, stride_on,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = tile_ids(M, N, BM, BN, GROUP_M)
@@ -31,20 +30,14 @@ def mxfp4_int8_gemm_kernel(
     rb_ok = rb < N
     ra64 = ra.to(tl.int64)
     rb64 = rb.to(tl.int64)
-    flags_a = tl.load(a_flags_ptr + ra, mask=ra_ok, other=0)
-    flags_b = tl.load(b_flags_ptr + rb, mask=rb_ok, other=0)
+    ref_a, flags_a = load_facts(facts_ptr, ra, ra_ok, 0, M + N)
+    ref_b, flags_b = load_facts(facts_ptr, rb, rb_ok, M, M + N)
     if tile_flags(flags_a, flags_b, FLAG_BEYOND_INT8):  # the FP8 kernel's tile
         return
-    ref_a = tl.load(a_ref_ptr + ra, mask=ra_ok, other=0)
-    ref_b = tl.load(b_ref_ptr + rb, mask=rb_ok, other=0)
     acc = tl.zeros([BM, BN], tl.int32)
     for k0 in range(0, k_padded, BK):
-        position = k0 + tl.arange(0, BK)
-        k_ok = (position < k_padded)[None, :]
-        a = tl.load(a_int8_ptr + ra64[:, None] * k_padded + position[None, :],
-                    mask=ra_ok[:, None] & k_ok, other=0)  # fmt: skip
-        b = tl.load(b_int8_ptr + rb64[:, None] * k_padded + position[None, :],
-                    mask=rb_ok[:, None] & k_ok, other=0)  # fmt: skip
+        a = load_rows(a_int8_ptr, ra64, ra_ok, k0, k_padded, BK)
+        b = load_rows(b_int8_ptr, rb64, rb_ok, k0, k_padded, BK)
         acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
     value = scale_outer(acc.to(tl.float32), ref_a - 127 - INT8_TOP, ref_b - 127 - INT8_TOP)
     store_tile(out_ptr, value, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on)

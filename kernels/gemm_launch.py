@@ -4,8 +4,8 @@ Every launcher computes out = dequantize(A) @ dequantize(B)^T into a given `out`
 
 - `exact_matmul`: the float32 accumulation of the exact products, in up to three tiers chosen
   per output tile by its rows' scale spread (`gemm_prep` flags): INT8 tensor cores (rows within
-  4 binades, exact int32 sums), FP8 tensor cores (within 27; promotion every 32) and the
-  per-window FP8 kernel (wider).
+  4 binades, exact int32 sums), FP8 tensor cores (within 27; promotion every 32) and per-window
+  FP8 (wider), the last two in one kernel.
 - `exact_fp8_matmul`: the same without the INT8 tier (FP8 and per-window only).
 - `fast_cublas_matmul`: cuBLAS's FP8 GEMM with row-wise scales on E4M3-folded operands.
 - `fast_fp8_matmul`: the FP8 kernel with promotion every BK, blocks beyond 26 binades flushed.
@@ -24,12 +24,12 @@ import triton
 
 from fp4cli.kernels.gemm_fp8 import mxfp4_fp8_gemm_kernel
 from fp4cli.kernels.gemm_int8 import mxfp4_int8_gemm_kernel
-from fp4cli.kernels.gemm_prep import row_prep_kernel
+from fp4cli.kernels.gemm_prep import operand_prep_kernel
 from fp4cli.kernels.gemm_scaled import scaled_dot_kernel, weight_only_kernel
-from fp4cli.kernels.gemm_window import mxfp4_window_gemm_kernel
 from fp4cli.quant.backend import interpreter_on
 
-PREP_ROWS = 4
+STAGED_DTYPES = {"int8": torch.int8, "e5m2": torch.float8_e5m2, "e4m3": torch.float8_e4m3fn}
+PREP_ROWS = (8, 4)  # rows per preparation program writing at most one staged format, or more
 PREP_WORDS = 64  # code words (8 codes each) per row and step of the preparation kernel
 PREP_SCALE_CHUNK = 64
 PREP_WARPS = 4
@@ -55,15 +55,19 @@ class Operand:
 
 @dataclass(frozen=True)
 class Prepared:
-    """What `prepare` computes for an operand: each row's reference scale code and flags
-    (`gemm_prep`), and the staged copies asked for, each (rows, K_padded)."""
+    """What `prepare` computes for a pair of operands (`gemm_prep`): facts (2, M + N) int32 (each
+    row's reference scale code, then flags; A's rows first), and per staged format the (A, B)
+    pair of (rows, K_padded) tensors asked for, and E4M3 row scales (A's (M,), B's (N,))."""
 
-    ref: torch.Tensor
-    flags: torch.Tensor
-    int8: torch.Tensor | None = None
-    e5m2: torch.Tensor | None = None
-    e4m3: torch.Tensor | None = None
-    e4m3_scale: torch.Tensor | None = None  # (rows,) float32: 2^(ref - 133), NaN rows NaN
+    facts: torch.Tensor
+    int8: tuple[torch.Tensor, torch.Tensor] | None = None
+    e5m2: tuple[torch.Tensor, torch.Tensor] | None = None
+    e4m3: tuple[torch.Tensor, torch.Tensor] | None = None
+    e4m3_scales: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def flags(self, rows_a: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A's flags, B's flags)."""
+        return self.facts[1, :rows_a], self.facts[1, rows_a:]
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,6 @@ INTERPRETER_TILE = GemmTile(32, 32, 64, 4, 1, 4)
 INT8_TILE = GemmTile(128, 256, 128, 8, 4)
 FP8_EXACT_TILE = GemmTile(128, 128, 64, 4, 5)
 FP8_FAST_TILE = GemmTile(256, 128, 128, 8, 3)
-WINDOW_TILE = GemmTile(128, 128, 32, 8, 3)
 SCALED_DOT_TILE = GemmTile(128, 256, 128, 8, 3)
 WEIGHT_ONLY_TILE = GemmTile(128, 128, 64, 8, 4)
 
@@ -99,47 +102,39 @@ def _grid(rows_a: int, rows_b: int, tile: GemmTile) -> tuple[int]:
 
 
 @torch.compiler.disable
-def prepare(operand: Operand, int8: bool = False, e5m2: bool = False, e4m3: bool = False):
-    """Each row's reference scale and flags, and the staged copies asked for."""
-    rows, k_padded, device = operand.rows, operand.k_padded, operand.codes.device
-    ref = torch.empty(rows, dtype=torch.int32, device=device)
-    flags = torch.empty(rows, dtype=torch.int32, device=device)
-
-    def staged(wanted: bool) -> torch.Tensor | None:
-        return torch.empty(rows, k_padded, dtype=torch.uint8, device=device) if wanted else None
-
-    int8_out, e5m2_out, e4m3_out = staged(int8), staged(e5m2), staged(e4m3)
-    e4m3_scale = torch.empty(rows, dtype=torch.float32, device=device) if e4m3 else None
-    row_prep_kernel[(triton.cdiv(rows, PREP_ROWS),)](
-        operand.codes.view(torch.int32), operand.scales,
-        *(_words(out, ref) for out in (int8_out, e5m2_out, e4m3_out)),
-        e4m3_scale if e4m3_scale is not None else ref, ref, flags, rows, k_padded,
-        ROWS=PREP_ROWS, WORDS=PREP_WORDS, SCALE_CHUNK=PREP_SCALE_CHUNK, BLOCK=operand.block,
+def prepare(
+    a: Operand, b: Operand, int8: bool = False, e5m2: bool = False, e4m3: bool = False
+) -> Prepared:
+    """Both operands' facts and the staged copies asked for, in one launch."""
+    rows_a, rows_b, k_padded = a.rows, b.rows, a.k_padded
+    rows, device = rows_a + rows_b, a.codes.device
+    formats = [name for name, wanted in (("int8", int8), ("e5m2", e5m2), ("e4m3", e4m3)) if wanted]
+    facts = torch.empty(2, rows, dtype=torch.int32, device=device)
+    staged = torch.empty(max(len(formats), 1), rows, k_padded, dtype=torch.uint8, device=device)
+    scales = torch.empty(rows if e4m3 else 1, dtype=torch.float32, device=device)
+    rows_per_program = PREP_ROWS[len(formats) > 1]
+    programs = triton.cdiv(rows_a, rows_per_program) + triton.cdiv(rows_b, rows_per_program)
+    operand_prep_kernel[(programs,)](
+        a.codes.view(torch.int32), a.scales, b.codes.view(torch.int32), b.scales,
+        staged.view(torch.int32), facts, scales, rows_a, rows_b, k_padded,
+        ROWS=rows_per_program, WORDS=PREP_WORDS, SCALE_CHUNK=PREP_SCALE_CHUNK, BLOCK=a.block,
         WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3, num_warps=PREP_WARPS,
     )  # fmt: skip
-    return Prepared(
-        ref,
-        flags,
-        int8_out.view(torch.int8) if int8_out is not None else None,
-        e5m2_out.view(torch.float8_e5m2) if e5m2_out is not None else None,
-        e4m3_out.view(torch.float8_e4m3fn) if e4m3_out is not None else None,
-        e4m3_scale,
-    )
-
-
-def _words(out: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
-    """A staged output as int32 words, or a stand-in pointer the kernel never writes."""
-    return out.view(torch.int32) if out is not None else stand_in
+    pairs = {
+        name: (part[:rows_a].view(STAGED_DTYPES[name]), part[rows_a:].view(STAGED_DTYPES[name]))
+        for name, part in zip(formats, staged, strict=False)
+    }
+    scale_pair = (scales[:rows_a], scales[rows_a:]) if e4m3 else None
+    return Prepared(facts, pairs.get("int8"), pairs.get("e5m2"), pairs.get("e4m3"), scale_pair)
 
 
 @torch.compiler.disable
 def exact_matmul(a: Operand, b: Operand, out: torch.Tensor) -> torch.Tensor:
-    """Exact, in three tiers by the spread of each tile's rows: INT8, FP8 and per window."""
-    prep_a = prepare(a, int8=True, e5m2=True)
-    prep_b = prepare(b, int8=True, e5m2=True)
-    launch_int8(prep_a, prep_b, out)
-    launch_fp8(a, b, prep_a, prep_b, out, exact=True, skip_narrow=True)
-    return launch_window(a, b, prep_a, prep_b, out)
+    """Exact, by the spread of each tile's rows: INT8 tiles, then the FP8 kernel for the rest
+    (folded, or per window beyond E5M2's range)."""
+    prepared = prepare(a, b, int8=True, e5m2=True)
+    launch_int8(a, b, prepared, out)
+    return launch_fp8(a, b, prepared, out, exact=True, skip_narrow=True)
 
 
 @torch.compiler.disable
@@ -148,9 +143,8 @@ def exact_fp8_matmul(
 ) -> torch.Tensor:
     """Exact on FP8 tensor cores only (no INT8 tier): E5M2 staged in memory, or decoded in
     registers (`fused`)."""
-    prep_a, prep_b = prepare(a, e5m2=not fused), prepare(b, e5m2=not fused)
-    launch_fp8(a, b, prep_a, prep_b, out, exact=True, tile=tile)
-    return launch_window(a, b, prep_a, prep_b, out)
+    prepared = prepare(a, b, e5m2=not fused)
+    return launch_fp8(a, b, prepared, out, exact=True, tile=tile)
 
 
 @torch.compiler.disable
@@ -158,8 +152,8 @@ def fast_fp8_matmul(
     a: Operand, b: Operand, out: torch.Tensor, fused: bool = False, tile: GemmTile | None = None
 ) -> torch.Tensor:
     """Fast on the FP8 kernel: promotion every BK, blocks beyond 26 binades flushed."""
-    prep_a, prep_b = prepare(a, e5m2=not fused), prepare(b, e5m2=not fused)
-    return launch_fp8(a, b, prep_a, prep_b, out, exact=False, tile=tile)
+    prepared = prepare(a, b, e5m2=not fused)
+    return launch_fp8(a, b, prepared, out, exact=False, tile=tile)
 
 
 def cublas_fast_supported(a: Operand, b: Operand, out: torch.Tensor) -> bool:
@@ -167,9 +161,8 @@ def cublas_fast_supported(a: Operand, b: Operand, out: torch.Tensor) -> bool:
     bf16 output and sizes cuBLAS's FP8 GEMM takes."""
     if out.device.type != "cuda" or interpreter_on():
         return False
-    major, minor = torch.cuda.get_device_capability(out.device)
     return (
-        (major, minor) >= (8, 9)
+        torch.cuda.get_device_capability(out.device) >= (8, 9)
         and out.dtype == torch.bfloat16
         and out.is_contiguous()
         and b.rows % 16 == 0
@@ -182,28 +175,25 @@ def fast_cublas_matmul(a: Operand, b: Operand, out: torch.Tensor) -> torch.Tenso
     """Fast, through cuBLAS's FP8 GEMM with row-wise scales (`torch._scaled_mm`): each operand
     folded to E4M3 against its rows' largest scale (blocks more than 11 binades below flushed),
     the rows' scales applied in cuBLAS's epilogue. Needs `cublas_fast_supported`."""
-    prep_a, prep_b = prepare(a, e4m3=True), prepare(b, e4m3=True)
-    assert prep_a.e4m3 is not None and prep_b.e4m3 is not None
-    assert prep_a.e4m3_scale is not None and prep_b.e4m3_scale is not None
-    scale_a, scale_b = prep_a.e4m3_scale.unsqueeze(1), prep_b.e4m3_scale.unsqueeze(0)
+    prepared = prepare(a, b, e4m3=True)
+    assert prepared.e4m3 is not None and prepared.e4m3_scales is not None
+    (a8, b8), (scale_a, scale_b) = prepared.e4m3, prepared.e4m3_scales
     return torch._scaled_mm(
-        prep_a.e4m3, prep_b.e4m3.T, scale_a, scale_b, out_dtype=torch.bfloat16, out=out
+        a8, b8.T, scale_a[:, None], scale_b[None, :], out_dtype=torch.bfloat16, out=out
     )
 
 
 @torch.compiler.disable
 def launch_int8(
-    prep_a: Prepared, prep_b: Prepared, out: torch.Tensor, tile: GemmTile | None = None
+    a: Operand, b: Operand, prepared: Prepared, out: torch.Tensor, tile: GemmTile | None = None
 ) -> torch.Tensor:
     """The INT8 kernel on INT8-staged operands; tiles with a row beyond INT8's range are left
     unwritten."""
-    assert prep_a.int8 is not None and prep_b.int8 is not None
+    assert prepared.int8 is not None
     tile = _tile(tile, INT8_TILE)
-    (rows_a, k_padded), rows_b = prep_a.int8.shape, prep_b.int8.shape[0]
-    mxfp4_int8_gemm_kernel[_grid(rows_a, rows_b, tile)](
-        prep_a.int8, prep_a.ref, prep_a.flags, prep_b.int8, prep_b.ref, prep_b.flags,
-        out, rows_a, rows_b, k_padded, out.stride(0), out.stride(1),
-        BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m,
+    mxfp4_int8_gemm_kernel[_grid(a.rows, b.rows, tile)](
+        *prepared.int8, prepared.facts, out, a.rows, b.rows, a.k_padded,
+        out.stride(0), out.stride(1), BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m,
         num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
@@ -213,48 +203,22 @@ def launch_int8(
 def launch_fp8(
     a: Operand,
     b: Operand,
-    prep_a: Prepared,
-    prep_b: Prepared,
+    prepared: Prepared,
     out: torch.Tensor,
     exact: bool,
     skip_narrow: bool = False,
     tile: GemmTile | None = None,
 ) -> torch.Tensor:
-    """The FP8 kernel, on E5M2-staged operands or (none staged) decoding in registers. Exact:
-    tiles beyond E5M2's range are left unwritten (and with `skip_narrow` those within INT8's)."""
+    """The FP8 kernel, on E5M2-staged operands or (none staged) decoding in registers; with
+    `skip_narrow`, tiles within INT8's range are left unwritten."""
     tile = _tile(tile, FP8_EXACT_TILE if exact else FP8_FAST_TILE)
-    fused = prep_a.e5m2 is None
+    staged_a, staged_b = prepared.e5m2 or (a.codes, b.codes)  # never read when fused
+    staged_a, staged_b = staged_a.view(torch.uint8), staged_b.view(torch.uint8)
     mxfp4_fp8_gemm_kernel[_grid(a.rows, b.rows, tile)](
-        a.codes, a.scales, _bytes(prep_a.e5m2, a), prep_a.ref, prep_a.flags,
-        b.codes, b.scales, _bytes(prep_b.e5m2, b), prep_b.ref, prep_b.flags,
+        a.codes, a.scales, staged_a, b.codes, b.scales, staged_b, prepared.facts,
         out, a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1),
         BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, BLOCK=a.block,
-        FUSED=fused, EXACT=exact, SKIP_NARROW=skip_narrow,
-        num_warps=tile.warps, num_stages=tile.stages,
-    )  # fmt: skip
-    return out
-
-
-def _bytes(staged: torch.Tensor | None, operand: Operand) -> torch.Tensor:
-    """A staged operand as bytes, or (decoded in registers: never read) the codes."""
-    return staged.view(torch.uint8) if staged is not None else operand.codes
-
-
-@torch.compiler.disable
-def launch_window(
-    a: Operand,
-    b: Operand,
-    prep_a: Prepared,
-    prep_b: Prepared,
-    out: torch.Tensor,
-    tile: GemmTile | None = None,
-) -> torch.Tensor:
-    """The per-window kernel: only tiles with a row beyond E5M2's range are written."""
-    tile = _tile(tile, WINDOW_TILE)
-    mxfp4_window_gemm_kernel[_grid(a.rows, b.rows, tile)](
-        a.codes, a.scales, prep_a.flags, b.codes, b.scales, prep_b.flags,
-        out, a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1),
-        BM=tile.bm, BN=tile.bn, GROUP_M=tile.group_m, BLOCK=a.block,
+        FUSED=prepared.e5m2 is None, EXACT=exact, SKIP_NARROW=skip_narrow,
         num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out

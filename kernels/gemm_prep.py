@@ -1,4 +1,5 @@
-"""Per-row facts an MXFP4 GEMM operand needs before its product, and its staged copies.
+"""Per-row facts the MXFP4 GEMM's two operands need before their product, and their staged
+copies, for both operands in one launch.
 
 For each row of an operand blocked along K (codes (rows, K/2) uint8, scale codes
 (rows, K/BLOCK) uint8, K padded to whole blocks) the kernel writes its reference, the largest
@@ -7,6 +8,10 @@ block more than 26 binades below the reference (beyond E5M2's fold range), 4 = a
 more than 3 below (beyond INT8's). It also writes, as asked, the operand folded into INT8, E5M2
 and E4M3 against each row's reference (`gemm_words`; blocks beyond a format's range flushed),
 and each row's E4M3 scale 2^(ref - 127 - 6) as float32 (NaN for a NaN row).
+
+Outputs, rows of A then rows of B (R = rows_a + rows_b): facts (2, R) int32 (references, then
+flags); staged (formats, R, K) bytes, in the order INT8, E5M2, E4M3 of those written; E4M3
+scales (R,) float32.
 """
 
 from __future__ import annotations
@@ -43,28 +48,30 @@ def row_reference(scales_ptr, row64, row_ok, n_blocks, ROWS: tl.constexpr, CHUNK
 
 
 @triton.jit
-def store_staged(out_ptr, words, below, row64, out_word, out_ok, n_out_words, FORMAT: tl.constexpr):
+def store_staged(out_ptr, words, below, out_row64, out_word, out_ok, n_out_words,
+                 FORMAT: tl.constexpr):  # fmt: skip
     """Fold [R, W] code words into FORMAT and store the [R, 2W] output words."""
     out = decode_words(words, fold_range(FORMAT) - below, FORMAT)
     tl.store(
-        out_ptr + row64[:, None] * n_out_words + out_word[None, :],
+        out_ptr + out_row64[:, None] * n_out_words + out_word[None, :],
         out.to(tl.int32, bitcast=True),
         mask=out_ok,
     )
 
 
 @triton.jit
-def row_prep_kernel(
-    code_words_ptr, scales_ptr, int8_ptr, e5m2_ptr, e4m3_ptr, e4m3_scale_ptr, ref_ptr, flags_ptr,
-    rows, k_padded,
+def prepare_rows(
+    code_words_ptr, scales_ptr, staged_ptr, facts_ptr, e4m3_scale_ptr,
+    program, rows, first_row, all_rows, k_padded,
     ROWS: tl.constexpr, WORDS: tl.constexpr, SCALE_CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     WRITE_INT8: tl.constexpr, WRITE_E5M2: tl.constexpr, WRITE_E4M3: tl.constexpr,
 ):  # fmt: skip
-    """code_words: the codes as (rows, K/8) int32; each staged output as (rows, K/4) int32
-    (4 bytes of its format per word)."""
-    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    """One program's ROWS rows of one operand; its outputs start at row `first_row` of the
+    outputs' `all_rows`."""
+    row = program * ROWS + tl.arange(0, ROWS)
     row_ok = row < rows
     row64 = row.to(tl.int64)
+    out_row64 = row64 + first_row
     n_blocks = k_padded // BLOCK
     n_words = k_padded // 8
     top = row_reference(scales_ptr, row64, row_ok, n_blocks, ROWS, SCALE_CHUNK)
@@ -72,6 +79,7 @@ def row_prep_kernel(
     ref = tl.where(has_nan, 127, top)
     beyond_e5m2 = tl.zeros([ROWS], tl.int32)
     beyond_int8 = tl.zeros([ROWS], tl.int32)
+    format_words = all_rows.to(tl.int64) * (2 * n_words)  # one staged format, in words
     for w0 in range(0, n_words, WORDS):
         word = w0 + tl.arange(0, WORDS)
         ok = row_ok[:, None] & (word < n_words)[None, :]
@@ -86,17 +94,44 @@ def row_prep_kernel(
         beyond_int8 = beyond_int8 | tl.max((nonzero & (below > 3)).to(tl.int32), axis=1)
         out_word = 2 * w0 + tl.arange(0, 2 * WORDS)
         out_ok = row_ok[:, None] & (out_word < 2 * n_words)[None, :]
+        out_ptr = staged_ptr
         if WRITE_INT8:
-            store_staged(int8_ptr, words, below, row64, out_word, out_ok, 2 * n_words, FORMAT_INT8)
+            store_staged(out_ptr, words, below, out_row64, out_word, out_ok, 2 * n_words,
+                         FORMAT_INT8)  # fmt: skip
+            out_ptr += format_words
         if WRITE_E5M2:
-            store_staged(e5m2_ptr, words, below, row64, out_word, out_ok, 2 * n_words, FORMAT_E5M2)
+            store_staged(out_ptr, words, below, out_row64, out_word, out_ok, 2 * n_words,
+                         FORMAT_E5M2)  # fmt: skip
+            out_ptr += format_words
         if WRITE_E4M3:
-            store_staged(e4m3_ptr, words, below, row64, out_word, out_ok, 2 * n_words, FORMAT_E4M3)
+            store_staged(out_ptr, words, below, out_row64, out_word, out_ok, 2 * n_words,
+                         FORMAT_E4M3)  # fmt: skip
     fine = (~has_nan).to(tl.int32)
     flags = has_nan.to(tl.int32) * FLAG_NAN
     flags += fine * (beyond_e5m2 * FLAG_BEYOND_E5M2 + beyond_int8 * FLAG_BEYOND_INT8)
-    tl.store(ref_ptr + row, ref, mask=row_ok)
-    tl.store(flags_ptr + row, flags, mask=row_ok)
+    tl.store(facts_ptr + out_row64, ref, mask=row_ok)
+    tl.store(facts_ptr + all_rows + out_row64, flags, mask=row_ok)
     if WRITE_E4M3:
         scale = tl.where(has_nan, float("nan"), pow2(ref - 127 - E4M3_TOP))
-        tl.store(e4m3_scale_ptr + row, scale, mask=row_ok)
+        tl.store(e4m3_scale_ptr + out_row64, scale, mask=row_ok)
+
+
+@triton.jit
+def operand_prep_kernel(
+    a_code_words_ptr, a_scales_ptr, b_code_words_ptr, b_scales_ptr,
+    staged_ptr, facts_ptr, e4m3_scale_ptr, rows_a, rows_b, k_padded,
+    ROWS: tl.constexpr, WORDS: tl.constexpr, SCALE_CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    WRITE_INT8: tl.constexpr, WRITE_E5M2: tl.constexpr, WRITE_E4M3: tl.constexpr,
+):  # fmt: skip
+    """The first cdiv(rows_a, ROWS) programs prepare A, the rest B. Code words: each operand's
+    codes as (rows, K/8) int32; staged: the (formats, R, K) bytes as int32 words."""
+    pid = tl.program_id(0)
+    programs_a = tl.cdiv(rows_a, ROWS)
+    if pid < programs_a:
+        prepare_rows(a_code_words_ptr, a_scales_ptr, staged_ptr, facts_ptr, e4m3_scale_ptr,
+                     pid, rows_a, 0, rows_a + rows_b, k_padded, ROWS, WORDS, SCALE_CHUNK,
+                     BLOCK, WRITE_INT8, WRITE_E5M2, WRITE_E4M3)  # fmt: skip
+    else:
+        prepare_rows(b_code_words_ptr, b_scales_ptr, staged_ptr, facts_ptr, e4m3_scale_ptr,
+                     pid - programs_a, rows_b, rows_a, rows_a + rows_b, k_padded, ROWS, WORDS,
+                     SCALE_CHUNK, BLOCK, WRITE_INT8, WRITE_E5M2, WRITE_E4M3)  # fmt: skip

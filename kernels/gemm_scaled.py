@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_fp8 import load_codes, tile_ids
+from fp4cli.kernels.gemm_io import load_codes, tile_ids
 from fp4cli.kernels.gemm_tiles import decode_float, per_byte
 
 

@@ -1,10 +1,10 @@
-"""The exact MXFP4 GEMM for tiles with a row beyond E5M2's fold range (`gemm_prep` flag 2): a
-nonzero block more than 26 binades below its row's largest, which no common fold can hold.
+"""The exact MXFP4 GEMM's step for tiles with a row beyond E5M2's fold range (`gemm_prep` flag
+2): a nonzero block more than 26 binades below its row's largest, which no common fold holds.
 
 Each 32-element window of K is decoded unfolded (q * 2^13 in E5M2), multiplied on the FP8
 tensor cores (one window's products sum exactly), and its partial sum scaled by the window's
-two block scales into the float32 accumulator. Slower than the folded kernels (one scaling per
-window and output), so it takes only the tiles that need it.
+two block scales into the float32 accumulator: one scaling per window and output, slower than
+the folded kernels, so `gemm_fp8` takes this path only for the tiles that need it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_fp8 import load_codes, store_tile, tile_flags, tile_ids
-from fp4cli.kernels.gemm_prep import FLAG_BEYOND_E5M2
+from fp4cli.kernels.gemm_io import load_codes
 from fp4cli.kernels.gemm_tiles import FOLD_RANGE, FP8_TOP, decode_e5m2, scale_outer
 
 
@@ -33,27 +32,3 @@ def window_product(a_codes_ptr, a_scales_ptr, b_codes_ptr, b_scales_ptr, ra64, r
     exponent_a = scale_a.to(tl.int32) - 127 - FP8_TOP
     exponent_b = scale_b.to(tl.int32) - 127 - FP8_TOP
     return scale_outer(partial, exponent_a, exponent_b)
-
-
-@triton.jit
-def mxfp4_window_gemm_kernel(
-    a_codes_ptr, a_scales_ptr, a_flags_ptr, b_codes_ptr, b_scales_ptr, b_flags_ptr,
-    out_ptr, M, N, k_padded, stride_om, stride_on,
-    BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    pid_m, pid_n = tile_ids(M, N, BM, BN, GROUP_M)
-    ra = pid_m * BM + tl.arange(0, BM)
-    rb = pid_n * BN + tl.arange(0, BN)
-    ra_ok = ra < M
-    rb_ok = rb < N
-    ra64 = ra.to(tl.int64)
-    rb64 = rb.to(tl.int64)
-    flags_a = tl.load(a_flags_ptr + ra, mask=ra_ok, other=0)
-    flags_b = tl.load(b_flags_ptr + rb, mask=rb_ok, other=0)
-    if not tile_flags(flags_a, flags_b, FLAG_BEYOND_E5M2):
-        return
-    acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, k_padded, 32):
-        acc += window_product(a_codes_ptr, a_scales_ptr, b_codes_ptr, b_scales_ptr,
-                              ra64, ra_ok, rb64, rb_ok, k0, k_padded, BLOCK)  # fmt: skip
-    store_tile(out_ptr, acc, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on)

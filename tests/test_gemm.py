@@ -92,7 +92,8 @@ def tier_flags(q) -> list[int]:
     from fp4cli.gemm.operands import kernel_operand
     from fp4cli.kernels.gemm_launch import prepare
 
-    return prepare(kernel_operand(q)).flags.tolist()
+    operand = kernel_operand(q)
+    return prepare(operand, operand).flags(operand.rows)[0].tolist()
 
 
 @needs_kernels
@@ -235,18 +236,21 @@ def test_staged_operands_hold_every_code_at_every_shift() -> None:
     scales = (top - torch.arange(blocks)).to(torch.uint8)
     q = quantized((3, blocks * 32), 0, DEVICE)
     q = type(q)(packed.to(DEVICE), scales.to(DEVICE), None, q.shape, q.spec, 1, q.dtype, q.layout)
-    prepared = prepare(kernel_operand(q), int8=True, e5m2=True, e4m3=True)
+    other = kernel_operand(quantized((5, blocks * 32), 1, DEVICE))
+    prepared = prepare(kernel_operand(q), other, int8=True, e5m2=True, e4m3=True)
     expected = q.dequantize(torch.float64)
     below = torch.arange(blocks).repeat_interleave(32).to(DEVICE)
-    ref = prepared.ref.double()[:, None]
+    ref = prepared.facts[0, :3].double()[:, None]
+    assert prepared.e4m3_scales is not None
+    assert_bits(prepared.e4m3_scales[0].double(), torch.exp2(ref[:, 0] - 133))
     for name, top_exponent, fold in (("int8", 4, 3), ("e5m2", 13, 26), ("e4m3", 6, 11)):
-        staged = getattr(prepared, name).double() * torch.exp2(ref - 127 - top_exponent)
+        staged = getattr(prepared, name)[0].double() * torch.exp2(ref - 127 - top_exponent)
         inside = below <= fold
         assert_matches(staged[:, inside], expected[:, inside], f"{name} within range")
         if name != "int8":  # INT8 has no -0
             assert_bits(staged[:, inside], expected[:, inside], f"{name} within range")
         assert (staged[:, ~inside] == 0).all(), f"{name} beyond range"
-    assert prepared.flags.tolist() == [6, 6, 6]
+    assert prepared.flags(3)[0].tolist() == [6, 6, 6]
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,72 @@
+"""Where a GEMM program's tile lies, and its loads and stores, shared by the MXFP4 GEMM
+kernels. Operands are row-major (rows, K); the output is (M, N) with any strides.
+
+Facts (`gemm_prep`): one int32 tensor (2, M + N): each row's reference scale code, then its
+flags, the rows of A before the rows of B.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from fp4cli.kernels.gemm_prep import FLAG_NAN
+
+
+@triton.jit
+def tile_ids(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of this program, GROUP_M row tiles at a time (B's tiles stay in L2)."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    in_group = GROUP_M * tiles_n
+    first_m = (pid // in_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_rows
+    pid_n = (pid % in_group) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def load_facts(facts_ptr, row, row_ok, first_row, all_rows):
+    """(reference scale codes, flags) of an operand's rows (its rows start at `first_row`)."""
+    ref = tl.load(facts_ptr + first_row + row, mask=row_ok, other=0)
+    flags = tl.load(facts_ptr + all_rows + first_row + row, mask=row_ok, other=0)
+    return ref, flags
+
+
+@triton.jit
+def tile_flags(flags_a, flags_b, FLAG: tl.constexpr):
+    """Whether any of the tile's A rows or B rows carries FLAG."""
+    return (tl.max(flags_a & FLAG, axis=0) + tl.max(flags_b & FLAG, axis=0)) != 0
+
+
+@triton.jit
+def store_tile(out_ptr, value, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on):
+    """Store a tile, NaN in the rows of A and columns of B that hold a NaN block."""
+    nan = ((flags_a & FLAG_NAN)[:, None] + (flags_b & FLAG_NAN)[None, :]) != 0
+    value = tl.where(nan, float("nan"), value)
+    out = out_ptr + ra64[:, None] * stride_om + rb64[None, :] * stride_on
+    tl.store(out, value.to(out_ptr.dtype.element_ty), mask=ra_ok[:, None] & rb_ok[None, :])
+
+
+@triton.jit
+def load_codes(codes_ptr, rows64, row_ok, k0, k_padded, WIDTH: tl.constexpr):
+    """The [rows, WIDTH / 2] packed codes of K positions k0 .. k0 + WIDTH (zero past K)."""
+    byte = k0 // 2 + tl.arange(0, WIDTH // 2)
+    return tl.load(
+        codes_ptr + rows64[:, None] * (k_padded // 2) + byte[None, :],
+        mask=row_ok[:, None] & (byte < k_padded // 2)[None, :],
+        other=0,
+    )
+
+
+@triton.jit
+def load_rows(ptr, rows64, row_ok, k0, k_padded, WIDTH: tl.constexpr):
+    """The [rows, WIDTH] bytes of a staged (rows, K) operand at K offset k0 (zero past K)."""
+    position = k0 + tl.arange(0, WIDTH)
+    return tl.load(
+        ptr + rows64[:, None] * k_padded + position[None, :],
+        mask=row_ok[:, None] & (position < k_padded)[None, :],
+        other=0,
+    )
