@@ -158,13 +158,14 @@ def fast_fp8_matmul(
 
 def cublas_fast_supported(a: Operand, b: Operand, out: torch.Tensor) -> bool:
     """Whether `fast_cublas_matmul` can run: a CUDA device with FP8 tensor cores, a contiguous
-    bf16 output and sizes cuBLAS's FP8 GEMM takes."""
+    bf16 output and sizes cuBLAS's FP8 GEMM takes (M, N and K multiples of 16)."""
     if out.device.type != "cuda" or interpreter_on():
         return False
     return (
         torch.cuda.get_device_capability(out.device) >= (8, 9)
         and out.dtype == torch.bfloat16
         and out.is_contiguous()
+        and a.rows % 16 == 0
         and b.rows % 16 == 0
         and a.k_padded % 16 == 0
     )

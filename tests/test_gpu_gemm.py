@@ -111,6 +111,20 @@ def test_every_exact_tier_on_wide_rows(binades: int) -> None:
     assert ((fast.double() - reference).abs() <= slack).all()
 
 
+@pytest.mark.skipif(not FP8_GPU, reason="the cuBLAS path needs FP8 tensor cores")
+def test_fast_cublas_path_flushes_within_its_bound() -> None:
+    """The cuBLAS path folds into E4M3: blocks more than 11 binades below their row's largest
+    are flushed; nothing else moves beyond the bf16 output's rounding."""
+    a, b = normal_pair(512, 384, 2048, seed=12)
+    a = spread_rows(a, list(range(0, 512, 5)), 15)
+    reference = matmul_reference(a, b, torch.float64)
+    fast = mxfp4_matmul(a, b, torch.bfloat16, "fast").double()
+    magnitude = a.dequantize(torch.float64).abs() @ b.dequantize(torch.float64).abs().T
+    bound = flushed_bound(a, b, fold_range=11) + 2.0**-7 * magnitude + 2.0**-8 * reference.abs()
+    assert ((fast - reference).abs() <= bound).all()
+    assert not torch.allclose(fast, reference.to(torch.bfloat16).double())  # something flushed
+
+
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_exact_is_bit_exact_where_float32_sums_are(out_dtype) -> None:
     a, b = exact_sum_pair(300, 272, 256, seed=4, device="cuda")
