@@ -75,7 +75,8 @@ def parse_gemm_shapes(text: str) -> list[GemmShape]:
                 f"shape {item!r}: expected MxNxK (positive integers) or one of "
                 f"{', '.join(SHAPE_SETS)}"
             )
-        shapes.append(GemmShape(*map(int, dims)))
+        m, n, k = (int(d) for d in dims)
+        shapes.append(GemmShape(m, n, k))
     if not shapes:
         raise BenchError(f"shapes: give at least one MxNxK or {', '.join(SHAPE_SETS)}")
     return shapes
