@@ -49,7 +49,7 @@ def breakdown(m: int, n: int, k: int) -> None:
     a, b = quantize(x, spec), quantize(w, spec)
     a_op, b_op = kernel_operand(a), kernel_operand(b)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    prepared = gemm_launch.prepare(a_op, b_op, int8=True, e5m2=True)
+    prepared = gemm_launch.prepare(a_op, b_op, int8=True, e5m2=True, tier_flags=True)
     flop = 2 * m * n * k
     print(f"{m}x{n}x{k}")
     a_bf16, b_bf16 = a.dequantize(torch.bfloat16), b.dequantize(torch.bfloat16)
@@ -62,7 +62,11 @@ def breakdown(m: int, n: int, k: int) -> None:
     report("cuBLAS int8 (torch._int_mm)", lambda: torch._int_mm(ai, bi.T), flop)
     report("fp4cli exact (end to end)", lambda: mxfp4_matmul(a, b, mode="exact", out=out), flop)
     report("fp4cli fast (end to end)", lambda: mxfp4_matmul(a, b, mode="fast", out=out), flop)
-    report("  prepare: INT8 + E5M2", lambda: gemm_launch.prepare(a_op, b_op, True, True), flop)
+    report(
+        "  prepare: INT8 + E5M2",
+        lambda: gemm_launch.prepare(a_op, b_op, True, True, tier_flags=True),
+        flop,
+    )
     report("  prepare: E4M3", lambda: gemm_launch.prepare(a_op, b_op, e4m3=True), flop)
     report("  INT8 kernel", lambda: gemm_launch.launch_int8(a_op, b_op, prepared, out), flop)
     report("  FP8 kernel, no wide tile (exits)",

@@ -103,9 +103,15 @@ def _grid(rows_a: int, rows_b: int, tile: GemmTile) -> tuple[int]:
 
 @torch.compiler.disable
 def prepare(
-    a: Operand, b: Operand, int8: bool = False, e5m2: bool = False, e4m3: bool = False
+    a: Operand,
+    b: Operand,
+    int8: bool = False,
+    e5m2: bool = False,
+    e4m3: bool = False,
+    tier_flags: bool = False,
 ) -> Prepared:
-    """Both operands' facts and the staged copies asked for, in one launch."""
+    """Both operands' facts and the staged copies asked for, in one launch; the flags of the
+    exact GEMM's tiers (2, 4) only with `tier_flags`."""
     rows_a, rows_b, k_padded = a.rows, b.rows, a.k_padded
     rows, device = rows_a + rows_b, a.codes.device
     formats = [name for name, wanted in (("int8", int8), ("e5m2", e5m2), ("e4m3", e4m3)) if wanted]
@@ -118,7 +124,8 @@ def prepare(
         a.codes.view(torch.int32), a.scales, b.codes.view(torch.int32), b.scales,
         staged.view(torch.int32), facts, scales, rows_a, rows_b, k_padded,
         ROWS=rows_per_program, WORDS=PREP_WORDS, SCALE_CHUNK=PREP_SCALE_CHUNK, BLOCK=a.block,
-        WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3, num_warps=PREP_WARPS,
+        WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3, TIER_FLAGS=tier_flags,
+        num_warps=PREP_WARPS,
     )  # fmt: skip
     pairs = {
         name: (part[:rows_a].view(STAGED_DTYPES[name]), part[rows_a:].view(STAGED_DTYPES[name]))
@@ -132,7 +139,7 @@ def prepare(
 def exact_matmul(a: Operand, b: Operand, out: torch.Tensor) -> torch.Tensor:
     """Exact, by the spread of each tile's rows: INT8 tiles, then the FP8 kernel for the rest
     (folded, or per window beyond E5M2's range)."""
-    prepared = prepare(a, b, int8=True, e5m2=True)
+    prepared = prepare(a, b, int8=True, e5m2=True, tier_flags=True)
     launch_int8(a, b, prepared, out)
     return launch_fp8(a, b, prepared, out, exact=True, skip_narrow=True)
 
@@ -143,7 +150,7 @@ def exact_fp8_matmul(
 ) -> torch.Tensor:
     """Exact on FP8 tensor cores only (no INT8 tier): E5M2 staged in memory, or decoded in
     registers (`fused`)."""
-    prepared = prepare(a, b, e5m2=not fused)
+    prepared = prepare(a, b, e5m2=not fused, tier_flags=True)
     return launch_fp8(a, b, prepared, out, exact=True, tile=tile)
 
 

@@ -5,9 +5,11 @@ For each row of an operand blocked along K (codes (rows, K/2) uint8, scale codes
 (rows, K/BLOCK) uint8, K padded to whole blocks) the kernel writes its reference, the largest
 block scale code (127 for a row holding a NaN block), and flags: 1 = a NaN block, 2 = a nonzero
 block more than 26 binades below the reference (beyond E5M2's fold range), 4 = a nonzero block
-more than 3 below (beyond INT8's). It also writes, as asked, the operand folded into INT8, E5M2
-and E4M3 against each row's reference (`gemm_words`; blocks beyond a format's range flushed),
-and each row's E4M3 scale 2^(ref - 127 - 6) as float32 (NaN for a NaN row).
+more than 3 below (beyond INT8's); flags 2 and 4, which only the exact GEMM's tiers read, only
+when asked (TIER_FLAGS: they read every code word). It also writes, as asked, the operand
+folded into INT8, E5M2 and E4M3 against each row's reference (`gemm_words`; blocks beyond a
+format's range flushed), and each row's E4M3 scale 2^(ref - 127 - 6) as float32 (NaN for a
+NaN row).
 
 Outputs, rows of A then rows of B (R = rows_a + rows_b): facts (2, R) int32 (references, then
 flags); staged (formats, R, K) bytes, in the order INT8, E5M2, E4M3 of those written; E4M3
@@ -65,9 +67,10 @@ def prepare_rows(
     program, rows, first_row, all_rows, k_padded,
     ROWS: tl.constexpr, WORDS: tl.constexpr, SCALE_CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     WRITE_INT8: tl.constexpr, WRITE_E5M2: tl.constexpr, WRITE_E4M3: tl.constexpr,
+    TIER_FLAGS: tl.constexpr,
 ):  # fmt: skip
     """One program's ROWS rows of one operand; its outputs start at row `first_row` of the
-    outputs' `all_rows`."""
+    outputs' `all_rows`. Flags 2 and 4 are computed only with TIER_FLAGS (else left 0)."""
     row = program * ROWS + tl.arange(0, ROWS)
     row_ok = row < rows
     row64 = row.to(tl.int64)
@@ -77,8 +80,8 @@ def prepare_rows(
     top = row_reference(scales_ptr, row64, row_ok, n_blocks, ROWS, SCALE_CHUNK)
     has_nan = top == E8M0_NAN
     ref = tl.where(has_nan, 127, top)
-    beyond_e5m2 = tl.zeros([ROWS], tl.int32)
-    beyond_int8 = tl.zeros([ROWS], tl.int32)
+    beyond_e5m2 = tl.zeros([ROWS, WORDS], tl.int1)  # reduced over words after the loop
+    beyond_int8 = tl.zeros([ROWS, WORDS], tl.int1)
     format_words = all_rows.to(tl.int64) * (2 * n_words)  # one staged format, in words
     for w0 in range(0, n_words, WORDS):
         word = w0 + tl.arange(0, WORDS)
@@ -89,9 +92,10 @@ def prepare_rows(
             scales_ptr + row64[:, None] * n_blocks + (word * 8 // BLOCK)[None, :], mask=ok, other=0
         ).to(tl.int32)
         below = ref[:, None] - scale_codes  # binades below the row's top block
-        nonzero = ((words & 0x77777777) != 0) & ok
-        beyond_e5m2 = beyond_e5m2 | tl.max((nonzero & (below > 26)).to(tl.int32), axis=1)
-        beyond_int8 = beyond_int8 | tl.max((nonzero & (below > 3)).to(tl.int32), axis=1)
+        if TIER_FLAGS:
+            nonzero = ((words & 0x77777777) != 0) & ok
+            beyond_e5m2 = beyond_e5m2 | (nonzero & (below > 26))
+            beyond_int8 = beyond_int8 | (nonzero & (below > 3))
         out_word = 2 * w0 + tl.arange(0, 2 * WORDS)
         out_ok = row_ok[:, None] & (out_word < 2 * n_words)[None, :]
         out_ptr = staged_ptr
@@ -106,9 +110,9 @@ def prepare_rows(
         if WRITE_E4M3:
             store_staged(out_ptr, words, below, out_row64, out_word, out_ok, 2 * n_words,
                          FORMAT_E4M3)  # fmt: skip
-    fine = (~has_nan).to(tl.int32)
-    flags = has_nan.to(tl.int32) * FLAG_NAN
-    flags += fine * (beyond_e5m2 * FLAG_BEYOND_E5M2 + beyond_int8 * FLAG_BEYOND_INT8)
+    tiers = tl.max(beyond_e5m2.to(tl.int32), axis=1) * FLAG_BEYOND_E5M2
+    tiers += tl.max(beyond_int8.to(tl.int32), axis=1) * FLAG_BEYOND_INT8
+    flags = tl.where(has_nan, FLAG_NAN, tiers)
     tl.store(facts_ptr + out_row64, ref, mask=row_ok)
     tl.store(facts_ptr + all_rows + out_row64, flags, mask=row_ok)
     if WRITE_E4M3:
@@ -122,6 +126,7 @@ def operand_prep_kernel(
     staged_ptr, facts_ptr, e4m3_scale_ptr, rows_a, rows_b, k_padded,
     ROWS: tl.constexpr, WORDS: tl.constexpr, SCALE_CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     WRITE_INT8: tl.constexpr, WRITE_E5M2: tl.constexpr, WRITE_E4M3: tl.constexpr,
+    TIER_FLAGS: tl.constexpr,
 ):  # fmt: skip
     """The first cdiv(rows_a, ROWS) programs prepare A, the rest B. Code words: each operand's
     codes as (rows, K/8) int32; staged: the (formats, R, K) bytes as int32 words."""
@@ -130,8 +135,9 @@ def operand_prep_kernel(
     if pid < programs_a:
         prepare_rows(a_code_words_ptr, a_scales_ptr, staged_ptr, facts_ptr, e4m3_scale_ptr,
                      pid, rows_a, 0, rows_a + rows_b, k_padded, ROWS, WORDS, SCALE_CHUNK,
-                     BLOCK, WRITE_INT8, WRITE_E5M2, WRITE_E4M3)  # fmt: skip
+                     BLOCK, WRITE_INT8, WRITE_E5M2, WRITE_E4M3, TIER_FLAGS)  # fmt: skip
     else:
         prepare_rows(b_code_words_ptr, b_scales_ptr, staged_ptr, facts_ptr, e4m3_scale_ptr,
                      pid - programs_a, rows_b, rows_a, rows_a + rows_b, k_padded, ROWS, WORDS,
-                     SCALE_CHUNK, BLOCK, WRITE_INT8, WRITE_E5M2, WRITE_E4M3)  # fmt: skip
+                     SCALE_CHUNK, BLOCK, WRITE_INT8, WRITE_E5M2, WRITE_E4M3,
+                     TIER_FLAGS)  # fmt: skip

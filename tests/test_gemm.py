@@ -93,7 +93,7 @@ def tier_flags(q) -> list[int]:
     from fp4cli.kernels.gemm_launch import prepare
 
     operand = kernel_operand(q)
-    return prepare(operand, operand).flags(operand.rows)[0].tolist()
+    return prepare(operand, operand, tier_flags=True).flags(operand.rows)[0].tolist()
 
 
 @needs_kernels
@@ -237,7 +237,7 @@ def test_staged_operands_hold_every_code_at_every_shift() -> None:
     q = quantized((3, blocks * 32), 0, DEVICE)
     q = type(q)(packed.to(DEVICE), scales.to(DEVICE), None, q.shape, q.spec, 1, q.dtype, q.layout)
     other = kernel_operand(quantized((5, blocks * 32), 1, DEVICE))
-    prepared = prepare(kernel_operand(q), other, int8=True, e5m2=True, e4m3=True)
+    prepared = prepare(kernel_operand(q), other, True, True, True, tier_flags=True)
     expected = q.dequantize(torch.float64)
     below = torch.arange(blocks).repeat_interleave(32).to(DEVICE)
     ref = prepared.facts[0, :3].double()[:, None]
