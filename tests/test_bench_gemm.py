@@ -109,3 +109,17 @@ def test_errors_are_measured_against_float64() -> None:
     assert baseline.beyond_rounding == 0.0
     assert exact.rel_error is not None and 0 < exact.rel_error < 1e-2
     assert exact.baseline_ms == baseline.ms
+
+
+def test_baseline_is_timed_first_and_last_and_the_faster_counts(monkeypatch) -> None:
+    import fp4cli.bench.gemm as gemm_bench
+
+    times = iter([5.0, 4.0])
+    monkeypatch.setattr(gemm_bench, "_time_ms", lambda *args: next(times))
+    rows = run_gemm_bench(
+        [GemmShape(16, 16, 32)], ["cublas-bf16", "cublas-fp8"], torch.device("cpu")
+    )
+    baseline = rows[0]
+    assert (baseline.first_ms, baseline.ms) == (5.0, 4.0)
+    assert ("first_ms", 5.0, "ms") in baseline.measurements()
+    assert rows[1].note == "needs a GPU with FP8 tensor cores"

@@ -253,7 +253,8 @@ def _gemm_table(rows: list[Any], device: Any) -> Any:
     from fp4cli.train.loop import device_name
 
     caption = (
-        "x bf16: throughput over cuBLAS bf16's on the same operands. rel err: ||C - C64|| / "
+        "x bf16: throughput over cuBLAS bf16's on the same operands (timed first and last, the "
+        "faster counts). rel err: ||C - C64|| / "
         "||C64|| against the float64 product; beyond bf16: against C64 rounded to bf16 (what "
         "the output rounding alone leaves is 0). fp4cli times include preparing the operands."
     )
