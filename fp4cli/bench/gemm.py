@@ -3,8 +3,8 @@
 For each shape, in one process: random normal A (M, K) and B (N, K), quantized to MXFP4 along
 K; the float64 product of the dequantized operands (the reference); then each implementation,
 timed (the median of `triton.testing.do_bench` on a GPU, of timed loops on the CPU) and checked:
-cuBLAS bf16 is timed first and again last, and the faster time counts (a GPU's clock moves with
-its temperature and power: a baseline measured cold runs faster than one measured warm);
+cuBLAS bf16 is timed first and again last, and the faster time counts (the ratios to it stay
+conservative if the GPU's clock drifts during the shape);
 its relative error against the reference (Frobenius norms), and its error beyond the rounding of
 the output (against the reference rounded to the output dtype). Times are end to end: fp4cli's
 include preparing the operands. An implementation that cannot run gets a row with a note.
