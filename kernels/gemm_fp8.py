@@ -24,9 +24,10 @@ from fp4cli.kernels.gemm_io import (
     load_codes,
     load_facts,
     load_rows,
+    load_window_scales,
     store_tile,
     tile_flags,
-    tile_ids,
+    tile_rows,
 )
 from fp4cli.kernels.gemm_prep import FLAG_BEYOND_E5M2, FLAG_BEYOND_INT8
 from fp4cli.kernels.gemm_tiles import FOLD_RANGE, FP8_TOP, decode_e5m2, per_byte, scale_outer
@@ -40,13 +41,8 @@ def load_e5m2(codes_ptr, scales_ptr, staged_ptr, rows64, row_ok, ref, k0, k_padd
     reference scale code `ref`: decoded in registers (FUSED) or loaded staged."""
     if FUSED:
         codes = load_codes(codes_ptr, rows64, row_ok, k0, k_padded, WIDTH)
-        window = k0 + 32 * tl.arange(0, WIDTH // 32)
-        scale_codes = tl.load(
-            scales_ptr + rows64[:, None] * (k_padded // BLOCK) + (window // BLOCK)[None, :],
-            mask=row_ok[:, None] & (window < k_padded)[None, :],
-            other=0,
-        ).to(tl.int32)
-        shift = scale_codes - ref[:, None] + FOLD_RANGE
+        scale_codes = load_window_scales(scales_ptr, rows64, row_ok, k0, k_padded, WIDTH, BLOCK)
+        shift = scale_codes.to(tl.int32) - ref[:, None] + FOLD_RANGE
         return decode_e5m2(codes, per_byte(shift, 16))
     staged = load_rows(staged_ptr, rows64, row_ok, k0, k_padded, WIDTH)
     return staged.to(tl.float8e5, bitcast=True)
@@ -59,13 +55,7 @@ def mxfp4_fp8_gemm_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     BLOCK: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr, SKIP_NARROW: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = tile_ids(M, N, BM, BN, GROUP_M)
-    ra = pid_m * BM + tl.arange(0, BM)
-    rb = pid_n * BN + tl.arange(0, BN)
-    ra_ok = ra < M
-    rb_ok = rb < N
-    ra64 = ra.to(tl.int64)
-    rb64 = rb.to(tl.int64)
+    ra, ra_ok, ra64, rb, rb_ok, rb64 = tile_rows(M, N, BM, BN, GROUP_M)
     ref_a, flags_a = load_facts(facts_ptr, ra, ra_ok, 0, M + N)
     ref_b, flags_b = load_facts(facts_ptr, rb, rb_ok, M, M + N)
     # constexpr conditions outside, tensor conditions inside: Triton folds the outer `if`

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_io import load_facts, load_rows, store_tile, tile_flags, tile_ids
+from fp4cli.kernels.gemm_io import load_facts, load_rows, store_tile, tile_flags, tile_rows
 from fp4cli.kernels.gemm_prep import FLAG_BEYOND_INT8
 from fp4cli.kernels.gemm_tiles import scale_outer
 
@@ -23,13 +23,7 @@ def mxfp4_int8_gemm_kernel(
     a_int8_ptr, b_int8_ptr, facts_ptr, out_ptr, M, N, k_padded, stride_om, stride_on,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = tile_ids(M, N, BM, BN, GROUP_M)
-    ra = pid_m * BM + tl.arange(0, BM)
-    rb = pid_n * BN + tl.arange(0, BN)
-    ra_ok = ra < M
-    rb_ok = rb < N
-    ra64 = ra.to(tl.int64)
-    rb64 = rb.to(tl.int64)
+    ra, ra_ok, ra64, rb, rb_ok, rb64 = tile_rows(M, N, BM, BN, GROUP_M)
     ref_a, flags_a = load_facts(facts_ptr, ra, ra_ok, 0, M + N)
     ref_b, flags_b = load_facts(facts_ptr, rb, rb_ok, M, M + N)
     if tile_flags(flags_a, flags_b, FLAG_BEYOND_INT8):  # the FP8 kernel's tile

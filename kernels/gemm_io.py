@@ -28,6 +28,16 @@ def tile_ids(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def tile_rows(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's A rows and B rows: (ra, ra_ok, ra64, rb, rb_ok, rb64), the indices, which
+    exist, and the indices as int64 (for offsets past 2^31)."""
+    pid_m, pid_n = tile_ids(M, N, BM, BN, GROUP_M)
+    ra = pid_m * BM + tl.arange(0, BM)
+    rb = pid_n * BN + tl.arange(0, BN)
+    return ra, ra < M, ra.to(tl.int64), rb, rb < N, rb.to(tl.int64)
+
+
+@triton.jit
 def load_facts(facts_ptr, row, row_ok, first_row, all_rows):
     """(reference scale codes, flags) of an operand's rows (its rows start at `first_row`)."""
     ref = tl.load(facts_ptr + first_row + row, mask=row_ok, other=0)
@@ -68,5 +78,18 @@ def load_rows(ptr, rows64, row_ok, k0, k_padded, WIDTH: tl.constexpr):
     return tl.load(
         ptr + rows64[:, None] * k_padded + position[None, :],
         mask=row_ok[:, None] & (position < k_padded)[None, :],
+        other=0,
+    )
+
+
+@triton.jit
+def load_window_scales(scales_ptr, rows64, row_ok, k0, k_padded, WIDTH: tl.constexpr,
+                       BLOCK: tl.constexpr):  # fmt: skip
+    """[rows, WIDTH / 32] E8M0 scale codes, one per 32-element window at K offset k0 (a block
+    of BLOCK, a multiple of 32, spans BLOCK / 32 windows)."""
+    window = k0 + 32 * tl.arange(0, WIDTH // 32)
+    return tl.load(
+        scales_ptr + rows64[:, None] * (k_padded // BLOCK) + (window // BLOCK)[None, :],
+        mask=row_ok[:, None] & (window < k_padded)[None, :],
         other=0,
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_io import load_codes, tile_ids
+from fp4cli.kernels.gemm_io import load_codes, load_window_scales, tile_rows
 from fp4cli.kernels.gemm_tiles import decode_float, per_byte
 
 
@@ -24,33 +24,16 @@ def scaled_dot_kernel(
     out_ptr, M, N, k_padded, stride_om, stride_on,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = tile_ids(M, N, BM, BN, GROUP_M)
-    ra = pid_m * BM + tl.arange(0, BM)
-    rb = pid_n * BN + tl.arange(0, BN)
-    ra_ok = ra < M
-    rb_ok = rb < N
-    ra64 = ra.to(tl.int64)
-    rb64 = rb.to(tl.int64)
+    ra, ra_ok, ra64, rb, rb_ok, rb64 = tile_rows(M, N, BM, BN, GROUP_M)
     acc = tl.zeros([BM, BN], tl.float32)
     for k0 in range(0, k_padded, BK):
         a = load_codes(a_codes_ptr, ra64, ra_ok, k0, k_padded, BK)
         b = load_codes(b_codes_ptr, rb64, rb_ok, k0, k_padded, BK)
-        scale_a = _window_scales(a_scales_ptr, ra64, ra_ok, k0, k_padded, BK)
-        scale_b = _window_scales(b_scales_ptr, rb64, rb_ok, k0, k_padded, BK)
+        scale_a = load_window_scales(a_scales_ptr, ra64, ra_ok, k0, k_padded, BK, 32)
+        scale_b = load_window_scales(b_scales_ptr, rb64, rb_ok, k0, k_padded, BK, 32)
         acc = tl.dot_scaled(a, scale_a, "e2m1", tl.trans(b), scale_b, "e2m1", acc)
     out = out_ptr + ra64[:, None] * stride_om + rb64[None, :] * stride_on
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ra_ok[:, None] & rb_ok[None, :])
-
-
-@triton.jit
-def _window_scales(scales_ptr, rows64, row_ok, k0, k_padded, WIDTH: tl.constexpr):
-    """[rows, WIDTH / 32] E8M0 scale codes of blocks of 32 at K offset k0."""
-    block = k0 // 32 + tl.arange(0, WIDTH // 32)
-    return tl.load(
-        scales_ptr + rows64[:, None] * (k_padded // 32) + block[None, :],
-        mask=row_ok[:, None] & (block < k_padded // 32)[None, :],
-        other=0,
-    )
 
 
 @triton.jit
@@ -59,13 +42,7 @@ def weight_only_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = tile_ids(M, N, BM, BN, GROUP_M)
-    ra = pid_m * BM + tl.arange(0, BM)
-    rb = pid_n * BN + tl.arange(0, BN)
-    ra_ok = ra < M
-    rb_ok = rb < N
-    ra64 = ra.to(tl.int64)
-    rb64 = rb.to(tl.int64)
+    ra, ra_ok, ra64, rb, rb_ok, rb64 = tile_rows(M, N, BM, BN, GROUP_M)
     dtype: tl.constexpr = a_ptr.dtype.element_ty
     acc = tl.zeros([BM, BN], tl.float32)
     for k0 in range(0, k_padded, BK):
@@ -76,13 +53,8 @@ def weight_only_kernel(
             other=0.0,
         )
         codes = load_codes(b_codes_ptr, rb64, rb_ok, k0, k_padded, BK)
-        window = k0 + 32 * tl.arange(0, BK // 32)
-        scale_codes = tl.load(
-            b_scales_ptr + rb64[:, None] * (k_padded // BLOCK) + (window // BLOCK)[None, :],
-            mask=rb_ok[:, None] & (window < k_padded)[None, :],
-            other=0,
-        ).to(tl.int32)
-        b = decode_float(codes, per_byte(scale_codes, 16)).to(dtype)
+        scale_codes = load_window_scales(b_scales_ptr, rb64, rb_ok, k0, k_padded, BK, BLOCK)
+        b = decode_float(codes, per_byte(scale_codes.to(tl.int32), 16)).to(dtype)
         if dtype == tl.float32:
             acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
         else:

@@ -103,10 +103,10 @@ def _shape_rows(
     for row in rows:
         _measure(row, a, b, reference, device, rep_ms)
     baseline = next((row for row in rows if row.impl == BASELINE and row.ms is not None), None)
-    if baseline is not None and len(rows) > 1:
-        baseline.first_ms = baseline.ms
+    if baseline is not None and baseline.ms is not None and len(rows) > 1:
+        first = baseline.first_ms = baseline.ms
         _measure(baseline, a, b, reference, device, rep_ms)
-        baseline.ms = min(baseline.ms or baseline.first_ms, baseline.first_ms)
+        baseline.ms = min(baseline.ms or first, first)
     del reference
     times = {row.impl: row.ms for row in rows}
     for row in rows:

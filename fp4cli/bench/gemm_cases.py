@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fp4cli.bench.configs import BenchError
-from fp4cli.bench.parsing import split_list
+from fp4cli.bench.parsing import parse_choices, split_list
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,4 @@ def parse_gemm_shapes(text: str) -> list[GemmShape]:
 
 
 def parse_impls(text: str) -> list[str]:
-    impls = split_list(text)
-    for impl in impls:
-        if impl not in IMPLS:
-            raise BenchError(f"impls: {impl!r} is not one of {', '.join(IMPLS)}")
-    if not impls:
-        raise BenchError(f"impls: name at least one of {', '.join(IMPLS)}")
-    return list(dict.fromkeys(impls))
+    return parse_choices("impls", text, tuple(IMPLS))

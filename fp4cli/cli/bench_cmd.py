@@ -14,6 +14,12 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
+DeviceOption = Annotated[str, Opt(help="auto, cuda, cuda:N or cpu.")]
+StoreOption = Annotated[
+    Path | None, Opt(help="Run store (default $FP4_STORE or runs/fp4.db).", show_default=False)
+]
+NoStoreOption = Annotated[bool, Opt("--no-store", help="Print only; store nothing.")]
+
 DEFAULT_SHAPES = "4096x4096,16384x8192,8192x28672"
 DEFAULT_CONFIGS = "mxfp4,mxfp4-rht32-sr,nvfp4"
 COLUMNS = ("shape", "config", "kernel", "backend", "ms", "GB/s", "x copy", "Triton speedup")
@@ -37,16 +43,13 @@ def quantize_command(
     iters: Annotated[
         int, Opt(min=1, help="Calls per timed loop; the time is the median of 5 loops.")
     ] = 20,
-    device: Annotated[str, Opt(help="auto, cuda, cuda:N or cpu.")] = "auto",
+    device: DeviceOption = "auto",
     compile_timeout: Annotated[
         float,
         Opt(min=0, help="Stop waiting for a torch.compile after this many seconds (0: never)."),
     ] = 120.0,
-    store: Annotated[
-        Path | None,
-        Opt(help="Run store (default $FP4_STORE or runs/fp4.db).", show_default=False),
-    ] = None,
-    no_store: Annotated[bool, Opt("--no-store", help="Print only; store nothing.")] = False,
+    store: StoreOption = None,
+    no_store: NoStoreOption = False,
 ) -> None:
     """Quantize, fake-quantize and dequantize throughput: Triton kernels vs the reference.
 
@@ -59,36 +62,24 @@ def quantize_command(
     from fp4cli.bench.configs import bench_configs
     from fp4cli.bench.parsing import parse_choices, parse_dtype, parse_shapes, split_list
     from fp4cli.bench.quantize import BACKENDS, bench_device, check_request, run_quantize_bench
-    from fp4cli.store import RunStore
 
     shape_list = parse_shapes(shapes)
     config_names = [config.name for config in bench_configs(split_list(configs))]
     backend_list = parse_choices("backends", backends, BACKENDS)
     torch_dtype, torch_device = parse_dtype(dtype), bench_device(device)
     check_request(shape_list, axis, backend_list, iters)
-    run_store = None if no_store else RunStore(store)
-    logged = [0]
-
-    def store_case(case_rows: list[Any]) -> None:
-        """Each case goes to the store when measured: an interrupted run keeps what it did."""
-        if run_store is not None:
-            logged[0] += _store(run_store, case_rows, torch_device)
-
+    recorder = _Recorder("quantize", store, no_store, torch_device)
     try:
         with _CaseProgress(len(shape_list) * len(config_names), "quantize") as progress:
             rows = run_quantize_bench(
                 shape_list, config_names, torch_dtype, axis, backend_list, iters, torch_device,
-                compile_timeout_s=compile_timeout, on_case=progress.case, on_rows=store_case,
+                compile_timeout_s=compile_timeout, on_case=progress.case, on_rows=recorder.record,
             )  # fmt: skip
     finally:
-        if run_store is not None:
-            run_store.close()
+        recorder.close()
     console = Console(highlight=False)
     console.print(_table(rows, torch_device, dtype, axis, iters))
-    if run_store is None:
-        typer.echo("not stored (--no-store)")
-        return
-    typer.echo(f"{logged[0]} measurements stored in {run_store.path}")
+    typer.echo(recorder.summary())
 
 
 class _CaseProgress:
@@ -121,15 +112,32 @@ class _CaseProgress:
         self.progress.update(self.task, completed=index, description=description)
 
 
-def _store(run_store: Any, rows: list[Any], device: Any) -> int:
-    return _store_kind(run_store, "quantize", rows, device)
+class _Recorder:
+    """Benchmark rows of one kind into the run store (or nowhere, --no-store) as they are
+    measured: an interrupted run keeps what it did."""
 
+    def __init__(self, kind: str, path: Path | None, no_store: bool, device: Any) -> None:
+        from fp4cli.store import RunStore
 
-def _store_kind(run_store: Any, kind: str, rows: list[Any], device: Any) -> int:
-    from fp4cli.bench.record import store_rows
-    from fp4cli.train.loop import device_name, versions
+        self.kind, self.device, self.logged = kind, device, 0
+        self.store = None if no_store else RunStore(path)
 
-    return store_rows(run_store, kind, device_name(device), versions(), rows)
+    def record(self, rows: list[Any]) -> None:
+        from fp4cli.bench.record import store_rows
+        from fp4cli.train.loop import device_name, versions
+
+        if self.store is not None:
+            name = device_name(self.device)
+            self.logged += store_rows(self.store, self.kind, name, versions(), rows)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def summary(self) -> str:
+        if self.store is None:
+            return "not stored (--no-store)"
+        return f"{self.logged} measurements stored in {self.store.path}"
 
 
 def _table(rows: list[Any], device: Any, dtype: str, axis: int, iters: int) -> Any:
@@ -198,12 +206,9 @@ def gemm_command(
     rep_ms: Annotated[
         int, Opt(min=1, help="Milliseconds of timed calls per measurement (the median counts).")
     ] = 100,
-    device: Annotated[str, Opt(help="auto, cuda, cuda:N or cpu.")] = "auto",
-    store: Annotated[
-        Path | None,
-        Opt(help="Run store (default $FP4_STORE or runs/fp4.db).", show_default=False),
-    ] = None,
-    no_store: Annotated[bool, Opt("--no-store", help="Print only; store nothing.")] = False,
+    device: DeviceOption = "auto",
+    store: StoreOption = None,
+    no_store: NoStoreOption = False,
 ) -> None:
     """MXFP4 GEMM throughput and error: cuBLAS bf16 and FP8, Triton's tl.dot_scaled, fp4cli.
 
@@ -216,33 +221,21 @@ def gemm_command(
     from fp4cli.bench.gemm_cases import parse_gemm_shapes, parse_impls
     from fp4cli.bench.quantize import bench_device
     from fp4cli.cli.output import console_for
-    from fp4cli.store import RunStore
 
     shape_list, impl_list = parse_gemm_shapes(shapes), parse_impls(impls)
     torch_device = bench_device(device)
-    run_store = None if no_store else RunStore(store)
-    logged = [0]
-
-    def store_shape(shape_rows: list[Any]) -> None:
-        """Each shape goes to the store when measured: an interrupted run keeps what it did."""
-        if run_store is not None:
-            logged[0] += _store_kind(run_store, "gemm", shape_rows, torch_device)
-
+    recorder = _Recorder("gemm", store, no_store, torch_device)
     try:
         with _CaseProgress(len(shape_list), "gemm") as progress:
             rows = run_gemm_bench(
                 shape_list, impl_list, torch_device, rep_ms=rep_ms,
-                on_case=progress.gemm_case, on_rows=store_shape,
+                on_case=progress.gemm_case, on_rows=recorder.record,
             )  # fmt: skip
     finally:
-        if run_store is not None:
-            run_store.close()
+        recorder.close()
     table = _gemm_table(rows, torch_device)
     console_for(table).print(table)
-    if run_store is None:
-        typer.echo("not stored (--no-store)")
-        return
-    typer.echo(f"{logged[0]} measurements stored in {run_store.path}")
+    typer.echo(recorder.summary())
 
 
 def _gemm_table(rows: list[Any], device: Any) -> Any:
