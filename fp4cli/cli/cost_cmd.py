@@ -28,7 +28,10 @@ def cost(
     ] = None,
     device: Annotated[
         str,
-        Opt(help="A profile (h100, h100-triton, h200, b200, a100), a GPU name, or auto."),
+        Opt(
+            help="A profile (h100, h100-fp4cli, h100-triton, h200, b200, a100), a GPU name, "
+            "or auto."
+        ),
     ] = "auto",
     measured: Annotated[
         bool,

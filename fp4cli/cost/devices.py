@@ -12,7 +12,8 @@ compare estimates within one profile: the ratio to BF16 is what the model is for
 
 FP4 GEMMs: Blackwell has FP4 tensor cores at twice its FP8 rate. Hopper has none: an FP4 GEMM
 there decodes FP4 to FP8 in registers and feeds the FP8 tensor cores, so the FP8 rate is its
-upper bound (assumed; `h100-triton` has the rate Triton's tl.dot_scaled measured instead).
+upper bound (assumed; `h100-triton` has the rate Triton's tl.dot_scaled measured instead, and
+`h100-fp4cli` the rate of fp4cli's exact MXFP4 GEMM, `fp4 bench gemm`).
 Ampere has no FP8 or FP4 tensor cores: both decode to BF16 and run at the BF16 rate.
 """
 
@@ -77,6 +78,7 @@ H100_COPY = 3.0e12  # measured: dst.copy_(src) of large bf16 tensors
 H100_CUBLAS_BF16 = 746e12  # measured: cuBLAS bf16 GEMM
 H100_CUBLAS_FP8 = 1282e12  # measured: cuBLAS fp8 GEMM
 H100_DOT_SCALED_E2M1 = 236e12  # measured: Triton tl.dot_scaled e2m1 x e2m1, 8192^3
+H100_FP4CLI_EXACT = 947e12  # fp4 bench gemm: mxfp4_matmul(mode='exact'), 8192^3
 
 HOPPER_FP4 = "assumed: no FP4 tensor cores; FP4 decoded to FP8, at most the FP8 rate"
 
@@ -108,6 +110,13 @@ PROFILES: dict[str, DeviceProfile] = {
         "NVIDIA H100 SXM5 80GB, FP4 GEMM at Triton tl.dot_scaled's measured rate",
         H100_DOT_SCALED_E2M1,
         "measured: Triton tl.dot_scaled e2m1 at 8192^3 on this project's H100",
+    ),
+    "h100-fp4cli": _h100(
+        "h100-fp4cli",
+        "NVIDIA H100 SXM5 80GB, FP4 GEMM at fp4cli's exact MXFP4 GEMM's measured rate",
+        H100_FP4CLI_EXACT,
+        "measured: fp4cli.mxfp4_matmul exact at 8192^3, preparation included, on this "
+        "project's H100 (fp4 bench gemm)",
     ),
     "h200": DeviceProfile(
         name="h200",
