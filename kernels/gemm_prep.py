@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fp4cli.kernels.gemm_tiles import E8M0_NAN
 from fp4cli.kernels.gemm_words import (
     FORMAT_E4M3,
     FORMAT_E5M2,
@@ -30,7 +31,6 @@ from fp4cli.kernels.gemm_words import (
 )
 from fp4cli.kernels.tile_ops import pow2
 
-E8M0_NAN = tl.constexpr(255)
 FLAG_NAN = tl.constexpr(1)
 FLAG_BEYOND_E5M2 = tl.constexpr(2)
 FLAG_BEYOND_INT8 = tl.constexpr(4)
@@ -94,8 +94,8 @@ def prepare_rows(
         below = ref[:, None] - scale_codes  # binades below the row's top block
         if TIER_FLAGS:
             nonzero = ((words & 0x77777777) != 0) & ok
-            beyond_e5m2 = beyond_e5m2 | (nonzero & (below > 26))
-            beyond_int8 = beyond_int8 | (nonzero & (below > 3))
+            beyond_e5m2 = beyond_e5m2 | (nonzero & (below > fold_range(FORMAT_E5M2)))
+            beyond_int8 = beyond_int8 | (nonzero & (below > fold_range(FORMAT_INT8)))
         out_word = 2 * w0 + tl.arange(0, 2 * WORDS)
         out_ok = row_ok[:, None] & (out_word < 2 * n_words)[None, :]
         out_ptr = staged_ptr
