@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.tile_io import line_mask, store_values, tile_origin
-from fp4cli.kernels.tile_ops import e2m1_value, pow2, unsigned_minifloat_value
+from fp4cli.kernels.tile_ops import e8m0_scale, signed_e2m1_value, unsigned_minifloat_value
 
 
 @triton.jit
@@ -21,9 +21,7 @@ def dequantize_tile(
 ):
     """Float32 values [ROWS, BLOCKS, BLOCK] of signed E2M1 codes: q * scale (/ pre-scale)
     (/ tensor scale), NaN in non-finite blocks."""
-    magnitude = e2m1_value(code & 7)
-    q = tl.where(code >= 8, -magnitude, magnitude)
-    values = q * scale[:, :, None]
+    values = signed_e2m1_value(code) * scale[:, :, None]
     if PRESCALE != 1.0:
         values = tl.div_rn(values, tl.full(values.shape, PRESCALE, tl.float32))
     if TENSOR_SCALE:
@@ -76,8 +74,7 @@ def dequantize_kernel(
         scales_ptr + line_ids[:, None] * n_blocks + block_cols[None, :], mask=block_mask, other=0
     ).to(tl.int32)
     if POW2_SCALE:
-        scale = pow2(tl.minimum(scale_code, 254) - 127)
-        finite_blocks = scale_code != 255
+        scale, finite_blocks = e8m0_scale(scale_code)
     else:
         scale = unsigned_minifloat_value(scale_code, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX_CODE)
         finite_blocks = scale_code <= SCALE_MAX_CODE

@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.tile_ops import e2m1_value, pow2
+from fp4cli.kernels.tile_ops import e8m0_scale, pow2, signed_e2m1_value
 
 FOLD_RANGE = tl.constexpr(26)  # binades below the row's largest block scale folded exactly
 FP8_TOP = tl.constexpr(13)  # the largest block's values are q * 2^13 (6 * 2^13 = 49152)
@@ -63,19 +63,12 @@ def decode_float(codes, scale_codes):
     R: tl.constexpr = codes.shape[0]
     C: tl.constexpr = codes.shape[1]
     packed = codes.to(tl.int32)
-    scale = pow2(tl.minimum(scale_codes, 254) - 127)
-    finite = scale_codes != E8M0_NAN
-    low = _signed_e2m1(packed & 15) * scale
-    high = _signed_e2m1(packed >> 4) * scale
+    scale, finite = e8m0_scale(scale_codes)
+    low = signed_e2m1_value(packed & 15) * scale
+    high = signed_e2m1_value(packed >> 4) * scale
     low = tl.where(finite, low, float("nan"))
     high = tl.where(finite, high, float("nan"))
     return tl.reshape(tl.join(low, high), (R, 2 * C))
-
-
-@triton.jit
-def _signed_e2m1(nibble):
-    magnitude = e2m1_value(nibble & 7)
-    return tl.where(nibble >= 8, -magnitude, magnitude)
 
 
 @triton.jit

@@ -118,6 +118,19 @@ def e2m1_value(code):
 
 
 @triton.jit
+def signed_e2m1_value(code):
+    """Float32 value of a signed E2M1 code (0..15: sign << 3 | magnitude code)."""
+    magnitude = e2m1_value(code & 7)
+    return tl.where(code >= 8, -magnitude, magnitude)
+
+
+@triton.jit
+def e8m0_scale(code):
+    """(2^(code - 127) as float32, whether the block is finite: code 255 is NaN)."""
+    return pow2(tl.minimum(code, 254) - 127), code != 255
+
+
+@triton.jit
 def e2m1_code_sr(magnitude, bits):
     """E2M1 magnitude code of |v| rounded stochastically with 32 random bits (uint32): up from
     the lower grid point when u = (bits >> 8) / 2^24 < (|v| - lower) / spacing.
