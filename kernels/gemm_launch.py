@@ -116,7 +116,9 @@ def prepare(
     rows, device = rows_a + rows_b, a.codes.device
     formats = [name for name, wanted in (("int8", int8), ("e5m2", e5m2), ("e4m3", e4m3)) if wanted]
     facts = torch.empty(2, rows, dtype=torch.int32, device=device)
-    staged = torch.empty(max(len(formats), 1), rows, k_padded, dtype=torch.uint8, device=device)
+    # with no staged format the kernel writes none: a one-word stand-in for the pointer
+    staged_shape = (len(formats), rows, k_padded) if formats else (1, 1, 4)
+    staged = torch.empty(staged_shape, dtype=torch.uint8, device=device)
     scales = torch.empty(rows if e4m3 else 1, dtype=torch.float32, device=device)
     rows_per_program = PREP_ROWS[len(formats) > 1]
     programs = triton.cdiv(rows_a, rows_per_program) + triton.cdiv(rows_b, rows_per_program)

@@ -63,7 +63,7 @@ def test_matches_reference_bit_for_bit(mode: str, shape: tuple[int, int, int]) -
 
 
 @needs_kernels
-@pytest.mark.parametrize("block", [64, 128, 256])
+@pytest.mark.parametrize("block", [64, 96, 128, 256])
 def test_larger_blocks(block: int) -> None:
     spec = QuantSpec.preset("mxfp4", block=block)
     a, b = exact_sum_pair(20, 24, 256, seed=block, device=DEVICE, spec=spec)

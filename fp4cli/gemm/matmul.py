@@ -4,8 +4,8 @@ Paths (`gemm_path`), for two quantized operands the kernels cover (`operands.ker
 
 - "hopper" (compute capability 8.9 and 9.x, and the Triton interpreter): exact on INT8 / FP8
   tensor cores in tiers (`fp4cli.kernels.gemm_launch.exact_matmul`); fast through cuBLAS's
-  row-wise scaled FP8 GEMM where it takes the shapes (bf16 output, N a multiple of 16), else the
-  FP8 kernel with promotion every K-tile.
+  row-wise scaled FP8 GEMM where it takes the shapes (bf16 output, M, N and K multiples of 16),
+  else the FP8 kernel with promotion every K-tile.
 - "blackwell" (10.x and later, block 32): Triton's `tl.dot_scaled`, the native MXFP4 MMA.
 - "bf16" (other CUDA GPUs): dequantize to bfloat16 (exact) and the ordinary GEMM.
 - "reference" (the CPU, backend "torch", or what the kernels do not cover): `matmul_reference`.
