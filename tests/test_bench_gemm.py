@@ -68,6 +68,7 @@ def test_no_store_writes_nothing(tmp_path: Path) -> None:
         ("--shapes", "0x8x8", "expected MxNxK"),
         ("--impls", "cublas-bf16,cutlass", "'cutlass' is not one of"),
         ("--device", "gpu", "device"),
+        ("--shapes", "square", "too large to measure on the CPU"),
     ],
 )
 def test_bad_requests_are_one_line_exit_2(tmp_path: Path, option, value, fragment) -> None:

@@ -19,12 +19,14 @@ from typing import Any
 
 import torch
 
+from fp4cli.bench.configs import BenchError
 from fp4cli.bench.gemm_cases import BASELINE, IMPLS, GemmShape
 from fp4cli.bench.timing import median_ms
 from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
 
 SEED = 0
 MXFP4 = QuantSpec.preset("mxfp4")
+CPU_MAX_FLOP = 2 * 1024**3  # larger shapes would take minutes on a CPU (float64 reference first)
 
 
 @dataclass
@@ -72,6 +74,18 @@ class GemmRow:
         return [(name, value, unit) for name, value, unit in named if value is not None]
 
 
+def check_gemm_request(shapes: Sequence[GemmShape], device: torch.device) -> None:
+    """Refuse, in one line, shapes too large to measure on a CPU."""
+    if device.type == "cuda":
+        return
+    for shape in shapes:
+        if shape.flop > CPU_MAX_FLOP:
+            raise BenchError(
+                f"shape {shape.text} is too large to measure on the CPU (up to 1024^3 here); "
+                "give smaller --shapes or run on a GPU"
+            )
+
+
 def run_gemm_bench(
     shapes: Sequence[GemmShape],
     impls: Sequence[str],
@@ -82,6 +96,7 @@ def run_gemm_bench(
     on_rows: Callable[[list[GemmRow]], None] | None = None,
 ) -> list[GemmRow]:
     """Measure every shape x implementation; `on_rows` gets each shape's rows when measured."""
+    check_gemm_request(shapes, device)
     rows: list[GemmRow] = []
     for index, shape in enumerate(shapes):
         if on_case is not None:

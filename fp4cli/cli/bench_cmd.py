@@ -217,13 +217,14 @@ def gemm_command(
     bf16 (on the dequantized operands), and the relative error against the float64 product,
     in all and beyond the bf16 output's rounding. Each number also goes to the run store.
     """
-    from fp4cli.bench.gemm import run_gemm_bench
+    from fp4cli.bench.gemm import check_gemm_request, run_gemm_bench
     from fp4cli.bench.gemm_cases import parse_gemm_shapes, parse_impls
     from fp4cli.bench.quantize import bench_device
     from fp4cli.cli.output import console_for
 
     shape_list, impl_list = parse_gemm_shapes(shapes), parse_impls(impls)
     torch_device = bench_device(device)
+    check_gemm_request(shape_list, torch_device)
     recorder = _Recorder("gemm", store, no_store, torch_device)
     try:
         with _CaseProgress(len(shape_list), "gemm") as progress:
