@@ -22,6 +22,8 @@ from fp4cli.quant.scales import tensor_scale
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.techniques.hadamard import normalization
 
+SeedOffset = tuple[torch.Tensor, int]  # a seed tensor and an offset the kernel adds to it
+
 
 @dataclass(frozen=True)
 class Tile:
@@ -77,12 +79,22 @@ def _grid(view: AxisView, tile: Tile, padded_length: int) -> tuple[int, int]:
     return -(-view.outer // tile.rows) * along, along
 
 
-def _seed_args(seed: Seed | None, device: torch.device) -> tuple[torch.Tensor | None, int, bool]:
-    """(pointer argument, value argument, whether the kernel reads the pointer)."""
+def _signed64(value: int) -> int:
+    value &= 0xFFFFFFFFFFFFFFFF
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _seed_args(
+    seed: Seed | SeedOffset | None, device: torch.device
+) -> tuple[torch.Tensor | None, int, bool]:
+    """(pointer argument, value argument, whether the kernel reads the pointer). A
+    (tensor, offset) pair is the seed tensor + offset, added in the kernel."""
+    if isinstance(seed, tuple):
+        tensor, offset = seed
+        return tensor.to(device=device, dtype=torch.int64).reshape(1), _signed64(offset), True
     if isinstance(seed, torch.Tensor):
         return seed.to(device=device, dtype=torch.int64).reshape(1), 0, True
-    value = int(seed or 0) & 0xFFFFFFFFFFFFFFFF
-    return None, value - (1 << 64) if value >= 1 << 63 else value, False
+    return None, _signed64(int(seed or 0)), False
 
 
 def _scale_constants(spec: QuantSpec) -> dict[str, object]:

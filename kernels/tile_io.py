@@ -71,9 +71,10 @@ def load_tile(
 
 @triton.jit
 def seed_of(seed_ptr, seed_value, FROM_PTR: tl.constexpr):
-    """The seed (int64): read from a 1-element tensor, or the scalar argument."""
+    """The seed (int64): a 1-element tensor's value plus the scalar argument (an offset), or
+    the scalar argument alone. The sum wraps around as int64, like torch's."""
     if FROM_PTR:
-        return tl.load(seed_ptr).to(tl.int64)
+        return tl.load(seed_ptr).to(tl.int64) + seed_value.to(tl.int64)
     return seed_value.to(tl.int64)
 
 

@@ -104,14 +104,20 @@ def gemm_operands(
     return a_q, b_q
 
 
+def seed_offsets(gemm: str, operands: tuple[str, str], rank: int = 0) -> tuple[int, int, int]:
+    """What one GEMM adds to a call's seed: (operand a's SR, operand b's SR, the Hadamard)."""
+
+    def operand_offset(name: str) -> int:
+        per_rank = 0 if name.endswith("_w") else rank * RANK_SEED_STRIDE
+        return _OPERAND_SEED[name] + per_rank
+
+    return operand_offset(operands[0]), operand_offset(operands[1]), _RHT_SEED[gemm]
+
+
 def _seeds(call_seed: torch.Tensor, gemm: str, operands: tuple[str, str], rank: int = 0):
     """(SR seed of operand a, of operand b, Hadamard seed) of one GEMM in one call."""
-
-    def operand_seed(name: str) -> torch.Tensor:
-        per_rank = 0 if name.endswith("_w") else rank * RANK_SEED_STRIDE
-        return call_seed + (_OPERAND_SEED[name] + per_rank)
-
-    return operand_seed(operands[0]), operand_seed(operands[1]), call_seed + _RHT_SEED[gemm]
+    a, b, hadamard = seed_offsets(gemm, operands, rank)
+    return call_seed + a, call_seed + b, call_seed + hadamard
 
 
 class QuantLinearFunction(torch.autograd.Function):

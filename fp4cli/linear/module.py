@@ -11,9 +11,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
+from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
 from fp4cli.quant import fake_quantize
-from fp4cli.quant.backend import check_backend
+from fp4cli.quant.backend import check_backend, interpreter_on, triton_available
 from fp4cli.quant.random_bits import draw_seed
 from fp4cli.techniques.qema import update_ema
 
@@ -72,6 +73,7 @@ class QuantLinear(nn.Linear):
         check_backend(backend)
         self.config = config
         self.backend = backend
+        self._fast_gap = fast_gap(config)
         self.stats: dict[tuple[str, str], torch.Tensor] | None = None  # set to {} to record
         self.rank = 0  # this process's rank in a distributed run: X and dY round per rank
         device = self.weight.device
@@ -98,18 +100,40 @@ class QuantLinear(nn.Linear):
             with torch.no_grad():
                 self.calls.add_(1)
         with torch.autocast(device_type, enabled=False):
-            y = QuantLinearFunction.apply(
-                x.reshape(-1, self.in_features),
-                weight,
-                bias,
-                self.config,
-                call_seed,
-                self._weight_guide(),
-                self.stats,
-                self.backend,
-                self.rank,
-            )
+            rows = x.reshape(-1, self.in_features)
+            if self.stats is None and self.executor(rows)[0] == "fast":
+                y = FastQuantLinearFunction.apply(
+                    rows, weight, bias, self.config, call_seed, self._weight_guide(), self.rank
+                )
+            else:
+                y = QuantLinearFunction.apply(
+                    rows,
+                    weight,
+                    bias,
+                    self.config,
+                    call_seed,
+                    self._weight_guide(),
+                    self.stats,
+                    self.backend,
+                    self.rank,
+                )
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def executor(self, x: torch.Tensor | None = None) -> tuple[str, str]:
+        """("fast", "") when this layer's training pass runs the fused executor (`fast.py`) on
+        an input like `x` (default: on the weight's device), else ("reference", why). Both
+        compute the same operands; steps that record statistics always take the reference."""
+        device = x.device if x is not None else self.weight.device
+        if self.backend == "torch":
+            return "reference", "backend torch"
+        gap = self._fast_gap
+        if gap is not None:
+            return "reference", gap
+        if not triton_available():
+            return "reference", "triton is not installed"
+        if device.type != "cuda" and not (self.backend == "triton" and interpreter_on()):
+            return "reference", f"a {device.type} tensor"
+        return "fast", ""
 
     def _weight_guide(self) -> torch.Tensor | None:
         """Q-EMA's guide for the forward weight's rounding, once the EMA has warmed up."""

@@ -1,0 +1,254 @@
+"""The quantized Linear's fast executor: the operand plan of `function.py`, run as three fused
+pair quantizations (`fp4cli.kernels.launch_pair`) with packed backward operands saved.
+
+`function.py` is the definition: it fake-quantizes each of the six operands on its own. Here
+each of X, W and dY is read once and quantized in both block directions in one launch:
+
+    X   along in_features  -> forward operand (values)  | along tokens -> grad_weight (packed)
+    W   along in_features  -> forward operand (values)  | along out    -> grad_input (packed)
+    dY  along out_features -> grad_input (values)       | along tokens -> grad_weight (values)
+
+with the same specs, seeds, Hadamard transforms and double quantization, so every operand has
+the reference's bits and the three GEMMs are the reference's calls on them. The backward
+operands of X and W are saved packed (4.25 bits a value) instead of a 16-bit copy and decoded
+in the backward pass.
+
+`fast_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
+every quantized operand must be an E2M1 spec the kernels take, without a tensor scale or 2-D
+tiles; no DGE or outlier clamping. Q-EMA is covered: W's guided forward rounding runs on the
+reference quantizer and its backward operand on the kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fp4cli.linear.config import LinearConfig
+from fp4cli.linear.function import _quantize_operand, seed_offsets
+from fp4cli.quant import QuantSpec
+from fp4cli.quant.backend import kernel_gap
+from fp4cli.techniques.hadamard import HadamardConfig
+
+GEMM_OPERANDS = {
+    "forward": ("forward_x", "forward_w"),
+    "grad_input": ("grad_input_dy", "grad_input_w"),
+    "grad_weight": ("grad_weight_dy", "grad_weight_x"),
+}
+
+
+def fast_gap(config: LinearConfig) -> str | None:
+    """Why the fast executor cannot run `config`, or None when it can."""
+    if config.dge is not None:
+        return "DGE"
+    if config.outliers is not None:
+        return "outlier clamping"
+    for operands in GEMM_OPERANDS.values():
+        for name in operands:
+            spec = config.spec(name)
+            if spec is None:
+                continue
+            gap = kernel_gap(spec, torch.float32)
+            if gap is None and spec.tensor_scale:
+                gap = "a tensor scale"
+            if gap is not None:
+                return f"{name}: {gap}"
+    return None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One operand wanted from a tensor: its spec (None: high precision), SR seed and Hadamard
+    seed as (call seed, offset), the Hadamard size, and whether to keep it packed."""
+
+    spec: QuantSpec | None
+    seed: tuple[torch.Tensor, int]
+    hadamard: int | None
+    hadamard_seed: tuple[torch.Tensor, int]
+    packed: bool = False
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A backward operand kept between the passes: packed codes and scale codes (with the
+    spec, shape and compute dtype to decode them), or the values themselves."""
+
+    spec: QuantSpec | None
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def values(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        if self.spec is None:
+            return tensors[0]
+        from fp4cli.kernels.launch import dequantize_e2m1
+
+        codes, scales = tensors
+        return dequantize_e2m1(codes, scales, None, self.spec, self.shape, 0, self.dtype)
+
+
+def _request(
+    config: LinearConfig,
+    gemm: str,
+    which: int,
+    call_seed: torch.Tensor,
+    rank: int,
+    packed: bool = False,
+) -> Request:
+    """Operand `which` (0 = a, 1 = b) of `gemm`, as the reference draws its seeds."""
+    offsets = seed_offsets(gemm, GEMM_OPERANDS[gemm], rank)
+    hadamard: HadamardConfig | None = config.hadamard(gemm)
+    return Request(
+        config.spec(GEMM_OPERANDS[gemm][which]),
+        (call_seed, offsets[which]),
+        hadamard.size if hadamard is not None else None,
+        (call_seed, offsets[2]),
+        packed,
+    )
+
+
+def _direction(request: Request, dtype: torch.dtype) -> Any:
+    from fp4cli.kernels.launch_pair import Direction
+
+    assert request.spec is not None
+    return Direction(
+        request.spec,
+        request.seed,
+        request.hadamard,
+        request.hadamard_seed,
+        None if request.packed else dtype,
+    )
+
+
+def _reference_operand(
+    tensor: torch.Tensor,
+    request: Request,
+    axis: int,
+    dtype: torch.dtype,
+    guide: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The operand through `function.py`'s own quantizer (high precision, guided rounding)."""
+    call_seed, offset = request.seed
+    rht = (request.hadamard, call_seed + request.hadamard_seed[1]) if request.hadamard else None
+    return _quantize_operand(
+        tensor, request.spec, axis, call_seed + offset, rht, dtype, "auto", guide
+    )
+
+
+def quantize_both(
+    tensor: torch.Tensor,
+    row: Request | None,
+    col: Request | None,
+    dtype: torch.dtype,
+    double: bool = False,
+    guide: torch.Tensor | None = None,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """`tensor` (rows, cols) quantized along axis 1 (`row`) and axis 0 (`col`): each result is
+    (values in `dtype`, the GEMM's compute dtype) or, for a packed request, (codes, scales); ()
+    where not requested. With `double`, the column direction quantizes the row direction's
+    values (TetraJet's double quantization), as the reference does."""
+    from fp4cli.kernels.launch_pair import pair_tile, quantize_pair
+
+    double = double and row is not None and row.spec is not None
+    row_kernel = row is not None and row.spec is not None and guide is None
+    col_kernel = col is not None and col.spec is not None
+    row_dir = _direction(row, dtype) if row_kernel and row is not None else None
+    col_dir = _direction(col, dtype) if col_kernel and col is not None else None
+    fused = row_dir is not None and col_dir is not None and pair_tile(row_dir, col_dir) is not None
+    if fused:
+        row_out, col_out = quantize_pair(tensor, row_dir, col_dir, dtype if double else None)
+        return _result(row_out), _result(col_out)
+    row_result: tuple[torch.Tensor, ...] = ()
+    if row_dir is not None:
+        row_result = _result(quantize_pair(tensor, row_dir, None)[0])
+    elif row is not None:
+        row_result = (_reference_operand(tensor, row, 1, dtype, guide),)
+    source = row_result[0] if double else tensor
+    col_result: tuple[torch.Tensor, ...] = ()
+    if col_dir is not None:
+        col_result = _result(quantize_pair(source, None, col_dir)[1])
+    elif col is not None:
+        col_result = (_reference_operand(source, col, 0, dtype),)
+    return row_result, col_result
+
+
+def _result(out: Any) -> tuple[torch.Tensor, ...]:
+    if out.values is not None:
+        return (out.values,)
+    return out.codes, out.scales
+
+
+def _saved(request: Request, shape: torch.Size, dtype: torch.dtype) -> Saved:
+    """How the column-direction operand of a (rows, cols) tensor is kept for the backward pass."""
+    rows = shape[0]
+    if request.hadamard:
+        rows = -(-rows // request.hadamard) * request.hadamard
+    return Saved(request.spec, (rows, shape[1]), dtype)
+
+
+class FastQuantLinearFunction(torch.autograd.Function):
+    """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `fast_gap`
+    accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        config: LinearConfig,
+        call_seed: torch.Tensor,
+        weight_guide: torch.Tensor | None,
+        rank: int = 0,
+    ) -> torch.Tensor:
+        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
+        x_for_dw = _request(config, "grad_weight", 1, call_seed, rank, packed=True)
+        w_for_dx = _request(config, "grad_input", 1, call_seed, rank, packed=True)
+        (x_q,), x_saved = quantize_both(
+            x,
+            _request(config, "forward", 0, call_seed, rank),
+            x_for_dw if needs_dw else None,
+            dtype,
+            config.double_quant,
+        )
+        (w_q,), w_saved = quantize_both(
+            weight,
+            _request(config, "forward", 1, call_seed, rank),
+            w_for_dx if needs_dx else None,
+            dtype,
+            config.double_quant,
+            weight_guide,
+        )
+        y = F.linear(x_q, w_q, bias)
+        ctx.save_for_backward(*x_saved, *w_saved)
+        ctx.split = len(x_saved)
+        ctx.x_saved = _saved(x_for_dw, x.shape, dtype)
+        ctx.w_saved = _saved(w_for_dx, weight.shape, dtype)
+        ctx.config, ctx.call_seed, ctx.rank = config, call_seed, rank
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor):
+        config: LinearConfig = ctx.config
+        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        saved = ctx.saved_tensors
+        x_tensors, w_tensors = saved[: ctx.split], saved[ctx.split :]
+        call_seed, rank = ctx.call_seed, ctx.rank
+        dy_rows, dy_cols = quantize_both(
+            grad_y.contiguous(),
+            _request(config, "grad_input", 0, call_seed, rank) if needs_dx else None,
+            _request(config, "grad_weight", 0, call_seed, rank) if needs_dw else None,
+            grad_y.dtype,
+        )
+        grad_x = grad_w = grad_b = None
+        if needs_dx:
+            grad_x = dy_rows[0].mm(ctx.w_saved.values(w_tensors))
+        if needs_dw:
+            grad_w = ctx.x_saved.values(x_tensors).t().mm(dy_cols[0]).t()
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_y.sum(0)
+        return grad_x, grad_w, grad_b, None, None, None, None

@@ -1,0 +1,151 @@
+"""Python side of `quantize_pair`: a 2-D tensor quantized along its rows' length and along its
+columns in one launch (`quantize_pair.py`).
+
+Each direction's outputs are exactly `quantize_e2m1`'s for that axis (axis 1 for the row
+direction, axis 0 for the column direction): packed codes and scale codes in the axis-last
+padded layout, or the dequantized values in the (transformed) input's layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fp4cli.kernels.launch import (
+    SeedOffset,
+    _hadamard_constants,
+    _round_up,
+    _scale_constants,
+    _seed_args,
+)
+from fp4cli.kernels.quantize_pair import quantize_pair_kernel
+from fp4cli.quant.random_bits import Seed
+from fp4cli.quant.spec import QuantSpec
+
+PAIR_MIN_SIDE = 32  # a tile side holds whole blocks of 32 in the other direction
+PAIR_TILE_SIDE = 64
+PAIR_MAX_ELEMENTS = 16384  # larger tiles (RHT-256 in both directions) take two launches
+
+
+@dataclass(frozen=True)
+class Direction:
+    """One direction's quantizer: spec (e2m1, no tensor scale), SR seed, Hadamard size and seed
+    (each an int, a tensor, or a (tensor, offset) pair), and the dtype to write dequantized
+    values in (None: packed codes and scale codes)."""
+
+    spec: QuantSpec
+    seed: Seed | SeedOffset | None = None
+    hadamard: int | None = None
+    hadamard_seed: Seed | SeedOffset = 0
+    values_dtype: torch.dtype | None = None
+
+    def side(self) -> int:
+        """The tile side along this direction's blocks."""
+        return max(PAIR_TILE_SIDE, int(self.spec.block), self.hadamard or 0)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """One direction's result: (codes, scales) or values."""
+
+    codes: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+def pair_tile(row: Direction | None, col: Direction | None) -> tuple[int, int] | None:
+    """(BR, BC) of the one-launch tile for these directions, or None when it would not fit."""
+    br = col.side() if col is not None else PAIR_MIN_SIDE
+    bc = row.side() if row is not None else PAIR_MIN_SIDE
+    if br * bc > PAIR_MAX_ELEMENTS:
+        if row is None or col is None:
+            return None
+        br = max(PAIR_MIN_SIDE, int(col.spec.block), col.hadamard or 0)
+        bc = max(PAIR_MIN_SIDE, int(row.spec.block), row.hadamard or 0)
+        if br * bc > PAIR_MAX_ELEMENTS:
+            return None
+    return br, bc
+
+
+def _direction_args(
+    d: Direction | None, length: int, lines: int, device: torch.device, prefix: str
+) -> tuple[list[object], dict[str, object], Quantized | None, int, int]:
+    """(pointer/seed arguments, constexprs, outputs, out_length, padded_length) of a direction
+    quantizing `lines` lines of `length` positions."""
+    if d is None:
+        args: list[object] = [None, None, None, None, 0, None, 0]
+        constants = dict(ON=False, BLOCK=32, SR=False, GROUPED=False, SEED_FROM_PTR=False,
+                         RHT_SEED_FROM_PTR=False, PRESCALE=1.0, WRITE_VALUES=False,
+                         CEIL=False)  # fmt: skip
+        constants |= _scale_constants_for(None) | _hadamard_constants(None)
+        return args, {f"{prefix}_{k}": v for k, v in constants.items()}, None, 1, 1
+    block = int(d.spec.block)
+    out_length = _round_up(length, d.hadamard) if d.hadamard else length
+    padded = _round_up(out_length, block)
+    if d.values_dtype is not None:
+        shape = (out_length, lines) if prefix == "COL" else (lines, out_length)
+        out = Quantized(values=torch.empty(shape, dtype=d.values_dtype, device=device))
+    else:
+        codes = torch.empty((lines, padded // 2), dtype=torch.uint8, device=device)
+        scales = torch.empty((lines, padded // block), dtype=torch.uint8, device=device)
+        out = Quantized(codes, scales)
+    seed_ptr, seed_value, seed_from_ptr = _seed_args(d.seed, device)
+    rht_ptr, rht_value, rht_from_ptr = _seed_args(d.hadamard_seed, device)
+    args = [out.codes, out.scales, out.values, seed_ptr, seed_value, rht_ptr, rht_value]
+    constants = dict(
+        ON=True, BLOCK=block, CEIL=d.spec.scale_rule == "ceil", SR=d.spec.rounding == "sr",
+        SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
+        PRESCALE=float(d.spec.sr_prescale), WRITE_VALUES=d.values_dtype is not None,
+    )  # fmt: skip
+    constants |= _scale_constants_for(d.spec) | _hadamard_constants(d.hadamard)
+    return args, {f"{prefix}_{k}": v for k, v in constants.items()}, out, out_length, padded
+
+
+def _scale_constants_for(spec: QuantSpec | None) -> dict[str, object]:
+    return _scale_constants(spec if spec is not None else QuantSpec())
+
+
+@torch.compiler.disable
+def quantize_pair(
+    x: torch.Tensor,
+    row: Direction | None,
+    col: Direction | None,
+    double: torch.dtype | None = None,
+    tile: tuple[int, int] | None = None,
+) -> tuple[Quantized | None, Quantized | None]:
+    """x (rows, cols) quantized along axis 1 (`row`) and along axis 0 (`col`), in one launch.
+
+    double: the column direction quantizes the row direction's dequantized values rounded to
+    this dtype (TetraJet's double quantization) instead of x. The caller checks `pair_tile`
+    first: a pair it refuses must be quantized one direction at a time."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_pair takes a 2-D tensor (got shape {tuple(x.shape)})")
+    if double is not None and row is None:
+        raise ValueError("double quantization needs the row direction")
+    x = x.contiguous()
+    rows, cols = x.shape
+    chosen = tile or pair_tile(row, col)
+    if chosen is None:
+        raise ValueError("these directions do not fit one tile; quantize them one at a time")
+    br, bc = chosen
+    row_args, row_constants, row_out, row_length, row_padded = _direction_args(
+        row, cols, rows, x.device, "ROW"
+    )
+    col_args, col_constants, col_out, col_length, col_padded = _direction_args(
+        col, rows, cols, x.device, "COL"
+    )
+    # One Philox call per four elements along each direction's contiguous dimension.
+    row_constants["ROW_GROUPED"] = row is not None and row_length % 4 == 0
+    col_constants["COL_GROUPED"] = col is not None and cols % 4 == 0
+    tiles_r = -(-max(rows, col_length) // br)
+    tiles_c = -(-max(cols, row_length) // bc)
+    quantize_pair_kernel[(tiles_r * tiles_c,)](
+        x, *row_args, *col_args,
+        rows, cols, row_length, row_padded, col_length, col_padded, tiles_c,
+        BR=br, BC=bc, DOUBLE=double is not None,
+        SOURCE_BF16=double == torch.bfloat16, SOURCE_F16=double == torch.float16,
+        **row_constants, **col_constants,
+        num_warps=4 if br * bc <= 4096 else 8,
+    )  # fmt: skip
+    return row_out, col_out
