@@ -1,0 +1,179 @@
+"""quantize_pair (both block directions of a 2-D tensor in one launch) against the reference
+quantizer along each axis, bit for bit (interpreter on the CPU, or a GPU)."""
+
+import pytest
+import torch
+
+from fp4cli.quant import QuantSpec, fake_quantize, quantize
+from tests.kernel_cases import (  # skips this module where the kernels cannot run
+    DEVICE,
+    INF,
+    MXFP4,
+    MXFP4_SR,
+    MXFP4_SR_PRESCALE,
+    NAN,
+    assert_bits,
+    on_device,
+    seeded_normal,
+)
+
+launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+Direction, pair_tile, quantize_pair = (
+    launch_pair.Direction,
+    launch_pair.pair_tile,
+    launch_pair.quantize_pair,
+)
+
+CEIL = QuantSpec.preset("mxfp4-ceil")
+CEIL_SR = CEIL.replace(rounding="sr")
+PAIR_SPECS = {
+    "mxfp4": MXFP4,
+    "ceil": CEIL,
+    "sr": MXFP4_SR,
+    "ceil-sr": CEIL_SR,
+    "sr-prescale": MXFP4_SR_PRESCALE,
+    "ue5m3-ceil": QuantSpec(scale="ue5m3", scale_rule="ceil"),
+    "ue4m3-sr-block16": QuantSpec(scale="ue4m3", block=16, rounding="sr"),
+    "block64": MXFP4.replace(block=64),
+    "block8": MXFP4.replace(block=8),
+}
+
+
+def _input(rows, cols, seed=0):
+    """Rows of different magnitudes (scales over many binades) on the test device."""
+    x = seeded_normal((rows, cols), seed) * torch.exp2(seeded_normal((rows, 1), seed + 1) * 4)
+    return on_device(x)
+
+
+def _reference_row(x, d):
+    if d.values_dtype is not None:
+        return fake_quantize(x, d.spec, 1, d.seed, hadamard=d.hadamard,
+                             hadamard_seed=d.hadamard_seed, out_dtype=d.values_dtype,
+                             backend="torch")  # fmt: skip
+    return quantize(x, d.spec, 1, d.seed, hadamard=d.hadamard, hadamard_seed=d.hadamard_seed,
+                    backend="torch")  # fmt: skip
+
+
+def _reference_col(x, d):
+    if d.values_dtype is not None:
+        return fake_quantize(x, d.spec, 0, d.seed, hadamard=d.hadamard,
+                             hadamard_seed=d.hadamard_seed, out_dtype=d.values_dtype,
+                             backend="torch")  # fmt: skip
+    return quantize(x, d.spec, 0, d.seed, hadamard=d.hadamard, hadamard_seed=d.hadamard_seed,
+                    backend="torch")  # fmt: skip
+
+
+def _assert_direction(out, reference, what):
+    if isinstance(reference, torch.Tensor):
+        # The reference's fake_quantize keeps the sign of a value rounded to zero; codes do not.
+        zero = reference == 0
+        assert_bits(torch.where(zero, 0.0, out.values), torch.where(zero, 0.0, reference), what)
+        assert out.codes is None
+    else:
+        assert_bits(out.codes, reference.codes, f"{what} codes")
+        assert_bits(out.scales, reference.scales, f"{what} scale codes")
+
+
+def _check(x, row, col, double=None):
+    row_out, col_out = quantize_pair(x, row, col, double)
+    if row is not None:
+        _assert_direction(row_out, _reference_row(x, row), "row direction")
+    else:
+        assert row_out is None
+    if col is None:
+        assert col_out is None
+        return
+    source = x
+    if double is not None:
+        source = _reference_row(x, row.__class__(row.spec, row.seed, row.hadamard,
+                                                 row.hadamard_seed, double))  # fmt: skip
+    _assert_direction(col_out, _reference_col(source, col), "column direction")
+
+
+@pytest.mark.parametrize("name", PAIR_SPECS)
+@pytest.mark.parametrize("shape", [(64, 64), (70, 100), (33, 7)])
+def test_both_directions_match_the_reference(name, shape):
+    spec = PAIR_SPECS[name]
+    x = _input(*shape)
+    _check(x, Direction(spec, 11, values_dtype=torch.float32), Direction(spec, 12))
+    _check(x, Direction(spec, 13), Direction(spec, 14, values_dtype=torch.float32))
+
+
+@pytest.mark.parametrize(
+    "row_h,col_h", [(None, 64), (32, None), (64, 32), (16, 128), (128, 64), (256, 32)]
+)
+def test_hadamard_on_either_side(row_h, col_h):
+    x = _input(70, 100, seed=3)
+    row = Direction(CEIL, None, row_h, 21, values_dtype=torch.float32)
+    col = Direction(MXFP4_SR_PRESCALE, 22, col_h, 23)
+    _check(x, row, col)
+
+
+@pytest.mark.parametrize("col_h", [None, 64])
+@pytest.mark.parametrize("col_spec", ["ceil-sr", "sr-prescale"])
+def test_double_quantization_requantizes_the_row_values(col_spec, col_h):
+    x = _input(96, 80, seed=4)
+    row = Direction(CEIL, None, values_dtype=torch.float32)
+    col = Direction(PAIR_SPECS[col_spec], 5, col_h, 6)
+    _check(x, row, col, double=torch.float32)
+    # packed forward codes: the double quantization still reads the row values
+    _check(x, Direction(CEIL, None), col, double=torch.float32)
+
+
+def test_one_direction_alone():
+    x = _input(45, 66, seed=5)
+    _check(x, Direction(CEIL_SR, 9, 32, 10), None)
+    _check(x, None, Direction(CEIL_SR, 9, 32, 10, values_dtype=torch.float32))
+
+
+def test_non_finite_values_poison_their_blocks_in_both_directions():
+    x = _input(64, 96, seed=6)
+    x[3, 5], x[40, 70], x[63, 0] = NAN, INF, -INF
+    row = Direction(MXFP4, None, values_dtype=torch.float32)
+    _check(x, row, Direction(CEIL_SR, 8))
+    _check(x, row, Direction(CEIL_SR, 8), double=torch.float32)
+    _check(x, Direction(MXFP4, None), Direction(CEIL, None, values_dtype=torch.float32))
+
+
+def test_zeros_ties_and_tiny_and_huge_scales():
+    x = _input(64, 64, seed=7)
+    x[:32, :32] = 0.0  # an all-zero block in both directions
+    x[32, :32] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 4)  # E2M1 ties
+    x[33, :] = 1e-40  # subnormal float32
+    x[34, :] = 3e38
+    _check(x, Direction(MXFP4, None, values_dtype=torch.float32), Direction(CEIL, None))
+    _check(x, Direction(CEIL, None), Direction(MXFP4_SR, 3, values_dtype=torch.float32))
+
+
+def test_tensor_seeds_and_seed_offsets_draw_the_reference_bits():
+    x = _input(64, 64, seed=8)
+    base = torch.tensor(2**62 + 5, dtype=torch.int64, device=DEVICE)
+    row_out, col_out = quantize_pair(
+        x,
+        Direction(MXFP4_SR, (base, 7), 32, (base, 9)),
+        Direction(MXFP4_SR, (base, -3), 64, (base, 11)),
+    )
+    row_ref = quantize(x, MXFP4_SR, 1, base + 7, hadamard=32, hadamard_seed=base + 9)
+    col_ref = quantize(x, MXFP4_SR, 0, base - 3, hadamard=64, hadamard_seed=base + 11)
+    assert_bits(row_out.codes, row_ref.codes, "row codes")
+    assert_bits(col_out.codes, col_ref.codes, "column codes")
+
+
+def test_bfloat16_input_and_values():
+    x = _input(64, 64, seed=9).to(torch.bfloat16)
+    row = Direction(MXFP4, None, values_dtype=torch.bfloat16)
+    _check(x, row, Direction(CEIL, None))
+
+
+def test_tiles_and_errors():
+    assert pair_tile(Direction(MXFP4), Direction(MXFP4)) == (64, 64)
+    assert pair_tile(Direction(MXFP4, hadamard=256), Direction(MXFP4)) == (64, 256)
+    assert pair_tile(Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=64)) == (64, 256)
+    assert pair_tile(Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=128)) is None
+    x = _input(32, 32)
+    with pytest.raises(ValueError, match="2-D"):
+        quantize_pair(x[None], Direction(MXFP4), None)
+    with pytest.raises(ValueError, match="double quantization needs the row direction"):
+        quantize_pair(x, None, Direction(MXFP4), torch.float32)
+    with pytest.raises(ValueError, match="one at a time"):
+        quantize_pair(x, Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=256))

@@ -1,0 +1,160 @@
+"""The quantized Linear's fast executor (fp4cli/linear/fast.py) against the reference executor
+(fp4cli/linear/function.py): the same outputs and gradients bit for bit, what is saved for the
+backward pass, and which layers take which executor."""
+
+import pytest
+import torch
+
+from fp4cli import LinearConfig, QuantLinear, QuantSpec
+from fp4cli.linear.fast import fast_gap
+from fp4cli.recipes import load_recipe
+from fp4cli.techniques import DGEConfig, HadamardConfig
+from tests.kernel_cases import DEVICE
+
+CEIL = QuantSpec.preset("mxfp4-ceil")
+CEIL_SR = CEIL.replace(rounding="sr")
+CONFIGS = {
+    "mxfp4": load_recipe("mxfp4").linear,
+    "tetrajet": load_recipe("tetrajet").linear,
+    "tetrajet-qema": load_recipe("tetrajet-qema").linear,
+    "tseng-rht-sr": load_recipe("tseng-rht-sr").linear,
+    # RHT-256 and -128 do not fit one tile: each direction runs on its own
+    "wide-rht": LinearConfig(
+        forward_x=CEIL,
+        forward_w=CEIL,
+        grad_input_dy=CEIL_SR,
+        grad_input_w=CEIL_SR,
+        grad_weight_dy=CEIL_SR,
+        grad_weight_x=CEIL_SR,
+        grad_input_hadamard=HadamardConfig(256),
+        grad_weight_hadamard=HadamardConfig(128),
+    ),
+    "double-quant-rht": LinearConfig(
+        forward_x=CEIL,
+        forward_w=CEIL,
+        grad_weight_dy=CEIL_SR,
+        grad_weight_x=CEIL_SR,
+        grad_weight_hadamard=HadamardConfig(32),
+        double_quant=True,
+    ),
+    "forward-only-ue5m3": LinearConfig(
+        forward_x=QuantSpec(scale="ue5m3", block=16), forward_w=QuantSpec(scale="ue5m3", block=16)
+    ),
+}
+
+
+def _layer(config, backend, in_features=96, out_features=70, bias=True):
+    torch.manual_seed(1)
+    return QuantLinear(
+        in_features, out_features, bias=bias, config=config, seed=3, backend=backend
+    ).to(DEVICE)
+
+
+def _run(layer, x, grad_y, calls=2):
+    """Outputs and gradients of `calls` training passes (each draws fresh seeds)."""
+    results = []
+    for _ in range(calls):
+        x_in = x.detach().clone().requires_grad_(x.requires_grad)
+        layer.zero_grad()
+        y = layer(x_in)
+        y.backward(grad_y)
+        grads = [x_in.grad, *(p.grad for p in layer.parameters())]
+        results.append((y.detach(), *grads))
+    return results
+
+
+def _assert_same(fast, reference):
+    for fast_call, reference_call in zip(fast, reference, strict=True):
+        for a, b in zip(fast_call, reference_call, strict=True):
+            if b is None:
+                assert a is None
+            else:
+                assert torch.equal(a, b)
+
+
+def _inputs(shape=(2, 37, 96), out_features=70, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=generator) * 3
+    grad_y = torch.randn(*shape[:-1], out_features, generator=generator)
+    return x.to(DEVICE).requires_grad_(), grad_y.to(DEVICE)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_fast_executor_matches_the_reference_bit_for_bit(name):
+    fast, reference = _layer(CONFIGS[name], "triton"), _layer(CONFIGS[name], "torch")
+    assert fast.executor() == ("fast", "")
+    x, grad_y = _inputs()
+    _assert_same(_run(fast, x, grad_y), _run(reference, x, grad_y))
+
+
+@pytest.mark.parametrize("name", ["tetrajet", "tseng-rht-sr"])
+def test_ragged_tokens_and_features(name):
+    fast = _layer(CONFIGS[name], "triton", in_features=45, out_features=33)
+    reference = _layer(CONFIGS[name], "torch", in_features=45, out_features=33)
+    x, grad_y = _inputs((19, 45), 33, seed=2)
+    _assert_same(_run(fast, x, grad_y), _run(reference, x, grad_y))
+
+
+def test_frozen_weight_input_without_grad_and_no_bias():
+    config = CONFIGS["tetrajet"]
+    x, grad_y = _inputs(seed=3)
+    for bias in (True, False):
+        fast, reference = _layer(config, "triton", bias=bias), _layer(config, "torch", bias=bias)
+        for layer in (fast, reference):
+            layer.weight.requires_grad_(False)
+        _assert_same(_run(fast, x, grad_y), _run(reference, x, grad_y))
+        fast, reference = _layer(config, "triton", bias=bias), _layer(config, "torch", bias=bias)
+        x_const = x.detach()
+        _assert_same(_run(fast, x_const, grad_y), _run(reference, x_const, grad_y))
+
+
+def test_rank_offsets_match_the_reference():
+    config = CONFIGS["tetrajet"]
+    fast, reference = _layer(config, "triton"), _layer(config, "torch")
+    fast.rank = reference.rank = 3
+    x, grad_y = _inputs(seed=4)
+    _assert_same(_run(fast, x, grad_y, calls=1), _run(reference, x, grad_y, calls=1))
+
+
+def test_statistics_steps_take_the_reference_and_agree():
+    config = CONFIGS["tetrajet"]
+    fast, reference = _layer(config, "triton"), _layer(config, "torch")
+    fast.stats, reference.stats = {}, {}
+    x, grad_y = _inputs(seed=5)
+    _assert_same(_run(fast, x, grad_y, calls=1), _run(reference, x, grad_y, calls=1))
+    assert fast.stats.keys() == reference.stats.keys() and len(fast.stats) > 0
+
+
+def _saved_tensors(layer, x):
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        layer(x)
+    return saved
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "tetrajet"])
+def test_backward_operands_are_saved_packed(name):
+    """X and W are kept as 4-bit codes and scale codes, not as a copy in their own dtype."""
+    x, _ = _inputs(seed=6)
+    saved = _saved_tensors(_layer(CONFIGS[name], "triton"), x)
+    assert saved and all(t.dtype == torch.uint8 for t in saved)
+    # (in, tokens / 2) codes and (in, tokens / 32) scales for X (74 tokens padded to 96), and
+    # (in, out / 2) and (in, out / 32) for W (70 out padded to 96)
+    assert sorted(tuple(t.shape) for t in saved) == [(96, 3), (96, 3), (96, 48), (96, 48)]
+    reference_saved = _saved_tensors(_layer(CONFIGS[name], "torch"), x)
+    assert any(t.is_floating_point() and t.numel() == x.numel() for t in reference_saved)
+
+
+def test_executor_choice_and_reasons():
+    assert fast_gap(CONFIGS["tetrajet"]) is None
+    assert fast_gap(load_recipe("nvfp4").linear) == "forward_x: a tensor scale"
+    assert fast_gap(load_recipe("ue5m3-hadamard-sr").linear) == "forward_x: a tensor scale"
+    assert fast_gap(LinearConfig(forward_w=CEIL, dge=DGEConfig())) == "DGE"
+    assert _layer(CONFIGS["tetrajet"], "torch").executor() == ("reference", "backend torch")
+    cpu = QuantLinear(32, 32, config=CONFIGS["tetrajet"], backend="auto")
+    assert cpu.executor(torch.zeros(1, 32)) == ("reference", "a cpu tensor")
