@@ -34,11 +34,18 @@ class GPTSize:
 SIZES = {
     "debug": GPTSize(GPTConfig(VOCAB_SIZE, block_size=32, n_layer=2, n_embd=32, n_head=2), 8),
     "default": GPTSize(GPTConfig(VOCAB_SIZE, block_size=256, n_layer=6, n_embd=384, n_head=6), 64),
+    # GPT-2 small's shape (12 layers, 768 wide, 12 heads, 1,024 positions) over bytes
+    "gpt2-small": GPTSize(
+        GPTConfig(VOCAB_SIZE, block_size=1024, n_layer=12, n_embd=768, n_head=12), 64
+    ),
 }
 DEFAULTS = {
     "debug": TaskDefaults(steps=20, batch_size=8, lr=1e-3),
     "default": TaskDefaults(
         steps=2000, batch_size=64, lr=1e-3, weight_decay=0.1, warmup_steps=100, eval_every=250
+    ),
+    "gpt2-small": TaskDefaults(
+        steps=2000, batch_size=8, lr=6e-4, weight_decay=0.1, warmup_steps=100, eval_every=250
     ),
 }
 

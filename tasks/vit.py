@@ -35,11 +35,16 @@ class VitSize:
 SIZES = {
     "debug": VitSize(image_size=16, patch_size=4, embed_dim=48, depth=2, num_heads=2),
     "default": VitSize(image_size=32, patch_size=4, embed_dim=192, depth=12, num_heads=3),
+    # DeiT-Small: 224x224 images in 16x16 patches (196 tokens), 384 wide, 12 blocks, 6 heads
+    "deit-small": VitSize(image_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6),
 }
 DEFAULTS = {
     "debug": TaskDefaults(steps=20, batch_size=32, lr=1e-3),
     "default": TaskDefaults(
         steps=2000, batch_size=128, lr=1e-3, weight_decay=0.05, warmup_steps=100, eval_every=250
+    ),
+    "deit-small": TaskDefaults(
+        steps=2000, batch_size=128, lr=5e-4, weight_decay=0.05, warmup_steps=100, eval_every=250
     ),
 }
 

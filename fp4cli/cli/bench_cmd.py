@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
+from fp4cli.cli.bench_step_cmd import step_command
+
 Opt = typer.Option
 
 app = typer.Typer(
@@ -109,6 +111,10 @@ class _CaseProgress:
 
     def gemm_case(self, index: int, shape: Any) -> None:
         description = f"gemm {shape.name or shape.text}"
+        self.progress.update(self.task, completed=index, description=description)
+
+    def step_case(self, index: int, case: Any) -> None:
+        description = f"step {case.task} {case.recipe} {case.backend} {case.mode}"
         self.progress.update(self.task, completed=index, description=description)
 
 
@@ -276,3 +282,6 @@ def _gemm_table(rows: list[Any], device: Any) -> Any:
 
 def _error(value: float | None) -> str:
     return "-" if value is None else f"{value:.2e}"
+
+
+app.command("step")(step_command)

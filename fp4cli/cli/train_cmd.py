@@ -13,7 +13,10 @@ Opt = typer.Option
 def train(
     task: Annotated[str | None, Opt(help="regression, vit, diffusion or gpt.")] = None,
     recipe: Annotated[str | None, Opt(help="A shipped recipe name or a YAML path.")] = None,
-    size: Annotated[str | None, Opt(help="Model/data size: default or debug.")] = None,
+    size: Annotated[
+        str | None,
+        Opt(help="Model size: debug, default, gpt2-small (gpt) or deit-small (vit)."),
+    ] = None,
     steps: Annotated[int | None, Opt(help="Training steps (task default if unset).")] = None,
     batch_size: Annotated[int | None, Opt(help="Global batch size.")] = None,
     lr: Annotated[float | None, Opt(help="Peak learning rate.")] = None,
@@ -22,6 +25,16 @@ def train(
     device: Annotated[str | None, Opt(help="auto, cpu, cuda or cuda:N.")] = None,
     backend: Annotated[
         str | None, Opt(help="Quantizer: auto (Triton kernels on CUDA), torch or triton.")
+    ] = None,
+    compile: Annotated[
+        bool | None, Opt("--compile/--no-compile", help="torch.compile the model.")
+    ] = None,
+    cuda_graph: Annotated[
+        bool | None,
+        Opt(
+            "--cuda-graph/--no-cuda-graph",
+            help="Replay each step from a CUDA graph (one GPU; much faster for small layers).",
+        ),
     ] = None,
     eval_every: Annotated[int | None, Opt(help="Evaluate every N steps (0: at the end).")] = None,
     stats_every: Annotated[int | None, Opt(help="Quantization statistics every N steps.")] = None,
@@ -67,6 +80,8 @@ def train(
         "data": data,
         "device": device,
         "backend": backend,
+        "compile": compile,
+        "cuda_graph": cuda_graph,
         "eval_every": eval_every,
         "stats_every": stats_every,
         "checkpoint_every": checkpoint_every,

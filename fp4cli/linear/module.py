@@ -73,7 +73,14 @@ class QuantLinear(nn.Linear):
         check_backend(backend)
         self.config = config
         self.backend = backend
-        self._fast_gap = fast_gap(config)
+        self._fast_gap = (
+            "backend torch"
+            if backend == "torch"
+            else fast_gap(config)
+            if triton_available()
+            else "triton is not installed"
+        )
+        self._interpreter = interpreter_on()
         self.stats: dict[tuple[str, str], torch.Tensor] | None = None  # set to {} to record
         self.rank = 0  # this process's rank in a distributed run: X and dY round per rank
         device = self.weight.device
@@ -124,14 +131,9 @@ class QuantLinear(nn.Linear):
         an input like `x` (default: on the weight's device), else ("reference", why). Both
         compute the same operands; steps that record statistics always take the reference."""
         device = x.device if x is not None else self.weight.device
-        if self.backend == "torch":
-            return "reference", "backend torch"
-        gap = self._fast_gap
-        if gap is not None:
-            return "reference", gap
-        if not triton_available():
-            return "reference", "triton is not installed"
-        if device.type != "cuda" and not (self.backend == "triton" and interpreter_on()):
+        if self._fast_gap is not None:
+            return "reference", self._fast_gap
+        if device.type != "cuda" and not (self.backend == "triton" and self._interpreter):
             return "reference", f"a {device.type} tensor"
         return "fast", ""
 

@@ -69,7 +69,8 @@ def _resumed(
 
     resolved = run["config"] if isinstance(run["config"], dict) else json.loads(run["config"])
     config = TrainConfig.from_dict(resolved["train"])
-    changeable = ("steps", "backend")  # the backend changes speed, not a single bit
+    # the backend, compilation and CUDA graphs change speed, not a single bit
+    changeable = ("steps", "backend", "compile", "cuda_graph")
     for key in changeable:
         if flags.get(key) is not None:
             config = dataclasses.replace(config, **{key: flags[key]})

@@ -38,6 +38,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     backend: str = "auto"  # quantizer implementation: auto, torch or triton (the same bits)
+    compile: bool = False  # torch.compile the model
+    cuda_graph: bool = False  # replay each training step from a CUDA graph (fp4cli.train.step)
     parallel: str = "none"  # none, ddp or fsdp (under torchrun; fp4cli.train.distributed)
     data: str | None = None
     eval_every: int | None = None
@@ -60,14 +62,15 @@ class TrainConfig:
                 raise ConfigError(f"{name}: must be a non-negative integer (got {value!r})")
         if self.lr is not None and not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ConfigError(f"lr: must be a positive number (got {self.lr!r})")
-        if self.size not in ("debug", "default"):
-            raise ConfigError(f"size: must be debug or default (got {self.size!r})")
+        if not isinstance(self.size, str) or not self.size:
+            raise ConfigError(f"size: must be a size name of the task (got {self.size!r})")
         if self.parallel not in ("none", "ddp", "fsdp"):
             raise ConfigError(f"parallel: must be ddp or fsdp (got {self.parallel!r})")
         if self.backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"backend: must be auto, torch or triton (got {self.backend!r})")
-        if not isinstance(self.checkpoints, bool):
-            raise ConfigError(f"checkpoints: must be true or false (got {self.checkpoints!r})")
+        for name in ("checkpoints", "compile", "cuda_graph"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}: must be true or false (got {getattr(self, name)!r})")
         if self.device != "auto" and not str(self.device).startswith(("cpu", "cuda")):
             raise ConfigError(f"device: must be auto, cpu or cuda[:N] (got {self.device!r})")
 

@@ -32,6 +32,11 @@ from fp4cli.train.config import ConfigError, TrainConfig
 from fp4cli.train.distributed import Distributed
 from fp4cli.train.progress import Reporter, SilentReporter
 from fp4cli.train.stats import QuantStatsCollector
+from fp4cli.train.step import (
+    StepRunner,
+    device_learning_rates,
+    set_learning_rate,
+)
 
 
 @dataclass
@@ -104,10 +109,17 @@ class Trainer:
         self.dist = dist or Distributed()
         distributed.check_config(self.dist, config, recipe)
         self.device = device if device is not None else pick_device(config.device)
+        _check_step_options(config, recipe, self.device, self.dist)
         self.model = self._build_model()  # the module itself (state dicts, statistics)
         self.train_model = distributed.wrap(self.model, self.dist, self.device)  # forward here
+        if config.compile:
+            self.train_model = torch.compile(self.train_model)
         self.optimizer = self._build_optimizer()
         self.stats = QuantStatsCollector(self.model, enabled=config.stats_every > 0)
+        self.step_runner = StepRunner(
+            self.train_model, self.optimizer, self.task.loss, config.grad_clip, self.device,
+            cuda_graph=config.cuda_graph,
+        )  # fmt: skip
         self.run_id: str | None = None
         self.start_step = 0
 
@@ -139,7 +151,11 @@ class Trainer:
             optimizer = QRampAdamW(groups, lr=self.config.lr)
         else:
             fused = self.device.type == "cuda"
-            optimizer = torch.optim.AdamW(groups, lr=self.config.lr, fused=fused)
+            optimizer = torch.optim.AdamW(
+                groups, lr=self.config.lr, fused=fused, capturable=self.config.cuda_graph
+            )
+        if self.config.cuda_graph:
+            device_learning_rates(optimizer, self.device)
         fp4cli.attach_qema(self.model, optimizer)
         return optimizer
 
@@ -179,6 +195,8 @@ class Trainer:
             state = load_checkpoint(path, self.device)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+        if self.config.cuda_graph:
+            device_learning_rates(self.optimizer, self.device)
         restore_rng(state["rng"])
         self.start_step = int(state["step"])
         self.run_id = run_id
@@ -219,13 +237,11 @@ class Trainer:
         config, model, task = self.config, self.train_model, self.task
         assert config.steps is not None and config.batch_size is not None
         run_id = self.run_id
-        autocast = self.device.type == "cuda"
         model.train()
         tick, samples = time.time(), 0
         for step in range(self.start_step, config.steps):
             self._step = step
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr_at(step, config)
+            set_learning_rate(self.optimizer, lr_at(step, config))
             qramp = self.recipe.qramp
             if qramp is not None and step % qramp.interval == 0:
                 self.store.log_metrics(run_id, step, self._calibrate(step))
@@ -233,11 +249,11 @@ class Trainer:
             collect = config.stats_every > 0 and (step + 1) % config.stats_every == 0
             self.stats.begin(collect)
             shapes = LayerShapes(self.model) if step == self.start_step else None
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
-                loss = task.loss(model, batch)
+            # statistics and the first step's layer shapes need the eager step's hooks
+            loss, grad_norm = self.step_runner(batch, eager=collect or shapes is not None)
             if shapes is not None:
                 self.store.log_layers(run_id, shapes.rows())
-            loss_value = distributed.mean_over_ranks(loss.detach(), self.dist)
+            loss_value = distributed.mean_over_ranks(loss, self.dist)
             if not torch.isfinite(loss_value):
                 self.store.finish_run(
                     run_id,
@@ -248,11 +264,7 @@ class Trainer:
                 )
                 reporter.message(f"diverged at step {step}: loss {loss_value.item()}")
                 return "diverged", step
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or 1e9)
             grad_norm = distributed.local_value(grad_norm)
-            self.optimizer.step()
             self.stats.after_step()
             samples += config.batch_size
             done = step + 1
@@ -350,6 +362,20 @@ class LayerShapes:
             for name, m in self.layers.items()
             if name in self.tokens
         ]
+
+
+def _check_step_options(
+    config: TrainConfig, recipe: Any, device: torch.device, dist: Distributed
+) -> None:
+    """One-line errors for step options this run cannot take."""
+    if not config.cuda_graph:
+        return
+    if device.type != "cuda":
+        raise ConfigError(f"cuda_graph: needs a CUDA device (this run is on {device.type})")
+    if dist.world_size > 1:
+        raise ConfigError("cuda_graph: runs on one process (not with --nproc-per-node)")
+    if recipe.qramp is not None:
+        raise ConfigError("cuda_graph: not with Q-Ramping (its optimizer updates on the host)")
 
 
 def _install_stop_handler() -> Any:

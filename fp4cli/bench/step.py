@@ -1,0 +1,236 @@
+"""One training step of a task's model, per recipe x backend x mode, side by side with BF16.
+
+A case builds the task's model at a named size, converts it with the recipe (quantizers on the
+`backend`), and times `steps` training steps (forward under BF16 autocast, backward, gradient
+clipping, fused AdamW) after warm-up, with `fp4cli.train.step.StepRunner`, the trainer's own
+step: eager, replayed from a CUDA graph ("graph"), torch.compile'd ("compile"), or both
+("compile-graph"). Each case reports milliseconds per step, the peak memory of the timed steps,
+and both as ratios to the `bf16` recipe in the same mode; `max_batch` finds the largest batch
+that fits in memory.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fp4cli.bench.configs import BenchError
+
+MODES = ("eager", "graph", "compile", "compile-graph")
+BACKENDS = ("triton", "torch")
+BENCH_SIZES = {"gpt": ("gpt2-small", 8), "vit": ("deit-small", 128)}  # size, batch
+BASELINE = "bf16"
+
+
+@dataclass(frozen=True)
+class StepCase:
+    task: str
+    size: str
+    batch: int
+    recipe: str
+    backend: str
+    mode: str
+
+
+@dataclass
+class StepRow:
+    """One case's time and memory, or why there are none."""
+
+    case: StepCase
+    ms: float | None = None
+    peak_gib: float | None = None
+    executors: str = ""  # how many quantized layers run which executor
+    note: str | None = None
+    baseline: StepRow | None = field(default=None, repr=False)
+
+    @property
+    def vs_baseline(self) -> float | None:
+        if self.ms is None or self.baseline is None or not self.baseline.ms:
+            return None
+        return self.ms / self.baseline.ms
+
+    @property
+    def memory_vs_baseline(self) -> float | None:
+        if self.peak_gib is None or self.baseline is None or not self.baseline.peak_gib:
+            return None
+        return self.peak_gib / self.baseline.peak_gib
+
+    def stored_config(self) -> dict[str, Any]:
+        return {**self.case.__dict__, "executors": self.executors}
+
+    def measurements(self) -> list[tuple[str, float, str]]:
+        values = [
+            ("step_ms", self.ms, "ms"),
+            ("peak_memory", self.peak_gib, "GiB"),
+            ("vs_bf16", self.vs_baseline, "x"),
+            ("memory_vs_bf16", self.memory_vs_baseline, "x"),
+        ]
+        return [(name, value, unit) for name, value, unit in values if value is not None]
+
+
+def cases(
+    tasks: Sequence[str],
+    size: str | None,
+    batch: int | None,
+    recipes: Sequence[str],
+    backends: Sequence[str],
+    modes: Sequence[str],
+) -> list[StepCase]:
+    """Every case, bf16 first in each task and mode (it is the baseline, on one backend)."""
+    ordered = [BASELINE, *(r for r in recipes if r != BASELINE)]
+    found = []
+    for task in tasks:
+        task_size, task_batch = BENCH_SIZES.get(task, ("default", 8))
+        shape = (task, size or task_size, batch or task_batch)
+        for mode in modes:
+            for recipe in ordered:
+                for backend in backends[:1] if recipe == BASELINE else backends:
+                    found.append(StepCase(*shape, recipe, backend, mode))
+    return found
+
+
+def check_step_request(modes: Sequence[str], steps: int, device: torch.device) -> None:
+    if steps < 1:
+        raise BenchError(f"steps: must be at least 1 (got {steps})")
+    graphed = [mode for mode in modes if mode.endswith("graph")]
+    if graphed and device.type != "cuda":
+        raise BenchError(f"modes {', '.join(graphed)}: CUDA graphs need a CUDA device")
+
+
+def run_step_bench(
+    case_list: Sequence[StepCase],
+    device: torch.device,
+    steps: int,
+    on_case: Callable[[int, StepCase], None] | None = None,
+    on_rows: Callable[[list[StepRow]], None] | None = None,
+) -> list[StepRow]:
+    """Measure every case in order; each row's baseline is the bf16 case of its task and mode."""
+    rows: list[StepRow] = []
+    baselines: dict[tuple[str, str, int, str], StepRow] = {}
+    for index, case in enumerate(case_list):
+        if on_case is not None:
+            on_case(index, case)
+        row = measure_case(case, device, steps)
+        key = (case.task, case.size, case.batch, case.mode)
+        if case.recipe == BASELINE:
+            baselines[key] = row
+        row.baseline = baselines.get(key)
+        rows.append(row)
+        if on_rows is not None:
+            on_rows([row])
+    return rows
+
+
+def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
+    """Milliseconds per step (median of 3 timed loops of `steps`) and peak GiB of one case."""
+    from fp4cli.bench.timing import median_ms, synchronize
+
+    row = StepRow(case)
+    try:
+        runner, batches, executors = build_step(case, device)
+        row.executors = executors
+        calls = iter(range(1 << 62))
+
+        def step() -> None:
+            runner(batches[next(calls) % len(batches)])
+
+        for _ in range(6):  # eager warm-up, the CUDA graph's capture, compilation
+            step()
+        synchronize(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        row.ms = median_ms(step, device, steps, warmup=0, repeats=3)
+        if device.type == "cuda":
+            row.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    except torch.OutOfMemoryError:
+        row.note = "out of memory"
+    except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
+        row.note = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    finally:
+        release(device)
+    return row
+
+
+def build_step(case: StepCase, device: torch.device) -> tuple[Any, list[Any], str]:
+    """(StepRunner, two batches, executor summary) of a case."""
+    import fp4cli
+    from fp4cli.linear import quantized_layers
+    from fp4cli.recipes import load_recipe
+    from fp4cli.tasks.base import create_task
+    from fp4cli.train.step import StepRunner, device_learning_rates
+
+    torch.manual_seed(0)
+    task = create_task(case.task, case.size, None, device)
+    model = task.build_model()
+    recipe = load_recipe(case.recipe)
+    fp4cli.quantize_model(model, recipe, seed=0, backend=case.backend)
+    graphed = case.mode.endswith("graph")
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, fused=device.type == "cuda", capturable=graphed
+    )
+    if graphed:
+        device_learning_rates(optimizer, device)
+    fp4cli.attach_qema(model, optimizer)
+    train_model = torch.compile(model) if case.mode.startswith("compile") else model
+    runner = StepRunner(train_model, optimizer, task.loss, 1.0, device, cuda_graph=graphed)
+    batches = [task.batch(i, case.batch, 0) for i in range(2)]
+    counts: dict[str, int] = {}
+    for layer in quantized_layers(model).values():
+        executor = layer.executor()[0]
+        counts[executor] = counts.get(executor, 0) + 1
+    summary = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+    return runner, batches, summary
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    torch._dynamo.reset()
+
+
+@dataclass
+class MaxBatchRow:
+    task: str
+    size: str
+    recipe: str
+    max_batch: int | None
+    note: str | None = None
+
+    def stored_config(self) -> dict[str, Any]:
+        return {"task": self.task, "size": self.size, "recipe": self.recipe}
+
+    def measurements(self) -> list[tuple[str, float, str]]:
+        return [] if self.max_batch is None else [("max_batch", self.max_batch, "samples")]
+
+
+def max_batch(
+    task: str, size: str, recipe: str, backend: str, device: torch.device, start: int, limit: int
+) -> MaxBatchRow:
+    """The largest batch (to within 1/8, at most `limit`) whose eager step fits in memory:
+    doubling from `start`, then halving the gap to the first that does not."""
+
+    def fits(batch: int) -> bool:
+        row = measure_case(StepCase(task, size, batch, recipe, backend, "eager"), device, 1)
+        if row.note is not None and row.note != "out of memory":
+            raise BenchError(f"max batch of {recipe}: {row.note}")
+        return row.note is None
+
+    try:
+        if not fits(start):
+            return MaxBatchRow(task, size, recipe, None, f"batch {start} does not fit")
+        good, bad = start, None
+        while bad is None and good < limit:
+            candidate = min(good * 2, limit)
+            good, bad = (candidate, None) if fits(candidate) else (good, candidate)
+        while bad is not None and bad - good > max(1, good // 8):
+            middle = (good + bad) // 2
+            good, bad = (middle, bad) if fits(middle) else (good, middle)
+    except BenchError as error:
+        return MaxBatchRow(task, size, recipe, None, str(error))
+    note = f"the limit {limit}" if good >= limit else None
+    return MaxBatchRow(task, size, recipe, good, note)

@@ -1,0 +1,148 @@
+"""`fp4 bench step`: one training step per recipe, backend and mode, against BF16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+Opt = typer.Option
+
+STEP_COLUMNS = ("task", "recipe", "backend", "mode", "ms/step", "x bf16", "peak GiB", "x bf16 mem")
+
+
+def step_command(
+    tasks: Annotated[str, Opt(help="Comma-separated: gpt, vit (or any task).")] = "gpt,vit",
+    recipes: Annotated[
+        str, Opt(help="Comma-separated recipes (names or YAML paths); bf16 is always measured.")
+    ] = "bf16,mxfp4,tetrajet,tetrajet-qema,tseng-rht-sr",
+    backends: Annotated[str, Opt(help="Comma-separated quantizer backends: triton, torch.")] = (
+        "triton"
+    ),
+    modes: Annotated[
+        str, Opt(help="Comma-separated: eager, graph (CUDA graph), compile, compile-graph.")
+    ] = "eager,graph",
+    size: Annotated[
+        str | None,
+        Opt(help="Model size of every task (default: gpt2-small for gpt, deit-small for vit)."),
+    ] = None,
+    batch_size: Annotated[
+        int | None, Opt(min=1, help="Batch size (default: 8 for gpt, 128 for vit).")
+    ] = None,
+    steps: Annotated[int, Opt(min=1, help="Steps per timed loop; the median of 3 loops.")] = 10,
+    max_batch: Annotated[
+        str | None,
+        Opt(help="Also find the largest batch that fits for these recipes, e.g. bf16,mxfp4."),
+    ] = None,
+    max_batch_limit: Annotated[int, Opt(min=1, help="Stop the batch search here.")] = 1024,
+    device: Annotated[str, Opt(help="auto, cuda, cuda:N or cpu.")] = "auto",
+    store: Annotated[
+        Path | None, Opt(help="Run store (default $FP4_STORE or runs/fp4.db).", show_default=False)
+    ] = None,
+    no_store: Annotated[bool, Opt("--no-store", help="Print only; store nothing.")] = False,
+) -> None:
+    """Training-step time and peak memory of FP4 recipes as ratios to BF16, measured side by
+    side in one process: each task's model at a named size (GPT-2 small, DeiT-Small), forward,
+    backward and optimizer, eager or from a CUDA graph, with or without torch.compile. Each
+    number also goes to the run store (kind `step`)."""
+    from fp4cli.bench import step as bench
+    from fp4cli.bench.parsing import parse_choices, split_list
+    from fp4cli.bench.quantize import bench_device
+    from fp4cli.cli.bench_cmd import _CaseProgress, _Recorder
+    from fp4cli.cli.output import console_for
+
+    torch_device = bench_device(device)
+    mode_list = parse_choices("modes", modes, bench.MODES)
+    backend_list = parse_choices("backends", backends, bench.BACKENDS)
+    recipe_list, task_list = split_list(recipes), split_list(tasks)
+    bench.check_step_request(mode_list, steps, torch_device)
+    _check_names(task_list, recipe_list + split_list(max_batch or ""), size)
+    case_list = bench.cases(task_list, size, batch_size, recipe_list, backend_list, mode_list)
+    recorder = _Recorder("step", store, no_store, torch_device)
+    batch_rows = []
+    try:
+        with _CaseProgress(len(case_list), "step") as progress:
+            rows = bench.run_step_bench(
+                case_list, torch_device, steps, on_case=progress.step_case,
+                on_rows=recorder.record,
+            )  # fmt: skip
+        for task in task_list:
+            task_size, start = bench.BENCH_SIZES.get(task, ("default", 8))
+            for recipe in split_list(max_batch or ""):
+                found = bench.max_batch(
+                    task, size or task_size, recipe, backend_list[0], torch_device,
+                    batch_size or start, max_batch_limit,
+                )  # fmt: skip
+                recorder.record([found])
+                batch_rows.append(found)
+    finally:
+        recorder.close()
+    table = _step_table(rows, torch_device)
+    console_for(table).print(table)
+    if batch_rows:
+        batches = _batch_table(batch_rows)
+        console_for(batches).print(batches)
+    typer.echo(recorder.summary())
+
+
+def _check_names(tasks: list[str], recipes: list[str], size: str | None) -> None:
+    """One-line errors for unknown tasks, sizes and recipes, before anything runs."""
+    from fp4cli.bench.configs import BenchError
+    from fp4cli.recipes import load_recipe
+    from fp4cli.tasks.base import task_defaults
+
+    if not tasks:
+        raise BenchError("tasks: give at least one, e.g. gpt")
+    for task in tasks:
+        from fp4cli.bench.step import BENCH_SIZES
+
+        task_size = size or BENCH_SIZES.get(task, ("default", 8))[0]
+        if task_defaults(task, task_size) is None:
+            raise BenchError(f"task {task!r} has no size {task_size!r} (or is not a task)")
+    for recipe in recipes:
+        load_recipe(recipe)  # RecipeError names what is wrong
+
+
+def _step_table(rows: list[Any], device: Any) -> Any:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from fp4cli.cli.bench_cmd import _significant
+    from fp4cli.train.loop import device_name
+
+    caption = (
+        "ms/step: the median of 3 timed loops (forward, backward, clipping, AdamW); x bf16: over "
+        "the bf16 recipe in the same mode; peak GiB: the largest allocation of the timed steps."
+    )
+    table = Table(title=f"training step on {device_name(device)}", box=box.SIMPLE_HEAD,
+                  caption=caption)  # fmt: skip
+    for column in STEP_COLUMNS:
+        table.add_column(column, justify="left" if column in STEP_COLUMNS[:4] else "right")
+    table.add_column("executors / note", style="yellow")
+    for index, row in enumerate(rows):
+        case = row.case
+        previous = rows[index - 1].case if index else case
+        if (case.task, case.mode) != (previous.task, previous.mode):
+            table.add_section()
+        task = f"{case.task} {case.size} x{case.batch}"
+        ratio = _significant(row.vs_baseline, 3) + ("x" if row.vs_baseline else "")
+        memory = _significant(row.memory_vs_baseline, 3) + ("x" if row.memory_vs_baseline else "")
+        cells = [task, case.recipe, case.backend, case.mode, _significant(row.ms), ratio,
+                 _significant(row.peak_gib), memory, row.note or row.executors]  # fmt: skip
+        table.add_row(*map(Text, cells))
+    return table
+
+
+def _batch_table(rows: list[Any]) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title="largest batch that fits (eager step)", box=box.SIMPLE_HEAD)
+    for column in ("task", "recipe", "max batch", "note"):
+        table.add_column(column)
+    for row in rows:
+        found = "-" if row.max_batch is None else str(row.max_batch)
+        table.add_row(f"{row.task} {row.size}", row.recipe, found, row.note or "")
+    return table

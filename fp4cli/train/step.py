@@ -1,0 +1,142 @@
+"""One training step (forward under BF16 autocast, backward, gradient clipping, optimizer step),
+run eagerly or replayed from a CUDA graph.
+
+A quantized model launches many small kernels per step (each operand's quantization, the seeds,
+the GEMMs); on a GPU the host often cannot issue them as fast as the GPU runs them. With
+`cuda_graph`, the first WARMUP_STEPS steps run eagerly on a side stream, the next one is
+captured whole (the optimizer's update and Q-EMA included) and every later step copies its batch
+into the captured input buffers and replays the graph: one launch a step. The graph computes
+what the eager step computes: the quantized layers draw their seeds on the device from their
+call counters, and the optimizer is capturable (step counts and learning rate on the device).
+A step the caller asks to run eagerly (statistics, the first step's layer shapes) runs outside
+the graph on the same parameters, gradients and optimizer state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+WARMUP_STEPS = 3
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+def plain_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_of: LossFn,
+    batch: Any,
+    grad_clip: float | None,
+    autocast: bool,
+    cache_casts: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, gradient norm before clipping) of one step; gradients must be None or zero."""
+    device_type = "cuda" if autocast else "cpu"
+    with torch.autocast(
+        device_type, dtype=torch.bfloat16, enabled=autocast, cache_enabled=cache_casts
+    ):
+        loss = loss_of(model, batch)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or 1e9)
+    optimizer.step()
+    return loss.detach(), grad_norm
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every group's learning rate: in place where it is a (captured) device tensor."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
+def device_learning_rates(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Make every group's learning rate a float32 device tensor, as a captured step needs."""
+    for group in optimizer.param_groups:
+        lr = group["lr"]
+        value = float(lr.item()) if isinstance(lr, torch.Tensor) else float(lr)
+        group["lr"] = torch.tensor(value, dtype=torch.float32, device=device)
+
+
+class StepRunner:
+    """Runs training steps on `model` with `optimizer`; `cuda_graph` replays them from a graph
+    (CUDA only; the optimizer must be capturable, see `device_learning_rates`)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_of: LossFn,
+        grad_clip: float | None,
+        device: torch.device,
+        cuda_graph: bool = False,
+    ) -> None:
+        self.model, self.optimizer, self.loss_of = model, optimizer, loss_of
+        self.grad_clip = grad_clip
+        self.autocast = device.type == "cuda"
+        self.cuda_graph = cuda_graph
+        self.eager_steps = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_batch: Any = None
+        self.static_out: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __call__(self, batch: Any, eager: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, gradient norm) of one step on `batch`; `eager` keeps it out of the graph."""
+        if not self.cuda_graph or eager:
+            return self._eager(batch)
+        if self.graph is None and self.eager_steps < WARMUP_STEPS:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = self._eager(batch)
+            torch.cuda.current_stream().wait_stream(side)
+            return out
+        if self.graph is None:
+            self._capture(batch)
+        else:
+            _copy_into(self.static_batch, batch)
+        assert self.graph is not None and self.static_out is not None
+        self.graph.replay()
+        loss, grad_norm = self.static_out
+        return loss.clone(), grad_norm.clone()
+
+    def _eager(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        # Once a graph holds the gradients, they are zeroed in place, not freed.
+        self.optimizer.zero_grad(set_to_none=self.graph is None)
+        self.eager_steps += 1
+        return plain_step(
+            self.model, self.optimizer, self.loss_of, batch, self.grad_clip, self.autocast
+        )
+
+    def _capture(self, batch: Any) -> None:
+        self.static_batch = _clone(batch)
+        self.optimizer.zero_grad(set_to_none=True)  # the graph allocates and owns the gradients
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.static_out = plain_step(
+                self.model, self.optimizer, self.loss_of, self.static_batch, self.grad_clip,
+                self.autocast, cache_casts=False,
+            )  # fmt: skip
+        self.graph = graph
+
+
+def _clone(batch: Any) -> Any:
+    from fp4cli.tasks.base import Batch
+
+    return Batch({name: tensor.clone() for name, tensor in batch.tensors.items()})
+
+
+def _copy_into(static: Any, batch: Any) -> None:
+    for name, tensor in batch.tensors.items():
+        target = static.tensors[name]
+        if target.shape != tensor.shape:
+            raise ValueError(
+                f"a CUDA-graph step needs batches of one shape: {name} is {tuple(tensor.shape)}, "
+                f"the captured one {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
