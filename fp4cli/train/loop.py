@@ -111,7 +111,7 @@ class Trainer:
         self.device = device if device is not None else pick_device(config.device)
         _check_step_options(config, recipe, self.device, self.dist)
         self.model = self._build_model()  # the module itself (state dicts, statistics)
-        self.train_model = distributed.wrap(self.model, self.dist, self.device)  # forward here
+        self.train_model: Any = distributed.wrap(self.model, self.dist, self.device)  # forward here
         if config.compile:
             self.train_model = torch.compile(self.train_model)
         self.optimizer = self._build_optimizer()

@@ -18,15 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn as nn
 
 WARMUP_STEPS = 3
 
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
+LossFn = Callable[[Any, Any], torch.Tensor]  # (model, batch) -> loss
 
 
 def plain_step(
-    model: nn.Module,
+    model: Any,  # an nn.Module, or what torch.compile made of one
     optimizer: torch.optim.Optimizer,
     loss_of: LossFn,
     batch: Any,
@@ -69,7 +68,7 @@ class StepRunner:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Any,  # an nn.Module, or what torch.compile made of one
         optimizer: torch.optim.Optimizer,
         loss_of: LossFn,
         grad_clip: float | None,

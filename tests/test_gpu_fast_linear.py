@@ -1,0 +1,154 @@
+"""On a CUDA GPU: the fused pair quantization on large bf16 tensors, the fast Linear executor
+under bf16 autocast, and training steps replayed from a CUDA graph, each against its reference
+bit for bit. `make gpu-test` runs them; CI deselects the gpu marker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fp4cli
+from fp4cli.quant import QuantSpec, fake_quantize, quantize
+from fp4cli.quant.backend import interpreter_on, triton_available
+from fp4cli.store import RunStore
+from fp4cli.train import run_training
+from fp4cli.train.progress import SilentReporter
+from tests.kernel_checks import assert_bits
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not triton_available(), reason="needs triton"),
+    pytest.mark.skipif(
+        interpreter_on(), reason="TRITON_INTERPRET is set: the kernels would not be compiled"
+    ),
+]
+
+CEIL = QuantSpec.preset("mxfp4-ceil")
+CEIL_SR = CEIL.replace(rounding="sr")
+PRESCALE_SR = QuantSpec.preset("mxfp4", rounding="sr", sr_prescale=0.75)
+FAST_RECIPES = ["mxfp4", "tetrajet", "tetrajet-qema", "tseng-rht-sr"]
+
+
+def _bf16_input(rows: int, cols: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, cols, generator=generator, device="cuda")
+    scales = torch.exp2(torch.randn(rows, 1, generator=generator, device="cuda") * 8)
+    x = (x * scales).to(torch.bfloat16)
+    x[5, 7], x[100, 33], x[-1, -1] = float("nan"), float("inf"), 0.0
+    return x
+
+
+@pytest.mark.parametrize("col_h", [None, 64])
+@pytest.mark.parametrize("double", [False, True])
+def test_pair_on_large_bf16_matches_the_reference(double, col_h):
+    from fp4cli.kernels.launch_pair import Direction, quantize_pair
+
+    x = _bf16_input(8192, 3072, seed=1)
+    seed = torch.tensor(1234, device="cuda")
+    row = Direction(CEIL, None, values_dtype=torch.bfloat16)
+    col = Direction(PRESCALE_SR if col_h else CEIL_SR, (seed, 5), col_h, (seed, 8))
+    row_out, col_out = quantize_pair(x, row, col, torch.bfloat16 if double else None)
+    row_ref = fake_quantize(x, CEIL, 1, out_dtype=torch.bfloat16, backend="torch")
+    zero = row_ref == 0
+    assert_bits(torch.where(zero, 0, row_out.values), torch.where(zero, 0, row_ref), "row")
+    source = row_ref if double else x
+    col_ref = quantize(source, col.spec, 0, seed + 5, hadamard=col_h, hadamard_seed=seed + 8,
+                       backend="torch")  # fmt: skip
+    assert_bits(col_out.codes, col_ref.codes, "column codes")
+    assert_bits(col_out.scales, col_ref.scales, "column scale codes")
+
+
+def _gpt(recipe: str, backend: str):
+    from fp4cli.tasks.gpt_model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(256, 128, 2, 256, 4)).cuda()
+    fp4cli.quantize_model(model, recipe, seed=0, backend=backend)
+    return model
+
+
+def _loss(model, batch):
+    inputs, targets = batch
+    return F.cross_entropy(model(inputs).float().reshape(-1, 256), targets.reshape(-1))
+
+
+def _batches(count: int, batch: int = 8, length: int = 128):
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    return [
+        tuple(torch.randint(0, 256, (batch, length), generator=generator, device="cuda")
+              for _ in range(2))
+        for _ in range(count)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", FAST_RECIPES)
+def test_fast_executor_equals_reference_under_autocast(recipe):
+    """A GPT's forward and backward under bf16 autocast: every gradient the same bits."""
+    results = []
+    for backend in ("torch", "triton"):
+        model = _gpt(recipe, backend)
+        expected = "fast" if backend == "triton" else "reference"
+        layers = fp4cli.quantized_layers(model).values()
+        assert all(layer.executor()[0] == expected for layer in layers)
+        for batch in _batches(2):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = _loss(model, batch)
+            loss.backward()
+        results.append([loss.detach(), *(p.grad for p in model.parameters())])
+    for got, want in zip(results[1], results[0], strict=True):
+        assert_bits(got, want, recipe)
+
+
+def _train_steps(recipe: str, cuda_graph: bool, steps: int = 8):
+    from fp4cli.train.step import StepRunner, device_learning_rates
+
+    model = _gpt(recipe, "auto")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True, capturable=True)
+    device_learning_rates(optimizer, torch.device("cuda"))
+    fp4cli.attach_qema(model, optimizer)
+    runner = StepRunner(model, optimizer, _loss, 1.0, torch.device("cuda"), cuda_graph=cuda_graph)
+    losses = []
+    for index, batch in enumerate(_batches(steps)):
+        losses.append(runner(batch, eager=index == 5)[0])  # one eager step between replays
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], runner
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "tetrajet-qema", "tseng-rht-sr"])
+def test_cuda_graph_steps_equal_eager_steps(recipe):
+    eager_losses, eager_params, _ = _train_steps(recipe, cuda_graph=False)
+    graph_losses, graph_params, runner = _train_steps(recipe, cuda_graph=True)
+    assert runner.graph is not None
+    assert_bits(graph_losses, eager_losses, "losses")
+    for got, want in zip(graph_params, eager_params, strict=True):
+        assert_bits(got, want, "parameters")
+
+
+def test_trainer_with_cuda_graph_logs_what_eager_logs(tmp_path):
+    """fp4 train --cuda-graph: the same metrics as eager, statistics steps included, and a
+    resumed run continues identically."""
+    store = RunStore(tmp_path / "fp4.db")
+    flags = {"task": "gpt", "size": "debug", "recipe": "tetrajet-qema", "steps": 24,
+             "log_every": 1, "stats_every": 8, "checkpoint_every": 12}  # fmt: skip
+
+    def series(run_id):
+        rows = store.metrics(run_id)
+        return [(m["step"], m["name"], m["value"]) for m in rows if m["name"] != "samples_per_s"]
+
+    eager, _ = run_training(flags, [], store, reporter=SilentReporter())
+    graphed, trainer = run_training({**flags, "cuda_graph": True}, [], store,
+                                    reporter=SilentReporter())  # fmt: skip
+    assert trainer.step_runner.graph is not None
+    assert series(graphed.run_id) == series(eager.run_id)
+    assert store.quant_stats(graphed.run_id) == store.quant_stats(eager.run_id)
+
+    class StopAt(SilentReporter):
+        def update(self, step, loss, samples_per_s):
+            if step == 15:
+                raise KeyboardInterrupt
+
+    cut, _ = run_training({**flags, "cuda_graph": True}, [], store, reporter=StopAt())
+    assert cut.status == "interrupted"
+    resumed, _ = run_training({}, [], store, resume=cut.run_id, reporter=SilentReporter())
+    assert resumed.status == "finished" and series(resumed.run_id) == series(eager.run_id)
