@@ -108,9 +108,12 @@ class StepRunner:
         # Once a graph holds the gradients, they are zeroed in place, not freed.
         self.optimizer.zero_grad(set_to_none=self.graph is None)
         self.eager_steps += 1
+        # Graphed or not, every step casts alike: autocast's state is part of what a compiled
+        # model checks, and a change at capture would recompile inside the capture.
         return plain_step(
-            self.model, self.optimizer, self.loss_of, batch, self.grad_clip, self.autocast
-        )
+            self.model, self.optimizer, self.loss_of, batch, self.grad_clip, self.autocast,
+            cache_casts=not self.cuda_graph,
+        )  # fmt: skip
 
     def _capture(self, batch: Any) -> None:
         self.static_batch = _clone(batch)
@@ -124,18 +127,35 @@ class StepRunner:
         self.graph = graph
 
 
-def _clone(batch: Any) -> Any:
-    from fp4cli.tasks.base import Batch
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    """The tensors of a batch: a task's Batch, a tensor, or a tuple, list or dict of them."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if hasattr(batch, "tensors"):
+        batch = batch.tensors
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        return [t for item in batch for t in _tensors(item)]
+    raise TypeError(f"a CUDA-graph step takes batches of tensors (got {type(batch).__name__})")
 
-    return Batch({name: tensor.clone() for name, tensor in batch.tensors.items()})
+
+def _clone(batch: Any) -> Any:
+    """A copy of the batch in new memory, of the same structure."""
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if hasattr(batch, "tensors"):
+        return type(batch)(_clone(batch.tensors))
+    if isinstance(batch, dict):
+        return {name: _clone(item) for name, item in batch.items()}
+    return type(batch)(_clone(item) for item in batch)
 
 
 def _copy_into(static: Any, batch: Any) -> None:
-    for name, tensor in batch.tensors.items():
-        target = static.tensors[name]
+    for target, tensor in zip(_tensors(static), _tensors(batch), strict=True):
         if target.shape != tensor.shape:
             raise ValueError(
-                f"a CUDA-graph step needs batches of one shape: {name} is {tuple(tensor.shape)}, "
+                f"a CUDA-graph step needs batches of one shape: got {tuple(tensor.shape)}, "
                 f"the captured one {tuple(target.shape)}"
             )
         target.copy_(tensor)
