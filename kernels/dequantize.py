@@ -18,15 +18,17 @@ def dequantize_tile(
     tensor_scale,
     PRESCALE: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
+    BLOCK_AXIS: tl.constexpr,
 ):
-    """Float32 values [ROWS, BLOCKS, BLOCK] of signed E2M1 codes: q * scale (/ pre-scale)
-    (/ tensor scale), NaN in non-finite blocks."""
-    values = signed_e2m1_value(code) * scale[:, :, None]
+    """Float32 values of signed E2M1 codes in blocks (`quantize.block_view`: [ROWS, BLOCKS,
+    BLOCK] for BLOCK_AXIS 1, [BLOCKS, BLOCK, COLS] for 0; scales and finite_blocks without the
+    BLOCK axis): q * scale (/ pre-scale) (/ tensor scale), NaN in non-finite blocks."""
+    values = signed_e2m1_value(code) * tl.expand_dims(scale, BLOCK_AXIS + 1)
     if PRESCALE != 1.0:
         values = tl.div_rn(values, tl.full(values.shape, PRESCALE, tl.float32))
     if TENSOR_SCALE:
         values = tl.div_rn(values, tl.zeros(values.shape, tl.float32) + tensor_scale)
-    return tl.where(finite_blocks[:, :, None], values, float("nan"))
+    return tl.where(tl.expand_dims(finite_blocks, BLOCK_AXIS + 1), values, float("nan"))
 
 
 @triton.jit
@@ -81,7 +83,7 @@ def dequantize_kernel(
     tensor_scale = 1.0
     if TENSOR_SCALE:
         tensor_scale = tl.load(tensor_scale_ptr)
-    values = dequantize_tile(code, scale, finite_blocks, tensor_scale, PRESCALE, TENSOR_SCALE)
+    values = dequantize_tile(code, scale, finite_blocks, tensor_scale, PRESCALE, TENSOR_SCALE, 1)
     store_values(
         out_ptr,
         tl.reshape(values, (ROWS, COLS)),

@@ -153,13 +153,17 @@ def quantize_e2m1(
     hadamard_seed: Seed = 0,
     values_dtype: torch.dtype | None = None,
     tile: Tile | None = None,
+    guide: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(codes, scales, tensor scale, values) of x quantized along `axis` (non-negative).
 
     With `values_dtype`, only the dequantized values are written (the fake-quantization path)
     and codes and scales are None; otherwise values is None. With `hadamard`, x is first
-    transformed along the axis (zero-padded to whole Hadamard blocks)."""
+    transformed along the axis (zero-padded to whole Hadamard blocks). With `guide` (x's shape),
+    each value rounds toward it (Q-EMA) instead of by the spec's rounding."""
     x = x.contiguous()
+    if guide is not None:
+        guide = guide.contiguous()
     view = AxisView.of(x.shape, axis)
     block = int(spec.block)
     out_length = _round_up(view.length, hadamard) if hadamard else view.length
@@ -183,14 +187,14 @@ def quantize_e2m1(
     contiguous = view.inner if view.transposed else out_length
     grouped = contiguous % 4 == 0 and (tile.rows % 4 == 0 or not view.transposed)
     quantize_kernel[(programs,)](
-        x, codes, scales, values, t_scale,
+        x, guide, codes, scales, values, t_scale,
         seed_ptr, seed_value, rht_ptr, rht_value,
         view.outer, view.length, view.inner, out_length, padded, along,
         ROWS=tile.rows, COLS=tile.cols, BLOCK=block, TRANSPOSED=view.transposed,
         CEIL=spec.scale_rule == "ceil", SR=spec.rounding == "sr", GROUPED=grouped,
         SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
         PRESCALE=float(spec.sr_prescale), TENSOR_SCALE=spec.tensor_scale,
-        WRITE_VALUES=values_dtype is not None,
+        WRITE_VALUES=values_dtype is not None, GUIDED=guide is not None,
         **_scale_constants(spec), **_hadamard_constants(hadamard),
         num_warps=tile.warps,
     )  # fmt: skip

@@ -113,17 +113,24 @@ def quantize_pair(
     col: Direction | None,
     double: torch.dtype | None = None,
     tile: tuple[int, int] | None = None,
+    guide: torch.Tensor | None = None,
 ) -> tuple[Quantized | None, Quantized | None]:
     """x (rows, cols) quantized along axis 1 (`row`) and along axis 0 (`col`), in one launch.
 
     double: the column direction quantizes the row direction's dequantized values rounded to
-    this dtype (TetraJet's double quantization) instead of x. The caller checks `pair_tile`
-    first: a pair it refuses must be quantized one direction at a time."""
+    this dtype (TetraJet's double quantization) instead of x. guide (x's shape): the row
+    direction rounds toward it (Q-EMA). The caller checks `pair_tile` first: a pair it refuses
+    must be quantized one direction at a time."""
     if x.dim() != 2:
         raise ValueError(f"quantize_pair takes a 2-D tensor (got shape {tuple(x.shape)})")
-    if double is not None and row is None:
-        raise ValueError("double quantization needs the row direction")
+    if double is not None and (row is None or row.hadamard):
+        raise ValueError(
+            "double quantization needs the row direction, without a Hadamard transform"
+        )
+    if guide is not None and (row is None or guide.shape != x.shape):
+        raise ValueError("a guide needs the row direction and the input's shape")
     x = x.contiguous()
+    guide = guide.contiguous() if guide is not None else None
     rows, cols = x.shape
     chosen = tile or pair_tile(row, col)
     if chosen is None:
@@ -141,10 +148,11 @@ def quantize_pair(
     tiles_r = -(-max(rows, col_length) // br)
     tiles_c = -(-max(cols, row_length) // bc)
     quantize_pair_kernel[(tiles_r * tiles_c,)](
-        x, *row_args, *col_args,
+        x, guide, *row_args, *col_args,
         rows, cols, row_length, row_padded, col_length, col_padded, tiles_c,
         BR=br, BC=bc, DOUBLE=double is not None,
         SOURCE_BF16=double == torch.bfloat16, SOURCE_F16=double == torch.float16,
+        ROW_GUIDED=guide is not None,
         **row_constants, **col_constants,
         num_warps=4 if br * bc <= 4096 else 8,
     )  # fmt: skip

@@ -26,6 +26,7 @@ from fp4cli.kernels.tile_io import (
 )
 from fp4cli.kernels.tile_ops import (
     FLOAT32_MAX,
+    e2m1_code_guided,
     e2m1_code_rne,
     e2m1_code_sr,
     e8m0_exponent,
@@ -67,9 +68,20 @@ def transformed_tile(
 
 
 @triton.jit
+def block_view(tile, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr,
+               BLOCK_AXIS: tl.constexpr):  # fmt: skip
+    """A [ROWS, COLS] tile as blocks: [ROWS, COLS / BLOCK, BLOCK] for blocks along its last
+    axis (BLOCK_AXIS 1), [ROWS / BLOCK, BLOCK, COLS] along its first (BLOCK_AXIS 0)."""
+    if BLOCK_AXIS == 1:
+        return tl.reshape(tile, (ROWS, COLS // BLOCK, BLOCK))
+    return tl.reshape(tile, (ROWS // BLOCK, BLOCK, COLS))
+
+
+@triton.jit
 def quantize_tile(
     x,
     random_bits,
+    guide,
     tensor_scale,
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
@@ -83,39 +95,56 @@ def quantize_tile(
     SR: tl.constexpr,
     PRESCALE: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
+    GUIDED: tl.constexpr,
+    BLOCK_AXIS: tl.constexpr,
 ):
-    """E2M1 codes (sign included, int32 [ROWS, BLOCKS, BLOCK]; meaningless in non-finite
-    blocks), scale values and scale codes ([ROWS, BLOCKS]) and which blocks are finite, for a
-    float32 tile. The magnitude is scaled and rounded; the sign is x's."""
-    BLOCKS: tl.constexpr = COLS // BLOCK
+    """E2M1 codes (sign included, int32; meaningless in non-finite blocks), scale values and
+    scale codes, and which blocks are finite, for a float32 [ROWS, COLS] tile whose blocks run
+    along its last axis (BLOCK_AXIS 1: codes [ROWS, COLS / BLOCK, BLOCK], the rest
+    [ROWS, COLS / BLOCK]) or its first (BLOCK_AXIS 0: codes [ROWS / BLOCK, BLOCK, COLS], the
+    rest [ROWS / BLOCK, COLS]). The magnitude is scaled and rounded; the sign is x's. GUIDED:
+    rounded toward the float32 `guide` tile (Q-EMA), scaled like x but without the pre-scale."""
     # On the bits of |x|, one integer max per block gives both the amax and whether the block is
     # finite (NaN and Inf have the largest magnitude bits). A non-finite block's codes are
     # discarded on storing, so its values need no cleaning. Scaling by a positive tensor scale
     # commutes with the max (rounding is monotonic): the amax of x * ts is amax(x) * ts.
-    bits = tl.reshape(x.to(tl.int32, bitcast=True), (ROWS, BLOCKS, BLOCK))
+    bits = block_view(x.to(tl.int32, bitcast=True), ROWS, COLS, BLOCK, BLOCK_AXIS)
     magnitude_bits = bits & 0x7FFFFFFF
-    amax_bits = tl.max(magnitude_bits, axis=2)
+    amax_bits = tl.max(magnitude_bits, axis=BLOCK_AXIS + 1)
     finite_blocks = amax_bits < 0x7F800000
     amax = tl.where(finite_blocks, amax_bits, 0).to(tl.float32, bitcast=True)
     magnitude = magnitude_bits.to(tl.float32, bitcast=True)
     if TENSOR_SCALE:
         magnitude = magnitude * tensor_scale
         amax = amax * tensor_scale
+    guide_units = magnitude
+    if GUIDED:
+        guide_units = block_view(guide, ROWS, COLS, BLOCK, BLOCK_AXIS)
+        if TENSOR_SCALE:
+            guide_units = guide_units * tensor_scale
     if POW2_SCALE:
         exponent = e8m0_exponent(amax, 2, 0x400000, CEIL)  # E2M1: 6 = 1.5 * 2^2
         scale = pow2(exponent)
         scale_code = exponent + 127
-        magnitude = magnitude * pow2(-exponent)[:, :, None]
+        inverse = tl.expand_dims(pow2(-exponent), BLOCK_AXIS + 1)
+        magnitude = magnitude * inverse
+        if GUIDED:
+            guide_units = guide_units * inverse
     else:
         raw = tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
         scale, scale_code = round_unsigned_minifloat(
             raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL
         )
-        magnitude = tl.div_rn(magnitude, tl.broadcast_to(scale[:, :, None], magnitude.shape))
+        per_value = tl.broadcast_to(tl.expand_dims(scale, BLOCK_AXIS + 1), magnitude.shape)
+        magnitude = tl.div_rn(magnitude, per_value)
+        if GUIDED:
+            guide_units = tl.div_rn(guide_units, per_value)
     if PRESCALE != 1.0:
         magnitude = magnitude * PRESCALE
-    if SR:
-        code = e2m1_code_sr(magnitude, tl.reshape(random_bits, (ROWS, BLOCKS, BLOCK)))
+    if GUIDED:  # the guide on x's side of zero
+        code = e2m1_code_guided(magnitude, tl.where(bits < 0, -guide_units, guide_units))
+    elif SR:
+        code = e2m1_code_sr(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS))
     else:
         code = e2m1_code_rne(magnitude)
     # The sign bit joins a non-zero code: (code + 7) & 8 is 8 exactly for codes 1..7.
@@ -127,6 +156,7 @@ def quantize_tile(
 @triton.jit(do_not_specialize=["seed_value", "rht_seed_value"])
 def quantize_kernel(
     x_ptr,
+    guide_ptr,
     codes_ptr,
     scales_ptr,
     out_ptr,
@@ -161,6 +191,7 @@ def quantize_kernel(
     LOG2_HADAMARD: tl.constexpr,
     HADAMARD_NORM: tl.constexpr,
     WRITE_VALUES: tl.constexpr,
+    GUIDED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     first_line, first_pos, outer, first_inner = tile_origin(
@@ -172,6 +203,13 @@ def quantize_kernel(
         rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, RHT_SEED_FROM_PTR,
         HADAMARD, LOG2_HADAMARD, HADAMARD_NORM,
     )  # fmt: skip
+    guide = x
+    if GUIDED:  # the guide goes through the same transform as x
+        guide = transformed_tile(
+            guide_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
+            rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, RHT_SEED_FROM_PTR,
+            HADAMARD, LOG2_HADAMARD, HADAMARD_NORM,
+        )  # fmt: skip
     random_bits = x
     if SR:
         seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
@@ -194,6 +232,7 @@ def quantize_kernel(
     code, scale, scale_code, finite_blocks = quantize_tile(
         x,
         random_bits,
+        guide,
         tensor_scale,
         ROWS,
         COLS,
@@ -207,9 +246,13 @@ def quantize_kernel(
         SR,
         PRESCALE,
         TENSOR_SCALE,
+        GUIDED,
+        1,
     )
     if WRITE_VALUES:
-        values = dequantize_tile(code, scale, finite_blocks, tensor_scale, PRESCALE, TENSOR_SCALE)
+        values = dequantize_tile(
+            code, scale, finite_blocks, tensor_scale, PRESCALE, TENSOR_SCALE, 1
+        )
         store_values(
             out_ptr,
             tl.reshape(values, (ROWS, COLS)),

@@ -3,15 +3,15 @@
 A linear layer quantizes each of X (tokens, in), W (out, in) and dY (tokens, out) twice: once
 with blocks along its rows' length (X and W for the forward GEMM, dY for grad_input) and once
 with blocks along its columns (X and dY for grad_weight, W for grad_input). A program loads one
-[BR, BC] tile of the (rows, cols) input in its own layout, quantizes it along the columns
-("row direction": lines are rows) and along the rows ("column direction": the tile turned in
-registers, lines are columns), each with its own spec, seeds and Hadamard transform, and writes
-each as packed codes and scale codes (axis-last layout) or as dequantized values (the input's
-layout). Under double quantization the column direction quantizes the row direction's
-dequantized values, rounded to the compute dtype, exactly what the reference reads.
+[BR, BC] tile of the (rows, cols) input in its own layout and quantizes it with blocks along
+its rows ("row direction") and with blocks down its columns ("column direction", in place: no
+transpose), each with its own spec, seeds and Hadamard transform, and writes each as packed
+codes and scale codes (axis-last layout) or as dequantized values (the input's layout). Under
+double quantization the column direction quantizes the row direction's dequantized values,
+rounded to the compute dtype, exactly what the reference reads.
 
-Every step is the one `quantize.py` takes (`quantize_tile`, `transformed` tiles, `sr_bits`), so
-each direction gives the bits of `fp4cli.quant.quantize` along its axis.
+Every step is the one `quantize.py` takes (`quantize_tile`, the Hadamard butterflies,
+`sr_bits`) along the direction's axis, so each gives the bits of `fp4cli.quant.quantize`.
 """
 
 from __future__ import annotations
@@ -21,58 +21,76 @@ import triton.language as tl
 
 from fp4cli.kernels.dequantize import dequantize_tile
 from fp4cli.kernels.quantize import quantize_tile
-from fp4cli.kernels.tile_io import load_tile, seed_of, sr_bits, store_codes, store_values
-from fp4cli.kernels.tile_ops import hadamard_rows
+from fp4cli.kernels.tile_io import (
+    load_tile,
+    seed_of,
+    sr_bits,
+    store_codes,
+    store_codes_down,
+    store_values,
+)
+from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows
 
 
 @triton.jit
-def quantize_lines(
-    tile, line0, pos0, lines_ok, seed_ptr, seed_value, rht_seed_ptr, rht_seed_value,
-    codes_ptr, scales_ptr, values_ptr, lines, out_length, padded_length,
-    ROWS: tl.constexpr, COLS: tl.constexpr, TRANSPOSED: tl.constexpr,
+def quantize_direction(
+    tile, guide, row0, col0, seed_ptr, seed_value, rht_seed_ptr, rht_seed_value,
+    codes_ptr, scales_ptr, values_ptr, rows, cols, out_length, padded_length,
+    ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK_AXIS: tl.constexpr,
     BLOCK: tl.constexpr, POW2_SCALE: tl.constexpr, CEIL: tl.constexpr,
     SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr, SCALE_MAX: tl.constexpr,
     SCALE_NAN: tl.constexpr, SR: tl.constexpr, GROUPED: tl.constexpr,
     SEED_FROM_PTR: tl.constexpr, RHT_SEED_FROM_PTR: tl.constexpr, PRESCALE: tl.constexpr,
     HADAMARD: tl.constexpr, LOG2_HADAMARD: tl.constexpr, HADAMARD_NORM: tl.constexpr,
-    WRITE_VALUES: tl.constexpr, RETURN_VALUES: tl.constexpr,
+    WRITE_VALUES: tl.constexpr, RETURN_VALUES: tl.constexpr, GUIDED: tl.constexpr,
 ):  # fmt: skip
-    """Quantize a float32 [ROWS lines, COLS positions] tile along its positions and store it.
-
-    Not TRANSPOSED: lines are the input's rows (`lines` of them, `out_length` long). TRANSPOSED:
-    lines are the input's columns and positions its rows (the input is (out_length, lines)).
-    Returns the dequantized tile when RETURN_VALUES (for double quantization), else the input."""
+    """Quantize the float32 [ROWS, COLS] tile at (row0, col0) of the (rows, cols) input with
+    blocks along the tile's last axis (BLOCK_AXIS 1, out_length columns after the transform) or
+    its first (BLOCK_AXIS 0, out_length rows), and store it. Returns the dequantized tile when
+    RETURN_VALUES (for double quantization), else the input. GUIDED: rounded toward the
+    `guide` tile (Q-EMA), transformed alike."""
     if HADAMARD > 0:
         rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
-        tile = hadamard_rows(tile, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD, HADAMARD_NORM)
+        if BLOCK_AXIS == 1:
+            tile = hadamard_rows(tile, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
+                                 HADAMARD_NORM)  # fmt: skip
+            if GUIDED:
+                guide = hadamard_rows(guide, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
+                                      HADAMARD_NORM)  # fmt: skip
+        else:
+            tile = hadamard_cols(tile, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
+                                 HADAMARD_NORM)  # fmt: skip
+            if GUIDED:
+                guide = hadamard_cols(guide, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
+                                      HADAMARD_NORM)  # fmt: skip
+    # element (r, c) of the transformed input draws at its row-major index there
+    row_length = out_length if BLOCK_AXIS == 1 else cols
     random_bits = tile
     if SR:
         seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
-        if TRANSPOSED:
-            random_bits = sr_bits(seed, line0, pos0, 0, line0, lines, out_length,
-                                  ROWS, COLS, True, GROUPED)  # fmt: skip
-        else:
-            random_bits = sr_bits(seed, line0, pos0, 0, 0, lines, out_length,
-                                  ROWS, COLS, False, GROUPED)  # fmt: skip
+        random_bits = sr_bits(seed, row0, col0, 0, 0, 1, row_length, ROWS, COLS, False, GROUPED)
     code, scale, scale_code, finite_blocks = quantize_tile(
-        tile, random_bits, 1.0, ROWS, COLS, BLOCK, POW2_SCALE, CEIL, SCALE_MBITS, SCALE_MIN_EXP,
-        SCALE_MAX, SCALE_NAN, SR, PRESCALE, False,
+        tile, random_bits, guide, 1.0, ROWS, COLS, BLOCK, POW2_SCALE, CEIL, SCALE_MBITS,
+        SCALE_MIN_EXP, SCALE_MAX, SCALE_NAN, SR, PRESCALE, False, GUIDED, BLOCK_AXIS,
     )  # fmt: skip
     values = tile
     if WRITE_VALUES or RETURN_VALUES:
         values = tl.reshape(
-            dequantize_tile(code, scale, finite_blocks, 1.0, PRESCALE, False), (ROWS, COLS)
+            dequantize_tile(code, scale, finite_blocks, 1.0, PRESCALE, False, BLOCK_AXIS),
+            (ROWS, COLS),
         )
+    row_ids = row0 + tl.arange(0, ROWS)
+    col_ids = col0 + tl.arange(0, COLS)
+    out_rows = rows if BLOCK_AXIS == 1 else out_length
     if WRITE_VALUES:
-        if TRANSPOSED:
-            store_values(values_ptr, values, line0, pos0, 0, line0, lines_ok, out_length, lines,
-                         ROWS, COLS, True)  # fmt: skip
-        else:
-            store_values(values_ptr, values, line0, pos0, 0, 0, lines_ok, out_length, 1,
-                         ROWS, COLS, False)  # fmt: skip
+        store_values(values_ptr, values, row0, col0, 0, 0, row_ids < out_rows, row_length, 1,
+                     ROWS, COLS, False)  # fmt: skip
+    elif BLOCK_AXIS == 1:
+        store_codes(codes_ptr, scales_ptr, code, scale_code, finite_blocks, row0, col0,
+                    row_ids < rows, padded_length, ROWS, COLS, BLOCK)  # fmt: skip
     else:
-        store_codes(codes_ptr, scales_ptr, code, scale_code, finite_blocks, line0, pos0,
-                    lines_ok, padded_length, ROWS, COLS, BLOCK)  # fmt: skip
+        store_codes_down(codes_ptr, scales_ptr, code, scale_code, finite_blocks, row0, col0,
+                         col_ids < cols, padded_length, ROWS, COLS, BLOCK)  # fmt: skip
     return values
 
 
@@ -81,14 +99,14 @@ def quantize_lines(
                        "col_rht_seed_value"]
 )  # fmt: skip
 def quantize_pair_kernel(
-    x_ptr,
+    x_ptr, guide_ptr,
     row_codes_ptr, row_scales_ptr, row_values_ptr,
     row_seed_ptr, row_seed_value, row_rht_seed_ptr, row_rht_seed_value,
     col_codes_ptr, col_scales_ptr, col_values_ptr,
     col_seed_ptr, col_seed_value, col_rht_seed_ptr, col_rht_seed_value,
     rows, cols, row_out_length, row_padded_length, col_out_length, col_padded_length, tiles_c,
     BR: tl.constexpr, BC: tl.constexpr, DOUBLE: tl.constexpr, SOURCE_BF16: tl.constexpr,
-    SOURCE_F16: tl.constexpr,
+    SOURCE_F16: tl.constexpr, ROW_GUIDED: tl.constexpr,
     ROW_ON: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_POW2_SCALE: tl.constexpr,
     ROW_CEIL: tl.constexpr, ROW_SCALE_MBITS: tl.constexpr, ROW_SCALE_MIN_EXP: tl.constexpr,
     ROW_SCALE_MAX: tl.constexpr, ROW_SCALE_NAN: tl.constexpr, ROW_SR: tl.constexpr,
@@ -106,21 +124,24 @@ def quantize_pair_kernel(
 ):  # fmt: skip
     """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
     (rows, row_padded_length / 2) codes; column direction: (col_out_length, cols) values or
-    (cols, col_padded_length / 2) codes."""
+    (cols, col_padded_length / 2) codes. ROW_GUIDED: the row direction rounds toward guide
+    (rows, cols), Q-EMA's."""
     pid = tl.program_id(0)
     row0 = ((pid // tiles_c) * BR).to(tl.int64)
     col0 = ((pid % tiles_c) * BC).to(tl.int64)
     x = load_tile(x_ptr, row0, col0, 0, 0, rows, cols, 1, BR, BC, False)
     source = x
     if ROW_ON:
-        rows_ok = (row0 + tl.arange(0, BR)) < rows
-        values = quantize_lines(
-            x, row0, col0, rows_ok, row_seed_ptr, row_seed_value, row_rht_seed_ptr,
-            row_rht_seed_value, row_codes_ptr, row_scales_ptr, row_values_ptr, rows,
-            row_out_length, row_padded_length, BR, BC, False, ROW_BLOCK, ROW_POW2_SCALE,
-            ROW_CEIL, ROW_SCALE_MBITS, ROW_SCALE_MIN_EXP, ROW_SCALE_MAX, ROW_SCALE_NAN, ROW_SR,
-            ROW_GROUPED, ROW_SEED_FROM_PTR, ROW_RHT_SEED_FROM_PTR, ROW_PRESCALE, ROW_HADAMARD,
-            ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_WRITE_VALUES, DOUBLE,
+        guide = x
+        if ROW_GUIDED:
+            guide = load_tile(guide_ptr, row0, col0, 0, 0, rows, cols, 1, BR, BC, False)
+        values = quantize_direction(
+            x, guide, row0, col0, row_seed_ptr, row_seed_value, row_rht_seed_ptr,
+            row_rht_seed_value, row_codes_ptr, row_scales_ptr, row_values_ptr, rows, cols,
+            row_out_length, row_padded_length, BR, BC, 1, ROW_BLOCK, ROW_POW2_SCALE, ROW_CEIL,
+            ROW_SCALE_MBITS, ROW_SCALE_MIN_EXP, ROW_SCALE_MAX, ROW_SCALE_NAN, ROW_SR, ROW_GROUPED,
+            ROW_SEED_FROM_PTR, ROW_RHT_SEED_FROM_PTR, ROW_PRESCALE, ROW_HADAMARD,
+            ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_WRITE_VALUES, DOUBLE, ROW_GUIDED,
         )  # fmt: skip
         if DOUBLE:  # the reference re-quantizes the forward operand in the compute dtype
             if SOURCE_BF16:
@@ -129,12 +150,11 @@ def quantize_pair_kernel(
                 values = values.to(tl.float16).to(tl.float32)
             source = values
     if COL_ON:
-        cols_ok = (col0 + tl.arange(0, BC)) < cols
-        quantize_lines(
-            tl.trans(source), col0, row0, cols_ok, col_seed_ptr, col_seed_value,
-            col_rht_seed_ptr, col_rht_seed_value, col_codes_ptr, col_scales_ptr, col_values_ptr,
-            cols, col_out_length, col_padded_length, BC, BR, True, COL_BLOCK, COL_POW2_SCALE,
-            COL_CEIL, COL_SCALE_MBITS, COL_SCALE_MIN_EXP, COL_SCALE_MAX, COL_SCALE_NAN, COL_SR,
+        quantize_direction(
+            source, source, row0, col0, col_seed_ptr, col_seed_value, col_rht_seed_ptr,
+            col_rht_seed_value, col_codes_ptr, col_scales_ptr, col_values_ptr, rows, cols,
+            col_out_length, col_padded_length, BR, BC, 0, COL_BLOCK, COL_POW2_SCALE, COL_CEIL,
+            COL_SCALE_MBITS, COL_SCALE_MIN_EXP, COL_SCALE_MAX, COL_SCALE_NAN, COL_SR,
             COL_GROUPED, COL_SEED_FROM_PTR, COL_RHT_SEED_FROM_PTR, COL_PRESCALE, COL_HADAMARD,
-            COL_LOG2_HADAMARD, COL_HADAMARD_NORM, COL_WRITE_VALUES, False,
+            COL_LOG2_HADAMARD, COL_HADAMARD_NORM, COL_WRITE_VALUES, False, False,
         )  # fmt: skip

@@ -174,3 +174,40 @@ def store_values(
         offsets = lin[:, None] * out_length + pos[None, :]
         mask = rows_ok[:, None] & (pos < out_length)[None, :]
         tl.store(out_ptr + offsets, values, mask=mask)
+
+
+@triton.jit
+def store_codes_down(
+    codes_ptr,
+    scales_ptr,
+    code,
+    scale_code,
+    finite_blocks,
+    first_row,
+    first_col,
+    cols_ok,
+    padded_rows,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """`store_codes` for blocks along a tile's first axis: code [ROWS / BLOCK, BLOCK, COLS],
+    scale codes and finite_blocks [ROWS / BLOCK, COLS], into the axis-last layout of the input's
+    columns ((cols, padded_rows / 2) codes, (cols, padded_rows / BLOCK) scale codes)."""
+    pairs = tl.permute(tl.reshape(code, (ROWS // 2, 2, COLS)), (0, 2, 1))  # rows 2i and 2i + 1
+    low, high = tl.split(pairs)
+    finite = tl.reshape(
+        tl.broadcast_to(tl.expand_dims(finite_blocks, 1), (ROWS // BLOCK, BLOCK // 2, COLS)),
+        (ROWS // 2, COLS),
+    )
+    packed = tl.trans(tl.where(finite, low | (high << 4), 0).to(tl.uint8))  # [COLS, ROWS / 2]
+    col_ids = (first_col + tl.arange(0, COLS)).to(tl.int64)
+    byte_rows = first_row // 2 + tl.arange(0, ROWS // 2)
+    byte_mask = cols_ok[:, None] & (byte_rows < padded_rows // 2)[None, :]
+    tl.store(codes_ptr + col_ids[:, None] * (padded_rows // 2) + byte_rows[None, :], packed,
+             mask=byte_mask)  # fmt: skip
+    n_blocks = padded_rows // BLOCK
+    block_rows = first_row // BLOCK + tl.arange(0, ROWS // BLOCK)
+    block_mask = cols_ok[:, None] & (block_rows < n_blocks)[None, :]
+    tl.store(scales_ptr + col_ids[:, None] * n_blocks + block_rows[None, :],
+             tl.trans(scale_code.to(tl.uint8)), mask=block_mask)  # fmt: skip

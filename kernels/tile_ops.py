@@ -149,6 +149,22 @@ def e2m1_code_sr(magnitude, bits):
 
 
 @triton.jit
+def e2m1_code_guided(magnitude, guide):
+    """E2M1 magnitude code of |v| rounded to whichever of the two grid points bracketing it is
+    nearer `guide` (Q-EMA; the guide in the same units, on v's side of zero), ties in distance
+    to the nearest-even choice, a grid point left where it is, saturating at 6."""
+    bits = magnitude.to(tl.int32, bitcast=True)
+    below_one = tl.floor(magnitude * 2.0).to(tl.int32)
+    lower = tl.where(magnitude < 1.0, below_one, tl.minimum((bits >> 22) - 252, 7))
+    lower_value = e2m1_value(lower)
+    dist_lo = tl.abs(guide - lower_value)
+    dist_hi = tl.abs(guide - e2m1_value(tl.minimum(lower + 1, 7)))
+    nearest_up = e2m1_code_rne(magnitude) > lower
+    up = tl.where(dist_hi == dist_lo, nearest_up, dist_hi < dist_lo) & (magnitude > lower_value)
+    return tl.minimum(lower + up.to(tl.int32), 7)
+
+
+@triton.jit
 def word_of(w0, w1, w2, w3, lane):
     return tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
 
@@ -198,6 +214,26 @@ def hadamard_rows(
     x = x * hadamard_signs(seed, COLS, SIZE)[None, :]
     for stage in tl.static_range(LOG2_SIZE):
         pairs = tl.reshape(x, (ROWS * COLS // (2 << stage), 2, 1 << stage))
+        a, b = tl.split(tl.permute(pairs, (0, 2, 1)))
+        x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (ROWS, COLS))
+    return x * NORM
+
+
+@triton.jit
+def hadamard_cols(
+    x,
+    seed,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    SIZE: tl.constexpr,
+    LOG2_SIZE: tl.constexpr,
+    NORM: tl.constexpr,
+):
+    """`hadamard_rows` along the first axis: the transform of each SIZE-block of every column,
+    the same operations in the same order (signs by row, butterflies between rows h apart)."""
+    x = x * hadamard_signs(seed, ROWS, SIZE)[:, None]
+    for stage in tl.static_range(LOG2_SIZE):
+        pairs = tl.reshape(x, (ROWS // (2 << stage), 2, (1 << stage) * COLS))
         a, b = tl.split(tl.permute(pairs, (0, 2, 1)))
         x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (ROWS, COLS))
     return x * NORM

@@ -175,5 +175,7 @@ def test_tiles_and_errors():
         quantize_pair(x[None], Direction(MXFP4), None)
     with pytest.raises(ValueError, match="double quantization needs the row direction"):
         quantize_pair(x, None, Direction(MXFP4), torch.float32)
+    with pytest.raises(ValueError, match="without a Hadamard transform"):
+        quantize_pair(x, Direction(MXFP4, hadamard=32), Direction(MXFP4), torch.float32)
     with pytest.raises(ValueError, match="one at a time"):
         quantize_pair(x, Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=256))

@@ -15,8 +15,7 @@ in the backward pass.
 
 `fast_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
 every quantized operand must be an E2M1 spec the kernels take, without a tensor scale or 2-D
-tiles; no DGE or outlier clamping. Q-EMA is covered: W's guided forward rounding runs on the
-reference quantizer and its backward operand on the kernel.
+tiles; no DGE or outlier clamping. Q-EMA's guided rounding of the forward W runs in the kernel.
 """
 
 from __future__ import annotations
@@ -123,18 +122,12 @@ def _direction(request: Request, dtype: torch.dtype) -> Any:
 
 
 def _reference_operand(
-    tensor: torch.Tensor,
-    request: Request,
-    axis: int,
-    dtype: torch.dtype,
-    guide: torch.Tensor | None = None,
+    tensor: torch.Tensor, request: Request, axis: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    """The operand through `function.py`'s own quantizer (high precision, guided rounding)."""
+    """A high-precision operand (a Hadamard transform at most) as `function.py` makes it."""
     call_seed, offset = request.seed
     rht = (request.hadamard, call_seed + request.hadamard_seed[1]) if request.hadamard else None
-    return _quantize_operand(
-        tensor, request.spec, axis, call_seed + offset, rht, dtype, "auto", guide
-    )
+    return _quantize_operand(tensor, request.spec, axis, call_seed + offset, rht, dtype, "auto")
 
 
 def quantize_both(
@@ -152,19 +145,20 @@ def quantize_both(
     from fp4cli.kernels.launch_pair import pair_tile, quantize_pair
 
     double = double and row is not None and row.spec is not None
-    row_kernel = row is not None and row.spec is not None and guide is None
-    col_kernel = col is not None and col.spec is not None
-    row_dir = _direction(row, dtype) if row_kernel and row is not None else None
-    col_dir = _direction(col, dtype) if col_kernel and col is not None else None
+    row_dir = _direction(row, dtype) if row is not None and row.spec is not None else None
+    col_dir = _direction(col, dtype) if col is not None and col.spec is not None else None
+    guide = guide if row_dir is not None else None
     fused = row_dir is not None and col_dir is not None and pair_tile(row_dir, col_dir) is not None
     if fused:
-        row_out, col_out = quantize_pair(tensor, row_dir, col_dir, dtype if double else None)
+        row_out, col_out = quantize_pair(
+            tensor, row_dir, col_dir, dtype if double else None, guide=guide
+        )
         return _result(row_out), _result(col_out)
     row_result: tuple[torch.Tensor, ...] = ()
     if row_dir is not None:
-        row_result = _result(quantize_pair(tensor, row_dir, None)[0])
+        row_result = _result(quantize_pair(tensor, row_dir, None, guide=guide)[0])
     elif row is not None:
-        row_result = (_reference_operand(tensor, row, 1, dtype, guide),)
+        row_result = (_reference_operand(tensor, row, 1, dtype),)
     source = row_result[0] if double else tensor
     col_result: tuple[torch.Tensor, ...] = ()
     if col_dir is not None:

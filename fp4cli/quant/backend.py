@@ -39,7 +39,7 @@ def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def kernel_gap(spec: QuantSpec, dtype: torch.dtype, guided: bool = False) -> str | None:
+def kernel_gap(spec: QuantSpec, dtype: torch.dtype) -> str | None:
     """Why the kernels cannot run this configuration, or None when they can."""
     if spec.element != "e2m1":
         return f"element {spec.element!r} (the kernels quantize to e2m1)"
@@ -51,8 +51,6 @@ def kernel_gap(spec: QuantSpec, dtype: torch.dtype, guided: bool = False) -> str
         return f"rounding {spec.rounding!r} (kernels: rne, sr)"
     if dtype not in KERNEL_INPUT_DTYPES:
         return f"input dtype {dtype} (kernels: float32, bfloat16, float16)"
-    if guided:
-        return "guided (Q-EMA) rounding"
     return None
 
 
@@ -61,14 +59,13 @@ def use_kernels(
     spec: QuantSpec,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
-    guided: bool = False,
 ) -> bool:
     """Whether a call on a `dtype` tensor on `device` runs the Triton kernels (raises for an
     impossible backend="triton")."""
     check_backend(backend)
     if backend == "torch":
         return False
-    gap = kernel_gap(spec, dtype, guided)
+    gap = kernel_gap(spec, dtype)
     on_cuda = device.type == "cuda"
     runnable = triton_available() and (on_cuda or interpreter_on())
     if backend == "auto":

@@ -104,10 +104,12 @@ def quantize(
     """
     axis = _check_input(x, axis)
     seed = _seed_for(spec, seed)
-    if use_kernels(backend, spec, x.device, x.dtype, guided=guide is not None):
+    if use_kernels(backend, spec, x.device, x.dtype):
         from fp4cli.kernels.launch import quantize_e2m1
 
-        codes, scales, t_scale, _ = quantize_e2m1(x, spec, axis, seed, hadamard, hadamard_seed)
+        codes, scales, t_scale, _ = quantize_e2m1(
+            x, spec, axis, seed, hadamard, hadamard_seed, guide=_guide_for(guide, x)
+        )
         assert codes is not None and scales is not None
         shape = _transformed_shape(x, axis, hadamard)
         layout = BlockLayout.for_tensor(_moved(shape, axis), spec)
@@ -138,10 +140,13 @@ def fake_quantize(
     axis = _check_input(x, axis)
     seed = _seed_for(spec, seed)
     dtype = out_dtype or (torch.float32 if hadamard else x.dtype)
-    if use_kernels(backend, spec, x.device, x.dtype, guided=guide is not None):
+    if use_kernels(backend, spec, x.device, x.dtype):
         from fp4cli.kernels.launch import quantize_e2m1
 
-        values = quantize_e2m1(x, spec, axis, seed, hadamard, hadamard_seed, values_dtype=dtype)[3]
+        values = quantize_e2m1(
+            x, spec, axis, seed, hadamard, hadamard_seed, values_dtype=dtype,
+            guide=_guide_for(guide, x),
+        )[3]  # fmt: skip
         assert values is not None
         return values
     x, guide = _transform(x, guide, axis, hadamard, hadamard_seed)
@@ -163,6 +168,12 @@ def _reference_blocks(
     uniform = _uniform_blocks(x, spec, axis, layout, seed)
     guide_blocks = _blocks_of(guide.to(torch.float32), spec, axis)[0] if guide is not None else None
     return (*_quantize_blocks(blocks, spec, uniform, guide_blocks), layout)
+
+
+def _guide_for(guide: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    if guide is not None and guide.shape != x.shape:
+        raise ValueError(f"guide has shape {tuple(guide.shape)}, x {tuple(x.shape)}")
+    return guide
 
 
 def _seed_for(spec: QuantSpec, seed: random_bits.Seed | None) -> random_bits.Seed | None:

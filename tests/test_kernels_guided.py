@@ -1,0 +1,93 @@
+"""Guided (Q-EMA) rounding in the kernels: each value rounds to whichever bracketing grid point
+is nearer its guide, bit for bit as the reference (interpreter on the CPU, or a GPU)."""
+
+import pytest
+import torch
+
+from fp4cli.quant import QuantSpec, fake_quantize, quantize
+from tests.kernel_cases import (  # skips this module where the kernels cannot run
+    MXFP4,
+    MXFP4_SR_PRESCALE,
+    NAN,
+    assert_bits,
+    on_device,
+    seeded_normal,
+)
+
+launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+
+GUIDED_SPECS = {
+    "mxfp4": MXFP4,
+    "ceil": QuantSpec.preset("mxfp4-ceil"),
+    "sr-prescale": MXFP4_SR_PRESCALE,  # a guide overrides the spec's rounding
+    "ue5m3-tensor-scale": QuantSpec.preset("mxfp4-ue5m3"),
+    "nvfp4": QuantSpec.preset("nvfp4"),
+}
+
+
+def _pair(shape, seed):
+    """x, and a guide near it: mostly within a grid step, some far off, some ties."""
+    x = seeded_normal(shape, seed) * torch.exp2(seeded_normal((shape[0], 1), seed + 1) * 3)
+    guide = x + seeded_normal(shape, seed + 2) * x.abs() * 0.3
+    guide[0] = -x[0]  # the guide on the other side of zero
+    guide[1] = x[1]  # guided by itself: nearest-even
+    x[2, :8] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0])
+    guide[2, :8] = x[2, :8]  # equidistant from both points: the nearest-even choice
+    guide[3, 3] = NAN
+    x[4, 5] = 0.0
+    return on_device(x), on_device(guide)
+
+
+def _assert_values(actual, expected, what):
+    zero = expected == 0  # the reference keeps the sign of a value rounded to zero
+    assert_bits(torch.where(zero, 0.0, actual), torch.where(zero, 0.0, expected), what)
+
+
+@pytest.mark.parametrize("name", GUIDED_SPECS)
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("hadamard", [None, 32])
+def test_guided_quantize_matches_the_reference(name, axis, hadamard):
+    spec = GUIDED_SPECS[name]
+    x, guide = _pair((48, 70), seed=1)
+    args = dict(guide=guide, hadamard=hadamard, hadamard_seed=5)
+    kernel = quantize(x, spec, axis, backend="triton", **args)
+    reference = quantize(x, spec, axis, backend="torch", **args)
+    assert_bits(kernel.codes, reference.codes, "codes")
+    assert_bits(kernel.scales, reference.scales, "scale codes")
+    _assert_values(
+        fake_quantize(x, spec, axis, backend="triton", **args),
+        fake_quantize(x, spec, axis, backend="torch", **args),
+        "values",
+    )
+
+
+def test_guides_change_the_rounding():
+    """Against plain nearest rounding, a guide one grid step away moves the values it brackets."""
+    x, _ = _pair((32, 64), seed=2)
+    guided = fake_quantize(x, MXFP4, guide=x * 2, backend="triton")
+    assert not torch.equal(guided, fake_quantize(x, MXFP4, backend="triton"))
+    assert torch.equal(fake_quantize(x, MXFP4, guide=x, backend="triton"),
+                       fake_quantize(x, MXFP4, backend="triton"))  # fmt: skip
+
+
+@pytest.mark.parametrize("hadamard", [None, 64])
+def test_guided_pair_row_direction(hadamard):
+    x, guide = _pair((64, 96), seed=3)
+    Direction, quantize_pair = launch_pair.Direction, launch_pair.quantize_pair
+    ceil_sr = QuantSpec.preset("mxfp4-ceil", rounding="sr")
+    row = Direction(QuantSpec.preset("mxfp4-ceil"), None, hadamard, 9, values_dtype=torch.float32)
+    double = None if hadamard else torch.float32  # double quantization reads untransformed rows
+    row_out, col_out = quantize_pair(x, row, Direction(ceil_sr, 4), double, guide=guide)
+    reference = fake_quantize(x, row.spec, 1, guide=guide, hadamard=hadamard, hadamard_seed=9,
+                              backend="torch")  # fmt: skip
+    _assert_values(row_out.values, reference, "row values")
+    col_reference = quantize(x if hadamard else reference, ceil_sr, 0, seed=4, backend="torch")
+    assert_bits(col_out.codes, col_reference.codes, "column codes")
+
+
+def test_guide_shape_errors():
+    x, guide = _pair((16, 32), seed=4)
+    with pytest.raises(ValueError, match="guide has shape"):
+        quantize(x, MXFP4, guide=guide[:8], backend="triton")
+    with pytest.raises(ValueError, match="a guide needs the row direction"):
+        launch_pair.quantize_pair(x, None, launch_pair.Direction(MXFP4), guide=guide)
