@@ -93,7 +93,8 @@ def step_profile(recipe: str, batch: int) -> None:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 record_shapes=True) as prof:  # fmt: skip
         step()
         torch.cuda.synchronize()
     by_name: dict[str, list[float]] = defaultdict(list)
@@ -104,6 +105,11 @@ def step_profile(recipe: str, batch: int) -> None:
     print(f"\n{recipe}: GPU {total / 1e3:.2f} ms in {sum(map(len, by_name.values()))} kernels")
     for name, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:14]:
         print(f"  {sum(times) / 1e3:7.2f} ms {len(times):5}x  {name}")
+    ops = prof.key_averages(group_by_input_shape=True)
+    print("  operators by GPU time, with their input shapes:")
+    for op in sorted(ops, key=lambda o: -o.self_device_time_total)[:12]:
+        shapes = str(op.input_shapes)[:70]
+        print(f"  {op.self_device_time_total / 1e3:7.2f} ms {op.count:5}x  {op.key:<28}{shapes}")
 
 
 def main() -> None:

@@ -5,13 +5,13 @@ pair quantizations (`fp4cli.kernels.launch_pair`) with packed backward operands 
 each of X, W and dY is read once and quantized in both block directions in one launch:
 
     X   along in_features  -> forward operand (values)  | along tokens -> grad_weight (packed)
-    W   along in_features  -> forward operand (values)  | along out    -> grad_input (packed)
+    W   along in_features  -> forward operand (values)  | along out    -> grad_input (values)
     dY  along out_features -> grad_input (values)       | along tokens -> grad_weight (values)
 
 with the same specs, seeds, Hadamard transforms and double quantization, so every operand has
 the reference's bits and the three GEMMs are the reference's calls on them. The backward
-operands of X and W are saved packed (4.25 bits a value) instead of a 16-bit copy and decoded
-in the backward pass.
+operand of X is saved packed (4.25 bits a value) instead of a 16-bit copy and decoded in the
+backward pass.
 
 `fast_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
 every quantized operand must be an E2M1 spec the kernels take, without a tensor scale or 2-D
@@ -179,7 +179,7 @@ def _saved(request: Request, shape: torch.Size, dtype: torch.dtype) -> Saved:
     rows = shape[0]
     if request.hadamard:
         rows = -(-rows // request.hadamard) * request.hadamard
-    return Saved(request.spec, (rows, shape[1]), dtype)
+    return Saved(request.spec if request.packed else None, (rows, shape[1]), dtype)
 
 
 class FastQuantLinearFunction(torch.autograd.Function):
@@ -199,8 +199,10 @@ class FastQuantLinearFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
+        # X's backward operand is kept packed (the activation memory); W's, as values in the
+        # compute dtype (a weight-sized buffer, decoded once instead of every backward pass)
         x_for_dw = _request(config, "grad_weight", 1, call_seed, rank, packed=True)
-        w_for_dx = _request(config, "grad_input", 1, call_seed, rank, packed=True)
+        w_for_dx = _request(config, "grad_input", 1, call_seed, rank)
         (x_q,), x_saved = quantize_both(
             x,
             _request(config, "forward", 0, call_seed, rank),
