@@ -73,8 +73,10 @@ def block_view(tile, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr
     """A [ROWS, COLS] tile as blocks: [ROWS, COLS / BLOCK, BLOCK] for blocks along its last
     axis (BLOCK_AXIS 1), [ROWS / BLOCK, BLOCK, COLS] along its first (BLOCK_AXIS 0)."""
     if BLOCK_AXIS == 1:
-        return tl.reshape(tile, (ROWS, COLS // BLOCK, BLOCK))
-    return tl.reshape(tile, (ROWS // BLOCK, BLOCK, COLS))
+        blocks = tl.reshape(tile, (ROWS, COLS // BLOCK, BLOCK))
+    else:
+        blocks = tl.reshape(tile, (ROWS // BLOCK, BLOCK, COLS))
+    return blocks
 
 
 @triton.jit

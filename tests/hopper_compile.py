@@ -1,0 +1,120 @@
+"""Compiling the kernels for Hopper (sm_90) on a machine without a GPU: the interpreter runs a
+kernel's Python, not Triton's compiler, which refuses some programs the interpreter accepts.
+
+`compile_launches(call, kernels)` runs `call` with every launch of the given kernels
+intercepted, and compiles each intercepted launch (its argument types, constexprs and warps) to
+a cubin. `python -m tests.hopper_compile` (without TRITON_INTERPRET, which turns the kernels
+into Python functions) compiles the launches the quantized Linear makes and prints how many."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+TRITON_TYPES = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.uint8: "u8",
+    torch.int8: "i8",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+OPTIONS = ("num_warps", "num_stages")
+
+
+def _signature(kernel: Any, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
+    names = [param.name for param in kernel.params]
+    constexpr_names = {param.name for param in kernel.params if param.is_constexpr}
+    values = dict(zip(names, args, strict=False)) | {
+        k: v for k, v in kwargs.items() if k not in OPTIONS
+    }
+    signature, constexprs = {}, {}
+    for name in names:
+        value = values[name]
+        if name in constexpr_names or value is None:
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + TRITON_TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i64" if abs(value) >= 2**31 or name.endswith("value") else "i32"
+        else:
+            signature[name] = "fp32"
+    options = {k: v for k, v in kwargs.items() if k in OPTIONS}
+    return signature, constexprs, options
+
+
+def compile_launches(call: Callable[[], Any], kernels: list[tuple[Any, str]]) -> int:
+    """Run `call` with the launches of each (module, kernel name) intercepted; compile every
+    intercepted launch for sm_90. Returns how many were compiled."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    launches: list[tuple[Any, tuple, dict]] = []
+    originals = [(module, name, getattr(module, name)) for module, name in kernels]
+
+    class Intercept:
+        def __init__(self, kernel: Any) -> None:
+            self.kernel = kernel
+
+        def __getitem__(self, grid: Any) -> Callable[..., None]:
+            return lambda *args, **kwargs: launches.append((self.kernel, args, kwargs))
+
+    try:
+        for module, name, kernel in originals:
+            setattr(module, name, Intercept(kernel))
+        call()
+    finally:
+        for module, name, kernel in originals:
+            setattr(module, name, kernel)
+    for kernel, args, kwargs in launches:
+        signature, constexprs, options = _signature(kernel, args, kwargs)
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+        triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return len(launches)
+
+
+def quantized_linear_launches() -> None:
+    """The launches of the recipes' fast executor, on small CPU tensors (never run)."""
+    from fp4cli.kernels.launch import dequantize_e2m1, quantize_e2m1
+    from fp4cli.kernels.launch_pair import Direction, quantize_pair
+    from fp4cli.quant import QuantSpec
+
+    ceil = QuantSpec.preset("mxfp4-ceil")
+    ceil_sr, prescale_sr = (
+        ceil.replace(rounding="sr"),
+        QuantSpec.preset("mxfp4-sr", sr_prescale=0.75),
+    )
+    seed, bf16 = torch.tensor(3), torch.bfloat16
+    x = torch.randn(64, 96).to(bf16)
+    # tetrajet's X (forward values, double-quantized packed column operand) and dY
+    quantize_pair(x, Direction(ceil, None, values_dtype=bf16), Direction(ceil_sr, (seed, 5)), bf16)
+    quantize_pair(x, Direction(ceil_sr, (seed, 2), values_dtype=bf16),
+                  Direction(ceil_sr, (seed, 4), values_dtype=bf16))  # fmt: skip
+    # tseng-rht-sr's dY (RHT-64 in both directions) and tetrajet-qema's guided W
+    quantize_pair(x, Direction(prescale_sr, (seed, 2), 64, (seed, 7), bf16),
+                  Direction(prescale_sr, (seed, 4), 64, (seed, 8), bf16))  # fmt: skip
+    quantize_pair(x, Direction(ceil, None, values_dtype=bf16), Direction(ceil_sr, (seed, 3)),
+                  bf16, guide=x.float())  # fmt: skip
+    # the single-direction kernels: along the columns with RHT, guided, and decoding
+    quantize_e2m1(x, ceil_sr, 0, seed, hadamard=32, hadamard_seed=seed)
+    quantize_e2m1(x, ceil, 1, None, values_dtype=bf16, guide=x.float())
+    codes, scales = torch.zeros(96, 32, dtype=torch.uint8), torch.zeros(96, 2, dtype=torch.uint8)
+    dequantize_e2m1(codes, scales, None, ceil, (64, 96), 0, bf16)
+
+
+if __name__ == "__main__":
+    import fp4cli.kernels.launch as launch
+    import fp4cli.kernels.launch_pair as launch_pair
+
+    kernels = [
+        (launch_pair, "quantize_pair_kernel"),
+        (launch, "quantize_kernel"),
+        (launch, "dequantize_kernel"),
+    ]
+    print(compile_launches(quantized_linear_launches, kernels))

@@ -1,0 +1,22 @@
+"""The kernels compile for Hopper (sm_90), in the configurations the quantized Linear launches
+(tests/hopper_compile.py): the interpreter runs their Python, not Triton's compiler, which
+refuses some programs it runs (a function returning tensors of two shapes, say)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton.backends.nvidia")
+
+
+def test_the_quantized_linear_kernels_compile_for_hopper():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.hopper_compile"],
+        cwd=Path(__file__).parents[1], env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "7"
