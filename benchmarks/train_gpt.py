@@ -1,7 +1,7 @@
 """Train the gpt task at its default size with several recipes, side by side on one device.
 
     python benchmarks/train_gpt.py [--recipes bf16,mxfp4] [--steps N] [--backend auto|torch]
-                                   [--store PATH]
+                                   [--cuda-graph] [--store PATH]
 
 Prints, per recipe: wall time, tokens/s, the ratio to the first recipe's throughput and the final
 validation loss. Each run is an ordinary run in the store (tagged `bench-train-gpt`).
@@ -23,6 +23,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--store", default=None)
     parser.add_argument("--backend", default="auto", help="quantizer: auto, torch or triton")
+    parser.add_argument("--cuda-graph", action="store_true", help="replay steps from a CUDA graph")
     args = parser.parse_args()
     store = RunStore(args.store)
     rows = []
@@ -32,6 +33,7 @@ def main() -> None:
             "recipe": recipe,
             "steps": args.steps,
             "backend": args.backend,
+            "cuda_graph": args.cuda_graph or None,
             "tags": ("bench-train-gpt",),
         }
         began = time.time()
