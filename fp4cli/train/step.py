@@ -141,9 +141,12 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
 
 
 def _clone(batch: Any) -> Any:
-    """A copy of the batch in new memory, of the same structure."""
+    """A copy of the batch in new memory, of the same structure and strides (a compiled model
+    checks its inputs' strides: a contiguous copy of a sliced batch would recompile it)."""
     if isinstance(batch, torch.Tensor):
-        return batch.clone()
+        copy = torch.empty_strided(batch.shape, batch.stride(), dtype=batch.dtype,
+                                   device=batch.device)  # fmt: skip
+        return copy.copy_(batch)
     if hasattr(batch, "tensors"):
         return type(batch)(_clone(batch.tensors))
     if isinstance(batch, dict):
