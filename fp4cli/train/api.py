@@ -82,7 +82,8 @@ def _resumed(
     )
     if unexpected or overrides:
         raise ConfigError(
-            f"--resume continues a run as it was; only --steps and --backend may change "
+            "--resume continues a run as it was; only --steps, --backend, --compile and "
+            f"--cuda-graph may change "
             f"(got {', '.join(unexpected + list(overrides))})"
         )
     return config, Recipe.from_dict(resolved["recipe"], source=f"run {run['id']}")

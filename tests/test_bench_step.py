@@ -1,0 +1,128 @@
+"""`fp4 bench step` and fp4cli.bench.step on the CPU: cases, rows, ratios, the batch search,
+errors and the store. Nothing here asserts on a measured time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fp4cli.bench import step as bench
+from fp4cli.cli.main import app
+from fp4cli.store import RunStore
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "200"}
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+
+
+def run(*args: str) -> Any:
+    return runner.invoke(app, ["bench", "step", *args], env=WIDE)
+
+
+def test_step_command_prints_and_stores(tmp_path: Path) -> None:
+    path = tmp_path / "fp4.db"
+    result = run("--tasks", "gpt", "--size", "debug", "--device", "cpu", "--modes", "eager",
+                 "--recipes", "mxfp4,bf16", "--backends", "torch", "--steps", "1",
+                 "--store", str(path))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    for text in ("ms/step", "x bf16", "peak GiB", "gpt debug x8", "8 reference"):
+        assert text in result.stdout
+    with RunStore(path) as store:
+        rows = store.benchmarks("step")
+    measured = {(row["config"]["recipe"], row["name"]) for row in rows}
+    assert {("bf16", "step_ms"), ("mxfp4", "step_ms"), ("mxfp4", "vs_bf16")} <= measured
+    assert ("bf16", "peak_memory") not in measured  # no CUDA: no peak memory
+    assert all(row["config"]["size"] == "debug" for row in rows)
+
+
+def test_cases_put_bf16_first_on_one_backend() -> None:
+    found = bench.cases(["gpt", "vit"], None, None, ["mxfp4", "bf16"], ["triton", "torch"],
+                        ["eager", "graph"])  # fmt: skip
+    first = found[0]
+    assert (first.task, first.size, first.batch, first.recipe) == ("gpt", "gpt2-small", 8, "bf16")
+    assert [c.recipe for c in found[:3]] == ["bf16", "mxfp4", "mxfp4"]
+    assert sum(c.recipe == "bf16" for c in found) == 4  # 2 tasks x 2 modes, one backend each
+    assert {c.size for c in found if c.task == "vit"} == {"deit-small"}
+
+
+def test_ratios_to_the_baseline() -> None:
+    case = bench.StepCase("gpt", "debug", 8, "bf16", "triton", "eager")
+    baseline = bench.StepRow(case, ms=10.0, peak_gib=2.0)
+    row = bench.StepRow(case, ms=13.0, peak_gib=1.5, baseline=baseline)
+    assert row.vs_baseline == pytest.approx(1.3) and row.memory_vs_baseline == pytest.approx(0.75)
+    assert bench.StepRow(case, note="out of memory", baseline=baseline).measurements() == []
+
+
+def test_failed_cases_get_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(case: Any, device: Any) -> Any:
+        raise RuntimeError("no kernel for this\nsecond line")
+
+    monkeypatch.setattr(bench, "build_step", broken)
+    case = bench.StepCase("gpt", "debug", 8, "mxfp4", "triton", "eager")
+    row = bench.measure_case(case, torch.device("cpu"), 1)
+    assert row.ms is None and row.note == "RuntimeError: no kernel for this"
+
+
+@pytest.mark.parametrize(("fits_below", "limit", "expected"), [(100, 1024, 96), (20, 1024, 20),
+                                                               (5000, 64, 64)])  # fmt: skip
+def test_max_batch_search(monkeypatch, fits_below, limit, expected) -> None:
+    tried = []
+
+    def measure(case: Any, device: Any, steps: int) -> Any:
+        tried.append(case.batch)
+        note = None if case.batch <= fits_below else "out of memory"
+        return bench.StepRow(case, ms=1.0, note=note)
+
+    monkeypatch.setattr(bench, "measure_case", measure)
+    found = bench.max_batch("gpt", "debug", "bf16", "triton", torch.device("cpu"), 8, limit)
+    assert found.max_batch is not None
+    assert expected - expected // 8 <= found.max_batch <= expected <= fits_below
+    assert (found.note is not None) == (expected == limit)
+    assert len(tried) <= 12
+
+
+def test_max_batch_reports_a_start_that_does_not_fit(monkeypatch) -> None:
+    def out_of_memory(case: Any, device: Any, steps: int) -> Any:
+        return bench.StepRow(case, note="out of memory")
+
+    monkeypatch.setattr(bench, "measure_case", out_of_memory)
+    found = bench.max_batch("gpt", "debug", "bf16", "triton", torch.device("cpu"), 8, 64)
+    assert found.max_batch is None and found.note == "batch 8 does not fit"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--modes", "graph", "--device", "cpu"], "CUDA graphs need a CUDA device"),
+        (["--modes", "jit"], "modes: 'jit' is not one of"),
+        (["--backends", "cuda"], "backends: 'cuda' is not one of"),
+        (["--tasks", "chess", "--modes", "eager"], "task 'chess'"),
+        (["--tasks", "gpt", "--size", "huge", "--modes", "eager"], "has no size 'huge'"),
+        (["--recipes", "no-such-recipe", "--modes", "eager"], "no-such-recipe"),
+        (["--steps", "0"], "--steps"),
+    ],
+)
+def test_bad_requests_fail_in_one_line(args: list[str], message: str) -> None:
+    device = [] if "--device" in args else ["--device", "cpu"]
+    result = run(*args, *device, "--no-store")
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_the_benchmark_sizes_are_training_sizes() -> None:
+    """GPT-2 small's and DeiT-Small's shapes, trainable with `fp4 train --size`."""
+    from fp4cli.tasks import gpt, vit
+    from fp4cli.tasks.base import task_defaults
+
+    model = gpt.SIZES["gpt2-small"].model
+    assert (model.n_layer, model.n_embd, model.n_head, model.block_size) == (12, 768, 12, 1024)
+    deit = vit.SIZES["deit-small"]
+    assert (deit.depth, deit.embed_dim, deit.num_heads, deit.image_size // deit.patch_size) == (
+        12, 384, 6, 14,
+    )  # fmt: skip
+    for task, size in bench.BENCH_SIZES.items():
+        assert task_defaults(task, size[0]) is not None
