@@ -5,7 +5,7 @@ backward pass, and which layers take which executor."""
 import pytest
 import torch
 
-from fp4cli import LinearConfig, QuantLinear, QuantSpec
+from fp4cli import LinearConfig, QuantLinear, QuantSpec, quantize_model
 from fp4cli.linear.fast import fast_gap
 from fp4cli.recipes import load_recipe
 from fp4cli.techniques import DGEConfig, HadamardConfig
@@ -159,3 +159,14 @@ def test_executor_choice_and_reasons():
     assert _layer(CONFIGS["tetrajet"], "torch").executor() == ("reference", "backend torch")
     cpu = QuantLinear(32, 32, config=CONFIGS["tetrajet"], backend="auto")
     assert cpu.executor(torch.zeros(1, 32)) == ("reference", "a cpu tensor")
+
+
+def test_executor_summary_names_the_reference_and_why():
+    from fp4cli.linear import executor_summary
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8)).to(DEVICE)
+    quantize_model(model, "tetrajet", seed=0, backend="triton")
+    assert executor_summary(model) == "quantized layers: 2 on the fast executor"
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32)).to(DEVICE)
+    quantize_model(model, "wang-fp4", seed=0, skip=())
+    assert executor_summary(model) == "quantized layers: 1 on the reference (DGE)"

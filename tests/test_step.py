@@ -124,3 +124,18 @@ def test_compile_and_cuda_graph_may_change_on_resume(tmp_path):
     speed = {"compile": False, "cuda_graph": False}
     resumed, _ = run_training(speed, [], store, resume=cut.run_id, reporter=SilentReporter())
     assert resumed.status == "finished"
+
+
+def test_a_run_says_which_executor_its_layers_take(tmp_path):
+    class Messages(SilentReporter):
+        def __init__(self):
+            self.lines = []
+
+        def message(self, text):
+            self.lines.append(text)
+
+    reporter = Messages()
+    flags = {"task": "regression", "size": "debug", "device": "cpu", "steps": 1}
+    run_training(flags, [], RunStore(tmp_path / "fp4.db"), reporter=reporter)
+    assert reporter.lines[0].startswith("quantized layers: ")
+    assert "on the reference (a cpu tensor)" in reporter.lines[0]

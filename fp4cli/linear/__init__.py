@@ -5,6 +5,7 @@ from fp4cli.linear.function import QuantLinearFunction
 from fp4cli.linear.module import (
     QuantLinear,
     attach_qema,
+    executor_summary,
     quantize_model,
     quantized_layers,
     update_qema,
@@ -17,6 +18,7 @@ __all__ = [
     "QuantLinear",
     "QuantLinearFunction",
     "attach_qema",
+    "executor_summary",
     "quantize_model",
     "quantized_layers",
     "update_qema",

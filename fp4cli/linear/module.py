@@ -202,6 +202,24 @@ def quantized_layers(model: nn.Module) -> dict[str, QuantLinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, QuantLinear)}
 
 
+def executor_summary(model: nn.Module) -> str:
+    """Which executor the model's quantized layers run, and why any takes the reference: e.g.
+    "quantized layers: 48 on the fast executor" or "... 12 on the reference (DGE)"."""
+    groups: dict[tuple[str, str], int] = {}
+    for layer in quantized_layers(model).values():
+        if layer.config.is_high_precision:
+            continue
+        key = layer.executor()
+        groups[key] = groups.get(key, 0) + 1
+    if not groups:
+        return "quantized layers: none"
+    parts = [
+        f"{count} on the fast executor" if name == "fast" else f"{count} on the reference ({why})"
+        for (name, why), count in sorted(groups.items())
+    ]
+    return "quantized layers: " + ", ".join(parts)
+
+
 def update_qema(model: nn.Module) -> None:
     """Advance the Q-EMA of every QuantLinear in `model` (after an optimizer step)."""
     for layer in quantized_layers(model).values():

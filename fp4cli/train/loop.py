@@ -213,6 +213,10 @@ class Trainer:
         began = time.time()
         previous = _install_stop_handler()
         reporter.start(config.steps, self.start_step, f"{config.task}/{self.recipe.name}")
+        if not self.recipe.linear.is_high_precision:
+            from fp4cli.linear import executor_summary
+
+            reporter.message(executor_summary(self.model))
         try:
             status, step = self._loop(reporter)
         except (_Stop, KeyboardInterrupt):
