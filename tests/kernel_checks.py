@@ -3,9 +3,21 @@ tests/test_gpu_kernels.py on a GPU): the Triton backend against the PyTorch refe
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fp4cli.quant import QuantizedTensor, QuantSpec, fake_quantize, quantize
+from fp4cli.quant.backend import interpreter_on, triton_available
+
+# The marks of a test module that runs the compiled kernels on a GPU (`make gpu-test`).
+COMPILED_ON_GPU = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not triton_available(), reason="needs triton"),
+    pytest.mark.skipif(
+        interpreter_on(), reason="TRITON_INTERPRET is set: the kernels would not be compiled"
+    ),
+]
 
 _SAME_WIDTH_INT = {
     torch.float64: torch.int64,

@@ -10,20 +10,12 @@ import torch.nn.functional as F
 
 import fp4cli
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
-from fp4cli.quant.backend import interpreter_on, triton_available
 from fp4cli.store import RunStore
 from fp4cli.train import run_training
 from fp4cli.train.progress import SilentReporter
-from tests.kernel_checks import assert_bits
+from tests.kernel_checks import COMPILED_ON_GPU, assert_bits
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(not triton_available(), reason="needs triton"),
-    pytest.mark.skipif(
-        interpreter_on(), reason="TRITON_INTERPRET is set: the kernels would not be compiled"
-    ),
-]
+pytestmark = COMPILED_ON_GPU
 
 CEIL = QuantSpec.preset("mxfp4-ceil")
 CEIL_SR = CEIL.replace(rounding="sr")

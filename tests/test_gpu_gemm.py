@@ -12,16 +12,10 @@ import torch
 
 from fp4cli.gemm import gemm_path, matmul_reference, mxfp4_matmul
 from fp4cli.quant import QuantSpec, quantize
-from fp4cli.quant.backend import interpreter_on, triton_available
 from tests.gemm_cases import exact_sum_pair, flushed_bound, nan_block, spread_rows, zero_block
-from tests.kernel_checks import assert_bits
+from tests.kernel_checks import COMPILED_ON_GPU, assert_bits
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(not triton_available(), reason="needs triton"),
-    pytest.mark.skipif(interpreter_on(), reason="TRITON_INTERPRET is set: nothing would compile"),
-]
+pytestmark = COMPILED_ON_GPU
 MXFP4 = QuantSpec.preset("mxfp4")
 FP8_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 

@@ -14,18 +14,10 @@ import torch.nn as nn
 
 import fp4cli
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
-from fp4cli.quant.backend import interpreter_on, triton_available
 from fp4cli.techniques.hadamard import rht
-from tests.kernel_checks import assert_bits, check_backends_agree
+from tests.kernel_checks import COMPILED_ON_GPU, assert_bits, check_backends_agree
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(not triton_available(), reason="needs triton"),
-    pytest.mark.skipif(
-        interpreter_on(), reason="TRITON_INTERPRET is set: the kernels would not be compiled"
-    ),
-]
+pytestmark = COMPILED_ON_GPU
 
 NAN, INF = float("nan"), float("inf")
 MXFP4 = QuantSpec.preset("mxfp4")

@@ -45,22 +45,12 @@ def _input(rows, cols, seed=0):
     return on_device(x)
 
 
-def _reference_row(x, d):
+def _reference(x, d, axis):
+    """The reference's quantization of x along `axis` as direction d asks (values or codes)."""
+    args = dict(hadamard=d.hadamard, hadamard_seed=d.hadamard_seed, backend="torch")
     if d.values_dtype is not None:
-        return fake_quantize(x, d.spec, 1, d.seed, hadamard=d.hadamard,
-                             hadamard_seed=d.hadamard_seed, out_dtype=d.values_dtype,
-                             backend="torch")  # fmt: skip
-    return quantize(x, d.spec, 1, d.seed, hadamard=d.hadamard, hadamard_seed=d.hadamard_seed,
-                    backend="torch")  # fmt: skip
-
-
-def _reference_col(x, d):
-    if d.values_dtype is not None:
-        return fake_quantize(x, d.spec, 0, d.seed, hadamard=d.hadamard,
-                             hadamard_seed=d.hadamard_seed, out_dtype=d.values_dtype,
-                             backend="torch")  # fmt: skip
-    return quantize(x, d.spec, 0, d.seed, hadamard=d.hadamard, hadamard_seed=d.hadamard_seed,
-                    backend="torch")  # fmt: skip
+        return fake_quantize(x, d.spec, axis, d.seed, out_dtype=d.values_dtype, **args)
+    return quantize(x, d.spec, axis, d.seed, **args)
 
 
 def _assert_direction(out, reference, what):
@@ -77,7 +67,7 @@ def _assert_direction(out, reference, what):
 def _check(x, row, col, double=None):
     row_out, col_out = quantize_pair(x, row, col, double)
     if row is not None:
-        _assert_direction(row_out, _reference_row(x, row), "row direction")
+        _assert_direction(row_out, _reference(x, row, 1), "row direction")
     else:
         assert row_out is None
     if col is None:
@@ -85,9 +75,9 @@ def _check(x, row, col, double=None):
         return
     source = x
     if double is not None:
-        source = _reference_row(x, row.__class__(row.spec, row.seed, row.hadamard,
-                                                 row.hadamard_seed, double))  # fmt: skip
-    _assert_direction(col_out, _reference_col(source, col), "column direction")
+        as_values = row.__class__(row.spec, row.seed, row.hadamard, row.hadamard_seed, double)
+        source = _reference(x, as_values, 1)
+    _assert_direction(col_out, _reference(source, col, 0), "column direction")
 
 
 @pytest.mark.parametrize("name", PAIR_SPECS)
