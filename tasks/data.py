@@ -138,15 +138,33 @@ def _cifar(folder: Path, image_size: int) -> tuple[Split, Split]:
     return (train_images, train_labels), (_resize(val_images, image_size), val_labels)
 
 
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles what a CIFAR-10 python batch holds (dicts, lists, bytes, numbers and numpy
+    arrays) and refuses every other global, so a crafted file cannot run code."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refused {module}.{name[:40]}")
+        return super().find_class(module, name)
+
+
 def _cifar_file(path: Path) -> Split:
     """One CIFAR-10 python batch: a pickled dict with b"data" (N, 3072) uint8 and b"labels"."""
     try:
         with path.open("rb") as file:
-            batch = pickle.load(file, encoding="bytes")
+            batch = _CifarUnpickler(file, encoding="bytes").load()
         pixels = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
         labels = np.asarray(batch[b"labels"], dtype=np.int64).reshape(-1)
     except Exception as error:  # unpickling fails in many ways; each is a bad file
-        raise TaskError(f"cannot read CIFAR-10 batch {path}: {error!r}") from None
+        why = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise TaskError(f"cannot read CIFAR-10 batch {path}: {why}") from None
     if len(pixels) != len(labels) or (labels < 0).any():
         raise TaskError(f"CIFAR-10 batch {path}: {len(pixels)} images, {len(labels)} labels")
     return torch.from_numpy(pixels.copy()), torch.from_numpy(labels)

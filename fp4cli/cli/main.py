@@ -40,6 +40,7 @@ DOMAIN_ERRORS = [
     "fp4cli.analysis.errors:AnalysisError",
     "fp4cli.cost.errors:CostError",
     "fp4cli.sweep.errors:SweepError",
+    "fp4cli.train.checkpoint:CheckpointError",
 ]
 USER_ERROR_EXIT = 2
 

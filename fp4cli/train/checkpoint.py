@@ -1,7 +1,9 @@
 """Checkpoints: model, optimizer (with Q-Ramping state), EMA buffers, RNG states, resolved config.
 
 Written to a temporary file and renamed into place, so a run killed mid-write never leaves a
-truncated checkpoint behind. Only the newest checkpoint of a run is kept.
+truncated checkpoint behind. Only the newest checkpoint of a run is kept. A checkpoint holds only
+tensors, numbers, strings and plain containers, and is read with `torch.load(weights_only=True)`:
+a file holding anything else (an object whose unpickling could run code) is refused unread.
 
 An FSDP2-sharded model is saved with torch.distributed.checkpoint instead: every rank writes its
 shards into a folder `step-N.dcp` (written as `.partial` and renamed by rank 0 once all are
@@ -47,10 +49,41 @@ def save_checkpoint(
     return path
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: damaged, truncated, or holding more than tensors,
+    numbers, strings and plain containers. One line naming the file."""
+
+
+def read_plain(path: str | Path, device: torch.device | str = "cpu") -> Any:
+    """A torch file of tensors, numbers, strings and plain containers, loaded without running
+    anything it holds; CheckpointError for anything else."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:
+        why = _first_line(error)
+        raise CheckpointError(
+            f"checkpoint {path} holds more than tensors and plain values; refused unread ({why})"
+        ) from None
+    except (RuntimeError, EOFError, ValueError, OSError) as error:
+        raise CheckpointError(
+            f"checkpoint {path} is damaged or not a checkpoint ({_first_line(error)})"
+        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of an error's text, at most 160 characters."""
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
 def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, Any]:
     if not Path(path).exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    state = torch.load(path, map_location=device, weights_only=False)
+    state = read_plain(path, device)
+    if not isinstance(state, dict) or not {"step", "model", "optimizer"} <= state.keys():
+        raise CheckpointError(f"checkpoint {path} is not an fp4cli checkpoint")
     return state
 
 
@@ -112,4 +145,4 @@ def load_sharded(
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
-    return torch.load(Path(path) / "meta.pt", weights_only=False)
+    return read_plain(Path(path) / "meta.pt")
