@@ -105,8 +105,10 @@ class RunStore:
 
     def reopen_run(self, run_id: str, step: int) -> None:
         """Resume a run from `step` in this process: `running` again, and the rows the earlier
-        attempt wrote after `step` are dropped (the resumed run writes them again)."""
+        attempt wrote after `step` are dropped (the resumed run writes them again). A run that a
+        live process is training is refused: one writer per run."""
         with self._write() as db:
+            self._refuse_live(run_id)
             cursor = db.execute(
                 "UPDATE runs SET status = 'running', step = ?, heartbeat_at = ?, ended_at = NULL, "
                 "message = NULL, diverged_step = NULL, host = ?, pid = ? WHERE id = ?",
@@ -116,12 +118,33 @@ class RunStore:
             for table in ("metrics", "quant_stats", "checkpoints"):
                 db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [run_id, step])
 
+    def _refuse_live(self, run_id: str) -> None:
+        """Inside a write: StoreError if `run_id` is running in a live process other than this."""
+        row = self.db.execute(
+            "SELECT status, host, pid, started_at, heartbeat_at FROM runs WHERE id = ?", [run_id]
+        ).fetchone()
+        if row is None or row[0] != "running":
+            return
+        status, host, pid, started_at, heartbeat_at = row
+        if host == self.host and pid == os.getpid():
+            return
+        holder = {"id": run_id, "host": host, "pid": pid, "started_at": started_at,
+                  "heartbeat_at": heartbeat_at}  # fmt: skip
+        if not gone_runs([holder], self.host, STALE_AFTER_S):
+            raise StoreError(
+                f"run {run_id} is being trained by process {pid} on {host} (last heard of at "
+                f"{heartbeat_at}); wait for it to end or stop it first"
+            )
+
     def log_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> None:
-        """One row per named value at `step`, in one transaction."""
+        """One row per named value at `step`, in one transaction (a value logged again at the
+        same step replaces the first)."""
         rows = [(run_id, step, name, float(value)) for name, value in values.items()]
         with self._write() as db:
             self._touch(run_id, step)
-            db.table("metrics").insert_all([("run_id", "step", "name", "value"), *rows])
+            db.table("metrics").insert_all(
+                [("run_id", "step", "name", "value"), *rows], replace=True
+            )
 
     def log_quant_stats(
         self, run_id: str, step: int, rows: Iterable[tuple[str, str, str, float]]
@@ -131,7 +154,7 @@ class RunStore:
         columns = ("run_id", "step", "layer", "operand", "metric", "value")
         with self._write() as db:
             self._touch(run_id, step)
-            db.table("quant_stats").insert_all([columns, *records])
+            db.table("quant_stats").insert_all([columns, *records], replace=True)
 
     def log_layers(self, run_id: str, layers: Iterable[tuple[str, int, int, int, bool]]) -> None:
         """(layer, tokens, in_features, out_features, quantized) of each linear layer, once per
@@ -418,6 +441,50 @@ class RunStore:
             record = {"id": sweep_id, "name": name, "spec": json.dumps(spec), "created_at": now()}
             db.table("sweeps").insert(record)
         return sweep_id
+
+    def claim_sweep(self, sweep_id: str) -> None:
+        """Make this process the sweep's one coordinator; StoreError if a live process holds
+        it (on this host: its pid lives; on another: its heartbeat is fresh)."""
+        with self._write() as db:
+            row = db.execute(
+                "SELECT name, holder_host, holder_pid, holder_heartbeat, created_at "
+                "FROM sweeps WHERE id = ?",
+                [sweep_id],
+            ).fetchone()
+            if row is None:
+                raise StoreError(f"unknown sweep {sweep_id!r} in {self.path}")
+            name, host, pid, heartbeat, created = row
+            mine = host == self.host and pid == os.getpid()
+            holder = {"id": sweep_id, "host": host, "pid": pid, "started_at": created,
+                      "heartbeat_at": heartbeat}  # fmt: skip
+            if host is not None and not mine and not gone_runs([holder], self.host, STALE_AFTER_S):
+                raise StoreError(
+                    f"sweep {name} is being run by process {pid} on {host} (last heard of at "
+                    f"{heartbeat}); wait for it to end or stop it first"
+                )
+            db.execute(
+                "UPDATE sweeps SET holder_host = ?, holder_pid = ?, holder_heartbeat = ? "
+                "WHERE id = ?",
+                [self.host, os.getpid(), now(), sweep_id],
+            )
+
+    def sweep_heartbeat(self, sweep_id: str) -> None:
+        """The coordinator of the sweep is alive."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE sweeps SET holder_heartbeat = ? WHERE id = ? AND holder_host = ? "
+                "AND holder_pid = ?",
+                [now(), sweep_id, self.host, os.getpid()],
+            )
+
+    def release_sweep(self, sweep_id: str) -> None:
+        """This process no longer coordinates the sweep (if it did)."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE sweeps SET holder_host = NULL, holder_pid = NULL, holder_heartbeat = NULL "
+                "WHERE id = ? AND holder_host = ? AND holder_pid = ?",
+                [sweep_id, self.host, os.getpid()],
+            )
 
     def get_sweep(self, ref: str) -> Row:
         """A sweep by id or name (the newest of that name), spec decoded."""

@@ -96,10 +96,34 @@ def _v3_layer_shapes(db: Database) -> None:
     db.table("sweeps").create_index(["name"])
 
 
+def _v4_one_writer(db: Database) -> None:
+    """One row per (run, step, name) of metrics and per (run, step, layer, operand, metric) of
+    statistics (a duplicate written before: the last one is kept), and the sweeps' holders: the
+    coordinating process (host, pid) and its heartbeat."""
+    db.execute(
+        "DELETE FROM metrics WHERE rowid NOT IN "
+        "(SELECT MAX(rowid) FROM metrics GROUP BY run_id, step, name)"
+    )
+    db.execute("DROP INDEX IF EXISTS idx_metrics_run_id_name_step")
+    db.table("metrics").create_index(["run_id", "name", "step"], unique=True)
+    db.execute(
+        "DELETE FROM quant_stats WHERE rowid NOT IN (SELECT MAX(rowid) FROM quant_stats "
+        "GROUP BY run_id, step, layer, operand, metric)"
+    )
+    db.table("quant_stats").create_index(
+        ["run_id", "step", "layer", "operand", "metric"], unique=True
+    )
+    sweeps = db.table("sweeps")
+    sweeps.add_column("holder_host", str)
+    sweeps.add_column("holder_pid", int)
+    sweeps.add_column("holder_heartbeat", str)
+
+
 MIGRATIONS: list[Callable[[Database], None]] = [
     _v1_tables,
     _v2_distributed_runs,
     _v3_layer_shapes,
+    _v4_one_writer,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

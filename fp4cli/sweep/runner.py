@@ -83,10 +83,12 @@ class SweepStopped(Exception):
 
 def plan_sweep(spec: SweepSpec, store: Any, record: bool = True) -> SweepPlan:
     """Sort the sweep's points into done and to do; `record` the sweep in `store` (by name)
-    first, else only look it up (a dry run writes nothing)."""
+    and claim it for this process first (StoreError if a live process runs it), else only look
+    it up (a dry run writes nothing)."""
     points = expand_points(spec)
-    if record:
+    if record:  # this process becomes the sweep's one coordinator (release_sweep ends it)
         sweep_id = store.ensure_sweep(spec.name, spec.to_dict())
+        store.claim_sweep(sweep_id)
     else:
         known = [s for s in store.sweeps() if s["name"] == spec.name]
         sweep_id = known[0]["id"] if known else "(new)"
@@ -138,7 +140,8 @@ def run_sweep(
     reporter: SweepReporter | None = None,
 ) -> list[PointResult]:
     """Run the plan's pending points; returns their results. Raises SweepStopped when stopped
-    (every finished point is stored; running ones are marked interrupted)."""
+    (every finished point is stored; running ones are marked interrupted). Ends this process's
+    claim on the sweep."""
     reporter = reporter or SilentSweepReporter()
     for run_id in plan.stale:
         store.delete_run(run_id)
@@ -153,6 +156,7 @@ def run_sweep(
         return _run_in_workers(plan, pending, str(store.path), devices, threads, reporter)
     finally:
         reporter.finish()
+        store.release_sweep(plan.sweep_id)
 
 
 def run_point(
@@ -215,6 +219,7 @@ def _run_in_workers(
     args = (store_path, plan.sweep_id, plan.spec.tags, threads, jobs, results_queue)
     processes = [context.Process(target=worker_main, args=(*args, d)) for d in devices]
     results: list[PointResult] = []
+    heartbeat = _Heartbeat(store_path, plan.sweep_id)
     with _stop_on_sigterm():
         try:
             for process in processes:
@@ -225,6 +230,7 @@ def _run_in_workers(
                 except queue.Empty:
                     if not any(p.is_alive() for p in processes):
                         break  # every worker ended (one that died loses its point)
+                    heartbeat.beat()
                     continue
                 results.append(result)
                 reporter.point_done(result)
@@ -234,6 +240,24 @@ def _run_in_workers(
     for process in processes:
         process.join()
     return results
+
+
+class _Heartbeat:
+    """The coordinator's heartbeat on its sweep, at most once a minute."""
+
+    EVERY_S = 60.0
+
+    def __init__(self, store_path: str, sweep_id: str) -> None:
+        self.store_path, self.sweep_id, self.last = store_path, sweep_id, time.monotonic()
+
+    def beat(self) -> None:
+        if time.monotonic() - self.last < self.EVERY_S:
+            return
+        from fp4cli.store import RunStore
+
+        with RunStore(self.store_path) as store:
+            store.sweep_heartbeat(self.sweep_id)
+        self.last = time.monotonic()
 
 
 def _stop(processes: list[Any]) -> None:
