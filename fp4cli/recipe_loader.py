@@ -31,6 +31,7 @@ from fp4cli.recipe_schema import (
     RecipeError,
     build_recipe,
     did_you_mean,
+    excerpt,
 )
 
 
@@ -119,6 +120,12 @@ def _set(tree: dict[str, Any], key: str, value: Any, label: str) -> None:
     node[last] = value
 
 
+MAX_FILE_BYTES = 1 << 20
+MAX_ALIASES = 100
+MAX_DEPTH = 50
+MAX_VALUES = 100_000
+
+
 def _shipped_dir() -> Path:
     return Path(str(resources.files("fp4cli.recipes")))
 
@@ -139,7 +146,12 @@ def names_a_file(ref: str) -> bool:
 
 def _locate(ref: str, label: str, key: str, relative_to: Path) -> Path:
     if names_a_file(ref):
-        path = (relative_to / Path(ref).expanduser()).resolve()
+        try:
+            path = (relative_to / Path(ref).expanduser()).resolve(strict=False)
+        except (OSError, RuntimeError) as error:  # a symlink loop, on any Python version
+            raise RecipeError(label, key, f"cannot resolve {ref!r}: {error}") from None
+        if path.exists() and not path.is_file():
+            raise RecipeError(label, key, f"{ref!r} is not a regular file")
         if not path.is_file():
             where = f" (looked for {path})" if key else ""
             raise RecipeError(label, key, f"no such recipe file {ref!r}{where}")
@@ -161,11 +173,12 @@ def _load(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], Recipe]:
     label = _display(path)
     raw = _read_yaml(path, label)
     if not isinstance(raw, dict):
-        raise RecipeError(label, "", f"must be a mapping of {', '.join(FILE_KEYS)} (got {raw!r})")
+        expected = f"must be a mapping of {', '.join(FILE_KEYS)}"
+        raise RecipeError(label, "", f"{expected} (got {excerpt(raw)})")
     base = raw.pop("base", None)
     if base is not None:
         if not isinstance(base, str) or not base:
-            raise RecipeError(label, "base", f"must be a recipe name or path (got {base!r})")
+            raise RecipeError(label, "base", f"must be a recipe name or path (got {excerpt(base)})")
         base_path = _locate(base, label, "base", path.parent)
         if base_path in (*chain, path):
             cycle = " -> ".join(_display(p) for p in (*chain, path, base_path))
@@ -174,18 +187,36 @@ def _load(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], Recipe]:
     return raw, build_recipe(raw, label, keys=FILE_KEYS, name=path.stem, source=str(path))
 
 
-def _read_yaml(path: Path, label: str) -> Any:
+def read_yaml_file(path: Path) -> Any:
+    """A recipe or sweep file's YAML, read as the recipe files are (strict, bounded). Raises
+    ValueError with a one-line reason: unreadable, too large, not UTF-8, invalid YAML."""
     try:
-        text = path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ValueError(f"is {size:,} bytes; a recipe or sweep file is at most 1 MiB")
+        data = path.read_bytes()
     except OSError as error:
-        raise RecipeError(label, "", f"cannot read: {error.strerror or error}") from None
+        raise ValueError(f"cannot read: {error.strerror or error}") from None
     try:
-        raw = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"is not UTF-8 text (byte {error.start} is {data[error.start]:#x})"
+        ) from None
+    try:
+        return parse_value(text)
     except yaml.MarkedYAMLError as error:
         line = f"line {error.problem_mark.line + 1}: " if error.problem_mark else ""
-        raise RecipeError(label, "", f"{line}invalid YAML: {error.problem}") from None
+        raise ValueError(f"{line}invalid YAML: {error.problem}") from None
     except yaml.YAMLError as error:
-        raise RecipeError(label, "", f"invalid YAML: {error}") from None
+        raise ValueError(f"invalid YAML: {error}") from None
+
+
+def _read_yaml(path: Path, label: str) -> Any:
+    try:
+        raw = read_yaml_file(path)
+    except ValueError as error:
+        raise RecipeError(label, "", str(error)) from None
     if raw is None:
         raise RecipeError(label, "", "empty recipe file (expected a mapping: description, linear)")
     return raw
@@ -203,7 +234,34 @@ def _merge(base: Any, child: Any) -> Any:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that rejects duplicate keys (a second `forward:` would silently win)."""
+    """A SafeLoader that rejects duplicate keys (a second `forward:` would silently win), more
+    than MAX_ALIASES aliases, a document that stands for more than MAX_VALUES values once its
+    aliases expand (a few hundred bytes of aliases can stand for gigabytes) and nesting deeper
+    than MAX_DEPTH."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases = getattr(self, "_aliases", 0) + 1
+            if self._aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_ALIASES} aliases", mark
+                )
+        depth = getattr(self, "_depth", 0) + 1
+        if depth > MAX_DEPTH:
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH}", mark)
+        self._depth = depth
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth = depth - 1
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        if node is not None:
+            _check_expansion(node, {}, set())
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
@@ -215,6 +273,32 @@ class _StrictLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _check_expansion(node: Any, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """How many values `node` stands for with its aliases expanded (memoized per node); a
+    ComposerError beyond MAX_VALUES, or for a node that contains itself."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_nodes:
+        raise yaml.composer.ComposerError(None, None, "an alias refers to itself", node.start_mark)
+    open_nodes.add(key)
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_check_expansion(child, sizes, open_nodes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            size += _check_expansion(key_node, sizes, open_nodes)
+            size += _check_expansion(value_node, sizes, open_nodes)
+    if size > MAX_VALUES:
+        raise yaml.composer.ComposerError(
+            None, None, f"stands for more than {MAX_VALUES:,} values (aliases expand)",
+            node.start_mark,
+        )  # fmt: skip
+    open_nodes.discard(key)
+    sizes[key] = size
+    return size
 
 
 # YAML 1.1 reads 3e-4 (no dot) as a string; recipes and --set values mean a number.

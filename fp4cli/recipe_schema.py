@@ -55,11 +55,27 @@ _RECIPE_KEYS = {
 }
 
 
+MAX_PROBLEM = 300
+
+
+def excerpt(value: Any) -> str:
+    """A short repr of a value for an error message (long strings and containers cut)."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxstring, short.maxother, short.maxlevel = 60, 60, 3
+    short.maxlist = short.maxtuple = short.maxdict = short.maxset = 6
+    return short.repr(value)
+
+
 class RecipeError(ValueError):
     """A recipe that cannot be loaded: a one-line message naming the file and the dotted key."""
 
     def __init__(self, source: str, key: str, problem: str) -> None:
-        self.source, self.key, self.problem = source, key, " ".join(problem.split())
+        problem = " ".join(problem.split())
+        if len(problem) > MAX_PROBLEM:  # an excerpt, never a whole file or value
+            problem = problem[: MAX_PROBLEM - 3] + "..."
+        self.source, self.key, self.problem = source, key, problem
         super().__init__(f"{source}: {key}: {self.problem}" if key else f"{source}: {self.problem}")
 
 
@@ -154,7 +170,8 @@ def build_recipe(raw: Any, label: str, *, keys: Sequence[str], name: str, source
     top = _mapping(raw, label, "", keys)
     skip = top.get("skip", list(DEFAULT_SKIP))
     if not isinstance(skip, list) or not all(isinstance(p, str) and p for p in skip):
-        raise RecipeError(label, "skip", f"must be a list of module-name patterns (got {skip!r})")
+        expected = "must be a list of module-name patterns"
+        raise RecipeError(label, "skip", f"{expected} (got {excerpt(skip)})")
     optimizer = _mapping(top.get("optimizer") or {}, label, "optimizer", ("qramp",))
     return Recipe(
         name=_string(top.get("name", name), label, "name"),
@@ -243,7 +260,7 @@ def _typed(cls: Any, fields: dict[str, Any], label: str, key: str) -> dict[str, 
             continue
         types, expected = _TYPES[annotations[name]]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise RecipeError(label, f"{key}.{name}", f"must be {expected} (got {value!r})")
+            raise RecipeError(label, f"{key}.{name}", f"must be {expected} (got {excerpt(value)})")
         if annotations[name] == "float":
             checked[name] = float(checked[name])
     return checked
@@ -253,7 +270,7 @@ def _mapping(
     raw: Any, label: str, key: str, allowed: Sequence[str], expected: str = "a mapping"
 ) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise RecipeError(label, key, f"must be {expected} (got {raw!r})")
+        raise RecipeError(label, key, f"must be {expected} (got {excerpt(raw)})")
     for name in raw:
         if name not in allowed:
             path = f"{key}.{name}" if key else str(name)
@@ -264,7 +281,7 @@ def _mapping(
 
 def _string(value: Any, label: str, key: str) -> str:
     if not isinstance(value, str):
-        raise RecipeError(label, key, f"must be a string (got {value!r})")
+        raise RecipeError(label, key, f"must be a string (got {excerpt(value)})")
     return value
 
 

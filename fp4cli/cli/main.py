@@ -54,11 +54,17 @@ def _is_domain_error(error: BaseException) -> bool:
     return False
 
 
+MAX_ERROR_CHARS = 600
+
+
 def _print_error(message: str) -> None:
     from rich.console import Console
 
-    console = Console(stderr=True, soft_wrap=True, highlight=False)
-    console.print("error: " + " ".join(message.split()), style="red", markup=False)
+    text = " ".join(message.split())
+    if len(text) > MAX_ERROR_CHARS:  # an error quotes an excerpt, never a whole file
+        text = text[: MAX_ERROR_CHARS - 3] + "..."
+    console = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
+    console.print("error: " + text, style="red", markup=False)
 
 
 class _Group(TyperGroup):

@@ -20,7 +20,7 @@ import math
 import os
 import socket
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from sqlite_utils import Database
@@ -46,10 +46,15 @@ class RunStore:
         self.host = socket.gethostname()
         self.db = connect(self.path)
         try:
+            self._identity = _file_identity(self.path)
+            _check_intact(self.db, self.path)
             self.mark_interrupted()
-        except sqlite3.DatabaseError as error:
+        except (sqlite3.DatabaseError, OSError) as error:
             self.db.close()
             raise StoreError(f"cannot read run store {self.path}: {error}") from None
+        except StoreError:
+            self.db.close()
+            raise
 
     def __enter__(self) -> RunStore:
         return self
@@ -60,8 +65,23 @@ class RunStore:
     def close(self) -> None:
         self.db.close()
 
-    def _write(self) -> contextlib.AbstractContextManager[Database]:
-        return write(self.db)
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Database]:
+        """One write transaction on the file this store opened: StoreError if the file was
+        removed or replaced meanwhile (the rows would go nowhere) or cannot be written."""
+        try:
+            identity = _file_identity(self.path)
+        except OSError:
+            identity = None
+        if identity != self._identity:
+            raise StoreError(
+                f"run store {self.path} was removed or replaced while this process used it"
+            )
+        try:
+            with write(self.db) as db:
+                yield db
+        except sqlite3.OperationalError as error:
+            raise StoreError(f"cannot write run store {self.path}: {error}") from None
 
     def _rows(self, sql: str, params: list[Any] | dict[str, Any] | None = None) -> list[Row]:
         return list(self.db.query(sql, params))
@@ -512,6 +532,22 @@ class RunStore:
         for row in rows:
             row["spec"] = json.loads(row["spec"])
         return rows
+
+
+def _file_identity(path: Any) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino
+
+
+def _check_intact(db: Database, path: Any) -> None:
+    """StoreError naming the first problem SQLite's quick check finds in the file."""
+    problems = [row[0] for row in db.execute("PRAGMA quick_check(3)").fetchall()]
+    if problems != ["ok"]:
+        found = " ".join("; ".join(str(p) for p in problems).split())[:200]
+        raise StoreError(
+            f"run store {path} is damaged ({found}); copy what still reads with "
+            f"`sqlite3 {path} .recover` and use a new store"
+        )
 
 
 def _value(value: float | None) -> float:

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from fp4cli.recipe_loader import names_a_file, parse_value
+from fp4cli.recipe_loader import names_a_file, read_yaml_file
 from fp4cli.recipe_schema import did_you_mean
 from fp4cli.sweep.errors import SweepError
 from fp4cli.train.config import ConfigError, TrainConfig
@@ -109,19 +109,14 @@ def label_of(value: Any) -> str:
 def load_sweep(path: str | Path) -> SweepSpec:
     """Read and validate a sweep file; every problem is a one-line SweepError."""
     path = Path(path)
+    if not path.exists():
+        raise SweepError(f"no such sweep file {path}")
+    if not path.is_file():
+        raise SweepError(f"{path}: is not a regular file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SweepError(f"no such sweep file {path}") from None
-    except OSError as error:
-        raise SweepError(f"{path}: cannot read: {error.strerror or error}") from None
-    try:
-        raw = parse_value(text)
-    except yaml.MarkedYAMLError as error:
-        line = f"line {error.problem_mark.line + 1}: " if error.problem_mark else ""
-        raise SweepError(f"{path}: {line}invalid YAML: {error.problem}") from None
-    except yaml.YAMLError as error:
-        raise SweepError(f"{path}: invalid YAML: {error}") from None
+        raw = read_yaml_file(path)
+    except ValueError as error:
+        raise SweepError(f"{path}: {error}") from None
     return parse_sweep(raw, str(path), default_name=path.stem, relative_to=path.parent)
 
 

@@ -11,6 +11,7 @@ weights) the derivative is 0.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,10 +26,17 @@ class DGEConfig:
     cap: float = 3.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, (int, float)) or self.k <= 1:
-            raise SpecError(f"k: must be a number > 1 (got {self.k!r})")
-        if isinstance(self.cap, bool) or not isinstance(self.cap, (int, float)) or self.cap < 1:
-            raise SpecError(f"cap: must be a number >= 1 (got {self.cap!r})")
+        if not _number(self.k) or not 1 < self.k <= K_MAX:
+            raise SpecError(f"k: must be a number > 1 and at most {K_MAX:g} (got {self.k!r})")
+        if not _number(self.cap) or not 1 <= self.cap < math.inf:
+            raise SpecError(f"cap: must be a finite number >= 1 (got {self.cap!r})")
+
+
+K_MAX = 100.0  # Wang et al. use 3 to 5; beyond 100 the surrogate is the straight step
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _interval(scaled: torch.Tensor, fmt: Minifloat) -> tuple[torch.Tensor, torch.Tensor]:

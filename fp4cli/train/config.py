@@ -9,6 +9,7 @@ and every checkpoint keep.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,17 @@ from fp4cli.recipe_schema import did_you_mean
 
 class ConfigError(ValueError):
     """A bad training option: a one-line message naming the key."""
+
+
+SEED_MAX = 2**63 - 1  # seeds are int64 (the layers' seed buffers, torch's generators)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value: Any) -> bool:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 @dataclass(frozen=True)
@@ -54,13 +66,19 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value <= 0):
+            if value is not None and (not _is_int(value) or value <= 0):
                 raise ConfigError(f"{name}: must be a positive integer (got {value!r})")
         for name in ("eval_every", "stats_every", "checkpoint_every", "warmup_steps"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
+            if value is not None and (not _is_int(value) or value < 0):
                 raise ConfigError(f"{name}: must be a non-negative integer (got {value!r})")
-        if self.lr is not None and not (isinstance(self.lr, (int, float)) and self.lr > 0):
+        if not _is_int(self.seed) or not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(f"seed: must be an integer from 0 to 2^63 - 1 (got {self.seed!r})")
+        for name in ("lr", "weight_decay", "grad_clip", "min_lr_ratio"):
+            value = getattr(self, name)
+            if value is not None and not _is_finite_number(value):
+                raise ConfigError(f"{name}: must be a finite number (got {value!r})")
+        if self.lr is not None and self.lr <= 0:
             raise ConfigError(f"lr: must be a positive number (got {self.lr!r})")
         if not isinstance(self.size, str) or not self.size:
             raise ConfigError(f"size: must be a size name of the task (got {self.size!r})")

@@ -57,6 +57,8 @@ def check_launch(flags: dict[str, Any], overrides: Sequence[str], nproc: int, nn
     from fp4cli.train.config import resolve_config
     from fp4cli.train.distributed import Distributed, check_config
 
+    if nproc < 1 or nnodes < 1:  # before a batch is divided by them
+        raise ConfigError("--nproc-per-node and --nnodes: must be positive integers")
     if flags.get("resume") is not None:
         return  # the stored config was checked when the run started
     config, recipe_overrides = resolve_config(flags, overrides)

@@ -1,0 +1,98 @@
+"""The store checks itself: a damaged file is refused in one line; a file removed or replaced
+under a running process, or one that cannot be written, ends the run with one line, never with
+"Stored in"."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fp4cli.cli.main import app
+from fp4cli.store import RunStore, StoreError
+from fp4cli.train import run_training
+from fp4cli.train.progress import SilentReporter
+
+FLAGS = {"task": "regression", "size": "debug", "device": "cpu", "steps": 6, "log_every": 1}
+
+
+def _filled_store(path: Path) -> None:
+    store = RunStore(path)
+    for _ in range(3):
+        run_id = store.create_run("regression", "bf16", 0, {"x": "y" * 2000}, "cpu", {})
+        store.log_metrics(run_id, 1, {f"m{i}": float(i) for i in range(300)})
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+
+
+def test_a_damaged_store_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "fp4.db"
+    _filled_store(path)
+    data = bytearray(path.read_bytes())
+    page = 4096
+    for number in range(1, len(data) // page):  # every b-tree page's header but the first
+        data[number * page : number * page + 12] = b"\xff" * 12
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError) as error:
+        RunStore(path)
+    message = str(error.value)
+    assert "\n" not in message and str(path) in message
+    assert "damaged" in message or "cannot read run store" in message
+
+
+class _RemoveStoreAt(SilentReporter):
+    def __init__(self, path: Path, step: int, replace: bool = False) -> None:
+        self.path, self.step, self.replace = path, step, replace
+
+    def update(self, step, loss, samples_per_s):
+        if step == self.step:
+            self.path.unlink()
+            if self.replace:
+                RunStore(self.path).close()  # a new, empty store at the same path
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_store_removed_mid_run_ends_the_run(tmp_path, replace):
+    path = tmp_path / "fp4.db"
+    store = RunStore(path)
+    with pytest.raises(StoreError, match="was removed or replaced while this process used it"):
+        run_training(FLAGS, [], store, reporter=_RemoveStoreAt(path, 2, replace))
+
+
+def test_the_cli_says_so_in_one_line_and_never_stored_in(tmp_path, monkeypatch):
+    path = tmp_path / "fp4.db"
+    import fp4cli.train.progress as progress
+
+    monkeypatch.setattr(progress, "RichReporter", lambda: _RemoveStoreAt(path, 2))
+    result = CliRunner().invoke(
+        app, ["train", "--task", "regression", "--size", "debug", "--device", "cpu",
+              "--steps", "6", "--set", "log_every=1", "--store", str(path)],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "was removed or replaced" in result.output and "Stored in" not in result.output
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files")
+def test_a_read_only_store_is_one_line(tmp_path):
+    path = tmp_path / "fp4.db"
+    _filled_store(path)
+    path.chmod(0o444)
+    with pytest.raises(StoreError, match="cannot write run store"):
+        RunStore(path).create_run("regression", "bf16", 0, {}, "cpu", {})
+
+
+def test_a_write_error_is_a_store_error(tmp_path, monkeypatch):
+    """What a read-only file, a full disk or a lock held too long raise inside a write."""
+    store = RunStore(tmp_path / "fp4.db")
+    run_id = store.create_run("regression", "bf16", 0, {}, "cpu", {})
+
+    def failing(*args, **kwargs):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(store.db.table("metrics"), "insert_all", failing, raising=False)
+    monkeypatch.setattr(type(store.db.table("metrics")), "insert_all", failing)
+    with pytest.raises(StoreError, match="cannot write run store .* readonly"):
+        store.log_metrics(run_id, 1, {"loss": 1.0})
