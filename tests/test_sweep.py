@@ -116,7 +116,7 @@ def test_point_ids_depend_on_what_is_trained_not_on_names():
         ({"train": {"stepz": 3}}, "train.stepz: unknown key (did you mean 'steps'?)"),
         ({"train": {"steps": -1}}, "train.steps: must be a positive integer"),
         ({"seeds": ["a"]}, "seeds: must be a list of integers"),
-        ({"sample": 0}, "sample: must be a positive integer"),
+        ({"sample": 0}, "sample: must be an integer from 1 to"),
         ({"name": "a b"}, "name: must be letters"),
     ],
 )

@@ -10,6 +10,7 @@ note says why.
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,12 +139,27 @@ def bench_device(device: torch.device | str) -> torch.device:
     return pick_device(check_device(device))
 
 
+CPU_MAX_ELEMENTS = 1 << 22  # larger tensors take minutes per case on a CPU
+
+
 def check_request(
-    shapes: Sequence[tuple[int, ...]], axis: int, backends: Sequence[str], iters: int
+    shapes: Sequence[tuple[int, ...]],
+    axis: int,
+    backends: Sequence[str],
+    iters: int,
+    device: torch.device | None = None,
 ) -> None:
-    """Raise BenchError for a request that cannot run."""
+    """Raise BenchError for a request that cannot run (or would run for many minutes on a
+    CPU)."""
     if iters < 1:
         raise BenchError(f"iters: must be at least 1 (got {iters})")
+    if device is not None and device.type != "cuda":
+        for shape in shapes:
+            if math.prod(shape) > CPU_MAX_ELEMENTS:
+                raise BenchError(
+                    f"shape {'x'.join(map(str, shape))} is too large to measure on the CPU "
+                    "(up to 2048x2048 here); give --shapes, or run on a GPU"
+                )
     for backend in backends:
         if backend not in BACKENDS:
             raise BenchError(f"backends: {backend!r} is not one of {', '.join(BACKENDS)}")

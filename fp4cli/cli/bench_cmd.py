@@ -69,7 +69,7 @@ def quantize_command(
     config_names = [config.name for config in bench_configs(split_list(configs))]
     backend_list = parse_choices("backends", backends, BACKENDS)
     torch_dtype, torch_device = parse_dtype(dtype), bench_device(device)
-    check_request(shape_list, axis, backend_list, iters)
+    check_request(shape_list, axis, backend_list, iters, torch_device)
     recorder = _Recorder("quantize", store, no_store, torch_device)
     try:
         with _CaseProgress(len(shape_list) * len(config_names), "quantize") as progress:

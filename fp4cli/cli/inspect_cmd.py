@@ -63,7 +63,10 @@ def quantize_inspect(
     mean SNR is that of the mean rel_mse).
     """
     from fp4cli.analysis import quant_inspect as qi
+    from fp4cli.cli.output import output_file
 
+    output_file(csv, "--csv")
+    output_file(png, "--png")
     variants = qi.make_variants(spec or qi.DEFAULT_SPECS, hadamard or ())
     _check_options(metric, device)
     source = _load_source(run, task, size, file, store)

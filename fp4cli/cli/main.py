@@ -41,6 +41,7 @@ DOMAIN_ERRORS = [
     "fp4cli.cost.errors:CostError",
     "fp4cli.sweep.errors:SweepError",
     "fp4cli.train.checkpoint:CheckpointError",
+    "fp4cli.cli.output:OutputPathError",
 ]
 USER_ERROR_EXIT = 2
 

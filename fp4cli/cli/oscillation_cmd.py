@@ -63,10 +63,12 @@ def oscillation_report(
     change of W, Q(W) and the output, and quantization confidence with its distribution."""
     from fp4cli.analysis.errors import AnalysisError
     from fp4cli.analysis.oscillation import load_oscillation, to_json
+    from fp4cli.cli.output import output_file
     from fp4cli.store import RunStore
 
     if len(runs) > MAX_RUNS:
         raise AnalysisError(f"oscillation-report takes one or two runs, got {len(runs)}")
+    output_file(png, "--png")
     with RunStore(store, create=False) as run_store:
         loaded = [load_oscillation(run_store, run) for run in runs]
     if png is not None:

@@ -1,12 +1,40 @@
-"""Output shared by the commands: strict JSON (NaN and inf become null)."""
+"""Output shared by the commands: strict JSON (NaN and inf become null), consoles as wide as
+their tables, and the files and folders a command will write, checked before any work."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import typer
+
+
+class OutputPathError(ValueError):
+    """An output path the command cannot write; one line naming the option."""
+
+
+def output_file(path: Path | None, option: str) -> None:
+    """Refuse, before any work, a file path that is a folder or whose folder is a file."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise OutputPathError(f"{option}: {path} is a folder; give a file path")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputPathError(f"{option}: {parent} is a file, not a folder")
+            break
+
+
+def output_folder(path: Path | None, option: str) -> None:
+    """Refuse, before any work, a folder path that is a file (or lies under one)."""
+    if path is None:
+        return
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"{option}: {path} is a file; give a folder")
+    output_file(path / "x", option)
 
 
 def strict_json(value: Any) -> Any:

@@ -42,8 +42,11 @@ def report(
     the same task, size, steps, batch and seed, the share of naive MXFP4's gap each recipe
     closes, the cost model's estimated time against BF16, and the Pareto front of gap vs cost."""
     from fp4cli.analysis.report import build_report, select_runs
+    from fp4cli.cli.output import output_file, output_folder
     from fp4cli.store import RunStore
 
+    output_folder(plots, "--plots")
+    output_file(csv, "--csv")
     with RunStore(store, create=False) as run_store:
         chosen = select_runs(run_store, runs or (), sweep, tag, task)
         result = build_report(run_store, chosen, metric, target, measured)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fp4cli.sweep.errors import SweepError
-from fp4cli.sweep.spec import Axis, Setting, SweepSpec, is_train_key
+from fp4cli.sweep.spec import MAX_POINTS, Axis, Setting, SweepSpec, is_train_key
 
 ENUMERATE_LIMIT = 2_000_000  # larger grids are sampled without listing every point
 BASELINE = "baseline"
@@ -69,10 +69,10 @@ def point_label(choices: dict[str, str]) -> str:
 def _combos(spec: SweepSpec) -> list[tuple[str, ...]]:
     """Label tuples: the whole grid less exclusions, or a seeded sample of it."""
     if spec.sample is None:
-        if spec.grid_size > ENUMERATE_LIMIT:
+        if spec.grid_size > MAX_POINTS:
             raise SweepError(
-                f"{spec.source}: the grid has {spec.grid_size:,} points; "
-                "add `sample: N` to draw N of them"
+                f"{spec.source}: the grid has {spec.grid_size:,} points, more than a sweep "
+                f"trains ({MAX_POINTS:,}); add `sample: N` to draw N of them"
             )
         return [c for c in _grid(spec.axes) if not _excluded(spec, c)]
     rng = random.Random(spec.sample_seed)

@@ -40,6 +40,7 @@ from fp4cli.recipe_schema import did_you_mean
 from fp4cli.sweep.errors import SweepError
 from fp4cli.train.config import ConfigError, TrainConfig
 
+MAX_POINTS = 10_000  # runs one sweep may train (a larger grid is sampled)
 SWEEP_KEYS = (
     "name", "description", "base", "tasks", "seeds", "train", "baselines", "axes", "sample",
     "sample_seed", "exclude", "tags",
@@ -131,8 +132,10 @@ def parse_sweep(
     axes = tuple(_axis(key, value, label) for key, value in _mapping_of(top, "axes", label))
     _check_unique_settings(axes, label)
     sample = top.get("sample")
-    if sample is not None and (not _is_int(sample) or sample < 1):
-        raise SweepError(f"{label}: sample: must be a positive integer (got {sample!r})")
+    if sample is not None and (not _is_int(sample) or not 1 <= sample <= MAX_POINTS):
+        raise SweepError(
+            f"{label}: sample: must be an integer from 1 to {MAX_POINTS:,} (got {sample!r})"
+        )
     return SweepSpec(
         name=name,
         description=_string(top.get("description", ""), label, "description"),

@@ -1,0 +1,135 @@
+"""Hostile and mistaken inputs: each is one `error:` line and exit code 2, quoting at most a
+short excerpt, before any work starts; nothing is accepted that means something else."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fp4cli.cli.main import app
+from fp4cli.store import RunStore
+
+runner = CliRunner()
+TRAIN = ["train", "--task", "regression", "--size", "debug", "--device", "cpu"]
+
+
+def fp4(tmp_path: Path, *args: str):
+    return runner.invoke(app, list(args), env={"FP4_STORE": str(tmp_path / "s.db")})
+
+
+def _one_line(result, fragment: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert fragment in lines[0], lines[0]
+    assert len(lines[0]) <= 620
+
+
+def _aliases(levels: int) -> str:
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for level in range(1, levels):
+        lines.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * 9) + "]")
+    return "\n".join([*lines, f"skip: *a{levels - 1}"]) + "\n"
+
+
+RECIPE_FILES = {
+    "not-utf8": (b"description: \xff\xfe\n", "is not UTF-8 text"),
+    "deep": (("a: " + "[" * 5000 + "]" * 5000 + "\n").encode(), "nested deeper than"),
+    "alias-bomb": (_aliases(8).encode(), "aliases expand"),
+    "self-alias": (b"skip: &s [*s]\n", "an alias refers to itself"),
+    "dge-huge-k": (b"base: mxfp4\nlinear:\n  dge: {k: 1.0e308}\n", "k: must be a number > 1"),
+    "too-large": (b"description: x\n" + b"# filler\n" * 150_000, "at most 1 MiB"),
+}
+
+
+@pytest.mark.parametrize("name", RECIPE_FILES)
+def test_hostile_recipe_files(tmp_path, name):
+    content, fragment = RECIPE_FILES[name]
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(content)
+    _one_line(fp4(tmp_path, "recipes", "show", str(path)), fragment)
+
+
+def test_a_recipe_naming_a_large_file_as_base_quotes_an_excerpt(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("x" * 50_000 + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("base: big.yaml\n")
+    result = fp4(tmp_path, "recipes", "show", str(recipe))
+    _one_line(result, "must be a mapping")
+    assert len(result.output) < 400
+
+
+def test_recipe_paths_that_are_not_files(tmp_path):
+    (tmp_path / "dir.yaml").mkdir()
+    _one_line(fp4(tmp_path, "recipes", "show", str(tmp_path / "dir.yaml")), "not a regular file")
+    os.mkfifo(tmp_path / "fifo.yaml")
+    _one_line(fp4(tmp_path, "recipes", "show", str(tmp_path / "fifo.yaml")), "not a regular file")
+    (tmp_path / "loop1.yaml").symlink_to(tmp_path / "loop2.yaml")
+    (tmp_path / "loop2.yaml").symlink_to(tmp_path / "loop1.yaml")
+    _one_line(fp4(tmp_path, "recipes", "show", str(tmp_path / "loop1.yaml")), "cannot resolve")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--nproc-per-node", "0"], "--nproc-per-node and --nnodes: must be positive"),
+        (["--seed", "99999999999999999999"], "seed: must be an integer from 0 to 2^63 - 1"),
+        (["--set", "steps=true"], "steps: must be a positive integer (got True)"),
+        (["--lr", "inf"], "lr: must be a finite number"),
+        (["--set", "grad_clip=.nan"], "grad_clip: must be a finite number"),
+        (["--recipe", "no:such:recipe:x:"], "unknown recipe 'no:such:recipe:x:'"),
+    ],
+)
+def test_training_options_that_mean_nothing(tmp_path, args, fragment):
+    _one_line(fp4(tmp_path, *TRAIN, *args), fragment)
+    assert not (tmp_path / "s.db").exists() or RunStore(tmp_path / "s.db").list_runs() == []
+
+
+SWEEP = "name: s\nbase: mxfp4\ntasks: [regression]\n"
+LARGE_AXES = ("lr", "steps", "warmup_steps", "log_every")  # 11^4 = 14,641 points
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ("train: {steps: true}\n", "train.steps: must be a positive integer"),
+        (
+            "axes:\n"
+            + "".join(f"  {key}: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]\n" for key in LARGE_AXES),
+            "more than a sweep trains",
+        ),  # fmt: skip
+        ("sample: 1000000\n", "sample: must be an integer from 1 to 10,000"),
+    ],
+)
+def test_sweep_files_that_would_run_wrong_or_forever(tmp_path, body, fragment):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(SWEEP + body)
+    _one_line(fp4(tmp_path, "sweep", str(path), "--dry-run"), fragment)
+
+
+def test_output_paths_are_checked_before_work(tmp_path):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    folder, file = str(tmp_path / "folder"), str(tmp_path / "file.txt")
+    RunStore(tmp_path / "s.db").close()
+    _one_line(fp4(tmp_path, "report", "--csv", folder), "--csv: ")
+    _one_line(fp4(tmp_path, "report", "--plots", file), "--plots: ")
+    _one_line(fp4(tmp_path, "quantize-inspect", "--task", "regression", "--size", "debug",
+                  "--csv", folder), "--csv: ")  # fmt: skip
+    _one_line(fp4(tmp_path, "oscillation-report", "r-x", "--png", folder), "--png: ")
+    _one_line(fp4(tmp_path, "report", "--csv", str(tmp_path / "file.txt" / "out.csv")),
+              "is a file, not a folder")  # fmt: skip
+
+
+def test_cpu_benchmarks_of_gpu_sized_shapes_are_refused(tmp_path):
+    _one_line(fp4(tmp_path, "bench", "quantize", "--device", "cpu"), "too large to measure")
+
+
+def test_error_text_is_not_markup_or_emoji(tmp_path):
+    result = fp4(tmp_path, *TRAIN, "--recipe", ":x: [bold]y[/bold]")
+    _one_line(result, "no such recipe file ':x: [bold]y[/bold]'")
