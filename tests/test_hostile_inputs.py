@@ -133,3 +133,28 @@ def test_cpu_benchmarks_of_gpu_sized_shapes_are_refused(tmp_path):
 def test_error_text_is_not_markup_or_emoji(tmp_path):
     result = fp4(tmp_path, *TRAIN, "--recipe", ":x: [bold]y[/bold]")
     _one_line(result, "no such recipe file ':x: [bold]y[/bold]'")
+
+
+def test_a_batch_that_cannot_fit_is_refused_before_training(tmp_path, monkeypatch):
+    import fp4cli.train.memory as memory
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 2**30)  # 1 GiB free
+    result = fp4(tmp_path, *TRAIN, "--batch-size", "100000000")
+    _one_line(result, "batch_size: 100000000 needs about")
+    assert "GiB are free on cpu; about" in result.output
+    assert RunStore(tmp_path / "s.db").list_runs() == []
+    assert fp4(tmp_path, *TRAIN, "--steps", "1", "--batch-size", "64").exit_code == 0
+
+
+def test_the_estimate_grows_with_the_batch():
+    import torch
+
+    from fp4cli.tasks.base import create_task
+    from fp4cli.train.memory import saved_bytes
+
+    task = create_task("gpt", "debug")
+    model = task.build_model()
+    sizes = [saved_bytes(model, task.loss, task.batch(0, b, 0), torch.device("cpu"))
+             for b in (1, 2, 4)]  # fmt: skip
+    assert 0 < sizes[0] < sizes[1] < sizes[2]
+    assert model.training  # the probe leaves the mode as it found it

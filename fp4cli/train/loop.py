@@ -30,6 +30,7 @@ from fp4cli.train.checkpoint import (
 )
 from fp4cli.train.config import ConfigError, TrainConfig
 from fp4cli.train.distributed import Distributed
+from fp4cli.train.memory import check_batch_fits
 from fp4cli.train.progress import Reporter, SilentReporter
 from fp4cli.train.stats import QuantStatsCollector
 from fp4cli.train.step import (
@@ -111,6 +112,10 @@ class Trainer:
         self.device = device if device is not None else pick_device(config.device)
         _check_step_options(config, recipe, self.device, self.dist)
         self.model = self._build_model()  # the module itself (state dicts, statistics)
+        assert config.batch_size is not None
+        check_batch_fits(
+            self.model, task, config.batch_size // self.dist.world_size, config.seed, self.device
+        )
         self.train_model: Any = distributed.wrap(self.model, self.dist, self.device)  # forward here
         if config.compile:
             self.train_model = torch.compile(self.train_model)
@@ -222,6 +227,12 @@ class Trainer:
         except (_Stop, KeyboardInterrupt):
             status, step = "interrupted", self._step
             self.store.finish_run(self.run_id, "interrupted", step=step, message="stopped")
+        except (torch.OutOfMemoryError, MemoryError):
+            self.store.finish_run(self.run_id, "failed", step=self._step, message="out of memory")
+            raise ConfigError(
+                f"batch_size: out of memory on {self.device} at step {self._step}; "
+                "use a smaller --batch-size"
+            ) from None
         except BaseException as error:
             self.store.finish_run(self.run_id, "failed", step=self._step, message=str(error)[:500])
             raise
