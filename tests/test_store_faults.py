@@ -96,3 +96,24 @@ def test_a_write_error_is_a_store_error(tmp_path, monkeypatch):
     monkeypatch.setattr(type(store.db.table("metrics")), "insert_all", failing)
     with pytest.raises(StoreError, match="cannot write run store .* readonly"):
         store.log_metrics(run_id, 1, {"loss": 1.0})
+
+
+def test_a_full_disk_ends_the_run_in_one_line(tmp_path):
+    """A file-size limit stands in for a full disk: the checkpoint cannot be written."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    args = "train --task gpt --size debug --device cpu --steps 10 --set checkpoint_every=5"
+    command = [sys.executable, "-m", "fp4cli.cli", *args.split(), "--quiet", "--store", "s.db"]
+    done = subprocess.run(command, cwd=tmp_path, preexec_fn=limit, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot write checkpoint")
+    assert not list(tmp_path.glob("checkpoints/*/*.partial"))
+    (run,) = RunStore(tmp_path / "s.db").list_runs()
+    assert run["status"] == "failed"

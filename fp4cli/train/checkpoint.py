@@ -41,8 +41,12 @@ def save_checkpoint(
         "extra": extra or {},
     }
     partial = path.with_suffix(".pt.partial")
-    torch.save(state, partial)
-    os.replace(partial, path)
+    try:
+        torch.save(state, partial)
+        os.replace(partial, path)
+    except (OSError, RuntimeError) as error:  # a full disk, a quota, a file-size limit
+        partial.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write checkpoint {path}: {_first_line(error)}") from None
     for old in directory.glob("step-*.pt"):
         if old != path:
             old.unlink(missing_ok=True)
