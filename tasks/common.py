@@ -27,7 +27,10 @@ def data_path(data: str | Path | None) -> Path | None:
     """The resolved `--data` path (None: the task's built-in data); a missing path is an error."""
     if data is None:
         return None
-    path = Path(data).expanduser().resolve()
+    try:
+        path = Path(data).expanduser().resolve()
+    except (OSError, RuntimeError) as error:  # a symlink loop, on any Python version
+        raise TaskError(f"data path {data} cannot be resolved: {error}") from None
     if not path.exists():
         raise TaskError(f"data path {path} does not exist")
     return path

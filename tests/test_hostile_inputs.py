@@ -158,3 +158,11 @@ def test_the_estimate_grows_with_the_batch():
              for b in (1, 2, 4)]  # fmt: skip
     assert 0 < sizes[0] < sizes[1] < sizes[2]
     assert model.training  # the probe leaves the mode as it found it
+
+
+@pytest.mark.parametrize("task", ["gpt", "vit"])
+def test_a_data_path_in_a_symlink_loop(tmp_path, task):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    args = ["train", "--task", task, "--size", "debug", "--device", "cpu", "--data"]
+    _one_line(fp4(tmp_path, *args, str(tmp_path / "a")), "cannot be resolved")
