@@ -138,6 +138,12 @@ class RunStore:
             for table in ("metrics", "quant_stats", "checkpoints"):
                 db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [run_id, step])
 
+    def check_resumable(self, run_id: str) -> None:
+        """StoreError if a live process other than this one trains `run_id` (checked again,
+        atomically, by reopen_run)."""
+        with self._write():
+            self._refuse_live(run_id)
+
     def _refuse_live(self, run_id: str) -> None:
         """Inside a write: StoreError if `run_id` is running in a live process other than this."""
         row = self.db.execute(

@@ -190,6 +190,8 @@ class Trainer:
 
     def resume(self, run_id: str) -> None:
         """Continue `run_id` from its newest checkpoint (same run row in the store)."""
+        if self.dist.is_main:  # before reading a checkpoint that a live writer may replace
+            self.store.check_resumable(run_id)
         checkpoint = self.store.latest_checkpoint(run_id) if self.dist.is_main else None
         path = distributed.broadcast(checkpoint["path"] if checkpoint else None, self.dist)
         if path is None:

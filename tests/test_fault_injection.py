@@ -1,0 +1,162 @@
+"""Seeded fault injection on real processes (bounded: about two minutes on two cores).
+
+- A training run SIGKILLed at up to 20 random moments (during start-up, steps, checkpoint and
+  store writes), resumed after each, ends with the uninterrupted run's metrics exactly.
+- A two-worker sweep SIGKILLed at random moments, run again after each, ends with exactly one
+  finished run per point.
+- While a run trains, a second process resuming it is refused in one line; while a sweep runs,
+  a second `fp4 sweep` of it is refused in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from fp4cli.store import RunStore
+
+FP4 = [sys.executable, "-m", "fp4cli.cli"]
+SEED = 20261123
+TRAIN = [
+    "train",
+    "--task",
+    "regression",
+    "--size",
+    "debug",
+    "--device",
+    "cpu",
+    "--quiet",
+    "--recipe",
+    "tetrajet",
+    "--steps",
+    "300",
+    "--set",
+    "checkpoint_every=1",
+    "--set",
+    "log_every=1",
+]  # fmt: skip  (about 2 s of start-up, then 5 s of training)
+KILLS = 20
+
+
+def _series(store: RunStore, run_id: str) -> list[tuple[int, str, float]]:
+    rows = store.metrics(run_id)
+    return [(m["step"], m["name"], m["value"]) for m in rows if m["name"] != "samples_per_s"]
+
+
+def _finished(store: RunStore) -> list[dict]:
+    return store.list_runs(status="finished")
+
+
+def test_a_run_killed_at_random_moments_resumes_to_the_same_metrics(tmp_path):
+    reference_db, db = tmp_path / "reference.db", tmp_path / "fp4.db"
+    subprocess.run([*FP4, *TRAIN, "--store", str(reference_db)], check=True, cwd=tmp_path)
+    reference = RunStore(reference_db)
+    (expected_run,) = _finished(reference)
+    rng = random.Random(SEED)
+    run_id, kills = None, 0
+    for kills in range(1, KILLS + 1):  # noqa: B007  (counted for the assertion below)
+        if run_id is not None and RunStore(db).latest_checkpoint(run_id) is not None:
+            command = [*FP4, "train", "--quiet", "--store", str(db), f"--resume={run_id}"]
+        else:  # killed before its first checkpoint: start again
+            if run_id is not None:
+                RunStore(db).delete_run(run_id)
+            command = [*FP4, *TRAIN, "--store", str(db)]
+        process = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(1.0, 2.8))  # start-up takes 1-2 s: many kills land in it
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        runs = RunStore(db).list_runs() if db.exists() else []
+        run_id = runs[0]["id"] if runs else None
+        if runs and runs[0]["status"] == "finished":
+            break
+        assert not runs or runs[0]["status"] == "interrupted"
+    store = RunStore(db)
+    if not _finished(store):
+        if run_id is not None and store.latest_checkpoint(run_id) is not None:
+            command = [*FP4, "train", "--quiet", "--store", str(db), f"--resume={run_id}"]
+        else:
+            if run_id is not None:
+                store.delete_run(run_id)
+            command = [*FP4, *TRAIN, "--store", str(db)]
+        subprocess.run(command, check=True, cwd=tmp_path)
+    (run,) = RunStore(db).list_runs()
+    assert run["status"] == "finished" and kills >= KILLS // 2  # a faster machine needs fewer
+    assert _series(RunStore(db), run["id"]) == _series(reference, expected_run["id"])
+
+
+def _sweep_file(tmp_path: Path, steps: int = 30) -> Path:
+    path = tmp_path / "sweep.yaml"
+    spec = {
+        "name": "faults", "base": "mxfp4", "tasks": ["regression"], "seeds": [0, 1],
+        "baselines": ["bf16"],
+        "train": {"size": "debug", "steps": steps, "device": "cpu", "checkpoints": False},
+        "axes": {"linear.forward.x.rounding": ["rne", "sr"]},
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_sweep_killed_at_random_moments_ends_with_one_run_per_point(tmp_path):
+    path, db = _sweep_file(tmp_path), tmp_path / "s.db"
+    command = [*FP4, "sweep", str(path), "--store", str(db), "--workers", "2", "--quiet"]
+    rng = random.Random(SEED + 1)
+    for _ in range(4):
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        time.sleep(rng.uniform(2.0, 6.0))
+        os.killpg(process.pid, signal.SIGKILL)  # the coordinator and its workers
+        process.wait()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    store = RunStore(db)
+    points: dict[str, list[str]] = {}
+    for run in store.list_runs():
+        point = next(t for t in run["tags"] if t.startswith("point:"))
+        points.setdefault(point, []).append(run["status"])
+    assert len(points) == 6  # (bf16 + 2 roundings) x 2 seeds
+    assert all(statuses == ["finished"] for statuses in points.values()), points
+
+
+def test_a_second_writer_is_refused_while_the_first_lives(tmp_path):
+    db = tmp_path / "fp4.db"
+    long_run = [*FP4, *TRAIN[:-6], "--steps", "100000", "--set", "checkpoint_every=20",
+                "--store", str(db)]  # fmt: skip
+    process = subprocess.Popen(long_run, cwd=tmp_path, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            runs = RunStore(db).list_runs() if db.exists() else []
+            if runs and RunStore(db).latest_checkpoint(runs[0]["id"]) is not None:
+                break
+            time.sleep(0.3)
+        resume = [*FP4, "train", "--store", str(db), f"--resume={runs[0]['id']}"]
+        second = subprocess.run(resume, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.count("\n") == 1 and "is being trained by process" in second.stderr
+    finally:
+        process.kill()
+        process.wait()
+
+    path = _sweep_file(tmp_path, steps=100_000)
+    sweep = [*FP4, "sweep", str(path), "--store", str(tmp_path / "s.db"), "--workers", "1"]
+    first = subprocess.Popen(sweep, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (tmp_path / "s.db").exists():
+            time.sleep(0.3)
+        while time.time() < deadline and not RunStore(tmp_path / "s.db").list_runs():
+            time.sleep(0.3)
+        second = subprocess.run(sweep, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert "is being run by process" in second.stderr
+    finally:
+        first.kill()
+        first.wait()
