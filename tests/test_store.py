@@ -329,19 +329,30 @@ def _concurrent_writer(path: str, worker: int, start: Any) -> None:
         store.finish_run(run_id, "finished", step=99)
 
 
+def _concurrent_reader(path: str, start: Any) -> None:
+    """Reads while the writers write: every read sees whole rows, none fails."""
+    start.wait()
+    for _ in range(60):
+        with RunStore(path) as store:
+            for run in store.list_runs():
+                values = [r["value"] for r in store.metrics(run["id"])]
+                assert values == list(map(float, range(len(values))))
+
+
 def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     path = str(tmp_path / "fp4.db")
     context = multiprocessing.get_context("spawn")
-    start = context.Barrier(4)
+    start = context.Barrier(5)
     workers = [
         context.Process(target=_concurrent_writer, args=(path, worker, start))
         for worker in range(4)
     ]
+    workers.append(context.Process(target=_concurrent_reader, args=(path, start)))
     for process in workers:
         process.start()
     for process in workers:
         process.join(60)
-    assert [process.exitcode for process in workers] == [0] * 4  # no "database is locked"
+    assert [process.exitcode for process in workers] == [0] * 5  # no "database is locked"
     with RunStore(path) as store:
         runs = store.list_runs()
         assert sorted(run["seed"] for run in runs) == [0, 1, 10, 11, 20, 21, 30, 31]
