@@ -6,6 +6,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -389,6 +390,15 @@ def test_runs_list(tmp_path: Path) -> None:
     for text in (gpt, vit, "val_loss", "top1", "3.25", "0.625", "finished", "running", "nan"):
         assert text in result.stdout
     assert result.stdout.index(vit) < result.stdout.index(gpt)  # newest first
+    lines = result.stdout.splitlines()  # not a terminal: tab-separated, one run a line
+    assert lines[0].split("\t")[:6] == ["id", "task", "recipe", "seed", "status", "step"]
+    assert [line.split("\t")[0] for line in lines[1:]] == [vit, gpt]
+    for width in ("80", "200"):  # on a terminal: a table whose ids and statuses are whole
+        env = {"COLUMNS": width, "FORCE_COLOR": "1"}
+        shown = runner.invoke(app, ["runs", "list", "--store", str(path)], env=env).stdout
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", shown)
+        assert gpt in plain and vit in plain and "finished" in plain and "running" in plain
+        assert max(map(len, plain.splitlines())) <= int(width)
     result = runner.invoke(
         app, ["runs", "list", "--task", "vit", "--json"], env={"FP4_STORE": str(path)}
     )

@@ -107,23 +107,65 @@ def _print_runs(runs: list[dict[str, Any]], path: Path) -> None:
     from rich.text import Text
 
     metrics = [m for m in PRIMARY_METRICS if any(m in run["final_metrics"] for run in runs)]
+    console = Console()
+    if not console.is_terminal:  # into a pipe or a file: tab-separated, nothing cut
+        _print_tsv(runs, metrics)
+        return
+    rows = [_row_cells(run, metrics) for run in runs]
+    header = ["id", "task", "recipe", "seed", "status", "step", *metrics, "started (UTC)",
+              "duration"]  # fmt: skip
+    shown = _fitting_columns(header, rows, console.width)
     table = Table(title=f"runs in {path}", box=box.SIMPLE_HEAD)
-    for column in ("id", "task", "recipe"):
-        table.add_column(column)
-    table.add_column("seed", justify="right")
-    table.add_column("status")
-    for column in ("step", *metrics):
-        table.add_column(column, justify="right")
-    table.add_column("started (UTC)")
-    table.add_column("duration", justify="right")
+    for index in shown:  # ids and statuses are never cut: other columns give way, or go
+        name = header[index]
+        whole = name in ("id", "status")
+        table.add_column(
+            name,
+            justify="right" if name in ("seed", "step", *metrics, "duration") else "left",
+            no_wrap=whole,
+            min_width=max(len(row[index]) for row in rows) if whole else None,
+        )
+    for run, row in zip(runs, rows, strict=True):
+        cells = [
+            Text(row[i], style=STATUS_STYLES[run["status"]])
+            if header[i] == "status"
+            else Text(row[i])
+            for i in shown
+        ]  # fmt: skip  (Text: no markup in names)
+        table.add_row(*cells)
+    console.print(table)
+
+
+DROPPED_FIRST = ("duration", "started (UTC)", "seed", "step", "task")  # when the table is too wide
+
+
+def _row_cells(run: dict[str, Any], metrics: list[str]) -> list[str]:
+    finals = [_number(run["final_metrics"].get(m)) for m in metrics]
+    started = run["started_at"][:16].replace("T", " ")
+    cells = [run["id"], run["task"], run["recipe"], run["seed"], run["status"], run["step"]]
+    return [*map(_text, cells), *finals, started, _duration(run)]
+
+
+def _fitting_columns(header: list[str], rows: list[list[str]], width: int) -> list[int]:
+    """The indexes of the columns to show: all that fit in `width`, dropping DROPPED_FIRST in
+    order until the rest do (ids, recipes, statuses and metrics always stay)."""
+    widths = [max(len(name), *(len(row[i]) for row in rows)) + 3 for i, name in enumerate(header)]
+    shown = list(range(len(header)))
+    for name in DROPPED_FIRST:
+        if sum(widths[i] for i in shown) + 2 <= width:
+            break
+        shown.remove(header.index(name))
+    return shown
+
+
+def _print_tsv(runs: list[dict[str, Any]], metrics: list[str]) -> None:
+    header = ["id", "task", "recipe", "seed", "status", "step", *metrics, "started", "duration"]
+    typer.echo("\t".join(header))
     for run in runs:
         finals = [_number(run["final_metrics"].get(m)) for m in metrics]
-        cells = [run["id"], run["task"], run["recipe"], _text(run["seed"])]
-        status = Text(run["status"], style=STATUS_STYLES[run["status"]])
-        started = run["started_at"][:16].replace("T", " ")
-        after = [_text(run["step"]), *finals, started, _duration(run)]
-        table.add_row(*map(Text, cells), status, *map(Text, after))  # no markup in names
-    Console().print(table)
+        cells = [run["id"], run["task"], run["recipe"], run["seed"], run["status"], run["step"]]
+        row = [*map(_text, cells), *finals, run["started_at"], _duration(run)]
+        typer.echo("\t".join(cell.replace("\t", " ") for cell in row))
 
 
 def _print_run(run: dict[str, Any]) -> None:

@@ -137,6 +137,14 @@ def _summary(result: Any, trainer: Any, store_path: Any) -> str:
         for k, v in sorted(result.metrics.items())
         if k in ("train_loss", "val_loss", "eval_loss", "top1")
     )
+    if result.status == "interrupted":
+        again = (
+            f" Resume it with: fp4 train --resume {result.run_id}"
+            if _has_checkpoint(trainer, result.run_id)
+            else " It kept no checkpoint to resume from (--checkpoint-every N keeps one)."
+        )
+    else:
+        again = ""
     return (
         f"Run {result.run_id} {result.status} at step {result.step}/{config.steps}: "
         f"{config.task} ({config.size}, {params / 1e6:.2f}M parameters) with recipe "
@@ -144,5 +152,10 @@ def _summary(result: Any, trainer: Any, store_path: Any) -> str:
         f"in {result.seconds:.1f} s. Final {metrics or 'metrics: none'}. "
         f"Stored in {store_path}"
         + (f"; checkpoint {result.checkpoint}" if result.checkpoint else "")
-        + f". Details: fp4 runs show {result.run_id}"
+        + f". Details: fp4 runs show {result.run_id}."
+        + again
     )
+
+
+def _has_checkpoint(trainer: Any, run_id: str) -> bool:
+    return trainer.store.latest_checkpoint(run_id) is not None

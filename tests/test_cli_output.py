@@ -1,0 +1,30 @@
+"""What a researcher reads after a command: an interrupted run says how to resume it."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import fp4cli.train.progress as progress
+from fp4cli.cli.main import app
+
+TRAIN = ["train", "--task", "regression", "--size", "debug", "--device", "cpu", "--steps", "8",
+         "--set", "log_every=1"]  # fmt: skip
+
+
+class _CtrlCAt(progress.SilentReporter):
+    def update(self, step, loss, samples_per_s):
+        if step == 4:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_every", "says"),
+    [("2", "Resume it with: fp4 train --resume r-"), ("0", "kept no checkpoint to resume from")],
+)
+def test_an_interrupted_run_says_how_to_resume(tmp_path, monkeypatch, checkpoint_every, says):
+    monkeypatch.setattr(progress, "RichReporter", _CtrlCAt)
+    args = [*TRAIN, "--set", f"checkpoint_every={checkpoint_every}"]
+    result = CliRunner().invoke(app, args, env={"FP4_STORE": str(tmp_path / "s.db")})
+    assert result.exit_code == 1
+    assert "interrupted at step" in result.output and says in " ".join(result.output.split())
