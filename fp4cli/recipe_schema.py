@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from fp4cli.linear.config import LinearConfig
-from fp4cli.linear.module import matches_skip
+from fp4cli.linear.skip import matches_skip
 from fp4cli.quant.spec import QuantSpec, SpecError
 from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConfig
 

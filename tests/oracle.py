@@ -1,6 +1,6 @@
 """An independent reference for fp4cli's numerics, written from the contract (DESIGN.md,
-"Numerics: the contract"; the QuantSpec docstring; the quantize.py module docstring), not from
-the implementation. It uses numpy and plain Python only: no fp4cli code.
+"Numerics: the contract"; the QuantSpec docstring; the quant/reference.py module docstring), not
+from the implementation. It uses numpy and plain Python only: no fp4cli code.
 
 How it differs in method from fp4cli (on purpose, so that the two do not share mistakes):
   * element grids are literal tables (4-bit formats) or enumerated from the bit layout (FP8),
@@ -10,9 +10,9 @@ How it differs in method from fp4cli (on purpose, so that the two do not share m
     to amax;
   * the stochastic-rounding bits come from a separate Philox4x32-10 written from Random123.
 
-Where float32 rounding is part of the contract (quantize.py: "in float32"), the oracle mirrors
-the exact float32 operation order with numpy float32 scalars/arrays. Each such place is marked
-"FP32 MIRROR". They are:
+Where float32 rounding is part of the contract (quant/reference.py: "in float32"), the oracle
+mirrors the exact float32 operation order with numpy float32 scalars/arrays. Each such place is
+marked "FP32 MIRROR". They are:
   1. two-level: ts = fp32(scale_max * elem_max) / fp32(amax over finite values), at most the
      largest finite float32 (docs/numerics.md), then x * ts;
   2. non power-of-two block scales: raw = fp32(amax) / fp32(elem_max), then raw is rounded onto

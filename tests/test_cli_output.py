@@ -28,3 +28,22 @@ def test_an_interrupted_run_says_how_to_resume(tmp_path, monkeypatch, checkpoint
     result = CliRunner().invoke(app, args, env={"FP4_STORE": str(tmp_path / "s.db")})
     assert result.exit_code == 1
     assert "interrupted at step" in result.output and says in " ".join(result.output.split())
+
+
+def test_recipe_commands_start_without_torch():
+    """`fp4 recipes list` and `show` read recipe files only: they import no torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from fp4cli.cli.main import app\n"
+        "for args in (['recipes', 'list'], ['recipes', 'show', 'tetrajet']):\n"
+        "    try:\n"
+        "        app(args)\n"
+        "    except SystemExit as done:\n"
+        "        assert done.code in (0, None), done.code\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "False"

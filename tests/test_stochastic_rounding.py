@@ -102,7 +102,7 @@ def test_sr_lands_on_bracketing_grid_points(spec):
     qt = quantize(x, spec, seed=99)
     assert_same(qt.scale_values(), torch.from_numpy(ref.scales))
     q = decode_codes(qt.codes, spec)[tuple(slice(0, n) for n in ref.q.shape)]
-    # element values before rounding, mirroring the float32 order of quantize.py
+    # element values before rounding, mirroring the float32 order of quant/reference.py
     top = oracle.ELEMENT_MAX[spec.element]
     v = np.clip(_scaled_values(x, spec), -top, top)
     lo, hi = oracle.grid_floor_ceil(v, oracle.GRIDS[spec.element])

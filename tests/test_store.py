@@ -387,7 +387,7 @@ def test_runs_list(tmp_path: Path) -> None:
     gpt, vit = filled_store(path)
     result = runner.invoke(app, ["runs", "list", "--store", str(path)], env=WIDE)
     assert result.exit_code == 0, result.output
-    for text in (gpt, vit, "val_loss", "top1", "3.25", "0.625", "finished", "running", "nan"):
+    for text in (gpt, vit, "val_loss", "top1", "3.25", "0.62%", "finished", "running", "nan"):
         assert text in result.stdout
     assert result.stdout.index(vit) < result.stdout.index(gpt)  # newest first
     lines = result.stdout.splitlines()  # not a terminal: tab-separated, one run a line

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from fp4cli.analysis.errors import AnalysisError
-from fp4cli.linear.module import matches_skip
+from fp4cli.linear.skip import matches_skip
 from fp4cli.linear.stats import operand_stats
 from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
 from fp4cli.quant.scales import floor_log2

@@ -140,7 +140,7 @@ DROPPED_FIRST = ("duration", "started (UTC)", "seed", "step", "task")  # when th
 
 
 def _row_cells(run: dict[str, Any], metrics: list[str]) -> list[str]:
-    finals = [_number(run["final_metrics"].get(m)) for m in metrics]
+    finals = [_metric(m, run["final_metrics"].get(m)) for m in metrics]
     started = run["started_at"][:16].replace("T", " ")
     cells = [run["id"], run["task"], run["recipe"], run["seed"], run["status"], run["step"]]
     return [*map(_text, cells), *finals, started, _duration(run)]
@@ -162,7 +162,7 @@ def _print_tsv(runs: list[dict[str, Any]], metrics: list[str]) -> None:
     header = ["id", "task", "recipe", "seed", "status", "step", *metrics, "started", "duration"]
     typer.echo("\t".join(header))
     for run in runs:
-        finals = [_number(run["final_metrics"].get(m)) for m in metrics]
+        finals = [_metric(m, run["final_metrics"].get(m)) for m in metrics]
         cells = [run["id"], run["task"], run["recipe"], run["seed"], run["status"], run["step"]]
         row = [*map(_text, cells), *finals, run["started_at"], _duration(run)]
         typer.echo("\t".join(cell.replace("\t", " ") for cell in row))
@@ -223,6 +223,13 @@ def _text(value: Any) -> str:
 
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
+
+
+def _metric(name: str, value: float | None) -> str:
+    """A final metric as the tables show it: top-1 as a percentage, losses to 4 decimals."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}%" if name == "top1" else f"{value:.4f}"
 
 
 def _duration(run: dict[str, Any]) -> str:

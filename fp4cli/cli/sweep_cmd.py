@@ -65,10 +65,16 @@ def sweep(
 
 
 def _plan_line(plan: Any) -> str:
-    parts = [f"{len(plan.points)} points", f"{len(plan.done)} done", f"{len(plan.pending)} to run"]
+    parts = [_count(len(plan.points), "point"), f"{len(plan.done)} done",
+             f"{len(plan.pending)} to run"]  # fmt: skip
     if plan.elsewhere:
         parts.append(f"{len(plan.elsewhere)} running in another process")
-    return f"Sweep {plan.spec.name} ({plan.sweep_id}): " + ", ".join(parts) + "."
+    recorded = f" ({plan.sweep_id})" if plan.sweep_id != "(new)" else " (not yet in the store)"
+    return f"Sweep {plan.spec.name}{recorded}: " + ", ".join(parts) + "."
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _points_table(plan: Any) -> Any:
@@ -97,7 +103,7 @@ def _summary(name: str, results: list[Any], store_path: Any) -> str:
         counts[result.status] = counts.get(result.status, 0) + 1
     seconds = sum(r.seconds for r in results)
     lines = [
-        f"Sweep {name}: ran {len(results)} points ("
+        f"Sweep {name}: ran {_count(len(results), 'point')} ("
         + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         + f"), {seconds:.0f} s of training. Stored in {store_path}; "
         f"compare them with: fp4 report --sweep {name}"

@@ -133,7 +133,7 @@ def _summary(result: Any, trainer: Any, store_path: Any) -> str:
     config = trainer.config
     params = sum(p.numel() for p in trainer.model.parameters())
     metrics = ", ".join(
-        f"{k} {v:.4g}"
+        f"{k} {v:.2f}%" if k == "top1" else f"{k} {v:.4f}"
         for k, v in sorted(result.metrics.items())
         if k in ("train_loss", "val_loss", "eval_loss", "top1")
     )

@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class Minifloat:
 @cache
 def magnitude_grid(fmt: Minifloat, device: str = "cpu") -> torch.Tensor:
     """All finite magnitudes of `fmt` in code order (which is increasing order), float32."""
+    import torch
+
     values = [fmt.decode_magnitude(c) for c in range(fmt.max_code + 1)]
     return torch.tensor(values, dtype=torch.float32, device=device)
 
@@ -78,6 +82,8 @@ def magnitude_grid(fmt: Minifloat, device: str = "cpu") -> torch.Tensor:
 def grid_interval(magnitude: torch.Tensor, fmt: Minifloat) -> tuple[torch.Tensor, torch.Tensor]:
     """The grid points (lower, upper) with lower <= |x| < upper; both are the largest grid value
     at and beyond it. In `magnitude`'s dtype."""
+    import torch
+
     grid = magnitude_grid(fmt, str(magnitude.device)).to(magnitude.dtype)
     upper_index = torch.searchsorted(grid, magnitude.abs().contiguous(), right=True)
     lower = grid[(upper_index - 1).clamp(0, grid.numel() - 1)]
@@ -87,6 +93,8 @@ def grid_interval(magnitude: torch.Tensor, fmt: Minifloat) -> tuple[torch.Tensor
 
 def _grid_spacing(fmt: Minifloat, magnitude: torch.Tensor) -> torch.Tensor:
     """The spacing of `fmt`'s grid at |x| (float32, a power of two), exact via frexp."""
+    import torch
+
     if fmt.ebits == 0:
         return torch.ones_like(magnitude)
     _, exp = torch.frexp(magnitude)  # magnitude = m * 2^exp, m in [0.5, 1)
@@ -96,6 +104,8 @@ def _grid_spacing(fmt: Minifloat, magnitude: torch.Tensor) -> torch.Tensor:
 
 def _lower_code_is_odd(fmt: Minifloat, floor_units: torch.Tensor, spacing: torch.Tensor):
     """Whether the lower of the two bracketing grid points has an odd code (for ties to even)."""
+    import torch
+
     if fmt.mbits > 0 or fmt.ebits == 0:
         # The code's last bit is the mantissa's (or the integer's) last bit.
         return torch.remainder(floor_units, 2) == 1
@@ -120,6 +130,8 @@ def round_to_grid(
     of the two bracketing points nearer `guide`, which must be on the same scale as `x`; ties in
     distance fall back to ties-to-even).
     """
+    import torch
+
     magnitude = x.abs()
     spacing = _grid_spacing(fmt, magnitude)
     units = magnitude / spacing  # exact: division by a power of two
@@ -154,6 +166,8 @@ def round_to_grid(
 
 def encode(values: torch.Tensor, fmt: Minifloat) -> torch.Tensor:
     """Codes (uint8) of values that lie on `fmt`'s grid. NaN gets the format's NaN code (or 0)."""
+    import torch
+
     grid = magnitude_grid(fmt, str(values.device))
     magnitude = values.abs()
     finite = torch.isfinite(values)
@@ -170,6 +184,8 @@ def encode(values: torch.Tensor, fmt: Minifloat) -> torch.Tensor:
 
 def decode(codes: torch.Tensor, fmt: Minifloat) -> torch.Tensor:
     """Float32 values of uint8 codes. NaN codes decode to NaN."""
+    import torch
+
     grid = magnitude_grid(fmt, str(codes.device))
     codes = codes.to(torch.int64)
     magnitude_code = codes & (fmt.sign_bit - 1) if fmt.signed else codes

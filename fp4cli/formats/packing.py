@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """Pack uint8 codes (< 16) along the last dimension, whose length must be even."""
+    import torch
+
     if codes.shape[-1] % 2:
         raise ValueError(f"cannot pack an odd number of codes ({codes.shape[-1]})")
     codes = codes.to(torch.uint8)
@@ -16,5 +21,7 @@ def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of pack_nibbles: (..., n) bytes -> (..., 2n) codes."""
+    import torch
+
     low, high = packed & 0x0F, packed >> 4
     return torch.stack((low, high), dim=-1).flatten(-2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch.nn.functional as F
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
+from fp4cli.linear.skip import matches_skip
 from fp4cli.quant import fake_quantize
 from fp4cli.quant.backend import check_backend, interpreter_on, triton_available
 from fp4cli.quant.random_bits import draw_seed
@@ -254,12 +254,6 @@ def _linear_children(model: nn.Module):
                 full_name = f"{parent_name}.{child_name}" if parent_name else child_name
                 found.append((parent, child_name, full_name, child))
     return found
-
-
-def matches_skip(module_name: str, patterns: Iterable[str]) -> bool:
-    """Whether a skip pattern (fnmatch) matches the module's full dotted name or its last part."""
-    last = module_name.rsplit(".", 1)[-1]
-    return any(fnmatch.fnmatchcase(n, p) for p in patterns for n in (module_name, last))
 
 
 def _mix_seed(base: int, index: int) -> int:

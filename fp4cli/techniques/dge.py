@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from fp4cli.formats import Minifloat, grid_interval
 from fp4cli.quant.spec import SpecError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ def _interval(scaled: torch.Tensor, fmt: Minifloat) -> tuple[torch.Tensor, torch
 
 def dge_surrogate(scaled: torch.Tensor, fmt: Minifloat, k: float) -> torch.Tensor:
     """The smooth surrogate of the quantizer on the scaled weight (odd in x)."""
+    import torch
+
     lower, width = _interval(scaled, fmt)
     inside = width > 0
     safe_width = torch.where(inside, width, torch.ones_like(width))
@@ -58,6 +62,8 @@ def dge_surrogate(scaled: torch.Tensor, fmt: Minifloat, k: float) -> torch.Tenso
 
 def dge_derivative(scaled: torch.Tensor, fmt: Minifloat, config: DGEConfig) -> torch.Tensor:
     """f'(scaled), capped at config.cap; 0 beyond the grid."""
+    import torch
+
     lower, width = _interval(scaled, fmt)
     inside = width > 0
     safe_width = torch.where(inside, width, torch.ones_like(width))

@@ -8,7 +8,10 @@ it, they quantize the high-precision W and X.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def backward_source(

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
-
-from fp4cli.quant.random_bits import Seed, random_signs
 from fp4cli.quant.spec import SpecError
+
+if TYPE_CHECKING:
+    import torch
+
+    from fp4cli.quant.random_bits import Seed
 
 SIZES = (16, 32, 64, 128, 256)
 
@@ -38,6 +40,8 @@ class HadamardConfig:
 
 @cache
 def _sylvester(n: int) -> torch.Tensor:
+    import torch
+
     h = torch.ones(1, 1, dtype=torch.float64)
     while h.shape[0] < n:
         h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
@@ -46,6 +50,8 @@ def _sylvester(n: int) -> torch.Tensor:
 
 def hadamard_matrix(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The normalized Sylvester Hadamard matrix of size n (float32, orthogonal, symmetric)."""
+    import torch
+
     if n not in SIZES:
         raise SpecError(f"Hadamard size must be one of {SIZES} (got {n})")
     return (_sylvester(n) / n**0.5).to(device=device, dtype=torch.float32)
@@ -53,17 +59,23 @@ def hadamard_matrix(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
 
 def rht_matrix(n: int, seed: Seed, device: torch.device | str = "cpu") -> torch.Tensor:
     """The n x n block of R: D H_n (rows scaled by random signs drawn from `seed`)."""
+    from fp4cli.quant.random_bits import random_signs
+
     return random_signs(seed, n, device).unsqueeze(1) * hadamard_matrix(n, device)
 
 
 def normalization(n: int) -> float:
     """1/sqrt(n) rounded to float32 (exact for n = 16, 64, 256)."""
+    import torch
+
     return float(torch.tensor(1.0 / n**0.5, dtype=torch.float32))
 
 
 def fwht(blocks: torch.Tensor) -> torch.Tensor:
     """The unnormalized Walsh-Hadamard transform of the last dimension (a power of two) of
     float32 `blocks`, in the butterfly order h = 1, 2, 4, ... (the order every backend uses)."""
+    import torch
+
     n = blocks.shape[-1]
     h = 1
     while h < n:
@@ -80,6 +92,11 @@ def rht(x: torch.Tensor, dim: int, size: int, seed: Seed) -> torch.Tensor:
     The result's `dim` has the padded length; apply the same call (same size and seed) to both
     operands of a GEMM along its reduction dimension.
     """
+    import torch
+    import torch.nn.functional as F
+
+    from fp4cli.quant.random_bits import random_signs
+
     moved = x.to(torch.float32).movedim(dim, -1)
     length = moved.shape[-1]
     padded_length = -(-length // size) * size

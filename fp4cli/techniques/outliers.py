@@ -9,10 +9,12 @@ in high precision and added to the output.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from fp4cli.quant.spec import SpecError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ def row_quantiles(x: torch.Tensor, q: float) -> tuple[torch.Tensor, torch.Tensor
 
 def clamp_outliers(x: torch.Tensor, config: OutlierConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(clamped x, residual x - clamped) with per-row quantile clamping."""
+    import torch
+
     low, high = row_quantiles(x.detach(), config.quantile)
     clamped = torch.minimum(torch.maximum(x, low), high)
     return clamped, x - clamped

@@ -8,10 +8,12 @@ the one nearer W_ema / s is chosen. Until `warmup` updates have been made, plain
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from fp4cli.quant.spec import SpecError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,10 @@ class QEMAConfig:
             raise SpecError(f"warmup: must be a non-negative integer (got {self.warmup!r})")
 
 
-@torch.no_grad()
 def update_ema(ema: torch.Tensor, weight: torch.Tensor, beta: float, updates: torch.Tensor) -> None:
     """One EMA step in place; the first update (updates == 0) copies the weight."""
-    weight = weight.to(ema.dtype)
-    ema.copy_(torch.where(updates == 0, weight, ema * beta + weight * (1 - beta)))
+    import torch
+
+    with torch.no_grad():
+        weight = weight.to(ema.dtype)
+        ema.copy_(torch.where(updates == 0, weight, ema * beta + weight * (1 - beta)))
