@@ -47,3 +47,19 @@ def test_recipe_commands_start_without_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+COMMANDS = [["train"], ["sweep"], ["report"], ["runs", "list"], ["runs", "show"],
+            ["bench", "quantize"], ["bench", "gemm"], ["bench", "step"], ["quantize-inspect"],
+            ["oscillation-report"], ["cost"], ["recipes", "show"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_help_text_reads_as_written(command):
+    """No help sentence lost its words to markup: '[default: ...]' in a help string would
+    vanish and leave 'Worker processes .'."""
+    import re
+
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"\w \.(\s|$)", result.output), result.output

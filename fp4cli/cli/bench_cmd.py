@@ -65,6 +65,7 @@ def quantize_command(
     from fp4cli.bench.parsing import parse_choices, parse_dtype, parse_shapes, split_list
     from fp4cli.bench.quantize import BACKENDS, bench_device, check_request, run_quantize_bench
 
+    quiet_compiler_warnings()
     shape_list = parse_shapes(shapes)
     config_names = [config.name for config in bench_configs(split_list(configs))]
     backend_list = parse_choices("backends", backends, BACKENDS)
@@ -82,6 +83,15 @@ def quantize_command(
     console = Console(highlight=False)
     console.print(_table(rows, torch_device, dtype, axis, iters))
     typer.echo(recorder.summary())
+
+
+def quiet_compiler_warnings() -> None:
+    """The benchmarks compile on purpose: torch.compile's advice (graph breaks, recompiles) is
+    not for the reader of the table."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._dynamo.*")
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._inductor.*")
 
 
 class _CaseProgress:

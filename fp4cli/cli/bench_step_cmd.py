@@ -49,9 +49,10 @@ def step_command(
     from fp4cli.bench import step as bench
     from fp4cli.bench.parsing import parse_choices, split_list
     from fp4cli.bench.quantize import bench_device
-    from fp4cli.cli.bench_cmd import _CaseProgress, _Recorder
+    from fp4cli.cli.bench_cmd import _CaseProgress, _Recorder, quiet_compiler_warnings
     from fp4cli.cli.output import console_for
 
+    quiet_compiler_warnings()
     torch_device = bench_device(device)
     mode_list = parse_choices("modes", modes, bench.MODES)
     backend_list = parse_choices("backends", backends, bench.BACKENDS)

@@ -19,7 +19,7 @@ def report(
     tag: Annotated[str | None, Opt(help="Every run with this tag.")] = None,
     task: Annotated[str | None, Opt(help="Only runs of this task.")] = None,
     metric: Annotated[
-        str | None, Opt(help="Compare on this metric [default: the task's: val_loss, top1...].")
+        str | None, Opt(help="Compare on this metric (default: the task's: val_loss, top1...).")
     ] = None,
     target: Annotated[
         str, Opt(help="Device profile of the cost model: h100, h200, b200, a100...")
@@ -35,7 +35,7 @@ def report(
     as_json: Annotated[bool, Opt("--json", help="Print every row as JSON instead.")] = False,
     store: Annotated[
         Path | None,
-        Opt(help="The run store [default: $FP4_STORE, else runs/fp4.db].", show_default=False),
+        Opt(help="The run store (default: $FP4_STORE, else runs/fp4.db).", show_default=False),
     ] = None,
 ) -> None:
     """Final metrics of chosen runs (named, a sweep, a tag, or all), the gap to the BF16 run of

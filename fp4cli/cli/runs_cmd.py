@@ -14,7 +14,7 @@ StoreOption = Annotated[
     Path | None,
     typer.Option(
         "--store",
-        help="The run store file [default: $FP4_STORE, else runs/fp4.db]",
+        help="The run store file (default: $FP4_STORE, else runs/fp4.db)",
         show_default=False,
     ),
 ]

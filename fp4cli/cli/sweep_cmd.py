@@ -14,17 +14,17 @@ def sweep(
     file: Annotated[Path, typer.Argument(help="The sweep file (YAML).", show_default=False)],
     workers: Annotated[
         int | None,
-        Opt(min=1, help="Worker processes [default: one per GPU; up to 8 per GPU for regression]."),
+        Opt(min=1, help="Worker processes (default: one per GPU; up to 8 per GPU for regression)."),
     ] = None,
     device: Annotated[
-        str | None, Opt(help="Put every worker on this device (cpu, cuda:1) [default: spread].")
+        str | None, Opt(help="Put every worker on this device (cpu, cuda:1) (default: spread).")
     ] = None,
     dry_run: Annotated[
         bool, Opt("--dry-run", help="List the points and what is done; train nothing.")
     ] = False,
     store: Annotated[
         Path | None,
-        Opt(help="The run store [default: $FP4_STORE, else runs/fp4.db].", show_default=False),
+        Opt(help="The run store (default: $FP4_STORE, else runs/fp4.db).", show_default=False),
     ] = None,
     quiet: Annotated[bool, Opt(help="No progress bar.")] = False,
 ) -> None:
