@@ -146,3 +146,50 @@ def test_cli_on_a_sweep_table_plots_and_exports(tmp_path):
     by_recipe = {row["recipe"]: row for row in data["runs"]}
     assert by_recipe["bf16"]["gap"] == 0 and by_recipe["mxfp4"]["closed"] == 0
     assert by_recipe["mxfp4[bwd=sr]"]["cost_ratio"] > 0
+
+
+def _row(label, recipe, seed, value, gap, cost, point, pareto=False):
+    from fp4cli.analysis.report import ReportRow
+
+    return ReportRow(f"r-{label}-{seed}", label, "regression", recipe, seed, "finished",
+                     "val_loss", value, gap=gap, cost_ratio=cost, point=point,
+                     pareto=pareto)  # fmt: skip
+
+
+def test_figure_points_are_recipes_over_their_seeds():
+    """One point per recipe or sweep point: its seeds' mean and range, one colour everywhere
+    (bf16 black, mxfp4 red), named by its number in the table."""
+    from fp4cli.analysis.report import Report
+    from fp4cli.analysis.report_plot import colours, points_of
+
+    rows = [
+        _row("bf16", "bf16", 0, 1.0, 0.0, 1.0, 1), _row("bf16", "bf16", 1, 1.2, 0.0, 1.0, 1),
+        _row("a=x", "mxfp4[a=x]", 0, 1.1, 0.1, 0.8, 2),
+        _row("a=x", "mxfp4[a=x]", 1, 1.5, 0.3, 0.8, 2),
+        _row("mxfp4", "mxfp4", 0, 1.4, 0.4, 0.7, 3),
+    ]  # fmt: skip
+    points = points_of(Report(rows, "h100"))
+    assert [(p.number, p.name, len(p.rows)) for p in points] == [
+        (1, "bf16", 2), (2, "#2 x", 2), (3, "mxfp4", 1)
+    ]  # fmt: skip
+    assert points[1].mean("gap") == pytest.approx(0.2) and points[1].spread("gap") == (0.1, 0.3)
+    assert points[2].spread("gap") is None  # one seed: no range
+    assert colours(points) == {1: "black", 2: "tab:blue", 3: "tab:red"}
+
+
+@pytest.mark.parametrize("eval_every", [0, 2])
+def test_figures_of_a_sweep_with_seeds(tmp_path, eval_every):
+    """Curves as means with bands when a metric is evaluated along the run; the final values
+    as one row per point when it is evaluated once."""
+    store = RunStore(tmp_path / "s.db")
+    train = {"size": "debug", "steps": 6, "device": "cpu", "checkpoints": False,
+             "eval_every": eval_every}  # fmt: skip
+    axes = {"bwd": {"set": "linear.grad_*.*.rounding", "values": ["rne", "sr"]}}
+    spec = parse_sweep({"name": "seeds", "train": train, "axes": axes, "seeds": [0, 1]}, "s.yaml")
+    run_sweep(plan_sweep(spec, store), store)
+    args = ["report", "--sweep", "seeds", "--store", str(store.path), "--plots", str(tmp_path)]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[1].split()[0] == "#"  # the table numbers the points
+    for name in ("pareto.png", "curves.png"):
+        assert (tmp_path / name).stat().st_size > 10_000

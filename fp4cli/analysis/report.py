@@ -52,6 +52,7 @@ class ReportRow:
     cost_ratio: float | None = None  # estimated time / BF16 time of the run's linear layers
     pareto: bool = False
     baseline_runs: dict[str, str] = field(default_factory=dict)  # recipe -> run id
+    point: int = 0  # the number of its (task, label) in the report: its seeds share it
 
 
 @dataclass
@@ -111,6 +112,7 @@ def build_report(
         report.rows.append(row)
     mark_pareto(report.rows)
     report.rows.sort(key=_rank)
+    number_points(report.rows)
     if any(row.cost_ratio is None for row in report.rows):
         report.notes.append("no cost for runs that recorded no layer shapes (older runs)")
     return report
@@ -138,6 +140,14 @@ def mark_pareto(rows: Sequence[ReportRow]) -> None:
     points = [(float(r.gap), float(r.cost_ratio)) for r in scored]  # type: ignore[arg-type]
     for i in pareto_front(points):
         scored[i].pareto = True
+
+
+def number_points(rows: Sequence[ReportRow]) -> None:
+    """Number each (task, label) 1, 2, ... in the order the rows come (best first); the
+    figures and the table name a point by this number."""
+    numbers: dict[tuple[str, str], int] = {}
+    for row in rows:
+        row.point = numbers.setdefault((row.task, row.label), len(numbers) + 1)
 
 
 def primary_metric(task: str) -> str:

@@ -79,6 +79,7 @@ def _table(result: Any, top: int) -> Any:
     if uniform:
         title += f": task {tasks[0][0]}, seed {tasks[0][1]}, {tasks[0][2]}"
     table = Table(title=title, box=None, pad_edge=False)
+    table.add_column("#", justify="right", no_wrap=True)
     table.add_column("run", no_wrap=True)
     table.add_column("recipe / point", overflow="fold")
     if not uniform:
@@ -91,11 +92,12 @@ def _table(result: Any, top: int) -> Any:
         if not uniform:
             value = f"{row.metric} {value}"
         cost = f"{row.cost_ratio:.2f}x" if row.cost_ratio is not None else "-"
-        cells = [row.run_id, escape(row.label)]
+        cells = [str(row.point), row.run_id, escape(row.label)]
         cells += [] if uniform else [row.task, str(row.seed)]
         cells += [value, _number(row.gap, signed=True), _percent(row.closed), cost]
         table.add_row(*cells, "[red]*[/]" if row.pareto else "")
     table.caption = (
+        "#: the point's number in the figures (its seeds share it); "
         "gap: metric - bf16 (top1: bf16 - top1), positive is worse; closed: share of the mxfp4 "
         f"gap closed; cost: estimated time of the linear layers / bf16 on {result.target}; "
         "front: Pareto front of gap vs cost"
