@@ -63,3 +63,30 @@ def test_help_text_reads_as_written(command):
     result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert not re.search(r"\w \.(\s|$)", result.output), result.output
+
+
+def test_report_starts_without_torch(tmp_path):
+    """`fp4 report` without figures reads the store and runs the cost model: no torch."""
+    import subprocess
+    import sys
+
+    from fp4cli.recipes import load_recipe
+    from fp4cli.store import RunStore
+
+    store = RunStore(tmp_path / "s.db")
+    for recipe in ("bf16", "mxfp4"):
+        config = {"train": {"size": "debug"}, "recipe": load_recipe(recipe).to_dict()}
+        run_id = store.create_run("regression", recipe, 0, config, "cpu", {})
+        store.log_metrics(run_id, 10, {"val_loss": 1.0 if recipe == "bf16" else 1.2})
+        store.log_layers(run_id, [("fc", 64, 32, 32, recipe != "bf16")])
+        store.finish_run(run_id, "finished", step=10)
+    store.close()
+    code = (
+        "import sys\n"
+        "from fp4cli.cli.main import app\n"
+        f"try:\n    app(['report', '--store', {str(tmp_path / 's.db')!r}])\n"
+        "except SystemExit as done:\n    assert done.code in (0, None), done.code\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "2 runs" in done.stdout and done.stdout.strip().splitlines()[-1] == "False"

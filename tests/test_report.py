@@ -193,3 +193,21 @@ def test_figures_of_a_sweep_with_seeds(tmp_path, eval_every):
     assert result.output.splitlines()[1].split()[0] == "#"  # the table numbers the points
     for name in ("pareto.png", "curves.png"):
         assert (tmp_path / name).stat().st_size > 10_000
+
+
+def test_the_table_fits_80_columns_with_whole_ids(tmp_path):
+    import re
+
+    store = RunStore(tmp_path / "s.db")
+    train = {"size": "debug", "steps": 4, "device": "cpu", "checkpoints": False}
+    axes = {"bwd_rounding": {"set": "linear.grad_*.*.rounding", "values": ["rne", "sr"]},
+            "rule": {"set": "linear.*.*.scale_rule", "values": ["floor", "ceil"]}}  # fmt: skip
+    spec = parse_sweep({"name": "w", "train": train, "axes": axes, "seeds": [0, 1]}, "w.yaml")
+    run_sweep(plan_sweep(spec, store), store)
+    args = ["report", "--sweep", "w", "--store", str(store.path)]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "80", "FORCE_COLOR": "1"})
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", result.output)
+    assert max(map(len, plain.splitlines())) <= 80
+    for run in store.list_runs():
+        assert run["id"] in plain
+    assert "*" in plain and "cost" in plain  # the front and the last column are there

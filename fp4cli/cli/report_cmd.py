@@ -73,34 +73,40 @@ def _table(result: Any, top: int) -> Any:
 
     rows = result.rows[:top] if top else result.rows
     shown = f", the best {len(rows)} shown" if len(rows) < len(result.rows) else ""
-    tasks = sorted({(row.task, row.seed, row.metric) for row in result.rows})
-    uniform = len(tasks) == 1
-    title = f"{len(result.rows)} runs{shown}"
-    if uniform:
-        title += f": task {tasks[0][0]}, seed {tasks[0][1]}, {tasks[0][2]}"
-    table = Table(title=title, box=None, pad_edge=False)
+    tasks = sorted({row.task for row in result.rows})
+    seeds = sorted({row.seed for row in result.rows})
+    metrics = sorted({row.metric for row in result.rows})
+    facts = [f"task {tasks[0]}"] if len(tasks) == 1 else []
+    facts += [f"seed {seeds[0]}"] if len(seeds) == 1 else [f"seeds {', '.join(map(str, seeds))}"]
+    facts += [metrics[0]] if len(metrics) == 1 else []
+    table = Table(title=f"{len(result.rows)} runs{shown}: " + ", ".join(facts), box=None,
+                  pad_edge=False)  # fmt: skip
     table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("run", no_wrap=True)
-    table.add_column("recipe / point", overflow="fold")
-    if not uniform:
+    # run ids are what a user types next: never cut; the labels wrap instead
+    table.add_column("run", no_wrap=True, min_width=max(len(row.run_id) for row in rows))
+    table.add_column("recipe / point", overflow="fold", min_width=8)
+    if len(tasks) > 1:
         table.add_column("task")
+    if len(seeds) > 1:
         table.add_column("seed", justify="right")
-    for column in ("metric" if not uniform else tasks[0][2], "gap", "closed", "cost", "front"):
+    for column in (metrics[0] if len(metrics) == 1 else "metric", "gap", "closed", "cost"):
         table.add_column(column, justify="right", no_wrap=True)
     for row in rows:
         value = _number(row.value) if row.status == "finished" else "[magenta]diverged[/]"
-        if not uniform:
+        if len(metrics) > 1:
             value = f"{row.metric} {value}"
         cost = f"{row.cost_ratio:.2f}x" if row.cost_ratio is not None else "-"
-        cells = [str(row.point), row.run_id, escape(row.label)]
-        cells += [] if uniform else [row.task, str(row.seed)]
+        point = f"{row.point}[red]*[/]" if row.pareto else f"{row.point} "
+        cells = [point, row.run_id, escape(row.label)]
+        cells += [row.task] if len(tasks) > 1 else []
+        cells += [str(row.seed)] if len(seeds) > 1 else []
         cells += [value, _number(row.gap, signed=True), _percent(row.closed), cost]
-        table.add_row(*cells, "[red]*[/]" if row.pareto else "")
+        table.add_row(*cells)
     table.caption = (
-        "#: the point's number in the figures (its seeds share it); "
+        "#: the point's number in the figures (its seeds share it), * on the Pareto front of gap "
+        "vs cost; "
         "gap: metric - bf16 (top1: bf16 - top1), positive is worse; closed: share of the mxfp4 "
-        f"gap closed; cost: estimated time of the linear layers / bf16 on {result.target}; "
-        "front: Pareto front of gap vs cost"
+        f"gap closed; cost: estimated time of the linear layers / bf16 on {result.target}"
     )
     return table
 

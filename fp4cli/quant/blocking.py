@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from fp4cli.quant.spec import QuantSpec, SpecError
+
+if TYPE_CHECKING:
+    import torch
 
 TENSOR_SCALE_BYTES = 4  # the FP32 scale of a two-level (tensor-scaled) spec
 
@@ -64,6 +65,8 @@ class BlockLayout:
 
     def pad(self, moved: torch.Tensor) -> torch.Tensor:
         """Zero-pad a moved tensor to the padded shape."""
+        import torch.nn.functional as F
+
         pad_last = self.padded_shape[-1] - self.moved_shape[-1]
         pad_first = self.padded_shape[0] - self.moved_shape[0] if self.kind == "tile2d" else 0
         if pad_last == 0 and pad_first == 0:
