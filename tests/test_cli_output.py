@@ -90,3 +90,21 @@ def test_report_starts_without_torch(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "2 runs" in done.stdout and done.stdout.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "gemm", "--shapes", "64x64x64", "--impls", "cublas-bf16"],
+        ["bench", "quantize", "--shapes", "64x64", "--configs", "mxfp4", "--backends", "torch"],
+    ],
+    ids=["gemm", "quantize"],
+)
+def test_bench_tables_are_never_cut_at_80_columns(args):
+    import re
+
+    env = {"COLUMNS": "80", "FORCE_COLOR": "1"}
+    result = CliRunner().invoke(app, [*args, "--device", "cpu", "--no-store"], env=env)
+    assert result.exit_code == 0, result.output
+    plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", result.output)
+    assert "…" not in plain and max(map(len, plain.splitlines())) <= 80

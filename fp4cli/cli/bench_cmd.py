@@ -59,11 +59,10 @@ def quantize_command(
     kernels, and the PyTorch reference, eager and under torch.compile. The table gives GB/s, the
     fraction of copy bandwidth and the Triton speedup; each number also goes to the run store.
     """
-    from rich.console import Console
-
     from fp4cli.bench.configs import bench_configs
     from fp4cli.bench.parsing import parse_choices, parse_dtype, parse_shapes, split_list
     from fp4cli.bench.quantize import BACKENDS, bench_device, check_request, run_quantize_bench
+    from fp4cli.cli.output import console_for
 
     quiet_compiler_warnings()
     shape_list = parse_shapes(shapes)
@@ -80,8 +79,8 @@ def quantize_command(
             )  # fmt: skip
     finally:
         recorder.close()
-    console = Console(highlight=False)
-    console.print(_table(rows, torch_device, dtype, axis, iters))
+    table = _table(rows, torch_device, dtype, axis, iters)
+    console_for(table).print(table)
     typer.echo(recorder.summary())
 
 

@@ -75,11 +75,13 @@ def quantize_inspect(
     if as_json:
         _echo_json(source, variants, reports, summary)
     else:
-        from rich.console import Console
+        from fp4cli.cli.output import console_for
 
-        console = Console(highlight=False)
-        console.print(_tensor_table(source, variants, reports, summary, metric))
-        console.print(_summary_table(variants, summary))
+        tables = (_tensor_table(source, variants, reports, summary, metric),
+                  _summary_table(variants, summary))  # fmt: skip
+        console = console_for(*tables)
+        for table in tables:
+            console.print(table)
     if csv is not None:
         typer.echo(f"wrote {_write_csv(csv, variants, reports)}", err=True)
     if png is not None:
@@ -199,10 +201,13 @@ def _summary_table(variants: list[Any], summary: dict[str, Any]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(box=box.SIMPLE_HEAD, title="per spec, over tensors (weighted by elements)")
+    caption = "scale exp.: floor(log2) of the block scales, lowest..highest (the most common)"
+    table = Table(box=box.SIMPLE_HEAD, title="per spec, over tensors (weighted by elements)",
+                  caption=caption)  # fmt: skip
     table.add_column("spec")
-    for column in ("tensors", "SNR dB", "rel MSE", "clipped", "flushed", "scale exponents"):
+    for column in ("tensors", "SNR dB", "rel MSE", "clipped", "flushed"):
         table.add_column(column, justify="right")
+    table.add_column("scale exp.", justify="right", no_wrap=True)
     for variant in variants:
         mean = summary[variant.label]
         if not mean.tensors:
@@ -215,12 +220,12 @@ def _summary_table(variants: list[Any], summary: dict[str, Any]) -> Any:
 
 
 def _exponent_range(histogram: dict[int, int], zero_blocks: int) -> str:
-    """'lo..hi, mode m' of floor(log2 scale), and the all-zero blocks if any."""
+    """'lo..hi (mode)' of floor(log2 scale), and the all-zero blocks if any."""
     if not histogram:
         text = "-"
     else:
         mode = max(histogram, key=lambda e: (histogram[e], -e))
-        text = f"{min(histogram)}..{max(histogram)}, mode {mode}"
+        text = f"{min(histogram)}..{max(histogram)} ({mode})"
     return text + (f" (+{zero_blocks} zero)" if zero_blocks else "")
 
 

@@ -55,10 +55,17 @@ def echo_json(data: Any) -> None:
 
 def console_for(*renderables: Any) -> Any:
     """A rich Console for printing `renderables`: on a terminal as wide as the terminal; into a
-    file or a pipe at least as wide as the widest of them, so that no row wraps."""
+    file or a pipe at least as wide as the widest of them, so that no row wraps. A table's cells
+    that do not fit a narrow terminal wrap onto more lines; none is cut short."""
     from rich.console import Console
     from rich.measure import Measurement
+    from rich.table import Table
 
+    for renderable in renderables:
+        if isinstance(renderable, Table):
+            for column in renderable.columns:
+                if column.overflow == "ellipsis":
+                    column.overflow = "fold"
     console = Console(highlight=False)
     if not console.is_terminal and renderables:
         unbounded = console.options.update_width(10_000)
