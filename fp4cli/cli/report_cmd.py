@@ -92,7 +92,11 @@ def _table(result: Any, top: int) -> Any:
     for column in (metrics[0] if len(metrics) == 1 else "metric", "gap", "closed", "cost"):
         table.add_column(column, justify="right", no_wrap=True)
     for row in rows:
-        value = _number(row.value) if row.status == "finished" else "[magenta]diverged[/]"
+        value = (
+            _number(row.value, metric=row.metric)
+            if row.status == "finished"
+            else "[magenta]diverged[/]"
+        )
         if len(metrics) > 1:
             value = f"{row.metric} {value}"
         cost = f"{row.cost_ratio:.2f}x" if row.cost_ratio is not None else "-"
@@ -100,7 +104,8 @@ def _table(result: Any, top: int) -> Any:
         cells = [point, row.run_id, escape(row.label)]
         cells += [row.task] if len(tasks) > 1 else []
         cells += [str(row.seed)] if len(seeds) > 1 else []
-        cells += [value, _number(row.gap, signed=True), _percent(row.closed), cost]
+        gap = _number(row.gap, signed=True, metric=row.metric)
+        cells += [value, gap, _percent(row.closed), cost]
         table.add_row(*cells)
     table.caption = (
         "#: the point's number in the figures (its seeds share it), * on the Pareto front of gap "
@@ -133,12 +138,15 @@ def _write_csv(result: Any, path: Path) -> Path:
     return path
 
 
-def _number(value: float | None, signed: bool = False) -> str:
+def _number(value: float | None, signed: bool = False, metric: str = "") -> str:
+    """A metric or a gap with the metric's decimals: top-1 (a percentage) 2, losses 4; one
+    table never mixes formats."""
     if value is None:
         return "-"
     if math.isinf(value):
-        return "inf"
-    return f"{value:+.4g}" if signed else f"{value:.4g}"
+        return "inf" if value > 0 else "-inf"
+    decimals = 2 if metric == "top1" else 4
+    return f"{value:+.{decimals}f}" if signed else f"{value:.{decimals}f}"
 
 
 def _percent(value: float | None) -> str:
