@@ -63,6 +63,7 @@ def test_help_text_reads_as_written(command):
     result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert not re.search(r"\w \.(\s|$)", result.output), result.output
+    assert "<bool>" not in result.output  # a flag takes no value: no type shown
 
 
 def test_report_starts_without_torch(tmp_path):

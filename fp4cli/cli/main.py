@@ -81,6 +81,23 @@ class _Group(TyperGroup):
             raise typer.Exit(USER_ERROR_EXIT) from None
 
 
+def _hide_flag_types() -> None:
+    """Typer (0.29) prints a flag's type, `<bool>`, in --help; a flag takes no value, so its
+    type column stays empty. Versions without the hook are left as they are."""
+    import typer.core
+
+    option = getattr(typer.core, "TyperOption", None)
+    original = getattr(option, "display_type_rich", None)
+    if option is None or original is None:
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        return None if getattr(self, "is_flag", False) else original(self, ctx)
+
+    option.display_type_rich = display_type_rich
+
+
+_hide_flag_types()
 app = typer.Typer(
     name="fp4",
     cls=_Group,
