@@ -257,3 +257,18 @@ def test_cli_errors_are_one_line(tmp_path, content, message):
     result = CliRunner().invoke(app, ["sweep", str(path), "--store", str(tmp_path / "s.db")])
     assert result.exit_code in (1, 2), result.output
     assert message in result.output
+
+
+def test_a_stop_outside_the_trainer_stops_the_sweep(tmp_path, monkeypatch):
+    """SIGTERM before a point's trainer takes the signal (building its model, say) stops the
+    sweep; it is not recorded as a failed point."""
+    import fp4cli.train as train
+    from fp4cli.sweep.runner import SweepStopped, run_point
+
+    def stopped(*args, **kwargs):
+        raise SweepStopped("stopped by SIGTERM")
+
+    monkeypatch.setattr(train, "run_training", stopped)
+    point = expand_points(load_sweep(_write(tmp_path)))[0]
+    with pytest.raises(SweepStopped):
+        run_point(point, "s-1", (), "cpu", RunStore(tmp_path / "s.db"))

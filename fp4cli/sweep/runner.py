@@ -176,6 +176,8 @@ def run_point(
     try:
         recipe = Recipe.from_dict(point.recipe, source=point.recipe.get("source", "sweep"))
         outcome, _ = run_training(flags, (), store, recipe=recipe)
+    except SweepStopped:  # SIGTERM before the trainer took the signal: the sweep stops
+        raise
     except Exception as error:  # the trainer has marked its run failed, if it made one
         result.message = " ".join(str(error).split())[:300] or type(error).__name__
     else:
