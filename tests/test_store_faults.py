@@ -117,3 +117,31 @@ def test_a_full_disk_ends_the_run_in_one_line(tmp_path):
     assert not list(tmp_path.glob("checkpoints/*/*.partial"))
     (run,) = RunStore(tmp_path / "s.db").list_runs()
     assert run["status"] == "failed"
+
+
+def test_the_recorded_checkpoint_survives_a_kill_before_the_next_is_recorded(tmp_path, monkeypatch):
+    """A kill between writing checkpoint N and recording it in the store: the store still names
+    checkpoint N-1, whose file must still be there to resume from."""
+    from pathlib import Path
+
+    store = RunStore(tmp_path / "fp4.db")
+    real = RunStore.add_checkpoint
+    calls = []
+
+    def killed_on_the_second(self, run_id, step, path):
+        calls.append(step)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what a SIGKILL leaves: the file written, no row
+        return real(self, run_id, step, path)
+
+    monkeypatch.setattr(RunStore, "add_checkpoint", killed_on_the_second)
+    flags = {**FLAGS, "steps": 4, "checkpoint_every": 1}
+    cut, _ = run_training(flags, [], store, reporter=SilentReporter())
+    assert cut.status == "interrupted"
+    monkeypatch.setattr(RunStore, "add_checkpoint", real)
+    recorded = store.latest_checkpoint(cut.run_id)
+    assert recorded["step"] == 1 and Path(recorded["path"]).exists()
+    resumed, _ = run_training({}, [], store, resume=cut.run_id, reporter=SilentReporter())
+    assert resumed.status == "finished"
+    checkpoints = list((tmp_path / "checkpoints" / cut.run_id).glob("step-*"))
+    assert [c.name for c in checkpoints] == ["step-00000004.pt"]  # the older ones pruned

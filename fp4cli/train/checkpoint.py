@@ -1,9 +1,11 @@
 """Checkpoints: model, optimizer (with Q-Ramping state), EMA buffers, RNG states, resolved config.
 
 Written to a temporary file and renamed into place, so a run killed mid-write never leaves a
-truncated checkpoint behind. Only the newest checkpoint of a run is kept. A checkpoint holds only
-tensors, numbers, strings and plain containers, and is read with `torch.load(weights_only=True)`:
-a file holding anything else (an object whose unpickling could run code) is refused unread.
+truncated checkpoint behind. Only the newest checkpoint of a run is kept: the older ones are
+removed after the store records the new one, so the one it records always exists. A checkpoint
+holds only tensors, numbers, strings and plain containers, and is read with
+`torch.load(weights_only=True)`: a file holding anything else (an object whose unpickling could
+run code) is refused unread.
 
 An FSDP2-sharded model is saved with torch.distributed.checkpoint instead: every rank writes its
 shards into a folder `step-N.dcp` (written as `.partial` and renamed by rank 0 once all are
@@ -29,7 +31,8 @@ def save_checkpoint(
     config: dict[str, Any],
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Save the state after `step` completed steps; remove older checkpoints of the run."""
+    """Save the state after `step` completed steps. Older checkpoints stay until the store
+    records this one (`prune_checkpoints`): a kill in between leaves the recorded one there."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step-{step:08d}.pt"
     state = {
@@ -47,10 +50,17 @@ def save_checkpoint(
     except (OSError, RuntimeError) as error:  # a full disk, a quota, a file-size limit
         partial.unlink(missing_ok=True)
         raise CheckpointError(f"cannot write checkpoint {path}: {_first_line(error)}") from None
-    for old in directory.glob("step-*.pt"):
-        if old != path:
-            old.unlink(missing_ok=True)
     return path
+
+
+def prune_checkpoints(directory: Path, keep: Path) -> None:
+    """Remove the run's checkpoints other than `keep` (files and FSDP2 folders), once the
+    store records `keep`."""
+    import shutil
+
+    for old in directory.glob("step-*"):
+        if old != keep and not old.name.endswith(".partial"):
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
 
 
 class CheckpointError(ValueError):
@@ -129,9 +139,6 @@ def save_sharded(
 
         shutil.rmtree(path, ignore_errors=True)
         os.replace(partial, path)
-        for old in directory.glob("step-*.*"):
-            if old != path:
-                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
     dist.barrier()
     return path
 

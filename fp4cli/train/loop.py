@@ -24,6 +24,7 @@ from fp4cli.train import distributed
 from fp4cli.train.checkpoint import (
     load_checkpoint,
     load_sharded,
+    prune_checkpoints,
     restore_rng,
     save_checkpoint,
     save_sharded,
@@ -346,6 +347,7 @@ class Trainer:
         distributed.barrier(self.dist)
         if self.dist.is_main:
             self.store.add_checkpoint(self.run_id, step, str(path))
+            prune_checkpoints(directory, path)  # only now: the store's checkpoint exists
             self._last_checkpoint = str(path)
 
 
