@@ -68,7 +68,7 @@ def test_fsdp_run_stopped_by_ctrl_c_resumes_on_the_same_world_size(tmp_path):
     )  # Ctrl-C: the launcher and torchrun, which tells the ranks
     assert process.wait(timeout=120) == 130
     store = RunStore(db)
-    assert store.get_run(run_id)["status"] == "interrupted"
+    assert store.get_run(run_id)["status"] == "interrupted", store.get_run(run_id)["message"]
     wrong = _train(tmp_path, f"--resume={run_id}", check=False)  # one process, not two
     assert wrong.returncode == 2 and "resume it on as many" in wrong.stderr
     _train(tmp_path, f"--resume={run_id}", "--nproc-per-node=2")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import platform
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,7 +227,18 @@ class Trainer:
 
             reporter.message(executor_summary(self.model))
         try:
-            status, step = self._loop(reporter)
+            try:
+                status, step = self._loop(reporter)
+            except (_Stop, KeyboardInterrupt, torch.OutOfMemoryError, MemoryError):
+                raise
+            except BaseException:  # a collective's error, or torch.distributed.checkpoint's
+                # A rank whose peer stopped first (Ctrl-C, or torchrun ending the ranks) sees
+                # the peer leave a collective before its own signal arrives: wait for it.
+                if self.dist.world_size > 1 and (
+                    _Signals.received or _stopped_within(PEER_STOP_WAIT_S)
+                ):
+                    raise _Stop() from None
+                raise
         except (_Stop, KeyboardInterrupt):
             status, step = "interrupted", self._step
             self.store.finish_run(self.run_id, "interrupted", step=step, message="stopped")
@@ -241,7 +253,7 @@ class Trainer:
             raise
         finally:
             reporter.finish()
-            signal.signal(signal.SIGTERM, previous)
+            _restore_handlers(previous)
         final = self.store.final_metrics(self.run_id)
         return RunResult(
             self.run_id, status, step, final, self._last_checkpoint, time.time() - began
@@ -397,8 +409,45 @@ def _check_step_options(
         raise ConfigError("cuda_graph: not with Q-Ramping (its optimizer updates on the host)")
 
 
+PEER_STOP_WAIT_S = 10.0  # torchrun ends the other ranks within its monitor interval
+
+
+def _stopped_within(seconds: float) -> bool:
+    """Whether a stop signal (Ctrl-C, SIGTERM) reaches this process within `seconds`."""
+    try:
+        time.sleep(seconds)
+    except (KeyboardInterrupt, _Stop):
+        return True
+    return False
+
+
+class _Signals:
+    """Whether a stop signal reached this process during the run: a library may catch the
+    exception the signal raised (torch.distributed.checkpoint wraps what any rank raises)."""
+
+    received = False
+
+
 def _install_stop_handler() -> Any:
+    """SIGTERM raises _Stop; both it and Ctrl-C are remembered. Returns what to restore."""
+    _Signals.received = False
+
     def stop(signum: int, frame: Any) -> None:
+        _Signals.received = True
         raise _Stop()
 
-    return signal.signal(signal.SIGTERM, stop)
+    def interrupt(signum: int, frame: Any) -> None:
+        _Signals.received = True
+        raise KeyboardInterrupt
+
+    previous_interrupt = None
+    if threading.current_thread() is threading.main_thread():
+        previous_interrupt = signal.signal(signal.SIGINT, interrupt)
+    return signal.signal(signal.SIGTERM, stop), previous_interrupt
+
+
+def _restore_handlers(previous: Any) -> None:
+    term, interrupt = previous
+    signal.signal(signal.SIGTERM, term)
+    if interrupt is not None:
+        signal.signal(signal.SIGINT, interrupt)
