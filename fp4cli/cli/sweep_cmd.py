@@ -27,19 +27,62 @@ def sweep(
         Opt(help="The run store (default: $FP4_STORE, else runs/fp4.db).", show_default=False),
     ] = None,
     quiet: Annotated[bool, Opt(help="No progress bar.")] = False,
+    launcher: Annotated[
+        str,
+        Opt(
+            help="local (worker processes here), slurm (a job per point or group, through "
+            "submitit) or submitit-local (the slurm path as processes of this machine)."
+        ),
+    ] = "local",
+    partition: Annotated[str | None, Opt(help="Slurm partition (or the file's slurm:).")] = None,
+    account: Annotated[str | None, Opt(help="Slurm account to charge.")] = None,
+    gpus_per_job: Annotated[int | None, Opt(min=0, help="GPUs of each job (default 1).")] = None,
+    cpus_per_job: Annotated[int | None, Opt(min=1, help="CPUs of each job.")] = None,
+    time_min: Annotated[
+        int | None, Opt(min=1, help="Time limit of each job in minutes (default 60).")
+    ] = None,
+    points_per_job: Annotated[
+        int | None, Opt(min=1, help="Points one job trains, one after another (default 1).")
+    ] = None,
+    max_running: Annotated[
+        int | None, Opt(min=1, help="Jobs of the sweep's job array running at once.")
+    ] = None,
+    sbatch: Annotated[
+        list[str] | None,
+        Opt(help="Any other sbatch option as KEY=VALUE, e.g. constraint=h100 (repeatable)."),
+    ] = None,
+    sweep_dir: Annotated[
+        Path | None,
+        Opt(
+            help="Folder of the jobs' shards and logs, on a filesystem the nodes share "
+            "(default: sweeps/NAME beside the store).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Train every point of a sweep: a base recipe with axes over any recipe or training field
     (a grid or a random sample, less exclusions), times tasks and seeds, plus baseline recipes.
     Points finished in the store are skipped, so running it again after a kill resumes it.
-    Each point is an ordinary run, in the sweep, tagged point:ID. See sweeps/ for examples."""
+    Each point is an ordinary run, in the sweep, tagged point:ID. See sweeps/ for examples.
+    With --launcher slurm each job trains into a store file of its own under the sweep's
+    folder, and this process folds the finished ones into the store (fp4 runs merge too)."""
     from rich.console import Console
 
     from fp4cli.cli.output import console_for
     from fp4cli.store import RunStore
     from fp4cli.sweep import load_sweep, plan_sweep, run_sweep
+    from fp4cli.sweep.launchers import LAUNCHERS, parse_sbatch_flags
     from fp4cli.sweep.runner import SilentSweepReporter, SweepStopped
 
+    if launcher not in LAUNCHERS:
+        raise typer.BadParameter(f"must be one of {', '.join(LAUNCHERS)}", param_hint="--launcher")
     spec = load_sweep(file)
+    cluster = spec.cluster.updated(
+        partition=partition, account=account, gpus_per_job=gpus_per_job,
+        cpus_per_job=cpus_per_job, time_min=time_min, points_per_job=points_per_job,
+        max_running=max_running,
+        sbatch=(*spec.cluster.sbatch, *parse_sbatch_flags(sbatch)) if sbatch else None,
+    )  # fmt: skip
     console = Console(highlight=False)
     with RunStore(store) as run_store:
         plan = plan_sweep(spec, run_store, record=not dry_run)
@@ -52,16 +95,31 @@ def sweep(
         console.print(_plan_line(plan))
         reporter = SilentSweepReporter() if quiet else _RichReporter(console)
         try:
-            results = run_sweep(plan, run_store, workers, device, reporter)
+            if launcher == "local":
+                results = run_sweep(plan, run_store, workers, device, reporter)
+            else:
+                results = _run_remote(plan, run_store, launcher, cluster, sweep_dir, reporter)
         except (KeyboardInterrupt, SweepStopped):
+            jobs = "" if launcher == "local" else " Its submitted jobs go on;"
             console.print(
                 f"[yellow]sweep {spec.name} stopped[/]; finished points are in "
-                f"{run_store.path}. Run the same command again to resume."
+                f"{run_store.path}.{jobs} Run the same command again to resume."
             )
             raise typer.Exit(130) from None
     console.print(_summary(spec.name, results, run_store.path))
     if any(r.status == "failed" for r in results):
         raise typer.Exit(1)
+
+
+def _run_remote(
+    plan: Any, store: Any, launcher: str, cluster: Any, folder: Path | None, reporter: Any
+) -> list[Any]:
+    from fp4cli.sweep.remote import RemoteLaunch, run_remote, sweep_folder
+
+    folder = folder.resolve() if folder is not None else sweep_folder(store.path, plan.spec.name)
+    launch = RemoteLaunch(launcher, cluster, folder, plan.spec.log_to)
+    reporter.message(f"jobs' shards and logs in {folder}")
+    return run_remote(plan, store, launch, reporter)
 
 
 def _plan_line(plan: Any) -> str:
@@ -140,6 +198,11 @@ class _RichReporter:
         elif result.status == "diverged":
             self.progress.console.print(f"[magenta]diverged[/] {escape(result.label)}")
         self.progress.update(self.task, advance=1)
+
+    def message(self, text: str) -> None:
+        from rich.markup import escape
+
+        self.progress.console.print(f"[dim]{escape(text)}[/]")
 
     def finish(self) -> None:
         self.progress.stop()

@@ -36,15 +36,19 @@ class RunStore:
     """The run store at `path` (default: $FP4_STORE, else runs/fp4.db), created if missing.
 
     Opening migrates an older file and marks the runs whose process is gone as interrupted.
-    `create=False` refuses a missing file instead of creating it.
+    `create=False` refuses a missing file instead of creating it. `wal=False` keeps a rollback
+    journal instead of WAL: for a shard that one process on a cluster node writes on a shared
+    filesystem, where WAL's shared memory does not reach the other machines.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True):
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, create: bool = True, wal: bool = True
+    ):
         self.path = store_path(path)
         if not create and not self.path.exists():
             raise StoreError(f"no run store at {self.path}")
         self.host = socket.gethostname()
-        self.db = connect(self.path)
+        self.db = connect(self.path, wal)
         try:
             self._identity = _file_identity(self.path)
             _check_intact(self.db, self.path)
@@ -82,6 +86,11 @@ class RunStore:
                 yield db
         except sqlite3.OperationalError as error:
             raise StoreError(f"cannot write run store {self.path}: {error}") from None
+
+    def transaction(self) -> contextlib.AbstractContextManager[Database]:
+        """One write transaction, for the store's own modules that write several tables at
+        once (shards.py folds a shard's run into this store atomically)."""
+        return self._write()
 
     def _rows(self, sql: str, params: list[Any] | dict[str, Any] | None = None) -> list[Row]:
         return list(self.db.query(sql, params))

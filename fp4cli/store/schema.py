@@ -119,11 +119,22 @@ def _v4_one_writer(db: Database) -> None:
     sweeps.add_column("holder_heartbeat", str)
 
 
+def _v5_merged_shards(db: Database) -> None:
+    """The shard files (one run each, written by a remote job) already folded into this store:
+    merging a shard again is a no-op."""
+    db.table("merged_shards").create(
+        {"run_id": str, "file": str, "point": str, "status": str, "merged_at": str},
+        pk="run_id",
+        not_null=["file", "status", "merged_at"],
+    )
+
+
 MIGRATIONS: list[Callable[[Database], None]] = [
     _v1_tables,
     _v2_distributed_runs,
     _v3_layer_shapes,
     _v4_one_writer,
+    _v5_merged_shards,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -144,15 +155,16 @@ def write(db: Database) -> Iterator[Database]:
     conn.execute("COMMIT")
 
 
-def connect(path: Path) -> Database:
-    """Open (creating if missing) the store at `path`: WAL mode, busy timeout, migrated."""
+def connect(path: Path, wal: bool = True) -> Database:
+    """Open (creating if missing) the store at `path`: WAL mode (or, with `wal=False`, a
+    rollback journal: a shard file on a shared filesystem), busy timeout, migrated."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         db = Database(path, execute_plugins=False)
     except (OSError, sqlite3.Error) as error:
         raise StoreError(f"cannot open run store {path}: {error}") from None
     try:
-        _retry_while_locked(lambda: _set_up(db, path))
+        _retry_while_locked(lambda: _set_up(db, path, wal))
     except BaseException as error:
         db.close()
         if isinstance(error, sqlite3.DatabaseError):
@@ -161,12 +173,14 @@ def connect(path: Path) -> Database:
     return db
 
 
-def _set_up(db: Database, path: Path) -> None:
+def _set_up(db: Database, path: Path, wal: bool) -> None:
     conn = db.conn
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-        conn.execute("PRAGMA journal_mode = WAL")  # persistent: once per file
-    conn.execute("PRAGMA synchronous = NORMAL")  # in WAL mode: durable when a process dies
+    mode = "wal" if wal else "delete"  # WAL needs every process on one host (shared memory)
+    if conn.execute("PRAGMA journal_mode").fetchone()[0] != mode:
+        conn.execute(f"PRAGMA journal_mode = {mode.upper()}")  # persistent: once per file
+    # WAL: durable when a process dies; a rollback journal: also when the machine does
+    conn.execute(f"PRAGMA synchronous = {'NORMAL' if wal else 'FULL'}")
     _migrate(db, path)
 
 

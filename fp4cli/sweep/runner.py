@@ -63,6 +63,8 @@ class SweepReporter(Protocol):
 
     def point_done(self, result: PointResult) -> None: ...
 
+    def message(self, text: str) -> None: ...
+
     def finish(self) -> None: ...
 
 
@@ -71,6 +73,9 @@ class SilentSweepReporter:
         pass
 
     def point_done(self, result: PointResult) -> None:
+        pass
+
+    def message(self, text: str) -> None:
         pass
 
     def finish(self) -> None:
@@ -160,9 +165,15 @@ def run_sweep(
 
 
 def run_point(
-    point: Point, sweep_id: str, tags: Sequence[str], device: str, store: Any
+    point: Point,
+    sweep_id: str,
+    tags: Sequence[str],
+    device: str,
+    store: Any,
+    log_to: Sequence[str] = (),
 ) -> PointResult:
-    """Train one point into `store`; a failure is a result, not an exception."""
+    """Train one point into `store` (streaming to the trackers of `log_to`); a failure is a
+    result, not an exception."""
     from fp4cli.recipes import Recipe
     from fp4cli.train import run_training
 
@@ -170,6 +181,8 @@ def run_point(
     flags = {**point.train, "task": point.task, "recipe": point.recipe["name"]}
     flags |= {"seed": point.seed, "sweep": sweep_id, "tags": (*tags, POINT_TAG + point.id)}
     flags.setdefault("device", device)
+    if log_to:
+        flags["log_to"] = tuple(log_to)
     if point.label != BASELINE:  # a baseline is named by its recipe
         flags["name"] = point.label
     result = PointResult(point.id, point.label, point.task, point.seed, "failed")
@@ -193,7 +206,8 @@ def _run_here(
     results = []
     with _stop_on_sigterm():
         for point in pending:
-            result = run_point(point, plan.sweep_id, plan.spec.tags, device, store)
+            spec = plan.spec
+            result = run_point(point, plan.sweep_id, spec.tags, device, store, spec.log_to)
             if result.status == "interrupted":
                 raise SweepStopped(f"stopped during {point.label}")
             results.append(result)
@@ -218,7 +232,8 @@ def _run_in_workers(
         jobs.put(point)
     for _ in devices:
         jobs.put(None)
-    args = (store_path, plan.sweep_id, plan.spec.tags, threads, jobs, results_queue)
+    args = (store_path, plan.sweep_id, plan.spec.tags, plan.spec.log_to, threads, jobs,
+            results_queue)  # fmt: skip
     processes = [context.Process(target=worker_main, args=(*args, d)) for d in devices]
     results: list[PointResult] = []
     heartbeat = _Heartbeat(store_path, plan.sweep_id)

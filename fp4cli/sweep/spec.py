@@ -17,6 +17,8 @@
     sample: 50                    # optional: a random sample of 50 grid points (sample_seed: 0)
     exclude:                      # optional: points matching every entry of a rule are left out
       - {scale: ue5m3, bwd_rounding: sr}
+    log_to: [tensorboard]         # optional: trackers every run streams to (not part of a point)
+    slurm: {partition: gpu, time_min: 60}   # optional: cluster options (launchers.py)
 
 A key is a recipe key (dotted, `*` components match every quantized operand: see
 fp4cli.recipes.apply_values) or a training field (`lr`, `steps`, ...). Values are YAML; an
@@ -29,7 +31,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +40,17 @@ import yaml
 from fp4cli.recipe_loader import names_a_file, read_yaml_file
 from fp4cli.recipe_schema import did_you_mean
 from fp4cli.sweep.errors import SweepError
+from fp4cli.sweep.launchers import ClusterOptions, parse_cluster
 from fp4cli.train.config import ConfigError, TrainConfig
 
 MAX_POINTS = 10_000  # runs one sweep may train (a larger grid is sampled)
 SWEEP_KEYS = (
     "name", "description", "base", "tasks", "seeds", "train", "baselines", "axes", "sample",
-    "sample_seed", "exclude", "tags",
+    "sample_seed", "exclude", "tags", "log_to", "slurm",
 )  # fmt: skip
-# Training fields a sweep sets for every run itself, never from the file.
-RESERVED_TRAIN = ("task", "recipe", "seed", "tags", "sweep")
+# Training fields a sweep sets for every run itself, never from the file (log_to: a top-level
+# key, since trackers do not change what a point trains).
+RESERVED_TRAIN = ("task", "recipe", "seed", "tags", "sweep", "log_to")
 TRAIN_FIELDS = tuple(
     f.name for f in dataclasses.fields(TrainConfig) if f.name not in RESERVED_TRAIN
 )
@@ -81,6 +85,8 @@ class SweepSpec:
     exclude: tuple[dict[str, tuple[str, ...]], ...]
     tags: tuple[str, ...]
     source: str
+    log_to: tuple[str, ...] = ()
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)
 
     @property
     def grid_size(self) -> int:
@@ -153,7 +159,18 @@ def parse_sweep(
         exclude=_exclude(top.get("exclude") or [], axes, label),
         tags=_strings(top.get("tags", []), label, "tags"),
         source=label,
+        log_to=_log_to(top.get("log_to"), label),
+        cluster=parse_cluster(top.get("slurm"), label),
     )
+
+
+def _log_to(raw: Any, label: str) -> tuple[str, ...]:
+    from fp4cli.track.store import parse_log_to
+
+    try:
+        return parse_log_to(raw)
+    except ConfigError as error:
+        raise SweepError(f"{label}: {error}") from None
 
 
 def is_train_key(key: str) -> bool:
@@ -259,6 +276,11 @@ def _exclude(
 
 
 def _train(raw: Any, label: str) -> tuple[Setting, ...]:
+    if isinstance(raw, dict) and "log_to" in raw:
+        raise SweepError(
+            f"{label}: train.log_to: trackers are a top-level key of the sweep (log_to: "
+            "[tensorboard]): they do not change what a point trains"
+        )
     values = _mapping(raw, label, "train", TRAIN_FIELDS)
     try:
         TrainConfig(**values)

@@ -11,6 +11,7 @@ def worker_main(
     store_path: str,
     sweep_id: str,
     tags: Sequence[str],
+    log_to: Sequence[str],
     threads: int,
     jobs: Any,
     results: Any,
@@ -30,7 +31,7 @@ def worker_main(
         torch.cuda.set_device(torch.device(device))
     with RunStore(store_path) as store:
         while os.getppid() == parent and (point := jobs.get()) is not None:
-            result = run_point(point, sweep_id, tags, device, store)
+            result = run_point(point, sweep_id, tags, device, store, log_to)
             results.put(result)
             if result.status == "interrupted":
                 return

@@ -27,6 +27,7 @@ def run_training(
     from fp4cli.recipes import apply_overrides, load_recipe
     from fp4cli.store import RunStore
     from fp4cli.tasks.base import create_task
+    from fp4cli.track.store import tracked
 
     flags = flags or {}
     store = store if store is not None else RunStore()
@@ -49,6 +50,8 @@ def run_training(
     try:
         if not dist.is_main:  # only rank 0 writes to the store
             store = distributed.RankStore(str(store.path))
+        else:  # and streams to the trackers (a missing one is refused before training)
+            store = tracked(store, config.log_to)
         task = create_task(config.task, config.size, config.data, device)
         config = config.with_task_defaults(task.defaults)
         trainer = Trainer(config, recipe, task, store, dist, device)
@@ -70,7 +73,7 @@ def _resumed(
     resolved = run["config"] if isinstance(run["config"], dict) else json.loads(run["config"])
     config = TrainConfig.from_dict(resolved["train"])
     # the backend, compilation and CUDA graphs change speed, not a single bit
-    changeable = ("steps", "backend", "compile", "cuda_graph")
+    changeable = ("steps", "backend", "compile", "cuda_graph", "log_to")
     for key in changeable:
         if flags.get(key) is not None:
             config = dataclasses.replace(config, **{key: flags[key]})
@@ -82,8 +85,8 @@ def _resumed(
     )
     if unexpected or overrides:
         raise ConfigError(
-            "--resume continues a run as it was; only --steps, --backend, --compile and "
-            f"--cuda-graph may change "
+            "--resume continues a run as it was; only --steps, --backend, --log-to, --compile "
+            f"and --cuda-graph may change "
             f"(got {', '.join(unexpected + list(overrides))})"
         )
     return config, Recipe.from_dict(resolved["recipe"], source=f"run {run['id']}")

@@ -62,6 +62,7 @@ class TrainConfig:
     tags: tuple[str, ...] = field(default_factory=tuple)
     sweep: str | None = None
     name: str | None = None  # a label for the run (a sweep names each run by its point)
+    log_to: tuple[str, ...] = field(default_factory=tuple)  # trackers: tensorboard, wandb
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every"):
@@ -91,6 +92,9 @@ class TrainConfig:
                 raise ConfigError(f"{name}: must be true or false (got {getattr(self, name)!r})")
         if self.device != "auto" and not str(self.device).startswith(("cpu", "cuda")):
             raise ConfigError(f"device: must be auto, cpu or cuda[:N] (got {self.device!r})")
+        from fp4cli.track.store import parse_log_to
+
+        object.__setattr__(self, "log_to", parse_log_to(self.log_to))
 
     def with_task_defaults(self, defaults: Any) -> TrainConfig:
         """Fill every unset field from the task's TaskDefaults."""
@@ -112,6 +116,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["tags"] = list(self.tags)
+        d["log_to"] = list(self.log_to)
         return d
 
     @classmethod
@@ -119,6 +124,7 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in d.items() if k in known}
         values["tags"] = tuple(values.get("tags", ()))
+        values["log_to"] = tuple(values.get("log_to", ()))
         return cls(**values)
 
 
