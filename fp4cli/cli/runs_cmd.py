@@ -100,6 +100,68 @@ def delete_command(
     typer.echo(f"deleted run {record['id']}")
 
 
+@app.command("merge")
+def merge_command(
+    folder: Annotated[
+        Path,
+        typer.Argument(
+            help="A sweep's folder (its shards/), or a folder of shard files.", show_default=False
+        ),
+    ],
+    store: StoreOption = None,
+) -> None:
+    """Fold the finished shards of FOLDER (the store files that jobs on other machines write)
+    into the store. Merging again changes nothing; a shard still being written is left for
+    later."""
+    from fp4cli.store import RunStore, StoreError
+    from fp4cli.store.shards import merge_shards
+
+    shards = folder / "shards" if (folder / "shards").is_dir() else folder
+    if not shards.is_dir():
+        raise StoreError(f"no such folder {folder}")
+    with RunStore(store) as run_store:
+        result = merge_shards(run_store, shards)
+        path = run_store.path
+    counts = [f"merged {_plural(len(result.merged), 'run')} into {path}",
+              f"{len(result.already)} merged before"]  # fmt: skip
+    if result.duplicates:
+        counts.append(f"{len(result.duplicates)} left out (their point already has a run)")
+    typer.echo("; ".join(counts) + ".")
+    for name, why in result.skipped:
+        typer.echo(f"skipped {name}: {why} (tried again next time)")
+
+
+@app.command("export")
+def export_command(
+    runs: Annotated[
+        list[str], typer.Argument(help="Run ids or unique prefixes.", show_default=False)
+    ],
+    tensorboard: Annotated[
+        Path,
+        typer.Option(help="Write TensorBoard event files into DIR/<run id>.", show_default=False),
+    ],
+    store: StoreOption = None,
+) -> None:
+    """Write TensorBoard event files of runs already in the store: their metrics, quantization
+    statistics (quant/LAYER/OPERAND/METRIC) and resolved config (as hyperparameters). An
+    earlier export's event files in DIR/<run id> are replaced."""
+    from fp4cli.cli.output import output_folder
+    from fp4cli.store import RunStore
+    from fp4cli.track.tensorboard import export_runs
+
+    output_folder(tensorboard, "--tensorboard")
+    with RunStore(store, create=False) as run_store:
+        ids = [run_store.get_run(run)["id"] for run in runs]
+        folders = export_runs(run_store, ids, tensorboard)
+    for folder in folders:
+        typer.echo(f"wrote {folder}")
+    typer.echo(f"view them with: tensorboard --logdir {tensorboard}")
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _print_runs(runs: list[dict[str, Any]], path: Path) -> None:
     from rich import box
     from rich.console import Console

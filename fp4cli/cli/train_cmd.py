@@ -57,16 +57,45 @@ def train(
     rdzv_endpoint: Annotated[
         str | None, Opt(help="HOST:PORT of the rendezvous, for several nodes (torchrun's).")
     ] = None,
+    log_to: Annotated[
+        str | None,
+        Opt(help="Stream metrics and statistics to trackers too: tensorboard, wandb or both."),
+    ] = None,
+    launcher: Annotated[
+        str,
+        Opt(
+            help="local (here), slurm (one submitit job over --nodes) or submitit-local (the "
+            "same job as processes of this machine)."
+        ),
+    ] = "local",
+    nodes: Annotated[int | None, Opt(help="Nodes of the Slurm job (with --launcher).")] = None,
+    gpus_per_node: Annotated[
+        int | None, Opt(help="Processes (GPUs) per node of the Slurm job (default 1).")
+    ] = None,
+    partition: Annotated[str | None, Opt(help="Slurm partition.")] = None,
+    account: Annotated[str | None, Opt(help="Slurm account to charge.")] = None,
+    time_min: Annotated[int | None, Opt(help="Time limit of the job in minutes (default 60).")] = (
+        None
+    ),
+    sbatch: Annotated[
+        list[str] | None, Opt(help="Any other sbatch option as KEY=VALUE (repeatable).")
+    ] = None,
+    wait: Annotated[
+        bool, Opt("--wait", help="With --launcher: wait for the job and merge its run.")
+    ] = False,
 ) -> None:
     """Train a model with an FP4 recipe; log metrics, statistics and checkpoints to the store.
     With --nproc-per-node N the run trains on N processes under torchrun (DDP, or FSDP2 with
     --parallel fsdp); started by an outside torchrun it joins it. The batch size and learning
-    rate are the global ones: each process trains on its share of every batch."""
+    rate are the global ones: each process trains on its share of every batch. With --launcher
+    slurm the same runs as one job on --nodes nodes of --gpus-per-node processes; its run goes
+    to a store file in the job's folder (fp4 runs merge FOLDER, or --wait)."""
     from rich.console import Console
 
-    from fp4cli.store import RunStore
+    from fp4cli.store import RunStore, store_path
     from fp4cli.train import run_training
-    from fp4cli.train.distributed import under_torchrun
+    from fp4cli.train.config import ConfigError
+    from fp4cli.train.distributed import RankStore, under_torchrun
     from fp4cli.train.progress import RichReporter, SilentReporter
 
     flags = {
@@ -87,11 +116,22 @@ def train(
         "checkpoint_every": checkpoint_every,
         "tags": tuple(tag) if tag else None,
         "parallel": parallel,
+        "log_to": log_to,
     }
+    if launcher != "local":
+        cluster = {"partition": partition, "account": account, "time_min": time_min}
+        _submit(flags, set_, resume, store, launcher, nodes, gpus_per_node, cluster, sbatch, wait)
+    elif nodes is not None or gpus_per_node is not None:
+        raise ConfigError(
+            "--nodes and --gpus-per-node: only with --launcher slurm (torchrun's own nodes: "
+            "--nproc-per-node, --nnodes)"
+        )
     if nproc_per_node is not None:
         _launch(flags, set_, resume, store, quiet, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
     main_rank = not under_torchrun() or os.environ.get("RANK") == "0"
-    run_store = RunStore(store)
+    # only rank 0 writes the store: the others open it only to read the run they resume (on
+    # several nodes the file may be on a filesystem that SQLite's locks do not cover)
+    run_store = RunStore(store) if main_rank or resume else RankStore(str(store_path(store)))
     reporter = RichReporter() if main_rank and not quiet else SilentReporter()
     result, trainer = run_training(flags, set_ or [], run_store, resume, reporter)
     if not main_rank:
@@ -116,6 +156,19 @@ def _launch(
     from fp4cli.train.launch import check_launch, run_torchrun, torchrun_command
 
     check_launch({**flags, "resume": resume}, overrides or [], nproc_per_node, nnodes)
+    args = _train_args(flags, overrides, resume, store, quiet)
+    command = torchrun_command(args, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+    raise typer.Exit(run_torchrun(command))
+
+
+def _train_args(
+    flags: dict[str, Any],
+    overrides: list[str] | None,
+    resume: str | None,
+    store: str | None,
+    quiet: bool,
+) -> list[str]:
+    """fp4 train's options that make the same run in another process."""
     args: list[str] = []
     for name, value in flags.items():
         if name == "tags":
@@ -124,9 +177,61 @@ def _launch(
             args.append(f"--{name.replace('_', '-')}={value}")
     args += [f"--set={item}" for item in overrides or ()]
     args += [f"--{name}={value}" for name, value in (("resume", resume), ("store", store)) if value]
-    args += ["--quiet"] if quiet else []
-    command = torchrun_command(args, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
-    raise typer.Exit(run_torchrun(command))
+    return args + (["--quiet"] if quiet else [])
+
+
+def _submit(
+    flags: dict[str, Any],
+    overrides: list[str] | None,
+    resume: str | None,
+    store: str | None,
+    launcher: str,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    cluster: dict[str, Any],
+    sbatch: list[str] | None,
+    wait: bool,
+) -> None:
+    """Submit this training as one job over the nodes; with `wait`, follow it and merge."""
+    from fp4cli.store import RunStore, store_path
+    from fp4cli.sweep.errors import SweepError
+    from fp4cli.sweep.launchers import SUBMITIT_LAUNCHERS, ClusterOptions, parse_sbatch_flags
+    from fp4cli.train.config import ConfigError
+    from fp4cli.train.launch import check_launch
+    from fp4cli.train.slurm import submit_training, wait_and_merge
+
+    if launcher not in SUBMITIT_LAUNCHERS:
+        raise typer.BadParameter("must be local, slurm or submitit-local", param_hint="--launcher")
+    if resume is not None:
+        raise ConfigError(
+            "--resume: not with --launcher (the job writes a store file of its own); resume "
+            "under torchrun on the nodes instead"
+        )
+    nodes, procs = nodes or 1, gpus_per_node or 1
+    check_launch(flags, overrides or [], procs, nodes)
+    try:
+        options = ClusterOptions(**cluster, sbatch=parse_sbatch_flags(sbatch or ()))
+    except SweepError as error:
+        raise ConfigError(str(error)) from None
+    args = _train_args(flags, overrides, None, None, quiet=True)
+    job, folder = submit_training(launcher, args, store_path(store), options, nodes, procs)
+    typer.echo(
+        f"submitted job {job.job_id} ({nodes} node(s) x {procs} process(es)); its run and logs "
+        f"go to {folder}. Fold the run into the store with: fp4 runs merge {folder}"
+    )
+    if not wait:
+        raise typer.Exit(0)
+    with RunStore(store) as run_store:
+        merged = wait_and_merge(job, folder, run_store)
+        if not merged:
+            typer.echo(f"job {job.job_id} ended without a run; its logs: {folder / 'logs'}")
+            raise typer.Exit(1)
+        run = run_store.get_run(merged[0])
+        finals = run_store.final_metrics(run["id"])
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(finals.items()) if k.endswith("loss"))
+    typer.echo(f"Run {run['id']} {run['status']} at step {run['step']}: {shown}. "
+               f"Merged into {run_store.path}.")  # fmt: skip
+    raise typer.Exit(0 if run["status"] == "finished" else 1)
 
 
 def _summary(result: Any, trainer: Any, store_path: Any) -> str:

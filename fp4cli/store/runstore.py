@@ -38,12 +38,19 @@ class RunStore:
     Opening migrates an older file and marks the runs whose process is gone as interrupted.
     `create=False` refuses a missing file instead of creating it. `wal=False` keeps a rollback
     journal instead of WAL: for a shard that one process on a cluster node writes on a shared
-    filesystem, where WAL's shared memory does not reach the other machines.
+    filesystem, where WAL's shared memory does not reach the other machines (unset: WAL unless
+    $FP4_STORE_WAL is 0, as a multi-node training job sets it for its shard).
     """
 
     def __init__(
-        self, path: str | os.PathLike[str] | None = None, *, create: bool = True, wal: bool = True
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        create: bool = True,
+        wal: bool | None = None,
     ):
+        if wal is None:
+            wal = os.environ.get("FP4_STORE_WAL", "1") != "0"
         self.path = store_path(path)
         if not create and not self.path.exists():
             raise StoreError(f"no run store at {self.path}")
