@@ -15,19 +15,21 @@ def dequantize_tile(
     code,
     scale,
     finite_blocks,
-    tensor_scale,
+    tensor_amax,
     PRESCALE: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
+    DECODE_INV: tl.constexpr,
     BLOCK_AXIS: tl.constexpr,
 ):
     """Float32 values of signed E2M1 codes in blocks (`quantize.block_view`: [ROWS, BLOCKS,
     BLOCK] for BLOCK_AXIS 1, [BLOCKS, BLOCK, COLS] for 0; scales and finite_blocks without the
-    BLOCK axis): q * scale (/ pre-scale) (/ tensor scale), NaN in non-finite blocks."""
+    BLOCK axis): q * scale (two-level: q * ((scale * tensor amax) * DECODE_INV)), then over the
+    pre-scale; NaN in non-finite blocks."""
+    if TENSOR_SCALE:
+        scale = (scale * tensor_amax) * DECODE_INV
     values = signed_e2m1_value(code) * tl.expand_dims(scale, BLOCK_AXIS + 1)
     if PRESCALE != 1.0:
         values = tl.div_rn(values, tl.full(values.shape, PRESCALE, tl.float32))
-    if TENSOR_SCALE:
-        values = tl.div_rn(values, tl.zeros(values.shape, tl.float32) + tensor_scale)
     return tl.where(tl.expand_dims(finite_blocks, BLOCK_AXIS + 1), values, float("nan"))
 
 
@@ -36,7 +38,7 @@ def dequantize_kernel(
     codes_ptr,
     scales_ptr,
     out_ptr,
-    tensor_scale_ptr,
+    tensor_amax_ptr,
     lines,
     inner,
     out_length,
@@ -52,6 +54,7 @@ def dequantize_kernel(
     SCALE_MAX_CODE: tl.constexpr,
     PRESCALE: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
+    DECODE_INV: tl.constexpr,
 ):
     """Packed E2M1 codes and scale codes (axis-last padded layout) -> values in the tensor's
     own layout."""
@@ -80,10 +83,12 @@ def dequantize_kernel(
     else:
         scale = unsigned_minifloat_value(scale_code, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX_CODE)
         finite_blocks = scale_code <= SCALE_MAX_CODE
-    tensor_scale = 1.0
+    tensor_amax = 0.0
     if TENSOR_SCALE:
-        tensor_scale = tl.load(tensor_scale_ptr)
-    values = dequantize_tile(code, scale, finite_blocks, tensor_scale, PRESCALE, TENSOR_SCALE, 1)
+        tensor_amax = tl.load(tensor_amax_ptr)
+    values = dequantize_tile(
+        code, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE, DECODE_INV, 1
+    )
     store_values(
         out_ptr,
         tl.reshape(values, (ROWS, COLS)),

@@ -18,7 +18,6 @@ import torch
 from fp4cli.kernels.dequantize import dequantize_kernel
 from fp4cli.kernels.quantize import amax_kernel, quantize_kernel
 from fp4cli.quant.random_bits import Seed
-from fp4cli.quant.scales import tensor_scale
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.techniques.hadamard import normalization
 
@@ -98,6 +97,7 @@ def _seed_args(
 
 
 def _scale_constants(spec: QuantSpec) -> dict[str, object]:
+    """The scale format's constexprs (the quantize kernels' SCALE_*)."""
     fmt = spec.scale_format
     if fmt.kind == "pow2":
         return dict(POW2_SCALE=True, SCALE_MBITS=0, SCALE_MIN_EXP=0, SCALE_MAX=0.0, SCALE_NAN=255)
@@ -110,6 +110,21 @@ def _scale_constants(spec: QuantSpec) -> dict[str, object]:
         SCALE_MAX=mini.max_value,
         SCALE_NAN=fmt.nan_code,
     )
+
+
+def two_level_constants(spec: QuantSpec) -> dict[str, float]:
+    """TWO_LEVEL_TARGET (scale max * element max), ELEM_INV (1 / element max) and DECODE_INV
+    (1 / target), each a float32 value, as `fp4cli.quant.two_level` computes them."""
+    target = spec.scale_format.max_value * spec.element_format.max_value
+    return dict(
+        TWO_LEVEL_TARGET=_float32(target),
+        ELEM_INV=_float32(1.0 / spec.element_format.max_value),
+        DECODE_INV=_float32(1.0 / target),
+    )
+
+
+def _float32(value: float) -> float:
+    return float(torch.tensor(value, dtype=torch.float32).item())
 
 
 def _hadamard_constants(hadamard: int | None) -> dict[str, object]:
@@ -170,9 +185,9 @@ def quantize_e2m1(
     padded = _round_up(out_length, block)
     tile = tile or choose_tile(view, padded, block, hadamard)
     programs, along = _grid(view, tile, padded)
-    t_scale = None
+    t_amax = None
     if spec.tensor_scale:
-        t_scale = tensor_scale(tensor_amax(x, axis, hadamard, hadamard_seed)[0], spec)
+        t_amax = tensor_amax(x, axis, hadamard, hadamard_seed)[0]
     lead = [*x.shape[:axis], *x.shape[axis + 1 :]]
     codes = scales = values = None
     if values_dtype is not None:
@@ -187,25 +202,26 @@ def quantize_e2m1(
     contiguous = view.inner if view.transposed else out_length
     grouped = contiguous % 4 == 0 and (tile.rows % 4 == 0 or not view.transposed)
     quantize_kernel[(programs,)](
-        x, guide, codes, scales, values, t_scale,
+        x, guide, codes, scales, values, t_amax,
         seed_ptr, seed_value, rht_ptr, rht_value,
         view.outer, view.length, view.inner, out_length, padded, along,
         ROWS=tile.rows, COLS=tile.cols, BLOCK=block, TRANSPOSED=view.transposed,
         CEIL=spec.scale_rule == "ceil", SR=spec.rounding == "sr", GROUPED=grouped,
         SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
         PRESCALE=float(spec.sr_prescale), TENSOR_SCALE=spec.tensor_scale,
+        **two_level_constants(spec),
         WRITE_VALUES=values_dtype is not None, GUIDED=guide is not None,
         **_scale_constants(spec), **_hadamard_constants(hadamard),
         num_warps=tile.warps,
     )  # fmt: skip
-    return codes, scales, t_scale, values
+    return codes, scales, t_amax, values
 
 
 @torch.compiler.disable
 def dequantize_e2m1(
     codes: torch.Tensor,
     scales: torch.Tensor,
-    t_scale: torch.Tensor | None,
+    t_amax: torch.Tensor | None,
     spec: QuantSpec,
     shape: torch.Size | tuple[int, ...],
     axis: int,
@@ -222,13 +238,14 @@ def dequantize_e2m1(
     constants = _scale_constants(spec)
     mini = spec.scale_format.minifloat
     dequantize_kernel[(programs,)](
-        codes.contiguous(), scales.contiguous(), out, t_scale,
+        codes.contiguous(), scales.contiguous(), out, t_amax,
         view.outer, view.inner, view.length, padded, along,
         ROWS=tile.rows, COLS=tile.cols, BLOCK=block, TRANSPOSED=view.transposed,
         POW2_SCALE=constants["POW2_SCALE"], SCALE_MBITS=constants["SCALE_MBITS"],
         SCALE_MIN_EXP=constants["SCALE_MIN_EXP"],
         SCALE_MAX_CODE=mini.max_code if mini is not None else 254,
-        PRESCALE=float(spec.sr_prescale), TENSOR_SCALE=t_scale is not None,
+        PRESCALE=float(spec.sr_prescale), TENSOR_SCALE=t_amax is not None,
+        DECODE_INV=two_level_constants(spec)["DECODE_INV"],
         num_warps=tile.warps,
     )  # fmt: skip
     return out

@@ -18,8 +18,9 @@ from fp4cli.kernels.launch import (
     _round_up,
     _scale_constants,
     _seed_args,
+    two_level_constants,
 )
-from fp4cli.kernels.quantize_pair import quantize_pair_kernel
+from fp4cli.kernels.quantize_pair import amax_pair_kernel, quantize_pair_kernel
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
 
@@ -30,9 +31,9 @@ PAIR_MAX_ELEMENTS = 16384  # larger tiles (RHT-256 in both directions) take two 
 
 @dataclass(frozen=True)
 class Direction:
-    """One direction's quantizer: spec (e2m1, no tensor scale), SR seed, Hadamard size and seed
-    (each an int, a tensor, or a (tensor, offset) pair), and the dtype to write dequantized
-    values in (None: packed codes and scale codes)."""
+    """One direction's quantizer: spec (e2m1; two-level and 2-D tiles too), SR seed, Hadamard
+    size and seed (each an int, a tensor, or a (tensor, offset) pair), and the dtype to write
+    dequantized values in (None: packed codes and scale codes; not for 2-D tiles)."""
 
     spec: QuantSpec
     seed: Seed | SeedOffset | None = None
@@ -47,63 +48,113 @@ class Direction:
 
 @dataclass(frozen=True)
 class Quantized:
-    """One direction's result: (codes, scales) or values."""
+    """One direction's result: (codes, scales) or values, and a two-level spec's tensor amax."""
 
     codes: torch.Tensor | None = None
     scales: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    tensor_amax: torch.Tensor | None = None
 
 
 def pair_tile(row: Direction | None, col: Direction | None) -> tuple[int, int] | None:
     """(BR, BC) of the one-launch tile for these directions, or None when it would not fit."""
-    br = col.side() if col is not None else PAIR_MIN_SIDE
-    bc = row.side() if row is not None else PAIR_MIN_SIDE
+    br = max(col.side() if col is not None else PAIR_MIN_SIDE, _square(row))
+    bc = max(row.side() if row is not None else PAIR_MIN_SIDE, _square(col))
     if br * bc > PAIR_MAX_ELEMENTS:
         if row is None or col is None:
             return None
-        br = max(PAIR_MIN_SIDE, int(col.spec.block), col.hadamard or 0)
-        bc = max(PAIR_MIN_SIDE, int(row.spec.block), row.hadamard or 0)
+        br = max(PAIR_MIN_SIDE, int(col.spec.block), col.hadamard or 0, _square(row))
+        bc = max(PAIR_MIN_SIDE, int(row.spec.block), row.hadamard or 0, _square(col))
         if br * bc > PAIR_MAX_ELEMENTS:
             return None
     return br, bc
 
 
+def _square(d: Direction | None) -> int:
+    """The tile side across a direction's blocks that its 2-D squares need."""
+    return int(d.spec.block) if d is not None and d.spec.tile2d else 0
+
+
 def _direction_args(
-    d: Direction | None, length: int, lines: int, device: torch.device, prefix: str
+    d: Direction | None,
+    length: int,
+    lines: int,
+    amax: torch.Tensor | None,
+    device: torch.device,
+    prefix: str,
 ) -> tuple[list[object], dict[str, object], Quantized | None, int, int]:
     """(pointer/seed arguments, constexprs, outputs, out_length, padded_length) of a direction
-    quantizing `lines` lines of `length` positions."""
+    quantizing `lines` lines of `length` positions; `amax`: its tensor amax (two-level)."""
     if d is None:
-        args: list[object] = [None, None, None, None, 0, None, 0]
+        args: list[object] = [None, None, None, None, 0, None, 0, None]
         constants = dict(ON=False, BLOCK=32, SR=False, GROUPED=False, SEED_FROM_PTR=False,
                          RHT_SEED_FROM_PTR=False, PRESCALE=1.0, WRITE_VALUES=False,
-                         CEIL=False)  # fmt: skip
-        constants |= _scale_constants_for(None) | _hadamard_constants(None)
+                         CEIL=False, TENSOR_SCALE=False, TILE2D=False)  # fmt: skip
+        constants |= _spec_constants(QuantSpec()) | _hadamard_constants(None)
         return args, {f"{prefix}_{k}": v for k, v in constants.items()}, None, 1, 1
     block = int(d.spec.block)
     out_length = _round_up(length, d.hadamard) if d.hadamard else length
     padded = _round_up(out_length, block)
     if d.values_dtype is not None:
         shape = (out_length, lines) if prefix == "COL" else (lines, out_length)
-        out = Quantized(values=torch.empty(shape, dtype=d.values_dtype, device=device))
+        values = torch.empty(shape, dtype=d.values_dtype, device=device)
+        out = Quantized(values=values, tensor_amax=amax)
     else:
         codes = torch.empty((lines, padded // 2), dtype=torch.uint8, device=device)
         scales = torch.empty((lines, padded // block), dtype=torch.uint8, device=device)
-        out = Quantized(codes, scales)
+        out = Quantized(codes, scales, tensor_amax=amax)
     seed_ptr, seed_value, seed_from_ptr = _seed_args(d.seed, device)
     rht_ptr, rht_value, rht_from_ptr = _seed_args(d.hadamard_seed, device)
-    args = [out.codes, out.scales, out.values, seed_ptr, seed_value, rht_ptr, rht_value]
+    args = [out.codes, out.scales, out.values, seed_ptr, seed_value, rht_ptr, rht_value, amax]
     constants = dict(
         ON=True, BLOCK=block, CEIL=d.spec.scale_rule == "ceil", SR=d.spec.rounding == "sr",
         SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
         PRESCALE=float(d.spec.sr_prescale), WRITE_VALUES=d.values_dtype is not None,
+        TENSOR_SCALE=d.spec.tensor_scale, TILE2D=d.spec.tile2d,
     )  # fmt: skip
-    constants |= _scale_constants_for(d.spec) | _hadamard_constants(d.hadamard)
+    constants |= _spec_constants(d.spec) | _hadamard_constants(d.hadamard)
     return args, {f"{prefix}_{k}": v for k, v in constants.items()}, out, out_length, padded
 
 
-def _scale_constants_for(spec: QuantSpec | None) -> dict[str, object]:
-    return _scale_constants(spec if spec is not None else QuantSpec())
+def _spec_constants(spec: QuantSpec) -> dict[str, object]:
+    return _scale_constants(spec) | two_level_constants(spec)
+
+
+def _check_directions(row: Direction | None, col: Direction | None, double: bool) -> None:
+    for d in (row, col):
+        if d is not None and d.spec.tile2d and (d.values_dtype is None or d.hadamard):
+            raise ValueError("2-D tiles are quantized to values, without a Hadamard transform")
+    if double and col is not None and col.spec.tensor_scale:
+        raise ValueError("double quantization into a two-level spec needs the row values' amax")
+
+
+@torch.compiler.disable
+def pair_amax(
+    x: torch.Tensor, row: Direction | None, col: Direction | None, tile: tuple[int, int]
+) -> torch.Tensor:
+    """[row direction's, column direction's] largest finite |value| quantized (after each
+    direction's Hadamard transform), float32, from one read of x (rows, cols)."""
+    amax = torch.zeros(2, dtype=torch.float32, device=x.device)
+    rows, cols = x.shape
+    br, bc = tile
+    row_length = _round_up(cols, row.hadamard) if row is not None and row.hadamard else cols
+    col_length = _round_up(rows, col.hadamard) if col is not None and col.hadamard else rows
+    tiles_c = -(-max(cols, row_length) // bc)
+    programs = -(-max(rows, col_length) // br) * tiles_c
+    constants: dict[str, object] = {}
+    seeds: list[object] = []
+    for d, prefix in ((row, "ROW"), (col, "COL")):
+        rht_ptr, rht_value, rht_from_ptr = _seed_args(d.hadamard_seed if d else 0, x.device)
+        seeds += [rht_ptr, rht_value]
+        hadamard = _hadamard_constants(d.hadamard if d else None)
+        constants |= {f"{prefix}_{k}": v for k, v in hadamard.items()}
+        constants[f"{prefix}_ON"] = d is not None and d.spec.tensor_scale
+        constants[f"{prefix}_RHT_SEED_FROM_PTR"] = rht_from_ptr
+    amax_pair_kernel[(programs,)](
+        x, amax, *seeds, rows, cols, tiles_c, BR=br, BC=bc, **constants,
+        num_warps=4 if br * bc <= 4096 else 8,
+    )  # fmt: skip
+    return amax
 
 
 @torch.compiler.disable
@@ -129,6 +180,7 @@ def quantize_pair(
         )
     if guide is not None and (row is None or guide.shape != x.shape):
         raise ValueError("a guide needs the row direction and the input's shape")
+    _check_directions(row, col, double is not None)
     x = x.contiguous()
     guide = guide.contiguous() if guide is not None else None
     rows, cols = x.shape
@@ -136,11 +188,15 @@ def quantize_pair(
     if chosen is None:
         raise ValueError("these directions do not fit one tile; quantize them one at a time")
     br, bc = chosen
+    row_amax = col_amax = None
+    if any(d is not None and d.spec.tensor_scale for d in (row, col)):
+        amax = pair_amax(x, row, col, chosen)
+        row_amax, col_amax = amax[0:1], amax[1:2]
     row_args, row_constants, row_out, row_length, row_padded = _direction_args(
-        row, cols, rows, x.device, "ROW"
+        row, cols, rows, row_amax, x.device, "ROW"
     )
     col_args, col_constants, col_out, col_length, col_padded = _direction_args(
-        col, rows, cols, x.device, "COL"
+        col, rows, cols, col_amax, x.device, "COL"
     )
     # One Philox call per four elements along each direction's contiguous dimension.
     row_constants["ROW_GROUPED"] = row is not None and row_length % 4 == 0

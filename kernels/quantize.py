@@ -5,8 +5,8 @@ applies the random Hadamard transform to it, computes each block's scale, rounds
 or stochastic) and writes either packed E2M1 codes and scale codes, or the dequantized values
 (the fake-quantization path), along the input's last axis or any other.
 
-Two-level (tensor-scaled) specs first reduce the tensor's amax with `_amax_kernel` (one read);
-a tensor small enough for the L2 cache is then read the second time from there.
+Two-level (tensor-scaled) specs first reduce the tensor's finite amax with `amax_kernel` (one
+read); a tensor small enough for the L2 cache is then read the second time from there.
 """
 
 from __future__ import annotations
@@ -80,11 +80,55 @@ def block_view(tile, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
+def square_max(amax_bits, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr,
+               BLOCK_AXIS: tl.constexpr):  # fmt: skip
+    """Per-block amax bits ([ROWS, COLS / BLOCK] for BLOCK_AXIS 1, [ROWS / BLOCK, COLS] for 0)
+    replaced by the largest over each BLOCK x BLOCK square of the tile."""
+    if BLOCK_AXIS == 1:  # runs of BLOCK rows
+        squares = tl.max(tl.reshape(amax_bits, (ROWS // BLOCK, BLOCK, COLS // BLOCK)), axis=1)
+        spread = tl.broadcast_to(tl.expand_dims(squares, 1), (ROWS // BLOCK, BLOCK, COLS // BLOCK))
+        return tl.reshape(spread, (ROWS, COLS // BLOCK))
+    squares = tl.max(tl.reshape(amax_bits, (ROWS // BLOCK, COLS // BLOCK, BLOCK)), axis=2)
+    spread = tl.broadcast_to(tl.expand_dims(squares, 2), (ROWS // BLOCK, COLS // BLOCK, BLOCK))
+    return tl.reshape(spread, (ROWS // BLOCK, COLS))
+
+
+@triton.jit
+def two_level_scales(
+    amax, tensor_amax, SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr,
+    SCALE_MAX: tl.constexpr, CEIL: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr,
+    ELEM_INV: tl.constexpr,
+):  # fmt: skip
+    """(scale values, scale codes, encode multipliers) of blocks with these finite amaxes in a
+    tensor of finite amax `tensor_amax`, in `fp4cli.quant.two_level`'s order of operations."""
+    ones = tl.full(amax.shape, 1.0, tl.float32)
+    target = tl.full(amax.shape, TWO_LEVEL_TARGET, tl.float32)
+    global_encode = tl.minimum(_quotient(target, ones * tensor_amax), FLOAT32_MAX)
+    raw = tl.minimum(amax * (global_encode * ELEM_INV), FLOAT32_MAX)
+    raw = tl.minimum(raw, SCALE_MAX)
+    scale, scale_code = round_unsigned_minifloat(
+        raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, True
+    )
+    global_decode = tl.div_rn(ones, global_encode)
+    multiplier = tl.minimum(_quotient(ones, scale * global_decode), FLOAT32_MAX)
+    return scale, scale_code, multiplier
+
+
+@triton.jit
+def _quotient(numerator, denominator):
+    """numerator / denominator (correctly rounded) for positive numerators, +inf where the
+    denominator is 0 (without dividing by zero)."""
+    nonzero = denominator > 0
+    quotient = tl.div_rn(numerator, tl.where(nonzero, denominator, 1.0))
+    return tl.where(nonzero, quotient, float("inf"))
+
+
+@triton.jit
 def quantize_tile(
     x,
     random_bits,
     guide,
-    tensor_scale,
+    tensor_amax,
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -97,34 +141,46 @@ def quantize_tile(
     SR: tl.constexpr,
     PRESCALE: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
+    TWO_LEVEL_TARGET: tl.constexpr,
+    ELEM_INV: tl.constexpr,
     GUIDED: tl.constexpr,
     BLOCK_AXIS: tl.constexpr,
+    TILE2D: tl.constexpr,
 ):
     """E2M1 codes (sign included, int32; meaningless in non-finite blocks), scale values and
     scale codes, and which blocks are finite, for a float32 [ROWS, COLS] tile whose blocks run
     along its last axis (BLOCK_AXIS 1: codes [ROWS, COLS / BLOCK, BLOCK], the rest
     [ROWS, COLS / BLOCK]) or its first (BLOCK_AXIS 0: codes [ROWS / BLOCK, BLOCK, COLS], the
     rest [ROWS / BLOCK, COLS]). The magnitude is scaled and rounded; the sign is x's. GUIDED:
-    rounded toward the float32 `guide` tile (Q-EMA), scaled like x but without the pre-scale."""
+    rounded toward the float32 `guide` tile (Q-EMA), scaled like x but without the pre-scale.
+    TENSOR_SCALE: two-level scaling relative to the tensor's amax (`fp4cli.quant.two_level`:
+    TWO_LEVEL_TARGET = scale max * element max, ELEM_INV = 1 / element max in float32).
+    TILE2D: each block's scale is its BLOCK x BLOCK square's (the tile's origin and sides are
+    multiples of BLOCK)."""
     # On the bits of |x|, one integer max per block gives both the amax and whether the block is
     # finite (NaN and Inf have the largest magnitude bits). A non-finite block's codes are
-    # discarded on storing, so its values need no cleaning. Scaling by a positive tensor scale
-    # commutes with the max (rounding is monotonic): the amax of x * ts is amax(x) * ts.
+    # discarded on storing, so its values need no cleaning.
     bits = block_view(x.to(tl.int32, bitcast=True), ROWS, COLS, BLOCK, BLOCK_AXIS)
     magnitude_bits = bits & 0x7FFFFFFF
     amax_bits = tl.max(magnitude_bits, axis=BLOCK_AXIS + 1)
+    if TILE2D:
+        amax_bits = square_max(amax_bits, ROWS, COLS, BLOCK, BLOCK_AXIS)
     finite_blocks = amax_bits < 0x7F800000
     amax = tl.where(finite_blocks, amax_bits, 0).to(tl.float32, bitcast=True)
     magnitude = magnitude_bits.to(tl.float32, bitcast=True)
-    if TENSOR_SCALE:
-        magnitude = magnitude * tensor_scale
-        amax = amax * tensor_scale
     guide_units = magnitude
     if GUIDED:
         guide_units = block_view(guide, ROWS, COLS, BLOCK, BLOCK_AXIS)
-        if TENSOR_SCALE:
-            guide_units = guide_units * tensor_scale
-    if POW2_SCALE:
+    if TENSOR_SCALE:
+        scale, scale_code, multiplier = two_level_scales(
+            amax, tensor_amax, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL,
+            TWO_LEVEL_TARGET, ELEM_INV,
+        )  # fmt: skip
+        per_value = tl.broadcast_to(tl.expand_dims(multiplier, BLOCK_AXIS + 1), magnitude.shape)
+        magnitude = magnitude * per_value
+        if GUIDED:
+            guide_units = guide_units * per_value
+    elif POW2_SCALE:
         exponent = e8m0_exponent(amax, 2, 0x400000, CEIL)  # E2M1: 6 = 1.5 * 2^2
         scale = pow2(exponent)
         scale_code = exponent + 127
@@ -135,7 +191,7 @@ def quantize_tile(
     else:
         raw = tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
         scale, scale_code = round_unsigned_minifloat(
-            raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL
+            raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, False
         )
         per_value = tl.broadcast_to(tl.expand_dims(scale, BLOCK_AXIS + 1), magnitude.shape)
         magnitude = tl.div_rn(magnitude, per_value)
@@ -162,7 +218,7 @@ def quantize_kernel(
     codes_ptr,
     scales_ptr,
     out_ptr,
-    tensor_scale_ptr,
+    tensor_amax_ptr,
     seed_ptr,
     seed_value,
     rht_seed_ptr,
@@ -189,6 +245,9 @@ def quantize_kernel(
     RHT_SEED_FROM_PTR: tl.constexpr,
     PRESCALE: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
+    TWO_LEVEL_TARGET: tl.constexpr,
+    ELEM_INV: tl.constexpr,
+    DECODE_INV: tl.constexpr,
     HADAMARD: tl.constexpr,
     LOG2_HADAMARD: tl.constexpr,
     HADAMARD_NORM: tl.constexpr,
@@ -228,14 +287,14 @@ def quantize_kernel(
             TRANSPOSED,
             GROUPED,
         )
-    tensor_scale = 1.0
+    tensor_amax = 0.0
     if TENSOR_SCALE:
-        tensor_scale = tl.load(tensor_scale_ptr)
+        tensor_amax = tl.load(tensor_amax_ptr)
     code, scale, scale_code, finite_blocks = quantize_tile(
         x,
         random_bits,
         guide,
-        tensor_scale,
+        tensor_amax,
         ROWS,
         COLS,
         BLOCK,
@@ -248,12 +307,15 @@ def quantize_kernel(
         SR,
         PRESCALE,
         TENSOR_SCALE,
+        TWO_LEVEL_TARGET,
+        ELEM_INV,
         GUIDED,
         1,
+        False,
     )
     if WRITE_VALUES:
         values = dequantize_tile(
-            code, scale, finite_blocks, tensor_scale, PRESCALE, TENSOR_SCALE, 1
+            code, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE, DECODE_INV, 1
         )
         store_values(
             out_ptr,

@@ -29,13 +29,13 @@ from fp4cli.kernels.tile_io import (
     store_codes_down,
     store_values,
 )
-from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows
+from fp4cli.kernels.tile_ops import FLOAT32_MAX, hadamard_cols, hadamard_rows
 
 
 @triton.jit
 def quantize_direction(
     tile, guide, row0, col0, seed_ptr, seed_value, rht_seed_ptr, rht_seed_value,
-    codes_ptr, scales_ptr, values_ptr, rows, cols, out_length, padded_length,
+    codes_ptr, scales_ptr, values_ptr, amax_ptr, rows, cols, out_length, padded_length,
     ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK_AXIS: tl.constexpr,
     BLOCK: tl.constexpr, POW2_SCALE: tl.constexpr, CEIL: tl.constexpr,
     SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr, SCALE_MAX: tl.constexpr,
@@ -43,12 +43,15 @@ def quantize_direction(
     SEED_FROM_PTR: tl.constexpr, RHT_SEED_FROM_PTR: tl.constexpr, PRESCALE: tl.constexpr,
     HADAMARD: tl.constexpr, LOG2_HADAMARD: tl.constexpr, HADAMARD_NORM: tl.constexpr,
     WRITE_VALUES: tl.constexpr, RETURN_VALUES: tl.constexpr, GUIDED: tl.constexpr,
+    TENSOR_SCALE: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr, ELEM_INV: tl.constexpr,
+    DECODE_INV: tl.constexpr, TILE2D: tl.constexpr,
 ):  # fmt: skip
     """Quantize the float32 [ROWS, COLS] tile at (row0, col0) of the (rows, cols) input with
     blocks along the tile's last axis (BLOCK_AXIS 1, out_length columns after the transform) or
     its first (BLOCK_AXIS 0, out_length rows), and store it. Returns the dequantized tile when
     RETURN_VALUES (for double quantization), else the input. GUIDED: rounded toward the
-    `guide` tile (Q-EMA), transformed alike."""
+    `guide` tile (Q-EMA), transformed alike. TENSOR_SCALE: two-level, relative to the tensor
+    amax at amax_ptr (of the transformed input). TILE2D: BLOCK x BLOCK square scales."""
     if HADAMARD > 0:
         rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
         if BLOCK_AXIS == 1:
@@ -69,16 +72,21 @@ def quantize_direction(
     if SR:
         seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
         random_bits = sr_bits(seed, row0, col0, 0, 0, 1, row_length, ROWS, COLS, False, GROUPED)
+    tensor_amax = 0.0
+    if TENSOR_SCALE:
+        tensor_amax = tl.load(amax_ptr)
     code, scale, scale_code, finite_blocks = quantize_tile(
-        tile, random_bits, guide, 1.0, ROWS, COLS, BLOCK, POW2_SCALE, CEIL, SCALE_MBITS,
-        SCALE_MIN_EXP, SCALE_MAX, SCALE_NAN, SR, PRESCALE, False, GUIDED, BLOCK_AXIS,
+        tile, random_bits, guide, tensor_amax, ROWS, COLS, BLOCK, POW2_SCALE, CEIL,
+        SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, SCALE_NAN, SR, PRESCALE, TENSOR_SCALE,
+        TWO_LEVEL_TARGET, ELEM_INV, GUIDED, BLOCK_AXIS, TILE2D,
     )  # fmt: skip
     values = tile
     if WRITE_VALUES or RETURN_VALUES:
         values = tl.reshape(
-            dequantize_tile(code, scale, finite_blocks, 1.0, PRESCALE, False, BLOCK_AXIS),
+            dequantize_tile(code, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
+                            DECODE_INV, BLOCK_AXIS),
             (ROWS, COLS),
-        )
+        )  # fmt: skip
     row_ids = row0 + tl.arange(0, ROWS)
     col_ids = col0 + tl.arange(0, COLS)
     out_rows = rows if BLOCK_AXIS == 1 else out_length
@@ -101,9 +109,9 @@ def quantize_direction(
 def quantize_pair_kernel(
     x_ptr, guide_ptr,
     row_codes_ptr, row_scales_ptr, row_values_ptr,
-    row_seed_ptr, row_seed_value, row_rht_seed_ptr, row_rht_seed_value,
+    row_seed_ptr, row_seed_value, row_rht_seed_ptr, row_rht_seed_value, row_amax_ptr,
     col_codes_ptr, col_scales_ptr, col_values_ptr,
-    col_seed_ptr, col_seed_value, col_rht_seed_ptr, col_rht_seed_value,
+    col_seed_ptr, col_seed_value, col_rht_seed_ptr, col_rht_seed_value, col_amax_ptr,
     rows, cols, row_out_length, row_padded_length, col_out_length, col_padded_length, tiles_c,
     BR: tl.constexpr, BC: tl.constexpr, DOUBLE: tl.constexpr, SOURCE_BF16: tl.constexpr,
     SOURCE_F16: tl.constexpr, ROW_GUIDED: tl.constexpr,
@@ -113,14 +121,18 @@ def quantize_pair_kernel(
     ROW_GROUPED: tl.constexpr, ROW_SEED_FROM_PTR: tl.constexpr,
     ROW_RHT_SEED_FROM_PTR: tl.constexpr, ROW_PRESCALE: tl.constexpr, ROW_HADAMARD: tl.constexpr,
     ROW_LOG2_HADAMARD: tl.constexpr, ROW_HADAMARD_NORM: tl.constexpr,
-    ROW_WRITE_VALUES: tl.constexpr,
+    ROW_WRITE_VALUES: tl.constexpr, ROW_TENSOR_SCALE: tl.constexpr,
+    ROW_TWO_LEVEL_TARGET: tl.constexpr, ROW_ELEM_INV: tl.constexpr, ROW_DECODE_INV: tl.constexpr,
+    ROW_TILE2D: tl.constexpr,
     COL_ON: tl.constexpr, COL_BLOCK: tl.constexpr, COL_POW2_SCALE: tl.constexpr,
     COL_CEIL: tl.constexpr, COL_SCALE_MBITS: tl.constexpr, COL_SCALE_MIN_EXP: tl.constexpr,
     COL_SCALE_MAX: tl.constexpr, COL_SCALE_NAN: tl.constexpr, COL_SR: tl.constexpr,
     COL_GROUPED: tl.constexpr, COL_SEED_FROM_PTR: tl.constexpr,
     COL_RHT_SEED_FROM_PTR: tl.constexpr, COL_PRESCALE: tl.constexpr, COL_HADAMARD: tl.constexpr,
     COL_LOG2_HADAMARD: tl.constexpr, COL_HADAMARD_NORM: tl.constexpr,
-    COL_WRITE_VALUES: tl.constexpr,
+    COL_WRITE_VALUES: tl.constexpr, COL_TENSOR_SCALE: tl.constexpr,
+    COL_TWO_LEVEL_TARGET: tl.constexpr, COL_ELEM_INV: tl.constexpr, COL_DECODE_INV: tl.constexpr,
+    COL_TILE2D: tl.constexpr,
 ):  # fmt: skip
     """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
     (rows, row_padded_length / 2) codes; column direction: (col_out_length, cols) values or
@@ -137,11 +149,13 @@ def quantize_pair_kernel(
             guide = load_tile(guide_ptr, row0, col0, 0, 0, rows, cols, 1, BR, BC, False)
         values = quantize_direction(
             x, guide, row0, col0, row_seed_ptr, row_seed_value, row_rht_seed_ptr,
-            row_rht_seed_value, row_codes_ptr, row_scales_ptr, row_values_ptr, rows, cols,
+            row_rht_seed_value, row_codes_ptr, row_scales_ptr, row_values_ptr, row_amax_ptr,
+            rows, cols,
             row_out_length, row_padded_length, BR, BC, 1, ROW_BLOCK, ROW_POW2_SCALE, ROW_CEIL,
             ROW_SCALE_MBITS, ROW_SCALE_MIN_EXP, ROW_SCALE_MAX, ROW_SCALE_NAN, ROW_SR, ROW_GROUPED,
             ROW_SEED_FROM_PTR, ROW_RHT_SEED_FROM_PTR, ROW_PRESCALE, ROW_HADAMARD,
             ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_WRITE_VALUES, DOUBLE, ROW_GUIDED,
+            ROW_TENSOR_SCALE, ROW_TWO_LEVEL_TARGET, ROW_ELEM_INV, ROW_DECODE_INV, ROW_TILE2D,
         )  # fmt: skip
         if DOUBLE:  # the reference re-quantizes the forward operand in the compute dtype
             if SOURCE_BF16:
@@ -152,9 +166,51 @@ def quantize_pair_kernel(
     if COL_ON:
         quantize_direction(
             source, source, row0, col0, col_seed_ptr, col_seed_value, col_rht_seed_ptr,
-            col_rht_seed_value, col_codes_ptr, col_scales_ptr, col_values_ptr, rows, cols,
+            col_rht_seed_value, col_codes_ptr, col_scales_ptr, col_values_ptr, col_amax_ptr,
+            rows, cols,
             col_out_length, col_padded_length, BR, BC, 0, COL_BLOCK, COL_POW2_SCALE, COL_CEIL,
             COL_SCALE_MBITS, COL_SCALE_MIN_EXP, COL_SCALE_MAX, COL_SCALE_NAN, COL_SR,
             COL_GROUPED, COL_SEED_FROM_PTR, COL_RHT_SEED_FROM_PTR, COL_PRESCALE, COL_HADAMARD,
             COL_LOG2_HADAMARD, COL_HADAMARD_NORM, COL_WRITE_VALUES, False, False,
+            COL_TENSOR_SCALE, COL_TWO_LEVEL_TARGET, COL_ELEM_INV, COL_DECODE_INV, COL_TILE2D,
         )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["row_rht_seed_value", "col_rht_seed_value"])
+def amax_pair_kernel(
+    x_ptr, amax_ptr, row_rht_seed_ptr, row_rht_seed_value, col_rht_seed_ptr, col_rht_seed_value,
+    rows, cols, tiles_c,
+    BR: tl.constexpr, BC: tl.constexpr,
+    ROW_ON: tl.constexpr, ROW_RHT_SEED_FROM_PTR: tl.constexpr, ROW_HADAMARD: tl.constexpr,
+    ROW_LOG2_HADAMARD: tl.constexpr, ROW_HADAMARD_NORM: tl.constexpr,
+    COL_ON: tl.constexpr, COL_RHT_SEED_FROM_PTR: tl.constexpr, COL_HADAMARD: tl.constexpr,
+    COL_LOG2_HADAMARD: tl.constexpr, COL_HADAMARD_NORM: tl.constexpr,
+):  # fmt: skip
+    """The largest finite |value| each direction quantizes, from one read of x (rows, cols):
+    of x, or of its Hadamard transform along that direction's axis, into amax_ptr[0] (row
+    direction) and amax_ptr[1] (column direction)."""
+    pid = tl.program_id(0)
+    row0 = ((pid // tiles_c) * BR).to(tl.int64)
+    col0 = ((pid % tiles_c) * BC).to(tl.int64)
+    x = load_tile(x_ptr, row0, col0, 0, 0, rows, cols, 1, BR, BC, False)
+    if ROW_ON:
+        row_tile = x
+        if ROW_HADAMARD > 0:
+            seed = seed_of(row_rht_seed_ptr, row_rht_seed_value, ROW_RHT_SEED_FROM_PTR)
+            row_tile = hadamard_rows(x, seed, BR, BC, ROW_HADAMARD, ROW_LOG2_HADAMARD,
+                                     ROW_HADAMARD_NORM)  # fmt: skip
+        tl.atomic_max(amax_ptr, _finite_amax(row_tile))
+    if COL_ON:
+        col_tile = x
+        if COL_HADAMARD > 0:
+            seed = seed_of(col_rht_seed_ptr, col_rht_seed_value, COL_RHT_SEED_FROM_PTR)
+            col_tile = hadamard_cols(x, seed, BR, BC, COL_HADAMARD, COL_LOG2_HADAMARD,
+                                     COL_HADAMARD_NORM)  # fmt: skip
+        tl.atomic_max(amax_ptr + 1, _finite_amax(col_tile))
+
+
+@triton.jit
+def _finite_amax(tile):
+    magnitude = tl.abs(tile)
+    magnitude = tl.where(magnitude <= FLOAT32_MAX, magnitude, 0.0)
+    return tl.max(tl.max(magnitude, axis=1), axis=0)

@@ -52,10 +52,11 @@ def e8m0_exponent(
 
 @triton.jit
 def round_unsigned_minifloat(
-    raw, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_VALUE: tl.constexpr, UP: tl.constexpr
-):
+    raw, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_VALUE: tl.constexpr, UP: tl.constexpr,
+    ZERO_OK: tl.constexpr,
+):  # fmt: skip
     """Round raw >= 0 onto an unsigned minifloat grid (nearest even, or up), saturating at
-    MAX_VALUE and at least the smallest subnormal; returns (value, code)."""
+    MAX_VALUE and, unless ZERO_OK, at least the smallest subnormal; returns (value, code)."""
     exponent, _ = frexp_parts(raw)
     exponent = tl.maximum(exponent, MIN_EXP)
     units = raw * pow2(MBITS - exponent)  # exact
@@ -68,7 +69,8 @@ def round_unsigned_minifloat(
         round_up = (frac > 0.5) | ((frac == 0.5) & odd)
     value = (floor_units + round_up.to(tl.float32)) * pow2(exponent - MBITS)
     value = tl.minimum(value, MAX_VALUE)
-    value = tl.maximum(value, pow2(tl.full(raw.shape, MIN_EXP - MBITS, tl.int32)))
+    if not ZERO_OK:
+        value = tl.maximum(value, pow2(tl.full(raw.shape, MIN_EXP - MBITS, tl.int32)))
     return value, _unsigned_minifloat_code(value, MBITS, MIN_EXP)
 
 

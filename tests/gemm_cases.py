@@ -59,7 +59,7 @@ def _with(q: QuantizedTensor, **changes: torch.Tensor) -> QuantizedTensor:
     fields = dict(
         codes=q.codes,
         scales=q.scales,
-        tensor_scale=q.tensor_scale,
+        tensor_amax=q.tensor_amax,
         shape=q.shape,
         spec=q.spec,
         axis=q.axis,

@@ -69,11 +69,11 @@ def assert_same_quantized(kernel: QuantizedTensor, reference: QuantizedTensor) -
     """Codes, scale codes, tensor scale and metadata identical."""
     assert_bits(kernel.codes, reference.codes, "codes")
     assert_bits(kernel.scales, reference.scales, "scale codes")
-    if reference.tensor_scale is None:
-        assert kernel.tensor_scale is None, "the kernel made a tensor scale the spec has not"
+    if reference.tensor_amax is None:
+        assert kernel.tensor_amax is None, "the kernel made a tensor amax the spec has not"
     else:
-        assert kernel.tensor_scale is not None, "the kernel made no tensor scale"
-        assert_bits(kernel.tensor_scale, reference.tensor_scale, "tensor scale")
+        assert kernel.tensor_amax is not None, "the kernel made no tensor amax"
+        assert_bits(kernel.tensor_amax, reference.tensor_amax, "tensor amax")
     assert (kernel.shape, kernel.axis, kernel.dtype) == (
         reference.shape,
         reference.axis,

@@ -13,12 +13,15 @@ How it differs in method from fp4cli (on purpose, so that the two do not share m
 Where float32 rounding is part of the contract (quant/reference.py: "in float32"), the oracle
 mirrors the exact float32 operation order with numpy float32 scalars/arrays. Each such place is
 marked "FP32 MIRROR". They are:
-  1. two-level: ts = fp32(scale_max * elem_max) / fp32(amax over finite values), at most the
-     largest finite float32 (docs/numerics.md), then x * ts;
+  1. two-level (docs/numerics.md, TransformerEngine's NVFP4 order): with A the amax over finite
+     values, G = min(fp32(scale_max * elem_max) / A, FP32_MAX), D = 1 / G; a block of amax a
+     gets raw = min(a * (G * fp32(1 / elem_max)), scale_max) rounded onto the scale grid (0
+     allowed), encodes as x * min(1 / (s * D), FP32_MAX) and decodes as
+     q * ((s * A) * fp32(1 / (scale_max * elem_max)));
   2. non power-of-two block scales: raw = fp32(amax) / fp32(elem_max), then raw is rounded onto
      the scale grid (ue5m3/ue4m3: enumeration; bf16: by its bit layout; fp32: raw itself);
   3. v = fp32(x / s), then v * sr_prescale;
-  4. dequantization ((q * s) / sr_prescale) / ts.
+  4. dequantization (q * s) / sr_prescale.
 Power-of-two scales make 3 and 4 exact, so there the mirror changes nothing.
 """
 
@@ -288,12 +291,13 @@ def sr_uniform(seed: int, index: np.ndarray) -> np.ndarray:
 class Reference:
     """out: dequantized float32 in x's shape. q: element values (float64, NaN in non-finite
     blocks) in the moved (axis-last, unpadded) layout. scales: float32 block scales (NaN for
-    non-finite blocks) shaped like fp4cli's scale tensor. ts: the tensor scale or None."""
+    non-finite blocks) shaped like fp4cli's scale tensor. tensor_amax: a two-level spec's amax
+    over finite values, or None."""
 
     out: np.ndarray
     q: np.ndarray
     scales: np.ndarray
-    ts: float | None
+    tensor_amax: float | None
 
 
 def _block_ids(shape: tuple[int, ...], spec: Any) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -333,28 +337,21 @@ def reference(x: np.ndarray, spec: Any, axis: int = -1, seed: int | None = None)
     np.logical_or.at(bad_block, ids, ~finite)
     clean = np.where(finite, flat, F32(0)).astype(np.float32)
 
-    ts = None
+    tensor_amax = None
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        if spec.tensor_scale:
-            amax_t = F32(np.abs(clean).max())
-            # FP32 MIRROR (1)
-            target = F32(scale_max(spec) * ELEMENT_MAX[spec.element])
-            ts_f32 = F32(target / amax_t) if amax_t > 0 else F32(1.0)
-            # docs/numerics.md: at most the largest finite float32 (a tensor of tiny values
-            # would overflow it)
-            ts_f32 = min(ts_f32, F32(FP32_MAX))
-            ts = float(ts_f32)
-            clean = (clean * ts_f32).astype(np.float32)
-
         amax = np.zeros(n_blocks, dtype=np.float32)
         np.maximum.at(amax, ids, np.abs(clean))
-        cache_: dict[float, float] = {}
-        scales64 = np.array([cache_.setdefault(a, block_scale(a, spec)) for a in amax.tolist()])
-        scales = scales64.astype(np.float32)
-        assert np.array_equal(scales.astype(np.float64), scales64), "scale not a float32"
-
-        s_el = scales[ids]
-        v = (clean / s_el).astype(np.float32)  # FP32 MIRROR (3)
+        if spec.tensor_scale:
+            tensor_amax = F32(np.abs(clean).max())
+            scales, multipliers, decode = _two_level(amax, tensor_amax, spec)
+            v = (clean * multipliers[ids]).astype(np.float32)  # FP32 MIRROR (1)
+        else:
+            cache_: dict[float, float] = {}
+            scales64 = np.array([cache_.setdefault(a, block_scale(a, spec)) for a in amax.tolist()])
+            scales = scales64.astype(np.float32)
+            assert np.array_equal(scales.astype(np.float64), scales64), "scale not a float32"
+            decode = scales
+            v = (clean / scales[ids]).astype(np.float32)  # FP32 MIRROR (3)
         if spec.sr_prescale != 1.0:
             v = (v * F32(spec.sr_prescale)).astype(np.float32)
         uniform = None
@@ -365,11 +362,9 @@ def reference(x: np.ndarray, spec: Any, axis: int = -1, seed: int | None = None)
             uniform = sr_uniform(seed, index)
         q = round_to_grid(v.astype(np.float64), GRIDS[spec.element], spec.rounding, uniform)
 
-        out = (q.astype(np.float32) * s_el).astype(np.float32)  # FP32 MIRROR (4)
+        out = (q.astype(np.float32) * decode[ids]).astype(np.float32)  # FP32 MIRROR (1, 4)
         if spec.sr_prescale != 1.0:
             out = (out / F32(spec.sr_prescale)).astype(np.float32)
-        if ts is not None:
-            out = (out / F32(ts)).astype(np.float32)
 
     bad = bad_block[ids]
     out = np.where(bad, np.float32(np.nan), out)
@@ -380,8 +375,31 @@ def reference(x: np.ndarray, spec: Any, axis: int = -1, seed: int | None = None)
         out=np.ascontiguousarray(np.moveaxis(out_moved, -1, axis)),
         q=q.reshape(moved.shape),
         scales=scales.reshape(scale_shape),
-        ts=ts,
+        tensor_amax=None if tensor_amax is None else float(tensor_amax),
     )
+
+
+def _two_level(
+    block_amax: np.ndarray, tensor_amax: np.float32, spec: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FP32 MIRROR (1): (block scales, encode multipliers, decode factors), float32."""
+    target = F32(scale_max(spec) * ELEMENT_MAX[spec.element])
+    g = min(F32(target / tensor_amax) if tensor_amax > 0 else F32(np.inf), F32(FP32_MAX))
+    d = F32(F32(1.0) / g)
+    multiplier = F32(g * F32(1.0 / ELEMENT_MAX[spec.element]))
+    grid = SCALE_GRIDS[spec.scale]
+    mode = "up" if spec.scale_rule == "ceil" else "rne"
+    scales = np.empty_like(block_amax)
+    encode = np.empty_like(block_amax)
+    decode = np.empty_like(block_amax)
+    for i, a in enumerate(block_amax.tolist()):
+        raw = min(min(F32(F32(a) * multiplier), F32(FP32_MAX)), F32(grid.max_value))
+        s = F32(_round_scale_grid(float(raw), grid, mode))
+        scales[i] = s
+        product = F32(s * d)
+        encode[i] = min(F32(F32(1.0) / product) if product > 0 else F32(np.inf), F32(FP32_MAX))
+        decode[i] = F32(F32(s * tensor_amax) * F32(1.0 / target))
+    return scales, encode, decode
 
 
 @cache

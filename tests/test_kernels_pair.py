@@ -12,6 +12,8 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     MXFP4_SR,
     MXFP4_SR_PRESCALE,
     NAN,
+    NVFP4,
+    NVFP4_SR,
     assert_bits,
     on_device,
     seeded_normal,
@@ -36,7 +38,11 @@ PAIR_SPECS = {
     "ue4m3-sr-block16": QuantSpec(scale="ue4m3", block=16, rounding="sr"),
     "block64": MXFP4.replace(block=64),
     "block8": MXFP4.replace(block=8),
+    "nvfp4": NVFP4,
+    "nvfp4-sr": NVFP4_SR,
+    "ue5m3-two-level-ceil-sr": QuantSpec.preset("mxfp4-ue5m3", scale_rule="ceil", rounding="sr"),
 }
+NVFP4_2D = QuantSpec.preset("nvfp4-2d")
 
 
 def _input(rows, cols, seed=0):
@@ -62,6 +68,10 @@ def _assert_direction(out, reference, what):
     else:
         assert_bits(out.codes, reference.codes, f"{what} codes")
         assert_bits(out.scales, reference.scales, f"{what} scale codes")
+        if reference.tensor_amax is None:
+            assert out.tensor_amax is None
+        else:
+            assert_bits(out.tensor_amax.reshape(()), reference.tensor_amax, f"{what} amax")
 
 
 def _check(x, row, col, double=None):
@@ -149,6 +159,41 @@ def test_tensor_seeds_and_seed_offsets_draw_the_reference_bits():
     assert_bits(col_out.codes, col_ref.codes, "column codes")
 
 
+@pytest.mark.parametrize("row_h,col_h", [(None, 16), (16, None), (32, 16)])
+def test_two_level_amax_of_each_transformed_direction(row_h, col_h):
+    """Each direction's tensor amax is of what it quantizes: x, or x transformed along it."""
+    x = _input(70, 100, seed=10)
+    _check(x, Direction(NVFP4, None, row_h, 31, torch.float32), Direction(NVFP4_SR, 32, col_h, 33))
+
+
+def test_two_level_edge_cases():
+    x = _input(64, 64, seed=11)
+    x[:32, :32] = 0.0
+    x[32, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2)
+    x[33, :] = 1e-40  # under the tensor's amax by far: block scales round to zero
+    x[34, 0] = 3e38
+    values = Direction(NVFP4, None, values_dtype=torch.float32)
+    _check(x, values, Direction(NVFP4_SR, 4))
+    x[5, 7], x[50, 60] = NAN, -INF  # poisons two blocks each way; the amax is of the rest
+    _check(x, Direction(NVFP4, None), Direction(NVFP4_SR, 4, values_dtype=torch.float32))
+    zeros = on_device(torch.zeros(48, 40))
+    _check(zeros, Direction(NVFP4, None), Direction(NVFP4, None, values_dtype=torch.float32))
+    nan = on_device(torch.full((16, 32), NAN))
+    _check(nan, Direction(NVFP4, None), Direction(NVFP4_SR, 1))
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (70, 100), (17, 33)])
+def test_square_tiles_give_the_reference_values_both_ways(shape):
+    """2-D tiles: one scale per 16 x 16 square, so the two directions quantize alike."""
+    x = _input(*shape, seed=12)
+    x[0, 0] = NAN
+    row = Direction(NVFP4_2D, None, values_dtype=torch.float32)
+    col = Direction(NVFP4_2D.replace(rounding="sr", scale_rule="ceil"), 5, None, 0, torch.float32)
+    _check(x, row, col)
+    row_out, col_out = quantize_pair(x, row, Direction(NVFP4_2D, None, None, 0, torch.float32))
+    assert_bits(row_out.values, col_out.values, "a weight and its transpose")
+
+
 def test_bfloat16_input_and_values():
     x = _input(64, 64, seed=9).to(torch.bfloat16)
     row = Direction(MXFP4, None, values_dtype=torch.bfloat16)
@@ -167,5 +212,9 @@ def test_tiles_and_errors():
         quantize_pair(x, None, Direction(MXFP4), torch.float32)
     with pytest.raises(ValueError, match="without a Hadamard transform"):
         quantize_pair(x, Direction(MXFP4, hadamard=32), Direction(MXFP4), torch.float32)
+    with pytest.raises(ValueError, match="2-D tiles are quantized to values"):
+        quantize_pair(x, Direction(NVFP4_2D), None)
+    with pytest.raises(ValueError, match="needs the row values' amax"):
+        quantize_pair(x, Direction(MXFP4, None, values_dtype=x.dtype), Direction(NVFP4), x.dtype)
     with pytest.raises(ValueError, match="one at a time"):
         quantize_pair(x, Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=256))

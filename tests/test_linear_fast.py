@@ -13,6 +13,7 @@ from tests.kernel_cases import DEVICE
 
 CEIL = QuantSpec.preset("mxfp4-ceil")
 CEIL_SR = CEIL.replace(rounding="sr")
+NVFP4_2D = QuantSpec.preset("nvfp4-2d")
 CONFIGS = {
     "mxfp4": load_recipe("mxfp4").linear,
     "tetrajet": load_recipe("tetrajet").linear,
@@ -39,6 +40,17 @@ CONFIGS = {
     ),
     "forward-only-ue5m3": LinearConfig(
         forward_x=QuantSpec(scale="ue5m3", block=16), forward_w=QuantSpec(scale="ue5m3", block=16)
+    ),
+    # two-level scales: 2-D weight tiles, RHT-16 on grad_weight's operands, X saved packed
+    "nvfp4": load_recipe("nvfp4").linear,
+    "ue5m3-hadamard-sr": load_recipe("ue5m3-hadamard-sr").linear,
+    "nvfp4-ceil-sr-weights": LinearConfig(
+        forward_x=QuantSpec.preset("nvfp4", scale_rule="ceil"),
+        forward_w=NVFP4_2D.replace(scale_rule="ceil"),
+        grad_input_dy=QuantSpec.preset("nvfp4", rounding="sr"),
+        grad_input_w=NVFP4_2D.replace(rounding="sr"),
+        grad_weight_dy=QuantSpec.preset("nvfp4", rounding="sr"),
+        grad_weight_x=QuantSpec.preset("nvfp4"),
     ),
 }
 
@@ -87,7 +99,7 @@ def test_fast_executor_matches_the_reference_bit_for_bit(name):
     _assert_same(_run(fast, x, grad_y), _run(reference, x, grad_y))
 
 
-@pytest.mark.parametrize("name", ["tetrajet", "tseng-rht-sr"])
+@pytest.mark.parametrize("name", ["tetrajet", "tseng-rht-sr", "nvfp4"])
 def test_ragged_tokens_and_features(name):
     fast = _layer(CONFIGS[name], "triton", in_features=45, out_features=33)
     reference = _layer(CONFIGS[name], "torch", in_features=45, out_features=33)
@@ -153,8 +165,14 @@ def test_backward_operands_are_saved_packed(name):
 
 def test_executor_choice_and_reasons():
     assert fast_gap(CONFIGS["tetrajet"]) is None
-    assert fast_gap(load_recipe("nvfp4").linear) == "forward_x: a tensor scale"
-    assert fast_gap(load_recipe("ue5m3-hadamard-sr").linear) == "forward_x: a tensor scale"
+    assert fast_gap(load_recipe("nvfp4").linear) is None
+    assert fast_gap(load_recipe("ue5m3-hadamard-sr").linear) is None
+    square_with_rht = LinearConfig(forward_w=NVFP4_2D, forward_hadamard=HadamardConfig(16))
+    assert fast_gap(square_with_rht) == "forward_w: 2-D tiles with a Hadamard transform"
+    doubled = LinearConfig(
+        forward_x=CEIL, grad_weight_x=QuantSpec.preset("nvfp4"), double_quant=True
+    )
+    assert fast_gap(doubled) == "grad_weight_x: double quantization into a tensor-scaled spec"
     assert fast_gap(LinearConfig(forward_w=CEIL, dge=DGEConfig())) == "DGE"
     assert _layer(CONFIGS["tetrajet"], "torch").executor() == ("reference", "backend torch")
     cpu = QuantLinear(32, 32, config=CONFIGS["tetrajet"], backend="auto")
@@ -170,3 +188,18 @@ def test_executor_summary_names_the_reference_and_why():
     model = torch.nn.Sequential(torch.nn.Linear(32, 32)).to(DEVICE)
     quantize_model(model, "wang-fp4", seed=0, skip=())
     assert executor_summary(model) == "quantized layers: 1 on the reference (DGE)"
+
+
+def test_nvfp4_saves_x_packed_with_its_tensor_amax():
+    """NVFP4's X operand for grad_weight: codes, one E4M3 scale per 16 tokens (after RHT-16)
+    and the tensor amax its decoding needs."""
+    x, _ = _inputs(seed=6)
+    saved = _saved_tensors(_layer(CONFIGS["nvfp4"], "triton"), x)
+    assert sorted((tuple(t.shape), t.dtype) for t in saved) == sorted(
+        [
+            ((96, 40), torch.uint8),  # 74 tokens padded to 80 by the RHT-16
+            ((96, 5), torch.uint8),
+            ((1,), torch.float32),
+            ((70, 96), torch.float32),
+        ]
+    )

@@ -37,6 +37,7 @@ from fp4cli.linear.skip import matches_skip
 from fp4cli.linear.stats import operand_stats
 from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
 from fp4cli.quant.scales import floor_log2
+from fp4cli.quant.two_level import decode_factors, global_encode_scale
 from fp4cli.techniques.hadamard import SIZES as HADAMARD_SIZES
 from fp4cli.techniques.hadamard import rht
 
@@ -220,7 +221,9 @@ def measure(tensor: torch.Tensor, variant: Variant, device: str = "cpu") -> Meas
     x_hat = quantized.dequantize(torch.float32)
     stats = operand_stats(x, x_hat, variant.spec, -1, ROUNDING_SEED, quantized_codes=quantized)
     histogram, zero_blocks, nan_blocks = scale_exponent_histogram(x, quantized)
-    tensor_scale = quantized.tensor_scale
+    tensor_scale = None
+    if quantized.tensor_amax is not None:
+        tensor_scale = global_encode_scale(quantized.tensor_amax, variant.spec)
     return Measurement(
         **{name: float(stats[name]) for name in METRICS},
         scale_exponents=histogram, zero_blocks=zero_blocks, nan_blocks=nan_blocks,
@@ -235,11 +238,12 @@ def scale_exponent_histogram(
     `quantized`, the quantization of x along its last axis."""
     layout = quantized.layout
     block_amax = layout.to_blocks(layout.pad(x.to(torch.float32))).abs().amax(dim=-1)
-    scales = quantized.scale_values().to(torch.float64)
-    if quantized.tensor_scale is not None:
-        scales = scales / quantized.tensor_scale.to(torch.float64)
+    scales = quantized.scale_values()
+    if quantized.tensor_amax is not None:  # the scale a value decodes with
+        scales = decode_factors(scales, quantized.tensor_amax, quantized.spec)
+    scales = scales.to(torch.float64)
     finite = torch.isfinite(scales)
-    nonzero = finite & (block_amax > 0)
+    nonzero = finite & (block_amax > 0) & (scales > 0)  # a two-level scale may round to 0
     exponents, counts = torch.unique(floor_log2(scales[nonzero]), return_counts=True)
     histogram = dict(zip(exponents.tolist(), counts.tolist(), strict=True))
     return histogram, int((finite & ~nonzero).sum()), int((~finite).sum())

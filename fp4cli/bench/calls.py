@@ -48,8 +48,8 @@ def _reference_function(
 
     def reference_codes(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         quantized = quantize(x, spec, axis, SEED, hadamard=hadamard, backend="torch")
-        scale = quantized.tensor_scale
-        return (quantized.codes, quantized.scales, *(() if scale is None else (scale,)))
+        amax = quantized.tensor_amax
+        return (quantized.codes, quantized.scales, *(() if amax is None else (amax,)))
 
     def reference_values(x: torch.Tensor) -> torch.Tensor:
         return fake_quantize(

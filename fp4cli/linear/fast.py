@@ -14,8 +14,9 @@ operand of X is saved packed (4.25 bits a value) instead of a 16-bit copy and de
 backward pass.
 
 `fast_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
-every quantized operand must be an E2M1 spec the kernels take, without a tensor scale or 2-D
-tiles; no DGE or outlier clamping. Q-EMA's guided rounding of the forward W runs in the kernel.
+every quantized operand must be an E2M1 spec the kernels take (two-level NVFP4 specs included;
+2-D weight tiles without a Hadamard transform); no DGE or outlier clamping. Q-EMA's guided
+rounding of the forward W runs in the kernel.
 """
 
 from __future__ import annotations
@@ -45,16 +46,32 @@ def fast_gap(config: LinearConfig) -> str | None:
         return "DGE"
     if config.outliers is not None:
         return "outlier clamping"
-    for operands in GEMM_OPERANDS.values():
+    for gemm in GEMM_OPERANDS:
+        hadamard = config.hadamard(gemm)
+        if hadamard is not None and not hadamard.random:
+            return f"{gemm}: a deterministic Hadamard transform"
+    for gemm, operands in GEMM_OPERANDS.items():
         for name in operands:
             spec = config.spec(name)
             if spec is None:
                 continue
-            gap = kernel_gap(spec, torch.float32)
-            if gap is None and spec.tensor_scale:
-                gap = "a tensor scale"
+            gap = kernel_gap(spec.replace(tile2d=False), torch.float32)
+            if gap is None and spec.tile2d:
+                gap = _square_tile_gap(config, gemm)
+            if gap is None and spec.tensor_scale and config.double_quant and name in DOUBLED:
+                gap = "double quantization into a tensor-scaled spec"
             if gap is not None:
                 return f"{name}: {gap}"
+    return None
+
+
+DOUBLED = ("grad_input_w", "grad_weight_x")  # re-quantized from the forward operands
+
+
+def _square_tile_gap(config: LinearConfig, gemm: str) -> str | None:
+    """2-D tiles (weights only, kept as values) cannot be Hadamard-transformed here."""
+    if config.hadamard(gemm) is not None:
+        return "2-D tiles with a Hadamard transform"
     return None
 
 
@@ -84,8 +101,9 @@ class Saved:
             return tensors[0]
         from fp4cli.kernels.launch import dequantize_e2m1
 
-        codes, scales = tensors
-        return dequantize_e2m1(codes, scales, None, self.spec, self.shape, 0, self.dtype)
+        codes, scales, *tensor_amax = tensors  # a two-level spec's amax last
+        amax = tensor_amax[0] if tensor_amax else None
+        return dequantize_e2m1(codes, scales, amax, self.spec, self.shape, 0, self.dtype)
 
 
 def _request(
@@ -171,6 +189,8 @@ def quantize_both(
 def _result(out: Any) -> tuple[torch.Tensor, ...]:
     if out.values is not None:
         return (out.values,)
+    if out.tensor_amax is not None:
+        return out.codes, out.scales, out.tensor_amax
     return out.codes, out.scales
 
 

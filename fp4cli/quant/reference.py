@@ -2,11 +2,12 @@
 
 For a tensor x, a QuantSpec and an axis, in float32:
   1. move `axis` last, zero-pad it to whole blocks, view as blocks;
-  2. two-level only: x = x * tensor_scale, tensor_scale = (scale max * element max) / amax(x);
-  3. each block's scale s from its amax (floor/ceil rule, rounded to the scale format);
-  4. v = x / s (times sr_prescale), rounded onto the element grid (rne / sr / away), saturated;
-  5. a block holding NaN or Inf gets the NaN scale and decodes to NaN.
-Dequantization is ((q * s) / sr_prescale) / tensor_scale.
+  2. each block's scale s from its amax (floor/ceil rule, rounded to the scale format);
+  3. v = x / s (times sr_prescale), rounded onto the element grid (rne / sr / away), saturated;
+  4. a block holding NaN or Inf gets the NaN scale and decodes to NaN.
+Dequantization is (q * s) / sr_prescale. Two-level specs (NVFP4) scale blocks relative to the
+tensor's finite amax A instead, in the order of operations `fp4cli.quant.two_level` states:
+v = x * e(s, A) before the pre-scale, and x ~ (q * d(s, A)) / sr_prescale.
 
 With `hadamard=n`, x is first transformed by the random Hadamard transform along the axis
 (`fp4cli.techniques.hadamard.rht`, zero-padded to whole n-blocks) and that is what is quantized.
@@ -21,11 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from fp4cli.formats import decode, encode, pack_nibbles, round_to_grid, unpack_nibbles
-from fp4cli.quant import random_bits
+from fp4cli.quant import random_bits, two_level
 from fp4cli.quant.backend import use_kernels
 from fp4cli.quant.blocking import BlockLayout
-from fp4cli.quant.scales import block_scales, divide, nan_scales, scale_values, tensor_scale
+from fp4cli.quant.scales import block_scales, divide, nan_scales, scale_values
 from fp4cli.quant.spec import QuantSpec
+from fp4cli.quant.two_level import encode_multipliers
 
 
 @dataclass
@@ -34,12 +36,13 @@ class QuantizedTensor:
 
     codes: uint8 element codes in the axis-last, padded layout (two per byte, low nibble first,
         for 4-bit formats). scales: one per block (uint8 codes, or floats for fp32/bf16 scales).
-    tensor_scale: the FP32 two-level scale (0-d tensor), or None.
+    tensor_amax: the largest finite |x| of a two-level spec's tensor (0-d float32), from which
+        its tensor scale derives (`two_level`); None for one-level specs.
     """
 
     codes: torch.Tensor
     scales: torch.Tensor
-    tensor_scale: torch.Tensor | None
+    tensor_amax: torch.Tensor | None
     shape: torch.Size
     spec: QuantSpec
     axis: int
@@ -56,12 +59,15 @@ class QuantizedTensor:
         return scale_values(self.scales, self.spec.scale_format)
 
     def grid_units(self, x: torch.Tensor) -> torch.Tensor:
-        """x (the quantized tensor's source) in the units its grid is rounded in: x times the
-        tensor scale, over the block scale, times the SR pre-scale, as float32 in x's shape."""
+        """x (the quantized tensor's source) in the units its grid is rounded in: x over the
+        block scale (two-level: times its encode multiplier), times the SR pre-scale, as float32
+        in x's shape."""
         blocks = self.layout.to_blocks(self.layout.pad(x.to(torch.float32).movedim(self.axis, -1)))
-        if self.tensor_scale is not None:
-            blocks = blocks * self.tensor_scale
-        units = blocks / self.scale_values().unsqueeze(-1)
+        if self.tensor_amax is not None:
+            multipliers = encode_multipliers(self.scale_values(), self.tensor_amax, self.spec)
+            units = blocks * multipliers.unsqueeze(-1)
+        else:
+            units = blocks / self.scale_values().unsqueeze(-1)
         if self.spec.sr_prescale != 1.0:
             units = units * self.spec.sr_prescale
         return self.layout.unpad(self.layout.from_blocks(units)).movedim(-1, self.axis)
@@ -72,11 +78,11 @@ class QuantizedTensor:
             from fp4cli.kernels.launch import dequantize_e2m1
 
             return dequantize_e2m1(
-                self.codes, self.scales, self.tensor_scale, self.spec, self.shape, self.axis,
+                self.codes, self.scales, self.tensor_amax, self.spec, self.shape, self.axis,
                 dtype or self.dtype,
             )  # fmt: skip
         blocks = self.layout.to_blocks(self.element_values())
-        values = _dequantize_blocks(blocks, self.scale_values(), self.tensor_scale, self.spec)
+        values = _dequantize_blocks(blocks, self.scale_values(), self.tensor_amax, self.spec)
         moved = self.layout.unpad(self.layout.from_blocks(values))
         return moved.movedim(-1, self.axis).to(dtype or self.dtype)
 
@@ -107,20 +113,20 @@ def quantize(
     if use_kernels(backend, spec, x.device, x.dtype):
         from fp4cli.kernels.launch import quantize_e2m1
 
-        codes, scales, t_scale, _ = quantize_e2m1(
+        codes, scales, t_amax, _ = quantize_e2m1(
             x, spec, axis, seed, hadamard, hadamard_seed, guide=_guide_for(guide, x)
         )
         assert codes is not None and scales is not None
         shape = _transformed_shape(x, axis, hadamard)
         layout = BlockLayout.for_tensor(_moved(shape, axis), spec)
         dtype = torch.float32 if hadamard else x.dtype
-        return QuantizedTensor(codes, scales, t_scale, shape, spec, axis, dtype, layout)
+        return QuantizedTensor(codes, scales, t_amax, shape, spec, axis, dtype, layout)
     x, guide = _transform(x, guide, axis, hadamard, hadamard_seed)
-    q, stored_scales, t_scale, layout = _reference_blocks(x, spec, axis, seed, guide)
+    q, stored_scales, t_amax, layout = _reference_blocks(x, spec, axis, seed, guide)
     codes = encode(layout.from_blocks(q), spec.element_format)
     if spec.packed:
         codes = pack_nibbles(codes)
-    return QuantizedTensor(codes, stored_scales, t_scale, x.shape, spec, axis, x.dtype, layout)
+    return QuantizedTensor(codes, stored_scales, t_amax, x.shape, spec, axis, x.dtype, layout)
 
 
 def fake_quantize(
@@ -150,8 +156,8 @@ def fake_quantize(
         assert values is not None
         return values
     x, guide = _transform(x, guide, axis, hadamard, hadamard_seed)
-    q, stored_scales, t_scale, layout = _reference_blocks(x, spec, axis, seed, guide)
-    values = _dequantize_blocks(q, scale_values(stored_scales, spec.scale_format), t_scale, spec)
+    q, stored_scales, t_amax, layout = _reference_blocks(x, spec, axis, seed, guide)
+    values = _dequantize_blocks(q, scale_values(stored_scales, spec.scale_format), t_amax, spec)
     return layout.unpad(layout.from_blocks(values)).movedim(-1, axis).to(dtype)
 
 
@@ -162,7 +168,7 @@ def _reference_blocks(
     seed: random_bits.Seed | None,
     guide: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, BlockLayout]:
-    """The reference's steps 1-5: (element values q in blocks, stored scales, tensor scale,
+    """The reference's steps 1-4: (element values q in blocks, stored scales, tensor amax,
     layout) of x along `axis`."""
     blocks, layout = _blocks_of(x.to(torch.float32), spec, axis)
     uniform = _uniform_blocks(x, spec, axis, layout, seed)
@@ -248,34 +254,39 @@ def _quantize_blocks(
     uniform: torch.Tensor | None,
     guide: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(element values q on the grid, stored scales, tensor scale) for float32 blocks."""
+    """(element values q on the grid, stored scales, tensor amax) for float32 blocks."""
     finite_block = torch.isfinite(blocks).all(dim=-1)
     blocks = torch.where(torch.isfinite(blocks), blocks, torch.zeros_like(blocks))
-    t_scale = None
+    block_amax = blocks.abs().amax(dim=-1)
+    t_amax = None
     if spec.tensor_scale:
-        t_scale = tensor_scale(blocks.abs().amax(), spec)
-        blocks = blocks * t_scale
-        guide = guide * t_scale if guide is not None else None
-    scales, stored = block_scales(blocks.abs().amax(dim=-1), spec)
-    scaled = blocks / scales.unsqueeze(-1)
+        t_amax = block_amax.amax()
+        scales, stored = two_level.block_scales(block_amax, t_amax, spec)
+        multipliers = encode_multipliers(scales, t_amax, spec).unsqueeze(-1)
+        scaled = blocks * multipliers
+        guide = guide * multipliers if guide is not None else None
+    else:
+        scales, stored = block_scales(block_amax, spec)
+        scaled = blocks / scales.unsqueeze(-1)
+        guide = guide / scales.unsqueeze(-1) if guide is not None else None
     if spec.sr_prescale != 1.0:
         scaled = scaled * spec.sr_prescale
     if guide is not None:
-        guide_scaled = guide / scales.unsqueeze(-1)
-        q = round_to_grid(scaled, spec.element_format, "guided", guide=guide_scaled)
+        q = round_to_grid(scaled, spec.element_format, "guided", guide=guide)
     else:
         q = round_to_grid(scaled, spec.element_format, spec.rounding, uniform=uniform)
     q = torch.where(finite_block.unsqueeze(-1), q, torch.zeros_like(q))
     stored = torch.where(finite_block, stored, nan_scales(stored, spec.scale_format))
-    return q, stored, t_scale
+    return q, stored, t_amax
 
 
 def _dequantize_blocks(
-    q: torch.Tensor, scales: torch.Tensor, t_scale: torch.Tensor | None, spec: QuantSpec
+    q: torch.Tensor, scales: torch.Tensor, t_amax: torch.Tensor | None, spec: QuantSpec
 ) -> torch.Tensor:
-    values = q * scales.unsqueeze(-1)  # NaN scales make whole blocks NaN
+    if t_amax is not None:
+        values = q * two_level.decode_factors(scales, t_amax, spec).unsqueeze(-1)
+    else:
+        values = q * scales.unsqueeze(-1)  # NaN scales make whole blocks NaN
     if spec.sr_prescale != 1.0:
         values = divide(values, spec.sr_prescale)
-    if t_scale is not None:
-        values = values / t_scale
     return values

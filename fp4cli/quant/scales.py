@@ -97,15 +97,3 @@ def nan_scales(like: torch.Tensor, fmt: ScaleFormat) -> torch.Tensor:
     if fmt.is_code:
         return torch.full_like(like, fmt.nan_code)
     return torch.full_like(like, float("nan"))
-
-
-def tensor_scale(finite_amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """The FP32 two-level scale: (largest block scale * element max) / amax, at most the largest
-    finite float32 (a tensor of tiny values would overflow it); 1 for an all-zero tensor.
-    NVFP4: 448 * 6 / amax."""
-    # full_like: made on the device, with no copy from the host on every call.
-    target = torch.full_like(
-        finite_amax, spec.scale_format.max_value * spec.element_format.max_value
-    )
-    safe = torch.where(finite_amax > 0, finite_amax, target)
-    return torch.clamp(target / safe, max=torch.finfo(torch.float32).max)

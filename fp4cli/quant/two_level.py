@@ -1,0 +1,72 @@
+"""Two-level scaling (NVFP4's): an FP32 tensor scale from the tensor's amax, and block scales
+relative to it, in the order of operations of TransformerEngine's NVFP4 reference quantizer.
+
+For a tensor whose largest finite |x| is A, a scale format of largest value S (448 for UE4M3)
+and an element format of largest value E (6 for E2M1), every step a float32 operation:
+
+    G = min(S * E / A, FLT_MAX)            the global encode scale (FLT_MAX when A is 0)
+    D = 1 / G                              the global decode scale
+    s = round(min(a * (G * (1 / E)), S))   each block's scale from its amax a, onto the scale
+                                           grid (nearest even, or up under the ceil rule);
+                                           may round to 0
+    e = min(1 / (s * D), FLT_MAX)          the block's encode multiplier: elements are x * e
+    x ~ q * ((s * A) * (1 / (S * E)))      dequantization (the decode kernel's order)
+
+`1 / E` and `1 / (S * E)` are float32 constants (rounded once). A block whose scale rounds to 0
+encodes with FLT_MAX (its elements saturate) and decodes to 0, as the reference does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp4cli.formats import encode, round_to_grid
+from fp4cli.quant.spec import QuantSpec
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _constant(like: torch.Tensor, value: float) -> torch.Tensor:
+    """`value` rounded to float32, made on like's device (no host copy per call)."""
+    return torch.full_like(like, value, dtype=torch.float32)
+
+
+def _scale_times_element_max(spec: QuantSpec) -> float:
+    return spec.scale_format.max_value * spec.element_format.max_value
+
+
+def global_encode_scale(tensor_amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """G = min(S * E / A, FLT_MAX), float32 (FLT_MAX for an all-zero tensor)."""
+    target = _constant(tensor_amax, _scale_times_element_max(spec))
+    return torch.clamp(target / tensor_amax, max=FLOAT32_MAX)
+
+
+def block_scales(
+    block_amax: torch.Tensor, tensor_amax: torch.Tensor, spec: QuantSpec
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale values as float32, stored uint8 codes) of each block's finite amax."""
+    fmt = spec.scale_format.minifloat
+    assert fmt is not None, "two-level scaling needs a minifloat block scale"
+    g = global_encode_scale(tensor_amax, spec)
+    multiplier = g * _constant(g, 1.0 / spec.element_format.max_value)
+    raw = torch.clamp(block_amax * multiplier, max=FLOAT32_MAX)
+    raw = torch.clamp(raw, max=fmt.max_value)
+    values = round_to_grid(raw, fmt, "up" if spec.scale_rule == "ceil" else "rne")
+    return values, encode(values, fmt)
+
+
+def encode_multipliers(
+    scale_values: torch.Tensor, tensor_amax: torch.Tensor, spec: QuantSpec
+) -> torch.Tensor:
+    """e = min(1 / (s * D), FLT_MAX) for each block scale s: elements are rounded from x * e."""
+    g = global_encode_scale(tensor_amax, spec)
+    decode = _constant(g, 1.0) / g
+    return torch.clamp(_constant(scale_values, 1.0) / (scale_values * decode), max=FLOAT32_MAX)
+
+
+def decode_factors(
+    scale_values: torch.Tensor, tensor_amax: torch.Tensor, spec: QuantSpec
+) -> torch.Tensor:
+    """(s * A) * (1 / (S * E)) for each block scale s: a value decodes as q times this."""
+    inverse = _constant(scale_values, 1.0 / _scale_times_element_max(spec))
+    return (scale_values * tensor_amax) * inverse
