@@ -85,12 +85,16 @@ def square_max(amax_bits, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.cons
     """Per-block amax bits ([ROWS, COLS / BLOCK] for BLOCK_AXIS 1, [ROWS / BLOCK, COLS] for 0)
     replaced by the largest over each BLOCK x BLOCK square of the tile."""
     if BLOCK_AXIS == 1:  # runs of BLOCK rows
-        squares = tl.max(tl.reshape(amax_bits, (ROWS // BLOCK, BLOCK, COLS // BLOCK)), axis=1)
+        runs = tl.reshape(amax_bits, (ROWS // BLOCK, BLOCK, COLS // BLOCK))
+        squares = tl.max(runs, axis=1)
         spread = tl.broadcast_to(tl.expand_dims(squares, 1), (ROWS // BLOCK, BLOCK, COLS // BLOCK))
-        return tl.reshape(spread, (ROWS, COLS // BLOCK))
-    squares = tl.max(tl.reshape(amax_bits, (ROWS // BLOCK, COLS // BLOCK, BLOCK)), axis=2)
-    spread = tl.broadcast_to(tl.expand_dims(squares, 2), (ROWS // BLOCK, COLS // BLOCK, BLOCK))
-    return tl.reshape(spread, (ROWS // BLOCK, COLS))
+        result = tl.reshape(spread, (ROWS, COLS // BLOCK))
+    else:
+        runs = tl.reshape(amax_bits, (ROWS // BLOCK, COLS // BLOCK, BLOCK))
+        squares = tl.max(runs, axis=2)
+        spread = tl.broadcast_to(tl.expand_dims(squares, 2), (ROWS // BLOCK, COLS // BLOCK, BLOCK))
+        result = tl.reshape(spread, (ROWS // BLOCK, COLS))
+    return result
 
 
 @triton.jit

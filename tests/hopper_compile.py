@@ -106,6 +106,18 @@ def quantized_linear_launches() -> None:
     quantize_e2m1(x, ceil, 1, None, values_dtype=bf16, guide=x.float())
     codes, scales = torch.zeros(96, 32, dtype=torch.uint8), torch.zeros(96, 2, dtype=torch.uint8)
     dequantize_e2m1(codes, scales, None, ceil, (64, 96), 0, bf16)
+    # nvfp4's X (packed column operand after RHT-16), 16x16-tiled W and SR dY, each with its
+    # amax pass; and decoding X's packed operand with its tensor amax
+    nvfp4, square = QuantSpec.preset("nvfp4"), QuantSpec.preset("nvfp4-2d")
+    nvfp4_sr = nvfp4.replace(rounding="sr")
+    quantize_pair(x, Direction(nvfp4, None, values_dtype=bf16),
+                  Direction(nvfp4, None, 16, (seed, 9)))  # fmt: skip
+    quantize_pair(x, Direction(square, None, values_dtype=bf16),
+                  Direction(square, None, values_dtype=bf16))  # fmt: skip
+    quantize_pair(x, Direction(nvfp4_sr, (seed, 2), values_dtype=bf16),
+                  Direction(nvfp4_sr, (seed, 4), 16, (seed, 9), bf16))  # fmt: skip
+    scales16 = torch.zeros(96, 4, dtype=torch.uint8)
+    dequantize_e2m1(codes, scales16, torch.zeros(1), nvfp4, (64, 96), 0, bf16)
 
 
 if __name__ == "__main__":
@@ -114,6 +126,7 @@ if __name__ == "__main__":
 
     kernels = [
         (launch_pair, "quantize_pair_kernel"),
+        (launch_pair, "amax_pair_kernel"),
         (launch, "quantize_kernel"),
         (launch, "dequantize_kernel"),
     ]
