@@ -47,7 +47,7 @@ from fp4cli.sweep.runner import (
     run_point,
 )
 
-POLL_S = 2.0  # how often the coordinator looks at its jobs and shards
+POLL_S = 1.0  # how often the coordinator looks at its jobs and shards
 MAX_SUBMISSIONS = 3  # a point whose job dies this often is reported lost (run the sweep again)
 HEARTBEAT_S = 60.0
 
@@ -186,6 +186,13 @@ class _Coordinator:
 
     def _inspect(self, job: _Job) -> None:
         """A job this process submitted has ended: keep its failures without a run."""
+        if not job.handle.paths.result_pickle.exists():  # killed: result() would wait for it
+            for point in job.points:
+                self.messages[point] = (
+                    f"job {job.job_id} ended without a result (killed, or past its time "
+                    f"limit?); its log: {job.handle.paths.stderr}"
+                )
+            return
         try:
             returned = job.handle.result()
         except Exception as error:
