@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from fp4cli.cli.main import app
 from fp4cli.store import RunStore
 from fp4cli.sweep import SweepError, expand_points, load_sweep, parse_sweep, plan_sweep, run_sweep
-from fp4cli.sweep.launchers import ClusterOptions, executor_parameters
+from fp4cli.sweep.launchers import ClusterOptions, make_executor
 from fp4cli.sweep.remote import RemoteLaunch, run_remote
 
 FP4 = [sys.executable, "-m", "fp4cli.cli"]
@@ -123,7 +123,7 @@ def test_a_killed_job_is_submitted_again(tmp_path, started):
 
 
 def test_a_killed_coordinator_started_again_submits_nothing_twice(tmp_path, started):
-    path = _write(tmp_path, train=TRAIN | {"steps": 100},
+    path = _write(tmp_path, train=TRAIN | {"steps": 60},
                   slurm={"points_per_job": 3, "time_min": 5})  # fmt: skip
     db, shards = tmp_path / "s.db", tmp_path / "sweeps" / "tiny" / "shards"
     command = [*FP4, "sweep", str(path), "--store", str(db), "--launcher", "submitit-local"]
@@ -156,21 +156,21 @@ def test_a_killed_coordinator_started_again_submits_nothing_twice(tmp_path, star
 
 
 def test_slurm_options_from_the_file_and_the_command_line_reach_sbatch(tmp_path, monkeypatch):
+    import shutil
+
     from submitit.slurm.slurm import SlurmExecutor
 
     spec = parse_sweep(RAW | {"slurm": {"partition": "gpu", "time_min": 90, "gpus_per_job": 2,
                                         "sbatch": {"constraint": "h100"}}}, "t.yaml")  # fmt: skip
     options = spec.cluster.updated(account="lab", max_running=8)
-    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 1))
-    executor = SlurmExecutor(folder=tmp_path)
-    parameters = executor_parameters(options, "fp4-tiny", nodes=2, gpus_per_node=4)
-    parameters = {k.removeprefix("slurm_"): v for k, v in parameters.items()}
-    executor.update_parameters(**{("time" if k == "timeout_min" else k): v
-                                  for k, v in parameters.items()})  # fmt: skip
-    text = executor._make_submission_file_text("python -m job", "uid")
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 1))  # "on a cluster"
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: f"/usr/bin/{name}")
+    executor = make_executor("slurm", tmp_path, options, "fp4-tiny", nodes=2, gpus_per_node=4)
+    text = executor._executor._make_submission_file_text("python -m job", "uid")
     for line in ("--partition=gpu", "--account=lab", "--time=90", "--gpus-per-node=4",
-                 "--nodes=2", "--constraint=h100", "--job-name=fp4-tiny"):  # fmt: skip
-        assert f"#SBATCH {line}" in text
+                 "--nodes=2", "--ntasks-per-node=1", "--constraint=h100",
+                 "--job-name=fp4-tiny"):  # fmt: skip
+        assert f"#SBATCH {line}" in text, text
 
 
 @pytest.mark.parametrize(
@@ -199,5 +199,8 @@ def test_slurm_launcher_without_sbatch_and_an_unknown_launcher(tmp_path, monkeyp
     assert result.exit_code == 2 and "sbatch is not on this machine's PATH" in result.output
     result = runner.invoke(app, ["sweep", str(path), "--store", db, "--launcher", "pbs"])
     assert result.exit_code == 2 and "--launcher" in result.output
+    result = runner.invoke(app, ["sweep", str(path), "--store", db, "--partition", "gpu"])
+    assert result.exit_code == 2
+    assert "--partition: only with --launcher slurm or submitit-local" in result.output
     assert RunStore(db).list_runs() == []
     assert not Path(tmp_path / "sweeps" / "tiny" / "jobs.json").exists()

@@ -70,13 +70,20 @@ def sweep(
 
     from fp4cli.cli.output import console_for
     from fp4cli.store import RunStore
-    from fp4cli.sweep import load_sweep, plan_sweep, run_sweep
+    from fp4cli.sweep import SweepError, load_sweep, plan_sweep, run_sweep
     from fp4cli.sweep.launchers import LAUNCHERS, parse_sbatch_flags
     from fp4cli.sweep.runner import SilentSweepReporter, SweepStopped
 
     if launcher not in LAUNCHERS:
         raise typer.BadParameter(f"must be one of {', '.join(LAUNCHERS)}", param_hint="--launcher")
     spec = load_sweep(file)
+    given = {"--partition": partition, "--account": account, "--gpus-per-job": gpus_per_job,
+             "--cpus-per-job": cpus_per_job, "--time-min": time_min,
+             "--points-per-job": points_per_job, "--max-running": max_running,
+             "--sbatch": sbatch, "--sweep-dir": sweep_dir}  # fmt: skip
+    if launcher == "local" and any(value is not None for value in given.values()):
+        flags = ", ".join(name for name, value in given.items() if value is not None)
+        raise SweepError(f"{flags}: only with --launcher slurm or submitit-local")
     cluster = spec.cluster.updated(
         partition=partition, account=account, gpus_per_job=gpus_per_job,
         cpus_per_job=cpus_per_job, time_min=time_min, points_per_job=points_per_job,
@@ -85,6 +92,8 @@ def sweep(
     )  # fmt: skip
     console = Console(highlight=False)
     with RunStore(store) as run_store:
+        if launcher != "local" and not dry_run:  # what jobs finished meanwhile counts as done
+            _merge_finished(run_store, spec.name, sweep_dir)
         plan = plan_sweep(spec, run_store, record=not dry_run)
         if dry_run:
             table = _points_table(plan)
@@ -109,6 +118,13 @@ def sweep(
     console.print(_summary(spec.name, results, run_store.path))
     if any(r.status == "failed" for r in results):
         raise typer.Exit(1)
+
+
+def _merge_finished(store: Any, name: str, folder: Path | None) -> None:
+    from fp4cli.store.shards import merge_shards
+    from fp4cli.sweep.remote import sweep_folder
+
+    merge_shards(store, (folder or sweep_folder(store.path, name)) / "shards")
 
 
 def _run_remote(
