@@ -3,17 +3,18 @@
 A recipe mapping (a YAML file's content, less its `base:`; see fp4cli.recipes):
 
     description: one line
+    citation: where the method comes from (paper, code)   # shown by `fp4 recipes list`
     skip: [head, lm_head]           # modules kept in high precision (fnmatch patterns)
     linear:
       forward:     {x: mxfp4-ceil, w: mxfp4-ceil, hadamard: null}
       grad_input:  {dy: {preset: mxfp4-ceil, rounding: sr}, w: null}
-      grad_weight: {dy: mxfp4, x: mxfp4, hadamard: 64}       # or hadamard: {size: 64}
+      grad_weight: {dy: mxfp4, x: mxfp4, hadamard: 64}  # or {size: 64, random: false}
       double_quant: true
       dge: null                     # or {k: 5, cap: 3.0}; {} means the defaults
-      outliers: null                # or {quantile: 0.99, compensate: true}
+      outliers: null                # or {quantile: 0.99, compensate: false, method: nearest}
       qema: null                    # or {beta: 0.998, warmup: 10}
     optimizer:
-      qramp: null                   # or {alpha: 16, beta: 5, calibration_steps: 30, max_period: 16}
+      qramp: null                   # or {alpha: 16, beta: 5, max_period: null, interval: 500}
 
 An operand is null (high precision), a QuantSpec preset name, or a mapping of QuantSpec fields
 with an optional `preset:` that the other fields override. A missing key means null / false.
@@ -45,8 +46,8 @@ from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConf
 # tables are no linear layers anyway.
 DEFAULT_SKIP = ("head", "lm_head", "*embed*")
 GEMM_OPERANDS = {"forward": ("x", "w"), "grad_input": ("dy", "w"), "grad_weight": ("dy", "x")}
-FILE_KEYS = ("base", "description", "skip", "linear", "optimizer")
-DICT_KEYS = ("name", "description", "skip", "linear", "optimizer", "source")
+FILE_KEYS = ("base", "description", "citation", "skip", "linear", "optimizer")
+DICT_KEYS = ("name", "description", "citation", "skip", "linear", "optimizer", "source")
 LINEAR_KEYS = (*GEMM_OPERANDS, "double_quant", "dge", "outliers", "qema")
 TECHNIQUES = {"dge": DGEConfig, "outliers": OutlierConfig, "qema": QEMAConfig}
 # LinearConfig field names -> recipe keys, to re-path LinearConfig's SpecError messages.
@@ -82,15 +83,19 @@ class RecipeError(ValueError):
 @dataclass(frozen=True)
 class QRampConfig:
     """Q-Ramping (TetraJet): each weight updates every min(floor(R / alpha) * beta + 1,
-    max_period) steps, R its oscillation ratio over `calibration_steps` steps of plain AdamW.
-    Calibration repeats every `interval` steps (TetraJet: every epoch; our tasks sample batches
-    with replacement, so an interval in steps stands in). METHODS.md gives no value for
-    max_period (N_max); 16 is our default."""
+    max_period) steps, R its oscillation ratio over `calibration_steps` differences measured in
+    calibration_steps + 1 steps of plain AdamW (fp4cli.train.qramp).
+
+    max_period (N_max): null means the task's steps per epoch, as TetraJet's code (about 1,251
+    for DeiT on ImageNet); a task that draws fresh samples every step has no epoch and uses
+    `interval`. Calibration repeats every `interval` steps (TetraJet: at every epoch's start;
+    our small tasks have epochs of a few dozen steps, where a 31-step calibration each epoch
+    would cost more than the training, so the interval is its own option)."""
 
     alpha: float = 16.0
     beta: int = 5
     calibration_steps: int = 30
-    max_period: int = 16
+    max_period: int | None = None
     interval: int = 500
 
     def __post_init__(self) -> None:
@@ -99,8 +104,13 @@ class QRampConfig:
             raise SpecError(f"alpha: must be a positive number (got {a!r})")
         for name in ("beta", "calibration_steps", "max_period", "interval"):
             value = getattr(self, name)
+            if name == "max_period" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"{name}: must be a positive integer (got {value!r})")
+                expected = "null or a positive integer" if name == "max_period" else ""
+                raise SpecError(
+                    f"{name}: must be {expected or 'a positive integer'} (got {value!r})"
+                )
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,7 @@ class Recipe:
     linear: LinearConfig
     qramp: QRampConfig | None
     source: str
+    citation: str = ""  # the method's paper and code, for people (no effect on training)
 
     def skips(self, module_name: str) -> bool:
         """Whether the module with this dotted name stays in high precision."""
@@ -129,6 +140,7 @@ class Recipe:
         return {
             "name": self.name,
             "description": self.description,
+            "citation": self.citation,
             "skip": list(self.skip),
             "linear": linear,
             "optimizer": {"qramp": _asdict(self.qramp)},
@@ -176,6 +188,7 @@ def build_recipe(raw: Any, label: str, *, keys: Sequence[str], name: str, source
     return Recipe(
         name=_string(top.get("name", name), label, "name"),
         description=_string(top.get("description", ""), label, "description"),
+        citation=_string(top.get("citation", ""), label, "citation"),
         skip=tuple(skip),
         linear=_linear(top.get("linear") or {}, label),
         qramp=_config(optimizer.get("qramp"), QRampConfig, label, "optimizer.qramp"),
@@ -194,8 +207,9 @@ def _linear(raw: Any, label: str) -> LinearConfig:
         hadamard = ops.get("hadamard")
         if isinstance(hadamard, int) and not isinstance(hadamard, bool):
             hadamard = {"size": hadamard}
+        expected = "null, a size or {size: N, random: true | false}"
         fields[f"{gemm}_hadamard"] = _config(
-            hadamard, HadamardConfig, label, f"{key}.hadamard", "null, a size or {size: N}"
+            hadamard, HadamardConfig, label, f"{key}.hadamard", expected
         )
     fields["double_quant"] = lin.get("double_quant", False)
     if not isinstance(fields["double_quant"], bool):
@@ -302,4 +316,13 @@ def _wrap(
 
 
 def _asdict(config: Any) -> dict[str, Any] | None:
-    return None if config is None else dataclasses.asdict(config)
+    """A config's fields; a field marked `omit_default` (an option added later) only when it is
+    not at its default, so what was resolved before the option keeps its form (and a sweep
+    point its id)."""
+    if config is None:
+        return None
+    return {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if not (f.metadata.get("omit_default") and getattr(config, f.name) == f.default)
+    }

@@ -49,6 +49,9 @@ class Task(Protocol):
     size: str
     defaults: TaskDefaults
     primary_metric: str  # the evaluation metric reports compare (e.g. "val_loss", "top1")
+    # the training set's size in examples (images, windows of the text), or None for a task
+    # that draws fresh samples every step (it has no epochs)
+    train_examples: int | None
 
     def build_model(self) -> nn.Module: ...
 
@@ -101,6 +104,14 @@ def task_defaults(name: str, size: str) -> TaskDefaults | None:
         return None
     module = importlib.import_module(_REGISTRY[name].__module__)
     return getattr(module, "DEFAULTS", {}).get(size)
+
+
+def steps_per_epoch(task: Task, batch_size: int) -> int | None:
+    """Whole batches in one pass over the task's training set (a partial last batch dropped,
+    as DeiT's loader does; at least 1), or None for a task without epochs."""
+    if task.train_examples is None:
+        return None
+    return max(1, task.train_examples // batch_size)
 
 
 def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:

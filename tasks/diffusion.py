@@ -79,6 +79,7 @@ class DiffusionTask:
         _, scheduler_class = _diffusers()
         self.scheduler = scheduler_class(num_train_timesteps=TRAIN_TIMESTEPS)
         self.train_images = self.data.train_images.to(device)  # (N, 3, S, S) uint8
+        self.train_examples: int | None = len(self.train_images)
         self.eval_images = self.data.val_images[: self.config.eval_images].to(device)
         steps = torch.linspace(0, TRAIN_TIMESTEPS - 1, EVAL_TIMESTEPS)
         self.eval_timesteps = steps.round().long().tolist()  # 0, 111, ..., 999

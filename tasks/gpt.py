@@ -62,6 +62,8 @@ class GPTTask:
         self.block_size = self.config.model.block_size
         self.data = load_text(data, self.block_size)
         self.train_bytes = self.data.train_bytes.to(device)  # (N,) uint8
+        # an epoch: the training bytes cut into windows of block_size next-byte targets
+        self.train_examples: int | None = (len(self.train_bytes) - 1) // self.block_size
         self.val_windows = self._val_windows()  # (W, T + 1) int64
 
     def _val_windows(self) -> torch.Tensor:

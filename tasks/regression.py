@@ -97,6 +97,7 @@ class RegressionTask:
         self.config = pick_size(self.name, SIZES, size)
         self.defaults = DEFAULTS[size]
         self.device = device
+        self.train_examples: int | None = None  # fresh samples every step
         self.teacher = Teacher(self.config, device)
         generator = torch.Generator().manual_seed(VAL_SEED)
         val_inputs = torch.randn(

@@ -61,6 +61,7 @@ class VitTask:
         self.data = load_images(data, self.config.image_size)
         self.train_images = self.data.train_images.to(device)  # (N, 3, S, S) uint8
         self.train_labels = self.data.train_labels.to(device)  # (N,)
+        self.train_examples: int | None = len(self.train_labels)
         self.val_images = self.data.val_images.to(device)  # (M, 3, S, S) uint8
         self.val_labels = self.data.val_labels.to(device)  # (M,)
 

@@ -317,6 +317,8 @@ def _block_ids(shape: tuple[int, ...], spec: Any) -> tuple[np.ndarray, tuple[int
         return np.broadcast_to(lead_index, shape), (*lead, 1)
     if spec.block == "tensor":
         return np.zeros(shape, dtype=np.int64), (1,)
+    if spec.block == "column":  # one block per position along the axis
+        return position, (length,)
     b = int(spec.block)
     n_blocks = -(-length // b)
     return lead_index * n_blocks + position // b, (*lead, n_blocks)

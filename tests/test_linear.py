@@ -99,7 +99,8 @@ def test_hadamard_gemms_equal_composition():
 
 
 def test_outlier_compensation_restores_the_clamped_part():
-    config = LinearConfig(forward_x=MX_CEIL, outliers=OutlierConfig(0.9, compensate=True))
+    outliers = OutlierConfig(0.9, compensate=True, method="linear")
+    config = LinearConfig(forward_x=MX_CEIL, outliers=outliers)
     _, layer = _pair(config, in_features=64, out_features=16)
     x = torch.randn(12, 64)
     x[3, 5] = 80.0  # an outlier

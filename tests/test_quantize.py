@@ -320,6 +320,9 @@ def test_nonfinite_poisons_only_its_block(spec, bad):
     elif spec.block == "row":
         poisoned = torch.zeros_like(x, dtype=torch.bool)
         poisoned[3] = True
+    elif spec.block == "column":
+        poisoned = torch.zeros_like(x, dtype=torch.bool)
+        poisoned[:, 17] = True
     elif spec.tile2d:
         b = int(spec.block)
         poisoned = torch.zeros_like(x, dtype=torch.bool)

@@ -17,12 +17,17 @@ from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConf
 SHIPPED = [
     "bf16",
     "mxfp4",
+    "mxfp4-dht",
     "nvfp4",
     "tetrajet",
+    "tetrajet-baseline",
     "tetrajet-qema",
     "tetrajet-qramp",
+    "tseng-baseline",
     "tseng-rht-sr",
     "ue5m3-hadamard-sr",
+    "ufp4",
+    "wang-direct",
     "wang-fp4",
 ]
 BACKWARD = ("grad_input_dy", "grad_input_w", "grad_weight_dy", "grad_weight_x")
@@ -47,7 +52,7 @@ def test_public_api_is_fp4cli_recipes() -> None:
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_recipe_round_trips(name: str, tmp_path: Path) -> None:
     recipe = load_recipe(name)
-    assert recipe.name == name and recipe.description
+    assert recipe.name == name and recipe.description and recipe.citation
     as_json = json.loads(json.dumps(recipe.to_dict()))
     assert "base" not in as_json
     assert Recipe.from_dict(as_json, source="test") == recipe
@@ -77,14 +82,52 @@ def test_shipped_recipe_settings() -> None:
     assert nv.forward_x == nv.grad_weight_x == QuantSpec.preset("nvfp4")
     assert nv.grad_weight_hadamard == HadamardConfig(16) and nv.grad_input_hadamard is None
 
+    # Wang et al. as its code runs: weight scale per input channel, one E5M2 tensor for dY,
+    # nearest-rank clamping without compensation
     wang = load_recipe("wang-fp4").linear
-    assert wang.forward_x == wang.forward_w == QuantSpec.preset("fp4-row")
-    assert wang.grad_input_dy == wang.grad_weight_dy == QuantSpec.preset("fp8-e4m3")
-    assert wang.dge == DGEConfig(k=5, cap=3) and wang.outliers == OutlierConfig(0.99, True)
+    assert wang.forward_x == QuantSpec.preset("fp4-row")
+    assert wang.forward_w == QuantSpec(block="column", scale_rule="ceil")
+    assert wang.grad_input_dy == wang.grad_weight_dy == QuantSpec.preset("fp8-e5m2-tensor")
+    assert wang.grad_input_dy.block == "tensor" and wang.grad_input_dy.element == "e5m2"
+    assert wang.grad_input_w == wang.grad_weight_x == QuantSpec.preset("fp8-e4m3-tensor")
+    assert wang.dge == DGEConfig(k=5, cap=3) and wang.double_quant
+    assert wang.outliers == OutlierConfig(0.99, compensate=False, method="nearest")
+    direct = load_recipe("wang-direct").linear
+    assert direct == dataclasses.replace(wang, dge=None, outliers=None)
 
+    # the per-paper baselines
+    tj_base = load_recipe("tetrajet-baseline").linear
+    assert tj_base == dataclasses.replace(
+        tj,
+        **{
+            op: tj.spec(op).replace(scale_rule="floor")
+            for op in (*BACKWARD, "forward_x", "forward_w")
+        },
+    )
+    tseng_base = load_recipe("tseng-baseline").linear
+    assert tseng_base.forward_x is None and tseng_base.forward_w is None
+    assert all(tseng_base.spec(op) == QuantSpec(rounding="away") for op in BACKWARD)
+    assert all(tseng_base.hadamard(g) is None for g in ("forward", "grad_input", "grad_weight"))
+
+    # the newer methods: a uniform grid (UFP4), a deterministic Hadamard (MXFP4 on MI355X)
+    ufp4 = load_recipe("ufp4").linear
+    assert all(ufp4.spec(op).element == "e1m2" for op in (*BACKWARD, "forward_x", "forward_w"))
+    assert [op for op in BACKWARD if ufp4.spec(op).rounding == "sr"] == [
+        "grad_input_dy",
+        "grad_weight_dy",
+    ]
+    assert all(
+        ufp4.hadamard(g) == HadamardConfig(16) for g in ("forward", "grad_input", "grad_weight")
+    )
+    dht = load_recipe("mxfp4-dht").linear
+    assert dht.grad_weight_hadamard == HadamardConfig(32, random=False)
+    assert dataclasses.replace(dht, grad_weight_hadamard=None) == mx
+
+    # Hu et al.: SR operands with the UE5M3 scale rounded up (nothing clips), RNE forward
     hu = load_recipe("ue5m3-hadamard-sr").linear
     assert hu.forward_x == QuantSpec.preset("mxfp4-ue5m3")
-    assert all(hu.spec(op) == QuantSpec.preset("mxfp4-ue5m3", rounding="sr") for op in BACKWARD)
+    sr_up = QuantSpec.preset("mxfp4-ue5m3", rounding="sr", scale_rule="ceil")
+    assert all(hu.spec(op) == sr_up for op in BACKWARD)
     assert all(
         hu.hadamard(g) == HadamardConfig(32) for g in ("forward", "grad_input", "grad_weight")
     )
@@ -98,7 +141,7 @@ def test_inheritance_changes_only_the_child_keys() -> None:
     assert qema.linear == dataclasses.replace(base.linear, qema=QEMAConfig(beta=0.998))
     assert qema.skip == base.skip and qema.qramp is None
     assert qramp.linear == base.linear
-    assert qramp.qramp == QRampConfig(alpha=16, beta=5, calibration_steps=30)
+    assert qramp.qramp == QRampConfig(alpha=16, beta=5, calibration_steps=30, max_period=None)
 
 
 def test_inheritance_merge_rules(tmp_path: Path) -> None:
@@ -188,7 +231,7 @@ ERRORS = [
     (
         "linear:\n  grad_input: {hadamard: true}\n",
         "linear.grad_input.hadamard",
-        "must be null, a size or {size: N} (got True)",
+        "must be null, a size or {size: N, random: true | false} (got True)",
     ),
     ("linear:\n  double_quant: 3\n", "linear.double_quant", "must be true or false"),
     (

@@ -1,12 +1,15 @@
-"""`fp4 report`: final metrics of chosen runs against the BF16 and naive-MXFP4 baselines, the
+"""`fp4 report`: final metrics of chosen runs against BF16 and a baseline recipe, the
 estimated cost of each recipe, and the Pareto front of the two.
 
-A run's baselines are the finished runs of the recipes `bf16` and `mxfp4` with the same task,
-size, steps, batch size, seed and data (of the same sweep when there is one, else the newest).
-On the task's primary metric (val_loss, eval_loss: lower is better; top1: higher is better):
+A run's references are the finished runs of the recipe `bf16` and of the baseline recipe
+(`mxfp4`, naive MXFP4, unless the report names another: a paper's own baseline such as
+`tseng-baseline`, `tetrajet-baseline` or `wang-direct`, or a sweep file's `baseline:`) with the
+same task, size, steps, batch size, seed and data (of the same sweep when there is one, else the
+newest). On the task's primary metric (val_loss, eval_loss: lower is better; top1: higher is
+better):
 
-    gap    = metric - bf16 metric     (top1: bf16 top1 - top1), so a positive gap is worse
-    closed = 1 - gap / gap(mxfp4)     the share of naive MXFP4's gap that the recipe closes
+    gap    = metric - bf16 metric          (top1: bf16 top1 - top1): a positive gap is worse
+    closed = 1 - gap / gap(baseline)       the share of the baseline's gap the recipe closes
 
 A diverged run has an infinite gap. The estimated cost is the cost model's time of the run's
 linear layers (the GEMM shapes its first step recorded) with the recipe, over the same layers in
@@ -31,7 +34,7 @@ PRIMARY_METRICS = {
     "gpt": "val_loss",
 }
 HIGHER_IS_BETTER = ("top1",)
-BASELINES = ("bf16", "mxfp4")
+DEFAULT_BASELINE = "mxfp4"
 KEY_FIELDS = ("size", "steps", "batch_size", "data")  # with task and seed: comparable runs
 
 
@@ -47,7 +50,7 @@ class ReportRow:
     value: float
     bf16: float | None = None  # the bf16 baseline's metric
     gap: float | None = None
-    mxfp4_gap: float | None = None
+    baseline_gap: float | None = None  # the baseline recipe's gap (mxfp4 unless chosen)
     closed: float | None = None
     cost_ratio: float | None = None  # estimated time / BF16 time of the run's linear layers
     pareto: bool = False
@@ -60,9 +63,11 @@ class Report:
     rows: list[ReportRow]
     target: str  # the cost model's device profile
     notes: list[str] = field(default_factory=list)
+    baseline: str = DEFAULT_BASELINE  # the recipe whose gap `closed` is a share of
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "notes": self.notes, "runs": [asdict(r) for r in self.rows]}
+        runs = [asdict(r) for r in self.rows]
+        return {"target": self.target, "baseline": self.baseline, "notes": self.notes, "runs": runs}
 
 
 def select_runs(
@@ -91,23 +96,49 @@ def select_runs(
     return done
 
 
+def sweep_baseline(store: Any, sweep: str | None) -> str | None:
+    """The baseline recipe a sweep file names (`baseline:`), or None (no sweep, or one that
+    names none: mxfp4)."""
+    if sweep is None:
+        return None
+    ref = store.get_sweep(sweep)["spec"].get("baseline")
+    if not ref:
+        return None
+    from pathlib import Path
+
+    from fp4cli.recipe_loader import names_a_file
+
+    return Path(ref).stem if names_a_file(ref) else str(ref)
+
+
 def build_report(
     store: Any,
     runs: Sequence[dict[str, Any]],
     metric: str | None = None,
     target: str = "h100",
     measured: bool = True,
+    baseline: str | None = None,
 ) -> Report:
-    """Rows for `runs` with their gaps and estimated costs; the Pareto front marked."""
+    """Rows for `runs` with their gaps, the share of the baseline recipe's gap each closes
+    (`baseline`, default mxfp4; one named must have a comparable run), and their estimated
+    costs; the Pareto front marked."""
     from fp4cli.cost import profile_for
 
     profile = profile_for(target)
     rates, note = _rates(store, profile, measured)
-    report = Report([], profile.name, [f"cost model: {profile.name} profile; {note}"])
-    baselines = _Baselines(store)
+    notes = [f"cost model: {profile.name} profile; {note}"]
+    named, baseline = baseline is not None, baseline or DEFAULT_BASELINE
+    report = Report([], profile.name, notes, baseline)
+    baselines = _Baselines(store, ("bf16", baseline))
+    if named and not baselines.by_key.keys() & _keys_of(baseline, runs):
+        raise AnalysisError(
+            f"no finished run of the baseline recipe {baseline!r} comparable to the chosen runs "
+            f"(same task, size, steps, batch, seed, data): train it, or list it in the sweep's "
+            f"baselines"
+        )
     for run in runs:
         row = _row(store, run, metric)
-        _compare(row, run, baselines)
+        _compare(row, run, baselines, baseline)
         row.cost_ratio = _cost_ratio(store, run, profile, rates)
         report.rows.append(row)
     mark_pareto(report.rows)
@@ -166,15 +197,19 @@ def _row(store: Any, run: dict[str, Any], metric: str | None) -> ReportRow:
     )
 
 
-class _Baselines:
-    """The finished bf16 and mxfp4 runs by comparable key, and their final metrics, each looked
-    up once for the whole report."""
+def _keys_of(recipe: str, runs: Sequence[dict[str, Any]]) -> set[tuple[Any, ...]]:
+    return {(recipe, *_comparable(run)) for run in runs}
 
-    def __init__(self, store: Any) -> None:
+
+class _Baselines:
+    """The finished runs of the reference recipes (bf16 and the baseline) by comparable key,
+    and their final metrics, each looked up once for the whole report."""
+
+    def __init__(self, store: Any, recipes: Sequence[str]) -> None:
         self.store = store
         self.by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         for run in store.list_runs(status="finished"):  # newest first
-            if run["recipe"] in BASELINES:
+            if run["recipe"] in recipes:
                 self.by_key.setdefault((run["recipe"], *_comparable(run)), []).append(run)
         self.values: dict[tuple[str, str], float | None] = {}
 
@@ -194,14 +229,14 @@ class _Baselines:
         return self.values[run_id, metric]
 
 
-def _compare(row: ReportRow, run: dict[str, Any], baselines: _Baselines) -> None:
-    """Fill the row's baseline value, gap, MXFP4 gap and closed share."""
+def _compare(row: ReportRow, run: dict[str, Any], baselines: _Baselines, baseline: str) -> None:
+    """Fill the row's bf16 value, gap, the baseline's gap and the closed share."""
     values: dict[str, float] = {}
-    for recipe in BASELINES:
-        baseline = baselines.find(run, recipe)
-        if baseline is not None:
-            row.baseline_runs[recipe] = baseline["id"]
-            value = baselines.value(baseline["id"], row.metric)
+    for recipe in ("bf16", baseline):
+        reference = baselines.find(run, recipe)
+        if reference is not None:
+            row.baseline_runs[recipe] = reference["id"]
+            value = baselines.value(reference["id"], row.metric)
             if value is not None:
                 values[recipe] = value
     bf16 = values.get("bf16")
@@ -209,10 +244,10 @@ def _compare(row: ReportRow, run: dict[str, Any], baselines: _Baselines) -> None
         return
     row.bf16 = bf16
     row.gap = _gap(row.metric, row.value, bf16)
-    if values.get("mxfp4") is not None:
-        row.mxfp4_gap = _gap(row.metric, values["mxfp4"], bf16)
-        if row.mxfp4_gap > 0 and math.isfinite(row.gap):
-            row.closed = 1 - row.gap / row.mxfp4_gap
+    if values.get(baseline) is not None:
+        row.baseline_gap = _gap(row.metric, values[baseline], bf16)
+        if row.baseline_gap > 0 and math.isfinite(row.gap):
+            row.closed = 1 - row.gap / row.baseline_gap
 
 
 def _gap(metric: str, value: float, bf16: float) -> float:

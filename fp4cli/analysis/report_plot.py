@@ -1,9 +1,10 @@
 """`fp4 report`'s figures: the Pareto plane (gap vs estimated cost) and curves against BF16.
 
 A point is a (task, label): a recipe, or a sweep's point, over its seeds. Both figures draw a
-point with one colour (bf16 black, mxfp4 red, the others from one palette in the report's
-order) and name it by its number in the report's table; seeds are a mean with a band (the
-curves) or a range (the plane), never one line or marker each.
+point with one colour (bf16 black, the report's baseline recipe red: mxfp4 unless it names
+another; the others from one palette in the report's order) and name it by its number in the
+report's table; seeds are a mean with a band (the curves) or a range (the plane), never one
+line or marker each.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fp4cli.analysis.report import Report, ReportRow
 
 CURVE_POINTS = 8  # besides the baselines, the best points by gap get a curve
 SMOOTHING = 0.9  # exponential moving average of the train loss
-BASELINE_COLOURS = {"bf16": "black", "mxfp4": "tab:red"}
+BF16_COLOUR, BASELINE_COLOUR = "black", "tab:red"
 PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
            "tab:olive", "tab:cyan", "navy", "teal")  # fmt: skip
 
@@ -32,10 +33,15 @@ class Point:
     label: str
     recipe: str
     rows: list[ReportRow]
+    colour: str | None = None  # a baseline's own colour (bf16, the report's baseline)
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.colour is not None
 
     @property
     def name(self) -> str:
-        if self.recipe in BASELINE_COLOURS:
+        if self.is_baseline:
             return self.recipe
         return f"#{self.number} {_short(self.label)}"
 
@@ -50,11 +56,13 @@ class Point:
 
 def points_of(report: Report) -> list[Point]:
     """The report's points in its order (best first), each with its seeds' rows."""
+    own = {"bf16": BF16_COLOUR, report.baseline: BASELINE_COLOUR}
     points: dict[tuple[str, str], Point] = {}
     for row in report.rows:
         key = (row.task, row.label)
         if key not in points:
-            points[key] = Point(row.point or len(points) + 1, row.label, row.recipe, [])
+            colour = own.get(row.recipe)
+            points[key] = Point(row.point or len(points) + 1, row.label, row.recipe, [], colour)
         points[key].rows.append(row)
     return list(points.values())
 
@@ -63,8 +71,8 @@ def colours(points: Sequence[Point]) -> dict[int, str]:
     """A colour per point number: the baselines' own, the palette for the others in order."""
     chosen, others = {}, 0
     for point in points:
-        if point.recipe in BASELINE_COLOURS:
-            chosen[point.number] = BASELINE_COLOURS[point.recipe]
+        if point.colour is not None:
+            chosen[point.number] = point.colour
         else:
             chosen[point.number] = PALETTE[others % len(PALETTE)]
             others += 1
@@ -82,7 +90,7 @@ def pareto_png(report: Report, path: str | Path) -> Path | None:
     figure, (ax,) = new_figure(width=7.5, height=5.2)
     for point in points:
         x, y = point.mean("cost_ratio"), point.mean("gap")
-        baseline = point.recipe in BASELINE_COLOURS
+        baseline = point.is_baseline
         spread = point.spread("gap")
         if spread is not None:
             ax.plot([x, x], spread, color=colour[point.number], lw=1.0, alpha=0.5)
@@ -118,11 +126,12 @@ def curves_png(store: Any, report: Report, path: str | Path) -> Path:
     series = {p.number: _series(store, p, metric) for p in points}
     for point in points:
         train, _ = series[point.number]
-        _band(loss_ax, train, colour[point.number], point.name, smooth=True)
+        _band(loss_ax, train, colour[point.number], point.name, True, point.is_baseline)
     evaluations = max((len(m) for _, m in series.values()), default=0)
     if evaluations > 1:
         for point in points:
-            _band(metric_ax, series[point.number][1], colour[point.number], point.name)
+            _band(metric_ax, series[point.number][1], colour[point.number], point.name,
+                  bold=point.is_baseline)  # fmt: skip
         metric_ax.set(xlabel="step", ylabel=metric, title=f"{metric} over steps")
     else:
         _final_values(metric_ax, points, colour, metric)
@@ -135,8 +144,8 @@ def curves_png(store: Any, report: Report, path: str | Path) -> Path:
 
 
 def _curve_points(points: list[Point]) -> list[Point]:
-    baselines = [p for p in points if p.recipe in BASELINE_COLOURS]
-    others = [p for p in points if p.recipe not in BASELINE_COLOURS][:CURVE_POINTS]
+    baselines = [p for p in points if p.is_baseline]
+    others = [p for p in points if not p.is_baseline][:CURVE_POINTS]
     return baselines + others
 
 
@@ -153,7 +162,7 @@ def _series(store: Any, point: Point, metric: str) -> tuple[dict, dict]:
 
 
 def _band(ax: Any, by_step: dict[int, list[float]], colour: str, label: str,
-          smooth: bool = False) -> None:  # fmt: skip
+          smooth: bool = False, bold: bool = False) -> None:  # fmt: skip
     steps = sorted(by_step)
     if not steps:
         return
@@ -162,7 +171,7 @@ def _band(ax: Any, by_step: dict[int, list[float]], colour: str, label: str,
     high = [max(by_step[s]) for s in steps]
     if smooth:
         mean, low, high = _smooth(mean), _smooth(low), _smooth(high)
-    ax.plot(steps, mean, color=colour, lw=1.6 if label in BASELINE_COLOURS else 1.1, label=label)
+    ax.plot(steps, mean, color=colour, lw=1.6 if bold else 1.1, label=label)
     if any(len(by_step[s]) > 1 for s in steps):
         ax.fill_between(steps, low, high, color=colour, alpha=0.15, lw=0)
 

@@ -17,12 +17,12 @@ GEMM_OPERANDS = {"forward": ("x", "w"), "grad_input": ("dy", "w"), "grad_weight"
 
 @app.command("list")
 def list_command() -> None:
-    """List the shipped recipes and the GEMM operands each one quantizes."""
+    """List the shipped recipes, where each comes from, and the GEMM operands it quantizes."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
+    from fp4cli.cli.output import console_for
     from fp4cli.recipes import list_recipes, load_recipe
 
     names = list_recipes()
@@ -31,16 +31,18 @@ def list_command() -> None:
         box=box.SIMPLE_HEAD,
         show_lines=True,
     )
-    table.add_column("recipe", min_width=max(map(len, names)))
+    table.add_column("recipe", min_width=max(map(len, names)), max_width=40)
     for gemm in GEMM_OPERANDS:
         table.add_column(gemm, no_wrap=True)
     table.add_column("techniques", no_wrap=True)
     for name in names:
         recipe = load_recipe(name)
         title = Text(name, style="bold").append("\n" + recipe.description, style="dim")
+        if recipe.citation:
+            title.append("\nsource: " + recipe.citation, style="italic")
         cells = [_gemm_cell(recipe, gemm) for gemm in GEMM_OPERANDS]
         table.add_row(title, *cells, _techniques(recipe))
-    Console().print(table)
+    console_for(table).print(table)
 
 
 @app.command("show")
@@ -79,22 +81,32 @@ def _gemm_cell(recipe: Recipe, gemm: str) -> str:
             groups.setdefault(_label(spec), []).append(op)
     lines = [f"{','.join(ops)} {label}" for label, ops in groups.items()]
     hadamard = recipe.linear.hadamard(gemm)
-    if hadamard is not None:
-        lines.append(f"rht{hadamard.size}")
+    if hadamard is not None:  # rht: random signs; dht: deterministic
+        lines.append(f"{'rht' if hadamard.random else 'dht'}{hadamard.size}")
     return "\n".join(lines) or "-"
 
 
 def _label(spec: QuantSpec) -> str:
-    """The preset a spec comes from (plus its rounding), else its short form."""
+    """The preset a spec comes from, with the fields it changes ('nvfp4/e1m2',
+    'mxfp4-ue5m3/ceil') and its rounding ('+sr'), else its short form."""
     plain = spec.replace(rounding="rne", sr_prescale=1.0)
-    for name in spec.PRESETS:
-        if spec.preset(name) == plain:
-            if spec.rounding == "rne":
-                return name
-            return f"{name}+{spec.rounding}" + (
-                f"{spec.sr_prescale:g}" if spec.sr_prescale != 1 else ""
-            )
+    rounding = "" if spec.rounding == "rne" else f"+{spec.rounding}"
+    rounding += f"{spec.sr_prescale:g}" if spec.sr_prescale != 1 else ""
+    nearest = min(spec.PRESETS, key=lambda name: len(_changes(plain, name)))
+    changed = _changes(plain, nearest)
+    if len(changed) <= 1:
+        return "/".join([nearest, *changed]) + rounding
     return spec.short()
+
+
+def _changes(spec: QuantSpec, preset: str) -> list[str]:
+    """The fields in which `spec` differs from a preset: values (a flag by its name)."""
+    base = spec.preset(preset)
+    return [
+        field if isinstance(getattr(spec, field), bool) else str(getattr(spec, field))
+        for field in spec.field_names()
+        if getattr(spec, field) != getattr(base, field)
+    ]
 
 
 def _techniques(recipe: Recipe) -> str:

@@ -1,4 +1,4 @@
-"""`fp4 report`: chosen runs against BF16 and naive MXFP4, estimated cost, Pareto front."""
+"""`fp4 report`: chosen runs against BF16 and a baseline recipe, estimated cost, Pareto front."""
 
 from __future__ import annotations
 
@@ -21,6 +21,14 @@ def report(
     metric: Annotated[
         str | None, Opt(help="Compare on this metric (default: the task's: val_loss, top1...).")
     ] = None,
+    baseline: Annotated[
+        str | None,
+        Opt(
+            help="The recipe whose gap the closed share divides (default: the sweep file's "
+            "baseline, else mxfp4), e.g. tseng-baseline, tetrajet-baseline, wang-direct.",
+            show_default=False,
+        ),
+    ] = None,
     target: Annotated[
         str, Opt(help="Device profile of the cost model: h100, h200, b200, a100...")
     ] = "h100",
@@ -39,9 +47,10 @@ def report(
     ] = None,
 ) -> None:
     """Final metrics of chosen runs (named, a sweep, a tag, or all), the gap to the BF16 run of
-    the same task, size, steps, batch and seed, the share of naive MXFP4's gap each recipe
-    closes, the cost model's estimated time against BF16, and the Pareto front of gap vs cost."""
-    from fp4cli.analysis.report import build_report, select_runs
+    the same task, size, steps, batch and seed, the share of a baseline recipe's gap each
+    recipe closes (naive MXFP4's unless --baseline), the cost model's estimated time against
+    BF16, and the Pareto front of gap vs cost."""
+    from fp4cli.analysis.report import build_report, select_runs, sweep_baseline
     from fp4cli.cli.output import output_file, output_folder
     from fp4cli.store import RunStore
 
@@ -49,7 +58,8 @@ def report(
     output_file(csv, "--csv")
     with RunStore(store, create=False) as run_store:
         chosen = select_runs(run_store, runs or (), sweep, tag, task)
-        result = build_report(run_store, chosen, metric, target, measured)
+        baseline = baseline or sweep_baseline(run_store, sweep)
+        result = build_report(run_store, chosen, metric, target, measured, baseline)
         written = _write_plots(run_store, result, plots) if plots is not None else []
     if csv is not None:
         written.append(_write_csv(result, csv))
@@ -110,8 +120,9 @@ def _table(result: Any, top: int) -> Any:
     table.caption = (
         "#: the point's number in the figures (its seeds share it), * on the Pareto front of gap "
         "vs cost; "
-        "gap: metric - bf16 (top1: bf16 - top1), positive is worse; closed: share of the mxfp4 "
-        f"gap closed; cost: estimated time of the linear layers / bf16 on {result.target}"
+        "gap: metric - bf16 (top1: bf16 - top1), positive is worse; closed: share of the "
+        f"{result.baseline} gap closed; cost: estimated time of the linear layers / bf16 on "
+        f"{result.target}"
     )
     return table
 

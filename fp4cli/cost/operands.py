@@ -5,7 +5,7 @@ Hadamard size when the GEMM has one, and to a multiple of the block):
     codes  = padded elements x element bits / 8      (4-bit: 2 per byte; FP8: 1 byte)
     scales = scale count x scale bytes (+ 4 for an FP32 tensor scale)
              scale count: along / block x across (block x block tiles: x across / block);
-             "row": one per vector along the axis (across); "tensor": one
+             "row": one per vector along the axis (across); "column": along; "tensor": one
              scale bytes: 1 for E8M0, UE5M3 and UE4M3 codes, 4 for FP32, 2 for BF16
 
 The quantize pass reads the BF16 operand once and writes codes and scales:
@@ -19,7 +19,8 @@ bytes of their own:
     stochastic rounding: one Philox4x32-10 call per 4 elements, 100 ops a call (10 rounds of two
         32x32-bit multiplies, each two ops for its high and low halves, four xors and two key
         additions), plus 2 ops per element to turn the word into noise and add it.
-A spec with a tensor scale (or block "tensor") first needs the tensor's amax: one more pass,
+A spec with a tensor scale (or block "tensor" or "column") first needs the tensor's amax (or
+its columns'): one more pass,
     bytes = 2 n, ops = 2 per element (+ log2(h) when the amax is of the transformed tensor).
 A "row" scale is computed in the quantize pass (the vector is assumed to fit on chip).
 An operand left in high precision under a Hadamard GEMM is transformed in a pass of its own:
@@ -104,7 +105,7 @@ def philox_ops(elements: int) -> int:
 
 
 def needs_amax_pass(spec: QuantSpec) -> bool:
-    return spec.tensor_scale or spec.block == "tensor"
+    return spec.tensor_scale or spec.block in ("tensor", "column")
 
 
 def quantize_parts(spec: QuantSpec, size: OperandSize, hadamard: int | None) -> list[Work]:

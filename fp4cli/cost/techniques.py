@@ -6,10 +6,11 @@ the forward_x quantizer clamps with the two bounds (2 ops per element, fused int
     quantile pass: bytes = 2 M K + d M K x 6, ops = 20 per element
     d = 2 (1 - q), the residual's density: values beyond either tail (about 2% at q = 0.99);
     a sparse entry is a BF16 value and an int32 column index (6 bytes).
-With compensation, the residual goes through a BF16 GEMM with W and is added to Y:
-    FLOP = 2 d M N K at the BF16 tensor-core rate (a sparse kernel assumed as fast per useful
-    FLOP as a dense one: optimistic; a dense GEMM of the residual would cost 1/d times more),
-    bytes = the sparse residual + 2 N K (W) + 4 M N (Y read and written).
+With compensation, the residual is added back to the dequantized X before the forward GEMM (as
+Wang et al.'s code does, so it reaches the forward and the weight-gradient GEMMs alike): a
+scatter of the sparse residual into X,
+    bytes = the sparse residual + d M K x 4 (the BF16 values it lands on, read and written),
+    ops = d M K.
 DGE (Wang et al.): one pass over the N x K weight gradient: read W and dW, write dW,
     bytes = 6 N K, ops = 10 (the forward weight quantizer's scale and grid position) + 12
     (interval, t, the power as log2 and exp2, the cap, the product) per element.
@@ -19,9 +20,9 @@ Q-EMA (TetraJet): the forward_w quantizer also reads the FP32 EMA as its roundin
     LayerShape.tokens are one optimizer step's tokens: the update runs once per estimate.
 Q-Ramping (TetraJet, optional): per step, each weight's FP32 accumulator and count are read and
     written and its period read (20 N K bytes, 6 ops per element) beyond what AdamW does; and
-    calibration_steps of every `interval` steps are extra steps of the layer:
-    calibration = calibration_steps / interval x the layer's other items (the bookkeeping of the
-    calibration steps themselves, O(N K) per step, is not counted).
+    calibration_steps + 1 of every `interval` steps are extra steps of the layer:
+    calibration = (calibration_steps + 1) / interval x the layer's other items (the bookkeeping
+    of the calibration steps themselves, O(N K) per step, is not counted).
 """
 
 from __future__ import annotations
@@ -71,13 +72,11 @@ def quantile_item(outliers: OutlierConfig, shape: LayerShape, profile: DevicePro
 def compensation_item(
     outliers: OutlierConfig, shape: LayerShape, profile: DeviceProfile
 ) -> CostItem:
-    """The residual times W in BF16, added to Y."""
-    flops = residual_density(outliers) * shape.gemm_flops
-    w_bytes = HP_BYTES * shape.out_features * shape.in_features
-    y_bytes = 2 * HP_BYTES * shape.tokens * shape.out_features
-    moved = _residual_bytes(outliers, shape) + w_bytes + y_bytes
-    seconds = max(flops / profile.bf16_flops, moved / profile.bandwidth)
-    return CostItem("outliers", "forward (residual)", flops, moved, seconds)
+    """The sparse residual added to the dequantized X before the forward GEMM."""
+    touched = residual_density(outliers) * shape.tokens * shape.in_features
+    moved = _residual_bytes(outliers, shape) + 2 * HP_BYTES * touched
+    work = Work("outliers", touched, moved)
+    return pass_item("outliers", "forward_x (residual)", work, profile)
 
 
 def clamp_work(shape: LayerShape) -> Work:
@@ -109,7 +108,7 @@ def qramp_items(
     """The per-step accumulation, and the calibration steps amortized over `interval`."""
     weights = shape.out_features * shape.in_features
     work = Work("qramp", QRAMP_OPS * weights, QRAMP_STATE_BYTES * weights)
-    share = qramp.calibration_steps / qramp.interval
+    share = (qramp.calibration_steps + 1) / qramp.interval
     calibration = CostItem(
         "qramp",
         "calibration",

@@ -10,6 +10,7 @@ from fp4cli.formats.minifloat import (
 )
 from fp4cli.formats.packing import pack_nibbles, unpack_nibbles
 from fp4cli.formats.registry import (
+    E1M2,
     E2M1,
     E3M0,
     E4M3,
@@ -24,6 +25,7 @@ from fp4cli.formats.registry import (
 )
 
 __all__ = [
+    "E1M2",
     "E2M1",
     "E3M0",
     "E4M3",

@@ -1,9 +1,9 @@
 """Small number formats described by their bit layout, and exact rounding onto their grids.
 
 One description covers every element and scale format fp4cli knows: E2M1, E3M0, INT4
-(sign-magnitude), FP8 E4M3 / E5M2, and the unsigned scale formats UE5M3 / UE4M3. Rounding is done
-in float32 arithmetic that is exact for these grids: a value is divided by its grid spacing (a
-power of two), split into integer and fraction, and the fraction decides up or down.
+(sign-magnitude), E1M2, FP8 E4M3 / E5M2, and the unsigned scale formats UE5M3 / UE4M3. Rounding
+is done in float32 arithmetic that is exact for these grids: a value is divided by its grid
+spacing (a power of two), split into integer and fraction, and the fraction decides up or down.
 """
 
 from __future__ import annotations

@@ -10,12 +10,15 @@ from fp4cli.formats.minifloat import Minifloat
 E2M1 = Minifloat("e2m1", ebits=2, mbits=1, bias=1, max_code=0b111)  # +-{0,.5,1,1.5,2,3,4,6}
 E3M0 = Minifloat("e3m0", ebits=3, mbits=0, bias=3, max_code=0b111)  # +-{0,.25,.5,...,16}
 INT4 = Minifloat("int4", ebits=0, mbits=3, bias=0, max_code=0b111)  # sign-magnitude +-{0..7}
+# E1M2 (bias 0, as Wang et al.'s code takes it: max 3.5): the uniform grid +-{0, 0.5, .., 3.5},
+# INT4's grid halved, so under a block scale both quantize alike (UFP4's uniform 4-bit grids).
+E1M2 = Minifloat("e1m2", ebits=1, mbits=2, bias=0, max_code=0b111)
 E4M3 = Minifloat("e4m3", ebits=4, mbits=3, bias=7, max_code=0x7E, nan_code=0x7F)  # max 448
 E5M2 = Minifloat(
     "e5m2", ebits=5, mbits=2, bias=15, max_code=0x7B, nan_code=0x7F, inf_code=0x7C
 )  # max 57344
 
-ELEMENT_FORMATS: dict[str, Minifloat] = {f.name: f for f in (E2M1, E3M0, INT4, E4M3, E5M2)}
+ELEMENT_FORMATS: dict[str, Minifloat] = {f.name: f for f in (E2M1, E3M0, INT4, E1M2, E4M3, E5M2)}
 FOUR_BIT_ELEMENTS = frozenset(name for name, f in ELEMENT_FORMATS.items() if f.bits == 4)
 
 

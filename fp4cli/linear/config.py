@@ -57,6 +57,12 @@ class LinearConfig:
             raise SpecError("qema: needs a quantized forward weight (forward.w)")
         if self.outliers is not None and self.forward_x is None:
             raise SpecError("outliers: needs a quantized forward activation (forward.x)")
+        compensated = self.outliers is not None and self.outliers.compensate
+        if compensated and self.forward_hadamard is not None:
+            raise SpecError(
+                "outliers.compensate: cannot be combined with a forward Hadamard transform "
+                "(the residual would be added in the rotated basis)"
+            )
         for name in OPERANDS:
             spec = getattr(self, name)
             if spec is not None and spec.tile2d and name.endswith(("_x", "_dy")):
@@ -85,7 +91,7 @@ class LinearConfig:
         for gemm in GEMMS:
             h = self.hadamard(gemm)
             if h is not None:
-                parts.append(f"{gemm}_rht={h.size}")
+                parts.append(f"{gemm}_{'rht' if h.random else 'dht'}={h.size}")
         if self.double_quant:
             parts.append("double_quant")
         for name in ("dge", "outliers", "qema"):

@@ -7,9 +7,11 @@ grad_weight  dW = Q5(dY)^T Q6(X)       dY, X blocked along tokens
 Each Qi is `fake_quantize` with the operand's spec (identity when None). A GEMM with a Hadamard
 config transforms both its operands along its reduction dimension first. Q4 and Q6 read Q2(W) and
 Q1(X) under double quantization, else the high-precision W and X. DGE multiplies dW by the
-surrogate's derivative on the scaled weight; outlier clamping acts on X before Q1, with the
-residual optionally added back through a high-precision GEMM. The GEMMs use the same aten calls
-as nn.Linear and its autograd, so a layer with nothing quantized matches nn.Linear bit for bit.
+surrogate's derivative on the scaled weight; outlier clamping acts on X before Q1, and with
+compensation the residual X - clamp(X) is added to Q1(clamp(X)) in float32, so the forward GEMM
+and (under double quantization) the weight-gradient GEMM read Q1(clamp(X)) + residual, as Wang
+et al.'s code computes it. The GEMMs use the same aten calls as nn.Linear and its autograd, so
+a layer with nothing quantized matches nn.Linear bit for bit.
 """
 
 from __future__ import annotations
@@ -53,21 +55,27 @@ def _quantize_operand(
     spec: QuantSpec | None,
     axis: int,
     seed: torch.Tensor,
-    hadamard: tuple[int, torch.Tensor] | None,
+    hadamard: tuple[int, torch.Tensor | None] | None,
     compute_dtype: torch.dtype,
     backend: str,
     guide: torch.Tensor | None = None,
     stats: tuple[StatsSink, str] | None = None,
 ) -> torch.Tensor:
-    """The operand as the GEMM reads it: Hadamard-transformed (size, seed) along `axis` if asked,
-    then fake-quantized (one fused kernel where the backend allows), in the compute dtype."""
-    size, rht_seed = hadamard if hadamard is not None else (None, 0)
+    """The operand as the GEMM reads it: Hadamard-transformed (size, seed; seed None: without
+    signs) along `axis` if asked, then fake-quantized (one fused kernel where the backend allows;
+    the deterministic transform is applied first, the quantizer then fuses none), in the compute
+    dtype."""
+    size, rht_seed = hadamard if hadamard is not None else (None, None)
+    if size and rht_seed is None:
+        guide = rht(guide, axis, size, None) if guide is not None else None
+        tensor, size = rht(tensor, axis, size, None), None
     if spec is None:
         transformed = rht(tensor, axis, size, rht_seed) if size else tensor
         return transformed.to(compute_dtype)
     quantized = fake_quantize(
-        tensor, spec, axis=axis, seed=seed, guide=guide, hadamard=size, hadamard_seed=rht_seed,
-        out_dtype=compute_dtype, backend=backend,
+        tensor, spec, axis=axis, seed=seed, guide=guide, hadamard=size,
+        hadamard_seed=rht_seed if rht_seed is not None else 0, out_dtype=compute_dtype,
+        backend=backend,
     )  # fmt: skip
     if stats is not None:
         sink, operand = stats
@@ -92,7 +100,9 @@ def gemm_operands(
     dims `dims`, in a's dtype (the GEMM's compute dtype). With `stats` = (sink, operand a's
     name, operand b's name), each quantized operand's error statistics go to sink."""
     compute_dtype = a.dtype
-    rht_args = (hadamard.size, seeds[2]) if hadamard is not None else None
+    rht_args: tuple[int, torch.Tensor | None] | None = None
+    if hadamard is not None:
+        rht_args = (hadamard.size, seeds[2] if hadamard.random else None)
     stats_a = (stats[0], stats[1]) if stats is not None else None
     stats_b = (stats[0], stats[2]) if stats is not None else None
     a_q = _quantize_operand(
@@ -151,9 +161,9 @@ class QuantLinearFunction(torch.autograd.Function):
             stats=(stats, "forward_x", "forward_w") if stats is not None else None,
             backend=backend,
         )
-        y = F.linear(x_q, w_q, bias)
         if residual is not None and config.outliers is not None and config.outliers.compensate:
-            y = y + F.linear(residual, weight)  # high-precision, sparse residual
+            x_q = (x_q.float() + residual.float()).to(x_q.dtype)  # the sparse residual back
+        y = F.linear(x_q, w_q, bias)
 
         x_source = backward_source(x, x_q, config.double_quant)
         w_source = backward_source(weight, w_q, config.double_quant)

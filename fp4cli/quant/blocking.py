@@ -1,7 +1,9 @@
 """Block layouts: how a tensor (quantization axis last) is cut into blocks that share a scale.
 
 A layout pads the last axis (and, for 2-D tiles, the first) and views the tensor as
-(*scale_shape, values_per_block). `scale_shape` is the shape of the scales tensor.
+(*scale_shape, values_per_block). `scale_shape` is the shape of the scales tensor. A "column"
+block holds every value at one position of the last axis (the view is a transpose: one block
+per column, the lines in order).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ TENSOR_SCALE_BYTES = 4  # the FP32 scale of a two-level (tensor-scaled) spec
 class BlockLayout:
     """Where the blocks of a (moved, axis-last) tensor of `moved_shape` lie."""
 
-    kind: str  # "int", "row", "tensor" or "tile2d"
+    kind: str  # "int", "row", "column", "tensor" or "tile2d"
     block: int  # values along the axis per block (tile side for tile2d)
     moved_shape: tuple[int, ...]  # the tensor with the quantization axis moved last
     padded_shape: tuple[int, ...]  # after padding
@@ -41,6 +43,9 @@ class BlockLayout:
             return cls("row", length, moved_shape, (*moved_shape[:-1], _round_up(length, pack)))
         if spec.block == "tensor":
             return cls("tensor", length, moved_shape, (*moved_shape[:-1], _round_up(length, pack)))
+        if spec.block == "column":
+            lines = math.prod(moved_shape[:-1])
+            return cls("column", lines, moved_shape, (*moved_shape[:-1], _round_up(length, pack)))
         block = int(spec.block)
         return cls("int", block, moved_shape, (*moved_shape[:-1], _round_up(length, block)))
 
@@ -52,6 +57,8 @@ class BlockLayout:
         lines = math.prod(self.padded_shape[:-1])
         if self.kind == "row":
             return lines
+        if self.kind == "column":
+            return self.padded_shape[-1]
         if self.kind == "tile2d":
             return (self.padded_shape[0] // self.block) * (self.padded_shape[1] // self.block)
         return lines * (self.padded_shape[-1] // self.block)
@@ -87,6 +94,8 @@ class BlockLayout:
             return padded.unsqueeze(-2)
         if self.kind == "tensor":
             return padded.reshape(1, -1)
+        if self.kind == "column":
+            return padded.reshape(-1, self.padded_shape[-1]).t()
         rows, cols = self.padded_shape
         b = self.block
         tiles = padded.reshape(rows // b, b, cols // b, b).permute(0, 2, 1, 3)
@@ -99,6 +108,8 @@ class BlockLayout:
             b = self.block
             tiles = blocks.reshape(rows // b, cols // b, b, b).permute(0, 2, 1, 3)
             return tiles.reshape(rows, cols)
+        if self.kind == "column":
+            return blocks.t().reshape(self.padded_shape)
         return blocks.reshape(self.padded_shape)
 
 

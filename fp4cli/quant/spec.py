@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from fp4cli.formats import ELEMENT_FORMATS, SCALE_FORMATS, Minifloat, ScaleFormat
 
-BLOCK_KINDS = ("row", "tensor")
+BLOCK_KINDS = ("row", "column", "tensor")
 SCALE_RULES = ("floor", "ceil")
 ROUNDINGS = ("rne", "sr", "away")
 MIN_BLOCK, MAX_BLOCK = 8, 256
@@ -22,10 +22,13 @@ class SpecError(ValueError):
 class QuantSpec:
     """How to quantize a tensor along one axis.
 
-    element: element format: e2m1 (FP4), e3m0, int4 (sign-magnitude), e4m3, e5m2.
+    element: element format: e2m1 (FP4), e3m0, int4 (sign-magnitude), e1m2 (the uniform grid
+        0..3.5 in steps of 0.5), e4m3, e5m2.
     scale: block-scale format: e8m0 (power of two), ue5m3, ue4m3, fp32, bf16.
     block: values per scale, 8..256 (an even number), or "row" (one scale for the whole axis:
-        per-token / per-channel) or "tensor" (one scale for the whole tensor).
+        per-token / per-channel), "column" (one scale per position along the axis, shared by
+        every line: the per-input-channel scale of an (out, in) weight quantized along `in`,
+        as Wang et al.'s code scales weights) or "tensor" (one scale for the whole tensor).
     tile2d: blocks are block x block squares over a 2-D tensor (both dimensions), so a weight
         and its transpose quantize identically (NVFP4's 16x16 weight blocks).
     scale_rule: "floor" (OCP: 2^(floor(log2 amax) - emax), elements saturate) or "ceil"
@@ -55,8 +58,11 @@ class QuantSpec:
         "nvfp4": {"scale": "ue4m3", "block": 16, "tensor_scale": True},
         "nvfp4-2d": {"scale": "ue4m3", "block": 16, "tensor_scale": True, "tile2d": True},
         "fp4-row": {"block": "row", "scale_rule": "ceil"},
+        "fp4-column": {"block": "column", "scale_rule": "ceil"},
         "fp8-e4m3": {"element": "e4m3", "scale": "fp32", "block": "row"},
         "fp8-e5m2": {"element": "e5m2", "scale": "fp32", "block": "row"},
+        "fp8-e4m3-tensor": {"element": "e4m3", "block": "tensor", "scale_rule": "ceil"},
+        "fp8-e5m2-tensor": {"element": "e5m2", "block": "tensor", "scale_rule": "ceil"},
     }
 
     def __post_init__(self) -> None:

@@ -154,7 +154,8 @@ def _point(
     train: dict[str, Any],
     choices: dict[str, str],
 ) -> Point:
-    trained = {k: v for k, v in recipe.items() if k not in ("name", "source", "description")}
+    about = ("name", "source", "description", "citation")  # what a recipe says, not trains
+    trained = {k: v for k, v in recipe.items() if k not in about}
     identity = {"task": task, "seed": seed, "train": train, "recipe": trained}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode())
     return Point(digest.hexdigest()[:12], task, seed, label, recipe, train, choices)

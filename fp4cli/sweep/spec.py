@@ -6,6 +6,8 @@
     seeds: [0]
     train: {size: default, steps: 500}          # TrainConfig fields shared by every run
     baselines: [bf16, mxfp4]      # recipes run once per task x seed (the report's references)
+    baseline: tseng-baseline      # optional: the recipe whose gap `fp4 report`'s closed share
+                                  # divides (default mxfp4); added to `baselines`
     axes:
       linear.grad_weight.hadamard: [null, 32]   # a dotted key: its values
       bwd_rounding:                             # a name: keys set together to each value
@@ -45,8 +47,8 @@ from fp4cli.train.config import ConfigError, TrainConfig
 
 MAX_POINTS = 10_000  # runs one sweep may train (a larger grid is sampled)
 SWEEP_KEYS = (
-    "name", "description", "base", "tasks", "seeds", "train", "baselines", "axes", "sample",
-    "sample_seed", "exclude", "tags", "log_to", "slurm",
+    "name", "description", "base", "tasks", "seeds", "train", "baselines", "baseline", "axes",
+    "sample", "sample_seed", "exclude", "tags", "log_to", "slurm",
 )  # fmt: skip
 # Training fields a sweep sets for every run itself, never from the file (log_to: a top-level
 # key, since trackers do not change what a point trains).
@@ -87,6 +89,7 @@ class SweepSpec:
     source: str
     log_to: tuple[str, ...] = ()
     cluster: ClusterOptions = field(default_factory=ClusterOptions)
+    baseline: str | None = None  # the report's reference recipe (a ref in `baselines`)
 
     @property
     def grid_size(self) -> int:
@@ -142,6 +145,12 @@ def parse_sweep(
         raise SweepError(
             f"{label}: sample: must be an integer from 1 to {MAX_POINTS:,} (got {sample!r})"
         )
+    baselines = tuple(
+        _recipe_ref(ref, label, "baselines", relative_to)
+        for ref in _strings(top.get("baselines", list(DEFAULT_BASELINES)), label, "baselines")
+    )
+    named = top.get("baseline")
+    baseline = _recipe_ref(named, label, "baseline", relative_to) if named is not None else None
     return SweepSpec(
         name=name,
         description=_string(top.get("description", ""), label, "description"),
@@ -149,10 +158,8 @@ def parse_sweep(
         tasks=_strings(top.get("tasks", ["regression"]), label, "tasks"),
         seeds=_seeds(top.get("seeds", [0]), label),
         train=_train(top.get("train") or {}, label),
-        baselines=tuple(
-            _recipe_ref(ref, label, "baselines", relative_to)
-            for ref in _strings(top.get("baselines", list(DEFAULT_BASELINES)), label, "baselines")
-        ),
+        baselines=baselines + ((baseline,) if baseline and baseline not in baselines else ()),
+        baseline=baseline,
         axes=axes,
         sample=sample,
         sample_seed=_int(top.get("sample_seed", 0), label, "sample_seed"),

@@ -5,8 +5,9 @@ the quantizer is replaced by a smooth surrogate whose derivative is
     f'(x) = (1 / k) * |2 (x - l) / d - 1| ^ (1 / k - 1),   capped at `cap`,
 and the weight's gradient is multiplied elementwise by f'. Uncapped, f' averages exactly 1 over
 an interval (the straight-through scale); the cap removes the integrable peak at the interval's
-middle, so with k = 5 and cap 3 it averages about 0.59. Beyond the grid's largest value (clipped
-weights) the derivative is 0.
+middle, so with k = 5 and cap 3 it averages about 0.59. At the grid's largest value the last
+interval's value applies (1/k: 0.2 for k = 5 at |x| = 6), as Wang et al.'s kernel computes it
+(its last E2M1 interval is [4, 6], closed); beyond it (clipped weights) the derivative is 0.
 """
 
 from __future__ import annotations
@@ -42,8 +43,14 @@ def _number(value: object) -> bool:
 
 
 def _interval(scaled: torch.Tensor, fmt: Minifloat) -> tuple[torch.Tensor, torch.Tensor]:
-    """The grid interval [lower, lower + width) holding |scaled| (width 0 beyond the grid)."""
-    lower, upper = grid_interval(scaled, fmt)
+    """The grid interval [lower, lower + width) holding |scaled|; the last one is closed
+    ([4, 6] for E2M1); width 0 beyond the grid."""
+    import torch
+
+    top = torch.full_like(scaled, fmt.max_value)
+    below_top = torch.nextafter(top, torch.zeros_like(top))  # inside the last interval
+    at_top = scaled.abs() == fmt.max_value
+    lower, upper = grid_interval(torch.where(at_top, below_top, scaled), fmt)
     return lower, upper - lower
 
 

@@ -9,11 +9,15 @@ The transform is computed, here and in the Triton kernels, in one fixed float32 
 every backend gives the same bits: signs first (exact), then the butterfly stages h = 1, 2, 4,
 .., n/2 (each pair (a, b) at distance h becomes (a + b, a - b)), then one multiplication by the
 float32 constant 1/sqrt(n).
+
+`random: false` drops the signs: the plain normalized Hadamard matrix, the same rotation at every
+call (a deterministic Hadamard transform, which the MXFP4-on-MI355X study found to stabilize a
+quantized weight-gradient GEMM where random rotations and stochastic rounding did not).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -30,12 +34,17 @@ SIZES = (16, 32, 64, 128, 256)
 @dataclass(frozen=True)
 class HadamardConfig:
     size: int = 64
+    # False: no random signs (deterministic). Left out of a resolved recipe while true, so
+    # recipes (and sweep points) from before the option keep their resolved form.
+    random: bool = field(default=True, metadata={"omit_default": True})
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or self.size not in SIZES:
             raise SpecError(
                 f"size: must be one of {', '.join(map(str, SIZES))} (got {self.size!r})"
             )
+        if not isinstance(self.random, bool):
+            raise SpecError(f"random: must be true or false (got {self.random!r})")
 
 
 @cache
@@ -86,8 +95,9 @@ def fwht(blocks: torch.Tensor) -> torch.Tensor:
     return blocks
 
 
-def rht(x: torch.Tensor, dim: int, size: int, seed: Seed) -> torch.Tensor:
-    """x transformed along `dim` by R (padded to a multiple of `size`), in float32.
+def rht(x: torch.Tensor, dim: int, size: int, seed: Seed | None) -> torch.Tensor:
+    """x transformed along `dim` by R (padded to a multiple of `size`), in float32; seed None:
+    no signs (the deterministic transform).
 
     The result's `dim` has the padded length; apply the same call (same size and seed) to both
     operands of a GEMM along its reduction dimension.
@@ -103,6 +113,6 @@ def rht(x: torch.Tensor, dim: int, size: int, seed: Seed) -> torch.Tensor:
     if padded_length != length:
         moved = F.pad(moved, (0, padded_length - length))
     blocks = moved.reshape(*moved.shape[:-1], padded_length // size, size)
-    signed = blocks * random_signs(seed, size, x.device)
+    signed = blocks * random_signs(seed, size, x.device) if seed is not None else blocks
     transformed = fwht(signed) * normalization(size)
     return transformed.reshape(*moved.shape[:-1], padded_length).movedim(-1, dim)

@@ -1,9 +1,15 @@
 """Outlier clamping with optional compensation (Wang et al.).
 
 Per token (row of the activation, along in_features), values are clamped to the token's
-[1 - q, q] quantiles (q = 0.99). The clamped tensor goes through the FP4 GEMM; with compensation,
-the residual X - clamp(X) (sparse: about 2% non-zeros at q = 0.99) is multiplied by the weight
-in high precision and added to the output.
+[1 - q, q] quantiles (q = 0.99). The clamped tensor goes through the FP4 quantizer; with
+compensation, the residual X - clamp(X) (sparse: about 2% non-zeros at q = 0.99) is added back
+to the dequantized activation in high precision, so it reaches the forward GEMM and the
+weight-gradient GEMM alike (as Wang et al.'s code adds it before its FP8 cast).
+
+Quantiles: "nearest" (the released code): the sorted row's values at 0-based ranks
+int((1 - q) n) and int(q n) (so a row of n < 1 / (1 - q) values is not clamped at all);
+"linear": linear interpolation between ranks, at (1 - q)(n - 1) and q (n - 1) (torch.quantile's
+default, which the first author's research code used).
 """
 
 from __future__ import annotations
@@ -16,11 +22,14 @@ from fp4cli.quant.spec import SpecError
 if TYPE_CHECKING:
     import torch
 
+QUANTILE_METHODS = ("nearest", "linear")
+
 
 @dataclass(frozen=True)
 class OutlierConfig:
     quantile: float = 0.99
     compensate: bool = True
+    method: str = "nearest"
 
     def __post_init__(self) -> None:
         q = self.quantile
@@ -28,12 +37,21 @@ class OutlierConfig:
             raise SpecError(f"quantile: must be in (0.5, 1) (got {q!r})")
         if not isinstance(self.compensate, bool):
             raise SpecError("compensate: must be true or false")
+        if self.method not in QUANTILE_METHODS:
+            raise SpecError(
+                f"method: must be one of {', '.join(QUANTILE_METHODS)} (got {self.method!r})"
+            )
 
 
-def row_quantiles(x: torch.Tensor, q: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (1 - q) and q quantiles of each row of x (last dim), linear interpolation."""
+def row_quantiles(
+    x: torch.Tensor, q: float, method: str = "nearest"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (1 - q) and q quantiles of each row of x (last dim), as (rows, 1) tensors."""
     ordered = x.sort(dim=-1).values
     n = x.shape[-1]
+    if method == "nearest":
+        low, high = (min(int(p * n), n - 1) for p in (1 - q, q))
+        return ordered[..., low : low + 1], ordered[..., high : high + 1]
 
     def at(p: float) -> torch.Tensor:
         position = p * (n - 1)
@@ -49,6 +67,6 @@ def clamp_outliers(x: torch.Tensor, config: OutlierConfig) -> tuple[torch.Tensor
     """(clamped x, residual x - clamped) with per-row quantile clamping."""
     import torch
 
-    low, high = row_quantiles(x.detach(), config.quantile)
+    low, high = row_quantiles(x.detach(), config.quantile, config.method)
     clamped = torch.minimum(torch.maximum(x, low), high)
     return clamped, x - clamped

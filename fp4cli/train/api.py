@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fp4cli.train import distributed
-from fp4cli.train.config import ConfigError, TrainConfig, resolve_config
+from fp4cli.train.config import ConfigError, TrainConfig, for_recipe, resolve_config
 from fp4cli.train.loop import RunResult, Trainer, pick_device
 from fp4cli.train.progress import Reporter
 
@@ -38,6 +38,7 @@ def run_training(
         config, recipe_overrides = resolve_config(flags, overrides)
         base = recipe if recipe is not None else load_recipe(config.recipe)
         recipe = apply_overrides(base, recipe_overrides)
+        config = for_recipe(config, recipe)
     if run is not None and run["world_size"] != distributed.world_size():
         raise ConfigError(
             f"run {run['id']} trained on {run['world_size']} process(es); resume it on as many "

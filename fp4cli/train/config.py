@@ -128,6 +128,20 @@ class TrainConfig:
         return cls(**values)
 
 
+def for_recipe(config: TrainConfig, recipe: Any) -> TrainConfig:
+    """The training fields a recipe decides. Q-Ramping trains without gradient clipping, as
+    TetraJet's code does (its training loop refuses a clipping norm with Q-Ramping): the task's
+    default clipping is switched off, and a clipping norm asked for is an error."""
+    if recipe.qramp is None:
+        return config
+    if config.grad_clip:
+        raise ConfigError(
+            f"grad_clip: Q-Ramping trains without gradient clipping, as TetraJet's code "
+            f"(got {config.grad_clip!r}); leave grad_clip unset or set it to 0"
+        )
+    return dataclasses.replace(config, grad_clip=0.0)
+
+
 def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """(TrainConfig field values, recipe overrides) from `--set key=value` strings."""
     fields = {f.name for f in dataclasses.fields(TrainConfig)}

@@ -226,6 +226,11 @@ class Trainer:
             from fp4cli.linear import executor_summary
 
             reporter.message(executor_summary(self.model))
+        if self.recipe.qramp is not None:
+            reporter.message(
+                f"Q-Ramping: periods up to {self._max_period()} steps, recalibrated every "
+                f"{self.recipe.qramp.interval}; no gradient clipping (TetraJet's code has none)"
+            )
         try:
             try:
                 status, step = self._loop(reporter)
@@ -341,9 +346,21 @@ class Trainer:
             self.optimizer.step()
 
         assert isinstance(self.optimizer, QRampAdamW)
-        result = calibrate(self.model, self.optimizer, plain_step, self.recipe.qramp)
+        qramp = self.recipe.qramp
+        result = calibrate(self.model, self.optimizer, plain_step, qramp, self._max_period())
         self.optimizer.zero_grad(set_to_none=True)
         return result
+
+    def _max_period(self) -> int:
+        """Q-Ramping's N_max: the recipe's, else the task's steps per epoch (TetraJet's code),
+        else (a task without epochs) the calibration interval."""
+        from fp4cli.tasks.base import steps_per_epoch
+
+        qramp, batch_size = self.recipe.qramp, self.config.batch_size
+        assert qramp is not None and batch_size is not None
+        if qramp.max_period is not None:
+            return int(qramp.max_period)
+        return steps_per_epoch(self.task, batch_size) or qramp.interval
 
     def _save(self, step: int) -> None:
         self._saved_step = step
