@@ -51,6 +51,59 @@ def test_gap_and_closed_share_by_hand(store):
     assert [row.recipe for row in report.rows] == ["bf16", "tetrajet", "mxfp4", "nvfp4"]
 
 
+def test_closed_share_against_a_papers_own_baseline(store):
+    """Tseng et al. read their method against their own MXFP4 baseline, not naive MXFP4."""
+    _run(store, "bf16", 0.50)
+    _run(store, "mxfp4", 0.60)
+    tseng_base = _run(store, "tseng-baseline", 0.56)
+    _run(store, "tseng-rht-sr", 0.51)
+    naive = _rows(build_report(store, select_runs(store)))
+    assert naive["tseng-rht-sr"].closed == pytest.approx(1 - 0.01 / 0.10)
+    report = build_report(store, select_runs(store), baseline="tseng-baseline")
+    rows = _rows(report)
+    assert report.baseline == "tseng-baseline" and report.to_dict()["baseline"] == "tseng-baseline"
+    assert rows["tseng-rht-sr"].baseline_gap == pytest.approx(0.06)
+    assert rows["tseng-rht-sr"].closed == pytest.approx(1 - 0.01 / 0.06)
+    assert rows["tseng-rht-sr"].baseline_runs["tseng-baseline"] == tseng_base
+    assert rows["tseng-baseline"].closed == pytest.approx(0.0)
+    with pytest.raises(AnalysisError, match="no finished run of the baseline recipe 'wang-direct'"):
+        build_report(store, select_runs(store), baseline="wang-direct")
+    result = CliRunner().invoke(app, ["report", "--baseline", "nope", "--store", str(store.path)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    data = json.loads(
+        CliRunner()
+        .invoke(
+            app, ["report", "--baseline", "tseng-baseline", "--json", "--store", str(store.path)]
+        )
+        .output
+    )
+    closed = {row["recipe"]: row["closed"] for row in data["runs"]}
+    assert closed["tseng-rht-sr"] == pytest.approx(1 - 0.01 / 0.06)
+
+
+def test_a_sweeps_baseline_field_is_trained_and_read(tmp_path):
+    from fp4cli.analysis.report_plot import colours, points_of
+
+    store = RunStore(tmp_path / "s.db")
+    train = {"size": "debug", "steps": 3, "device": "cpu", "checkpoints": False}
+    axes = {"bwd": {"set": "linear.grad_*.*.rounding", "values": ["away", "sr"]}}
+    raw = {"name": "tseng", "base": "tseng-baseline", "train": train, "axes": axes,
+           "baselines": ["bf16"], "baseline": "tseng-baseline"}  # fmt: skip
+    spec = parse_sweep(raw, "tseng.yaml")
+    assert spec.baselines == ("bf16", "tseng-baseline") and spec.baseline == "tseng-baseline"
+    run_sweep(plan_sweep(spec, store), store)
+    args = ["report", "--sweep", "tseng", "--json", "--store", str(store.path)]
+    data = json.loads(CliRunner().invoke(app, args).output)
+    assert data["baseline"] == "tseng-baseline"
+    by_recipe = {row["recipe"]: row for row in data["runs"]}
+    assert by_recipe["tseng-baseline"]["closed"] == 0
+    assert "tseng-baseline" in by_recipe["tseng-baseline[bwd=sr]"]["baseline_runs"]
+    report = build_report(store, select_runs(store, sweep="tseng"), baseline="tseng-baseline")
+    points = points_of(report)
+    red = [p.recipe for p in points if colours(points)[p.number] == "tab:red"]
+    assert red == ["tseng-baseline"]
+
+
 def test_top1_gap_is_bf16_minus_the_run(store):
     _run(store, "bf16", 0.90, task="vit", metric="top1")
     _run(store, "mxfp4", 0.80, task="vit", metric="top1")
