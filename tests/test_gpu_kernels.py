@@ -184,7 +184,7 @@ def training_step_bf16(recipe: str, backend: str) -> list[torch.Tensor]:
     return [y.detach(), x.grad, *(parameter.grad for parameter in model.parameters())]
 
 
-@pytest.mark.parametrize("recipe", ["mxfp4", "tseng-rht-sr"])
+@pytest.mark.parametrize("recipe", ["mxfp4", "tseng-rht-sr", "nvfp4"])
 def test_quant_linear_bf16_autocast_triton_equals_torch(recipe):
     reference = training_step_bf16(recipe, "torch")
     kernel = training_step_bf16(recipe, "triton")

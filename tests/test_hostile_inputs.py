@@ -160,6 +160,26 @@ def test_the_estimate_grows_with_the_batch():
     assert model.training  # the probe leaves the mode as it found it
 
 
+def test_the_estimate_keeps_no_graph_alive():
+    """Nothing of the probe's graph survives it: a graph kept alive holds each parameter's
+    gradient accumulator, made on the default stream, which breaks a later CUDA-graph capture."""
+    import gc
+
+    import torch
+
+    import fp4cli
+    from fp4cli.tasks.base import create_task
+    from fp4cli.train.memory import saved_bytes
+
+    task = create_task("gpt", "debug")
+    model = task.build_model()
+    fp4cli.quantize_model(model, "tetrajet", seed=0)
+    assert saved_bytes(model, task.loss, task.batch(0, 1, 0), torch.device("cpu")) > 0
+    gc.collect()
+    graphs = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+    assert graphs == []
+
+
 @pytest.mark.parametrize("task", ["gpt", "vit"])
 def test_a_data_path_in_a_symlink_loop(tmp_path, task):
     (tmp_path / "a").symlink_to(tmp_path / "b")

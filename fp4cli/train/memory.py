@@ -28,10 +28,12 @@ def saved_bytes(model: nn.Module, loss_of: Any, batch: Any, device: torch.device
     once), with the model in evaluation mode for the pass."""
     seen: dict[tuple[int, int], int] = {}
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
+    def pack(tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
         seen[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
-        return tensor
+        # Keep nothing: the pass is never differentiated, and a saved output kept as itself
+        # would hold its own graph in a cycle Python cannot free (and with it each parameter's
+        # gradient accumulator, made on this stream, which a later CUDA-graph capture reuses).
 
     was_training = model.training
     model.eval()
@@ -39,7 +41,7 @@ def saved_bytes(model: nn.Module, loss_of: Any, batch: Any, device: torch.device
         torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     )
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), autocast:
             loss_of(model, batch)
     finally:
         model.train(was_training)
