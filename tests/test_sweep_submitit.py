@@ -76,13 +76,17 @@ def test_submitit_local_gives_the_points_and_metrics_of_the_local_launcher(tmp_p
 
 
 @pytest.fixture
-def started():
-    """Start processes in sessions of their own; whatever is left of them is killed after."""
+def started(tmp_path):
+    """Start processes in sessions of their own, their output into a file (jobs they start
+    inherit it, and outlive a killed coordinator); whatever is left of them is killed after."""
     processes = []
 
     def start(command, env):
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True)  # fmt: skip
+        log = tmp_path / f"output-{len(processes)}.txt"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)  # fmt: skip
+        process.log = log
         processes.append(process)
         return process
 
@@ -93,14 +97,31 @@ def started():
         process.wait()
 
 
+def _output(process):
+    return process.log.read_text(errors="replace")
+
+
 def _wait_for(condition, process, seconds=120):
     deadline = time.time() + seconds
     while time.time() < deadline:
         if condition():
             return
-        assert process.poll() is None, process.stdout.read().decode()
-        time.sleep(0.2)
-    raise AssertionError("timed out")
+        assert process.poll() is None, _output(process)
+        time.sleep(0.1)
+    raise AssertionError(f"timed out: {_output(process)}")
+
+
+def _job_processes(folder):
+    """The pids of the job processes submitit started for the sweep in `folder`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"submitit.core._submit" in cmdline and str(folder).encode() in b" ".join(cmdline):
+            pids.append(int(proc.name))
+    return pids
 
 
 def test_a_killed_job_is_submitted_again(tmp_path, started):
@@ -113,9 +134,8 @@ def test_a_killed_job_is_submitted_again(tmp_path, started):
               process)  # fmt: skip
     holder = json.loads(next(shards.glob("*.claim")).read_text())
     os.kill(holder["pid"], signal.SIGKILL)  # the job's process, in the middle of a point
-    output = process.communicate(timeout=240)[0].decode()
-    assert process.returncode == 0, output
-    assert "ran 4 points (4 finished)" in output
+    assert process.wait(timeout=240) == 0, _output(process)
+    assert "ran 4 points (4 finished)" in _output(process)
     jobs = _ledger(tmp_path)
     assert len(jobs) == 2 and len(jobs[1]["points"]) < 4  # only what the dead job left
     by_point = _metrics_by_point(RunStore(db))
@@ -128,23 +148,29 @@ def test_a_killed_coordinator_started_again_submits_nothing_twice(tmp_path, star
     db, shards = tmp_path / "s.db", tmp_path / "sweeps" / "tiny" / "shards"
     command = [*FP4, "sweep", str(path), "--store", str(db), "--launcher", "submitit-local"]
     env = os.environ | {"COLUMNS": "200"}
-    process = started(command, env)
+    first = started(command, env)
 
     def baselines_done():  # the report needs the sweep's baselines (trained first)
         finished = RunStore(db).list_runs(status="finished") if db.exists() else []
         return {"bf16", "mxfp4"} <= {run["recipe"] for run in finished}
 
-    _wait_for(baselines_done, process)
+    _wait_for(baselines_done, first)
+    jobs = _job_processes(tmp_path / "sweeps" / "tiny" / "jobs")
+    for pid in jobs:  # the jobs hold still while the coordinator is replaced
+        os.kill(pid, signal.SIGSTOP)
+    assert jobs and first.poll() is None
+    os.kill(first.pid, signal.SIGKILL)  # the coordinator only: its jobs go on
+    first.wait()
     report = subprocess.run([*FP4, "report", "--sweep", "tiny", "--store", str(db), "--json"],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert report.returncode == 0, report.stderr  # the sweep reads while it runs
-    assert 1 <= len(json.loads(report.stdout)["runs"]) < 5
-    os.kill(process.pid, signal.SIGKILL)  # the coordinator only: its jobs go on
-    process.communicate(timeout=30)
-    again = started(command, env)
-    output = again.communicate(timeout=300)[0].decode()
-    assert again.returncode == 0, output
-    assert "following" in output and "submitted" not in output
+    assert 2 <= len(json.loads(report.stdout)["runs"]) < 5
+    second = started(command, env)
+    _wait_for(lambda: "following" in _output(second), second)
+    for pid in jobs:
+        os.kill(pid, signal.SIGCONT)
+    assert second.wait(timeout=240) == 0, _output(second)
+    assert "submitted" not in _output(second)
     points = {p.id for p in expand_points(load_sweep(path))}
     submitted = [p for job in _ledger(tmp_path) for p in job["points"]]
     assert sorted(submitted) == sorted(points)  # each point submitted once, in all

@@ -64,7 +64,9 @@ class Claim:
         """The run has ended: rename the shard into place (merges see it from now on) and
         give up the claim."""
         final = self.folder / f"{self.key}-{run_id}.db"
+        _sync(self.partial)  # on disk before it is named finished (it was written unsynced)
         os.replace(self.partial, final)
+        _sync(self.folder)
         self.claim_file.unlink(missing_ok=True)
         return final
 
@@ -78,6 +80,21 @@ class Claim:
         self.partial.unlink(missing_ok=True)
         for journal in self.folder.glob(f"{self.key}.db.partial-*"):
             journal.unlink(missing_ok=True)
+
+
+def _sync(path: Path) -> None:
+    """fsync a file, or a folder (its entries); a filesystem that cannot sync folders is left
+    as it is."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def claim(folder: str | os.PathLike[str], key: str, job: str = "") -> Claim | None:
