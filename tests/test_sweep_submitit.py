@@ -228,5 +228,8 @@ def test_slurm_launcher_without_sbatch_and_an_unknown_launcher(tmp_path, monkeyp
     result = runner.invoke(app, ["sweep", str(path), "--store", db, "--partition", "gpu"])
     assert result.exit_code == 2
     assert "--partition: only with --launcher slurm or submitit-local" in result.output
+    args = ["sweep", str(path), "--store", db, "--launcher", "submitit-local", "--workers", "2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "--workers and --device: only with" in result.output
     assert RunStore(db).list_runs() == []
     assert not Path(tmp_path / "sweeps" / "tiny" / "jobs.json").exists()

@@ -41,6 +41,7 @@ def _assert_events_hold_the_store(store, run_id, folder):
                  for r in stats}  # fmt: skip
     assert tags == {tag for tag, _ in expected}
     found = {(tag, e.step): e.value for tag in tags for e in events.Scalars(tag)}
+    assert sum(len(events.Scalars(tag)) for tag in tags) == len(found)  # one event a step
     assert found.keys() == expected.keys()
     for key, value in expected.items():  # event files keep float32
         assert np.float32(value) == np.float32(found[key]) or (
@@ -58,6 +59,21 @@ def test_streamed_tensorboard_events_read_back_to_the_stored_values(tmp_path):
     assert result.status == "finished"
     assert store.get_run(result.run_id)["config"]["train"]["log_to"] == ["tensorboard"]
     _assert_events_hold_the_store(store, result.run_id, tmp_path / "tensorboard" / result.run_id)
+
+
+def test_a_resumed_run_hides_the_events_its_earlier_attempt_wrote_after_the_checkpoint(tmp_path):
+    from fp4cli.track import tracked
+
+    store = RunStore(tmp_path / "fp4.db")
+    flags = FLAGS | {"steps": 2, "checkpoints": True, "log_to": ("tensorboard",)}
+    first, _ = run_training(flags, [], store, reporter=SilentReporter())
+    attempt = tracked(store, ["tensorboard"])  # went on to step 3, then died
+    attempt.reopen_run(first.run_id, 2)
+    attempt.log_metrics(first.run_id, 3, {"train_loss": 99.0})
+    attempt.finish_run(first.run_id, "interrupted")
+    resumed, _ = run_training({"steps": 4}, [], store, resume=first.run_id)
+    assert resumed.status == "finished"
+    _assert_events_hold_the_store(store, first.run_id, tmp_path / "tensorboard" / first.run_id)
 
 
 def test_export_writes_the_events_of_a_stored_run(tmp_path):

@@ -84,6 +84,9 @@ def sweep(
     if launcher == "local" and any(value is not None for value in given.values()):
         flags = ", ".join(name for name, value in given.items() if value is not None)
         raise SweepError(f"{flags}: only with --launcher slurm or submitit-local")
+    if launcher != "local" and (workers is not None or device is not None):
+        raise SweepError("--workers and --device: only with --launcher local (a job's device "
+                         "is its GPU: --gpus-per-job)")  # fmt: skip
     cluster = spec.cluster.updated(
         partition=partition, account=account, gpus_per_job=gpus_per_job,
         cpus_per_job=cpus_per_job, time_min=time_min, points_per_job=points_per_job,

@@ -53,11 +53,12 @@ class TensorBoardTracker:
         return self.root / run_id
 
     def start(self, run: Mapping[str, Any], step: int = 0) -> None:
-        """Open the run's event file; from `step` on, earlier events of a later step go."""
+        """Open the run's event file; a run resumed at `step` hides the events an earlier
+        attempt wrote after it."""
         import yaml
         from torch.utils.tensorboard.summary import hparams
 
-        purge = step if step > 0 else None
+        purge = step + 1 if step > 0 else None  # the store keeps the rows up to `step`
         self.writer = self.writer_class(log_dir=str(self.folder(run["id"])), purge_step=purge)
         config = run["config"] if isinstance(run["config"], dict) else json.loads(run["config"])
         for summary in hparams(flat_config(config), {}):
