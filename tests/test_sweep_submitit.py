@@ -178,6 +178,21 @@ def test_a_killed_coordinator_started_again_submits_nothing_twice(tmp_path, star
     assert len(list(shards.glob("*.db"))) == 5 and not list(shards.glob("*.claim"))
 
 
+def test_a_job_of_two_devices_trains_its_points_in_two_processes(tmp_path):
+    from fp4cli.store.shards import merge_shards
+    from fp4cli.sweep.remote import train_points
+
+    points = expand_points(parse_sweep(RAW | {"baselines": []}, "tiny.yaml"))[:3]
+    shards = tmp_path / "shards"
+    results = train_points(str(shards), "s-1", (), points, devices=["cpu", "cpu"])
+    assert sorted(r.point_id for r in results) == sorted(p.id for p in points)
+    assert {r.status for r in results} == {"finished"}
+    store = RunStore(tmp_path / "main.db")
+    assert len(merge_shards(store, shards).merged) == 3
+    assert len({run["pid"] for run in store.list_runs()}) == 2
+    assert train_points(str(shards), "s-1", (), points, devices=["cpu"]) == []  # all done
+
+
 # The options.
 
 

@@ -14,6 +14,7 @@ submits only the points no live job holds: nothing finished is trained twice.
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -75,29 +76,110 @@ def train_points(
     tags: Sequence[str],
     points: Sequence[Point],
     log_to: Sequence[str] = (),
+    devices: Sequence[str] | None = None,
 ) -> list[PointResult]:
     """A job: train each point that no live job holds and that has no finished shard yet, into
-    a shard of its own. Runs on a cluster node (or a local process)."""
+    a shard of its own. Runs on a cluster node (or a local process). With several `devices`
+    (default: one per GPU the job sees), one process per device trains its share of them."""
     job = _job_id()
-    results = []
-    for point in points:
-        taken = claim(shard_dir, point.id, job)
-        if taken is None:
-            continue  # a live job trains it
-        if _has_done_shard(Path(shard_dir), point.id):
-            taken.release()
-            continue
-        store = taken.open_store()
+    devices = list(devices) if devices is not None else _job_devices()
+    if len(devices) > 1 and len(points) > 1:
+        return _train_in_processes(job, shard_dir, sweep_id, tags, points, log_to, devices)
+    return [
+        result
+        for point in points
+        if (result := _train_one(job, shard_dir, sweep_id, tags, point, log_to, devices[0]))
+        is not None
+    ]
+
+
+def _train_one(
+    job: str,
+    shard_dir: str,
+    sweep_id: str,
+    tags: Sequence[str],
+    point: Point,
+    log_to: Sequence[str],
+    device: str,
+) -> PointResult | None:
+    """Train `point` into its shard on `device`; None if a live job holds it or it is done."""
+    taken = claim(shard_dir, point.id, job)
+    if taken is None:
+        return None  # a live job trains it
+    if _has_done_shard(Path(shard_dir), point.id):
+        taken.release()
+        return None
+    store = taken.open_store()
+    try:
+        result = run_point(point, sweep_id, tags, device, store, log_to)
+    finally:
+        store.close()
+    if result.run_id is not None:
+        taken.complete(result.run_id)
+    else:
+        taken.release()
+    return result
+
+
+def _job_devices() -> list[str]:
+    import torch
+
+    gpus = torch.cuda.device_count()
+    return [f"cuda:{i}" for i in range(gpus)] if gpus > 1 else ["auto"]
+
+
+def _train_in_processes(
+    job: str,
+    shard_dir: str,
+    sweep_id: str,
+    tags: Sequence[str],
+    points: Sequence[Point],
+    log_to: Sequence[str],
+    devices: Sequence[str],
+) -> list[PointResult]:
+    """One spawned process per device; the i-th trains every len(devices)-th point from i."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    done: Any = context.Queue()
+    devices = list(devices)[: len(points)]
+    shares = [list(points[i :: len(devices)]) for i in range(len(devices))]
+    args = (job, shard_dir, sweep_id, tuple(tags), tuple(log_to), done)
+    processes = [
+        context.Process(target=_device_worker, args=(*args, share, device))
+        for share, device in zip(shares, devices, strict=True)
+    ]
+    for process in processes:
+        process.start()
+    results: list[PointResult] = []
+    while any(p.is_alive() for p in processes) or not done.empty():
         try:
-            result = run_point(point, sweep_id, tags, "auto", store, log_to)
-        finally:
-            store.close()
-        if result.run_id is not None:
-            taken.complete(result.run_id)
-        else:
-            taken.release()
-        results.append(result)
+            result = done.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if result is not None:
+            results.append(result)
+    for process in processes:
+        process.join()
     return results
+
+
+def _device_worker(
+    job: str,
+    shard_dir: str,
+    sweep_id: str,
+    tags: tuple[str, ...],
+    log_to: tuple[str, ...],
+    done: Any,
+    points: list[Point],
+    device: str,
+) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    for point in points:
+        done.put(_train_one(job, shard_dir, sweep_id, tags, point, log_to, device))
 
 
 def _job_id() -> str:
