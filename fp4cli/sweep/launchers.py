@@ -55,9 +55,10 @@ class ClusterOptions:
     sbatch: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        for name in ("gpus_per_job",):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
-                raise SweepError(f"{name}: must be a non-negative integer")
+        if not _is_int(self.gpus_per_job) or self.gpus_per_job < 0:
+            raise SweepError(
+                f"gpus_per_job: must be a non-negative integer (got {self.gpus_per_job!r})"
+            )
         for name in ("time_min", "points_per_job", "cpus_per_job", "max_running"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 1):
