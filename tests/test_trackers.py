@@ -119,6 +119,7 @@ def fake_wandb(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", module)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", "/nonexistent/netrc")
     return calls
 
 
@@ -144,6 +145,17 @@ def test_wandb_is_left_to_its_own_settings_when_configured(tmp_path, fake_wandb,
     run_training(FLAGS | {"steps": 1, "log_to": ("wandb",)}, [], RunStore(tmp_path / "s.db"))
     init = fake_wandb[0][1]
     assert init["mode"] is None and init["project"] == "fp4-lab"
+
+
+def test_a_wandb_login_counts_as_configured(tmp_path, fake_wandb, monkeypatch):
+    from fp4cli.track.wandb import wandb_mode
+
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine example.org\n  login a\n  password b\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert wandb_mode() == "offline"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    assert wandb_mode() is None
 
 
 def test_a_missing_tracker_is_one_line_before_training(tmp_path, monkeypatch):

@@ -2,7 +2,8 @@
 config, the metrics and quantization statistics logged at their steps.
 
 W&B runs offline (files under DIR/wandb, `wandb sync` uploads them) unless the user has
-configured it: WANDB_MODE set, or WANDB_API_KEY given, leave the choice to wandb. The project is
+configured it: WANDB_MODE set, WANDB_API_KEY given, or a `wandb login` key in ~/.netrc leave
+the choice to wandb. The project is
 $WANDB_PROJECT, else `fp4cli`; a sweep's runs share their sweep id as the W&B group.
 """
 
@@ -20,9 +21,19 @@ DEFAULT_PROJECT = "fp4cli"
 
 
 def wandb_mode() -> str | None:
-    """None (wandb decides: online if logged in) when the user configured W&B, else offline."""
+    """None (wandb decides) when the user configured W&B (WANDB_MODE, WANDB_API_KEY, or a
+    `wandb login` in ~/.netrc), else offline."""
     configured = os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY")
-    return None if configured else "offline"
+    return None if configured or _logged_in() else "offline"
+
+
+def _logged_in() -> bool:
+    """Whether `wandb login` left a key for W&B's server in the netrc file."""
+    netrc = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        return "api.wandb.ai" in netrc.read_text(errors="replace")
+    except OSError:
+        return False
 
 
 class WandbTracker:
