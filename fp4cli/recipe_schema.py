@@ -4,7 +4,8 @@ A recipe mapping (a YAML file's content, less its `base:`; see fp4cli.recipes):
 
     description: one line
     citation: where the method comes from (paper, code)   # shown by `fp4 recipes list`
-    skip: [head, lm_head]           # modules kept in high precision (fnmatch patterns)
+    skip: [head, lm_head, last:2]   # modules kept in high precision (fnmatch patterns;
+                                    # last:N, the model's last N blocks)
     linear:
       forward:     {x: mxfp4-ceil, w: mxfp4-ceil, hadamard: null}
       grad_input:  {dy: {preset: mxfp4-ceil, rounding: sr}, w: null}
@@ -20,8 +21,9 @@ An operand is null (high precision), a QuantSpec preset name, or a mapping of Qu
 with an optional `preset:` that the other fields override. A missing key means null / false.
 
 Skipping: a module is kept in high precision when a pattern matches its full dotted name
-(`time_embedding.linear_1`) or its last component (`head`). Without `skip:` the DEFAULT_SKIP
-patterns apply; `skip: []` quantizes every linear layer.
+(`time_embedding.linear_1`) or its last component (`head`), or, for `last:N`, when it lies in one
+of the model's last N blocks (`fp4cli.linear.skip`). Without `skip:` the DEFAULT_SKIP patterns
+apply; `skip: []` quantizes every linear layer.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 import yaml
 
 from fp4cli.linear.config import LinearConfig
-from fp4cli.linear.skip import matches_skip
+from fp4cli.linear.skip import is_skip_pattern, matches_skip
 from fp4cli.quant.spec import QuantSpec, SpecError
 from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConfig
 
@@ -181,8 +183,8 @@ def build_recipe(raw: Any, label: str, *, keys: Sequence[str], name: str, source
     """Validate a recipe mapping whose top-level keys are among `keys`; errors name `label`."""
     top = _mapping(raw, label, "", keys)
     skip = top.get("skip", list(DEFAULT_SKIP))
-    if not isinstance(skip, list) or not all(isinstance(p, str) and p for p in skip):
-        expected = "must be a list of module-name patterns"
+    if not isinstance(skip, list) or not all(is_skip_pattern(p) for p in skip):
+        expected = "must be a list of module-name patterns (or last:N, N > 0)"
         raise RecipeError(label, "skip", f"{expected} (got {excerpt(skip)})")
     optimizer = _mapping(top.get("optimizer") or {}, label, "optimizer", ("qramp",))
     return Recipe(

@@ -19,6 +19,7 @@ SHIPPED = [
     "mxfp4",
     "mxfp4-dht",
     "nvfp4",
+    "nvidia-nvfp4",
     "tetrajet",
     "tetrajet-baseline",
     "tetrajet-qema",

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from fp4cli.analysis.errors import AnalysisError
-from fp4cli.linear.skip import matches_skip
+from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.linear.stats import operand_stats
 from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
 from fp4cli.quant.scales import floor_log2
@@ -128,10 +128,15 @@ def _preset(name: str) -> QuantSpec:
 def weight_tensors(state: Mapping[str, Any], skip: Sequence[str] = ()) -> list[NamedTensor]:
     """The 2-D floating `*.weight` entries of a state dict, marked when `skip` matches their
     module."""
-    return [
-        NamedTensor(name, value, matches_skip(name.rpartition(".")[0], skip))
+    names = [
+        name
         for name, value in state.items()
         if (name == "weight" or name.endswith(".weight")) and _is_float(value) and value.dim() == 2
+    ]
+    patterns = expand_skip(skip, [name.rpartition(".")[0] for name in names])
+    return [
+        NamedTensor(name, state[name], matches_skip(name.rpartition(".")[0], patterns))
+        for name in names
     ]
 
 

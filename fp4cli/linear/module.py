@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
-from fp4cli.linear.skip import matches_skip
+from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.quant import fake_quantize
 from fp4cli.quant.backend import check_backend, interpreter_on, triton_available
 from fp4cli.quant.random_bits import draw_seed
@@ -179,7 +179,8 @@ def quantize_model(
 
     recipe: a Recipe, a recipe name or YAML path, or a LinearConfig. Layers whose name matches
     one of the recipe's skip patterns (or `skip`, which replaces them) stay nn.Linear: a pattern
-    matches a module's full dotted name or its last component (fnmatch). seed: the base of every
+    matches a module's full dotted name or its last component (fnmatch), and `last:N` the layers
+    of the model's last N blocks (`fp4cli.linear.skip`). seed: the base of every
     layer's random streams (None: drawn from torch's random state). backend: the quantizer
     implementation of every layer ("auto", "torch" or "triton"; the same bits).
     """
@@ -188,7 +189,9 @@ def quantize_model(
     if config.is_high_precision:
         return model
     base_seed = draw_seed() if seed is None else seed
-    for index, (parent, child_name, full_name, linear) in enumerate(_linear_children(model)):
+    children = _linear_children(model)
+    patterns = expand_skip(patterns, [full_name for _, _, full_name, _ in children])
+    for index, (parent, child_name, full_name, linear) in enumerate(children):
         if matches_skip(full_name, patterns):
             continue
         layer_seed = _mix_seed(base_seed, index)

@@ -41,11 +41,15 @@ def saved_bytes(model: nn.Module, loss_of: Any, batch: Any, device: torch.device
         torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     )
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), autocast:
+        with torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked), autocast:
             loss_of(model, batch)
     finally:
         model.train(was_training)
     return sum(seen.values())
+
+
+def _never_unpacked(_: None) -> torch.Tensor:
+    raise RuntimeError("the memory probe's forward pass is not differentiated")
 
 
 def free_bytes(device: torch.device) -> int | None:
