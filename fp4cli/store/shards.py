@@ -119,6 +119,14 @@ def claim(folder: str | os.PathLike[str], key: str, job: str = "") -> Claim | No
     return None
 
 
+def break_claim(folder: str | os.PathLike[str], key: str) -> None:
+    """Remove the claim of `key` and its partial shard: for a holder known to be gone (its
+    Slurm job ended) whose claim still looks alive by its recent writes."""
+    stale = Claim(Path(folder).resolve(), key)
+    _take_over(stale)
+    stale.clear_partial()
+
+
 def _take_over(stale: Claim) -> None:
     """Move a dead holder's claim aside; of several processes doing this at once, one wins."""
     aside = stale.claim_file.with_name(f"{stale.claim_file.name}.stale-{os.getpid()}")

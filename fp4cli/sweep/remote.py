@@ -15,6 +15,7 @@ submits only the points no live job holds: nothing finished is trained twice.
 from __future__ import annotations
 
 import queue
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 
 from fp4cli.store.host import epoch
 from fp4cli.store.shards import (
+    break_claim,
     claim,
     finished_shards,
     live_claims,
@@ -227,6 +229,7 @@ class _Coordinator:
     jobs: list[_Job] = field(default_factory=list)
     submitted: dict[str, int] = field(default_factory=dict)  # point -> submissions here
     messages: dict[str, str] = field(default_factory=dict)  # point -> why its job ended
+    ended: set[str] = field(default_factory=set)  # ids of jobs known to have ended
     executor: Any = None
 
     def run(self) -> list[PointResult]:
@@ -249,21 +252,34 @@ class _Coordinator:
     def _reattach(self) -> None:
         for job in self.ledger.jobs:
             points = [p for p in job["points"] if p in self.pending]
-            if points and recorded_job_alive(job):
+            if not points:
+                continue
+            if recorded_job_alive(job):
                 self.jobs.append(_Job(str(job["job_id"]), points, record=job))
+            else:
+                self.ended.add(str(job["job_id"]))
         if self.jobs:
             ids = ", ".join(job.job_id for job in self.jobs)
             self.reporter.message(f"following {len(self.jobs)} job(s) queued or running: {ids}")
 
     def _busy_points(self) -> set[str]:
-        busy = set(live_claims(self.launch.shards))
+        """The points a live job holds or will train."""
+        busy: set[str] = set()
         for job in self.jobs:
             if job.alive():
                 busy.update(job.points)
-            elif job.handle is not None:
+                continue
+            if job.handle is not None:
                 self._inspect(job)
-            job.inspected = job.inspected or not job.alive()
+            job.inspected = True
+            self.ended.add(job.job_id)
         self.jobs = [job for job in self.jobs if not job.inspected]
+        here = socket.gethostname()
+        for key, holder in live_claims(self.launch.shards).items():
+            if holder.get("host") != here and str(holder.get("job")) in self.ended:
+                break_claim(self.launch.shards, key)  # its job has ended: its node is not
+            else:  # waited out (the claim looks alive only by its recent writes)
+                busy.add(key)
         return busy
 
     def _inspect(self, job: _Job) -> None:
