@@ -213,9 +213,10 @@ def _round_scale_grid(raw: float, grid: Grid, mode: str) -> float:
     return float(above.min()) if above.size else grid.max_value
 
 
-def block_scale(amax: float, spec: Any) -> float:
-    """The scale of one block with finite amax (float32 value; after the tensor scale)."""
-    elem_max = ELEMENT_MAX[spec.element]
+def block_scale(amax: float, spec: Any, elem_max: float | None = None) -> float:
+    """The scale of one block with finite amax (float32 value), mapping it onto the element
+    format's largest value (or `elem_max`)."""
+    elem_max = elem_max or ELEMENT_MAX[spec.element]
     if spec.scale == "e8m0":
         return 2.0 ** e8m0_exponent(amax, elem_max, spec.scale_rule)
     # FP32 MIRROR (2): the quotient is a float32 division, then rounded onto the scale grid.
@@ -345,28 +346,18 @@ def reference(x: np.ndarray, spec: Any, axis: int = -1, seed: int | None = None)
         np.maximum.at(amax, ids, np.abs(clean))
         if spec.tensor_scale:
             tensor_amax = F32(np.abs(clean).max())
-            scales, multipliers, decode = _two_level(amax, tensor_amax, spec)
-            v = (clean * multipliers[ids]).astype(np.float32)  # FP32 MIRROR (1)
-        else:
-            cache_: dict[float, float] = {}
-            scales64 = np.array([cache_.setdefault(a, block_scale(a, spec)) for a in amax.tolist()])
-            scales = scales64.astype(np.float32)
-            assert np.array_equal(scales.astype(np.float64), scales64), "scale not a float32"
-            decode = scales
-            v = (clean / scales[ids]).astype(np.float32)  # FP32 MIRROR (3)
-        if spec.sr_prescale != 1.0:
-            v = (v * F32(spec.sr_prescale)).astype(np.float32)
         uniform = None
         if spec.rounding == "sr":
             if seed is None:
                 raise ValueError("the oracle needs an explicit seed for sr")
             index = np.moveaxis(np.arange(x.size).reshape(x.shape), axis, -1).reshape(-1)
             uniform = sr_uniform(seed, index)
-        q = round_to_grid(v.astype(np.float64), GRIDS[spec.element], spec.rounding, uniform)
-
-        out = (q.astype(np.float32) * decode[ids]).astype(np.float32)  # FP32 MIRROR (1, 4)
-        if spec.sr_prescale != 1.0:
-            out = (out / F32(spec.sr_prescale)).astype(np.float32)
+        q, out, scales = _candidate(clean, ids, amax, tensor_amax, spec, uniform)
+        if getattr(spec, "four_over_six", False):
+            q4, out4, scales4 = _candidate(clean, ids, amax, tensor_amax, spec, uniform, 4.0)
+            four = _nearer(clean, out4, out, ids, n_blocks)
+            q, out = np.where(four[ids], q4, q), np.where(four[ids], out4, out)
+            scales = np.where(four, scales4, scales)
 
     bad = bad_block[ids]
     out = np.where(bad, np.float32(np.nan), out)
@@ -382,13 +373,18 @@ def reference(x: np.ndarray, spec: Any, axis: int = -1, seed: int | None = None)
 
 
 def _two_level(
-    block_amax: np.ndarray, tensor_amax: np.float32, spec: Any
+    block_amax: np.ndarray, tensor_amax: np.float32, spec: Any, elem_max: float | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """FP32 MIRROR (1): (block scales, encode multipliers, decode factors), float32."""
-    target = F32(scale_max(spec) * ELEMENT_MAX[spec.element])
+    """FP32 MIRROR (1): (block scales, encode multipliers, decode factors), float32. With
+    four-over-six the tensor scale targets 256 (E4M3), the largest power of two at most
+    448 / 1.5, and `elem_max` 4 is the block's other candidate."""
+    largest = scale_max(spec)
+    if getattr(spec, "four_over_six", False):
+        largest = 2.0 ** math.floor(math.log2(largest / 1.5))
+    target = F32(largest * ELEMENT_MAX[spec.element])
     g = min(F32(target / tensor_amax) if tensor_amax > 0 else F32(np.inf), F32(FP32_MAX))
     d = F32(F32(1.0) / g)
-    multiplier = F32(g * F32(1.0 / ELEMENT_MAX[spec.element]))
+    multiplier = F32(g * F32(1.0 / (elem_max or ELEMENT_MAX[spec.element])))
     grid = SCALE_GRIDS[spec.scale]
     mode = "up" if spec.scale_rule == "ceil" else "rne"
     scales = np.empty_like(block_amax)
@@ -402,6 +398,59 @@ def _two_level(
         encode[i] = min(F32(F32(1.0) / product) if product > 0 else F32(np.inf), F32(FP32_MAX))
         decode[i] = F32(F32(s * tensor_amax) * F32(1.0 / target))
     return scales, encode, decode
+
+
+def _candidate(
+    clean: np.ndarray,
+    ids: np.ndarray,
+    amax: np.ndarray,
+    tensor_amax: np.float32 | None,
+    spec: Any,
+    uniform: np.ndarray | None,
+    elem_max: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, decoded values, block scales) with each block's amax scaled onto the element max
+    (or `elem_max`: four-over-six's 4)."""
+    if tensor_amax is not None:
+        scales, multipliers, decode = _two_level(amax, tensor_amax, spec, elem_max)
+        v = (clean * multipliers[ids]).astype(np.float32)  # FP32 MIRROR (1)
+    else:
+        cache_: dict[float, float] = {}
+        scales64 = np.array(
+            [cache_.setdefault(a, block_scale(a, spec, elem_max)) for a in amax.tolist()]
+        )
+        scales = scales64.astype(np.float32)
+        assert np.array_equal(scales.astype(np.float64), scales64), "scale not a float32"
+        decode = scales
+        v = (clean / scales[ids]).astype(np.float32)  # FP32 MIRROR (3)
+    if spec.sr_prescale != 1.0:
+        v = (v * F32(spec.sr_prescale)).astype(np.float32)
+    q = round_to_grid(v.astype(np.float64), GRIDS[spec.element], spec.rounding, uniform)
+    out = (q.astype(np.float32) * decode[ids]).astype(np.float32)  # FP32 MIRROR (1, 4)
+    if spec.sr_prescale != 1.0:
+        out = (out / F32(spec.sr_prescale)).astype(np.float32)
+    return q, out, scales
+
+
+def _nearer(
+    clean: np.ndarray, out_four: np.ndarray, out_six: np.ndarray, ids: np.ndarray, n: int
+) -> np.ndarray:
+    """Per block: whether the candidate scaled to 4 is strictly nearer, by the exact sum of
+    squared errors (rational arithmetic)."""
+    error_four: list[Fraction | float] = [Fraction(0)] * n
+    error_six: list[Fraction | float] = [Fraction(0)] * n
+    for i, block in enumerate(ids.tolist()):
+        x = Fraction(float(clean[i]))
+        error_four[block] += _squared_error(float(out_four[i]), x)
+        error_six[block] += _squared_error(float(out_six[i]), x)
+    return np.array([f < s for f, s in zip(error_four, error_six, strict=True)])
+
+
+def _squared_error(decoded: float, x: Fraction) -> Fraction | float:
+    """(decoded - x)^2 exactly; infinite for a value that decodes to Inf (the ceil rule's top)."""
+    if not math.isfinite(decoded):
+        return math.inf
+    return (Fraction(decoded) - x) ** 2
 
 
 @cache

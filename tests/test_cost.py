@@ -102,6 +102,15 @@ def test_nvfp4_tensor_amax_pass_by_hand() -> None:
     assert (amax.bytes, amax.flops) == (33_554_432, 2 * N4096)
 
 
+def test_four_over_six_ops_by_hand() -> None:
+    # the second candidate's quantization (10 ops) and both candidates' errors (6) per element,
+    # fused: (10 + 16) ops x 16,777,216 / 33.5e12 = 13.0 us < the pass's 42,991,620 bytes / 3e12
+    # = 14.3 us, so it stays memory-bound and adds 0 s.
+    config = LinearConfig(forward_x=QuantSpec.preset("nvfp4-4over6"))
+    four = item(estimate_layer(config, SQUARE, H100), "four-over-six", "forward_x")
+    assert (four.flops, four.bytes, four.seconds) == (16 * N4096, 0, 0.0)
+
+
 def test_hadamard_32_ops_by_hand() -> None:
     # log2(32) = 5 add/sub per element, no bytes of its own (fused into the quantizer); the
     # fused pass stays memory-bound (10 + 5 ops an element: 7.5 us < 14.2 us), so it adds 0 s.

@@ -83,6 +83,15 @@ def _specs() -> list[QuantSpec]:
                                 tensor_scale=two_level,
                             )
                         )
+    # four-over-six on each scale format, one- and two-level, both rules
+    for scale in SCALES:
+        for rule in ("floor", "ceil"):
+            for two_level in (False, True) if scale in TWO_LEVEL_SCALES else (False,):
+                specs.append(
+                    QuantSpec(
+                        scale=scale, scale_rule=rule, tensor_scale=two_level, four_over_six=True
+                    )  # fmt: skip
+                )
     return specs
 
 

@@ -19,6 +19,7 @@ SHIPPED = [
     "mxfp4",
     "mxfp4-dht",
     "nvfp4",
+    "nvfp4-4over6",
     "nvidia-nvfp4",
     "tetrajet",
     "tetrajet-baseline",

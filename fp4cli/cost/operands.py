@@ -19,6 +19,8 @@ bytes of their own:
     stochastic rounding: one Philox4x32-10 call per 4 elements, 100 ops a call (10 rounds of two
         32x32-bit multiplies, each two ops for its high and low halves, four xors and two key
         additions), plus 2 ops per element to turn the word into noise and add it.
+    four-over-six: the block quantized a second time (scaled to 4), both candidates decoded and
+        their squared errors summed (6 ops per element): 10 + 6 ops per element.
 A spec with a tensor scale (or block "tensor" or "column") first needs the tensor's amax (or
 its columns'): one more pass,
     bytes = 2 n, ops = 2 per element (+ log2(h) when the amax is of the transformed tensor).
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 HP_BYTES = 2  # a high-precision (BF16) element
 QUANTIZE_OPS = 10  # per element
 AMAX_OPS = 2  # abs, max
+CANDIDATE_ERROR_OPS = 6  # four-over-six: decode both candidates, square and sum their errors
 DEQUANTIZE_OPS = 3  # unpack, decode, multiply by the scale
 PHILOX_OPS_PER_CALL = 100
 ELEMENTS_PER_PHILOX_CALL = 4
@@ -116,6 +119,8 @@ def quantize_parts(spec: QuantSpec, size: OperandSize, hadamard: int | None) -> 
         parts.append(Work("hadamard", hadamard_ops(size, hadamard)))
     if spec.rounding == "sr":
         parts.append(Work("stochastic rounding", philox_ops(elements)))
+    if spec.four_over_six:
+        parts.append(Work("four-over-six", (QUANTIZE_OPS + CANDIDATE_ERROR_OPS) * elements))
     return parts
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from fp4cli.formats import decode, encode, pack_nibbles, round_to_grid, unpack_nibbles
-from fp4cli.quant import random_bits, two_level
+from fp4cli.quant import four_over_six, random_bits, two_level
 from fp4cli.quant.backend import use_kernels
 from fp4cli.quant.blocking import BlockLayout
 from fp4cli.quant.scales import block_scales, divide, nan_scales, scale_values
@@ -258,15 +258,42 @@ def _quantize_blocks(
     finite_block = torch.isfinite(blocks).all(dim=-1)
     blocks = torch.where(torch.isfinite(blocks), blocks, torch.zeros_like(blocks))
     block_amax = blocks.abs().amax(dim=-1)
-    t_amax = None
-    if spec.tensor_scale:
-        t_amax = block_amax.amax()
-        scales, stored = two_level.block_scales(block_amax, t_amax, spec)
+    t_amax = block_amax.amax() if spec.tensor_scale else None
+    q, stored, scales = _candidate(blocks, block_amax, t_amax, spec, uniform, guide)
+    if spec.four_over_six:
+        q4, stored4, scales4 = _candidate(
+            blocks, block_amax, t_amax, spec, uniform, guide, four_over_six.FOUR
+        )
+        four = four_over_six.prefer_four(
+            blocks,
+            _dequantize_blocks(q, scales, t_amax, spec),
+            _dequantize_blocks(q4, scales4, t_amax, spec),
+        )
+        q = torch.where(four.unsqueeze(-1), q4, q)
+        stored = torch.where(four, stored4, stored)
+    q = torch.where(finite_block.unsqueeze(-1), q, torch.zeros_like(q))
+    stored = torch.where(finite_block, stored, nan_scales(stored, spec.scale_format))
+    return q, stored, t_amax
+
+
+def _candidate(
+    blocks: torch.Tensor,
+    block_amax: torch.Tensor,
+    t_amax: torch.Tensor | None,
+    spec: QuantSpec,
+    uniform: torch.Tensor | None,
+    guide: torch.Tensor | None,
+    element_max: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(element values q, stored scales, scale values) of finite blocks, each block's amax
+    scaled onto the element format's largest value (or `element_max`)."""
+    if t_amax is not None:
+        scales, stored = two_level.block_scales(block_amax, t_amax, spec, element_max)
         multipliers = encode_multipliers(scales, t_amax, spec).unsqueeze(-1)
         scaled = blocks * multipliers
         guide = guide * multipliers if guide is not None else None
     else:
-        scales, stored = block_scales(block_amax, spec)
+        scales, stored = block_scales(block_amax, spec, element_max)
         scaled = blocks / scales.unsqueeze(-1)
         guide = guide / scales.unsqueeze(-1) if guide is not None else None
     if spec.sr_prescale != 1.0:
@@ -275,9 +302,7 @@ def _quantize_blocks(
         q = round_to_grid(scaled, spec.element_format, "guided", guide=guide)
     else:
         q = round_to_grid(scaled, spec.element_format, spec.rounding, uniform=uniform)
-    q = torch.where(finite_block.unsqueeze(-1), q, torch.zeros_like(q))
-    stored = torch.where(finite_block, stored, nan_scales(stored, spec.scale_format))
-    return q, stored, t_amax
+    return q, stored, scales
 
 
 def _dequantize_blocks(

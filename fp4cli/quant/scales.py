@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fp4cli.formats import Minifloat, ScaleFormat, decode, encode, round_to_grid
@@ -25,18 +27,21 @@ def floor_log2(positive: torch.Tensor) -> torch.Tensor:
     return (exp - 1).to(torch.int64)
 
 
-def pow2_scale_exponent(amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+def pow2_scale_exponent(
+    amax: torch.Tensor, spec: QuantSpec, element_max: float | None = None
+) -> torch.Tensor:
     """The E8M0 exponent of each block (int64), before clamping and zero handling.
 
     floor: floor(log2 amax) - floor(log2 emax), the OCP rule.
     ceil: ceil(log2(amax / emax)), the smallest exponent with amax <= emax * 2^e.
+    emax is the element format's largest value, or `element_max` (four-over-six's 4).
     """
-    element = spec.element_format
+    emax = element_max or spec.element_format.max_value
     safe = torch.where(amax > 0, amax, torch.ones_like(amax))
-    exponent = floor_log2(safe) - element.max_exponent
+    exponent = floor_log2(safe) - math.floor(math.log2(emax))
     if spec.scale_rule == "ceil":
         # emax * 2^e in float64 is exact over fp32's whole range, subnormals included.
-        reach = element.max_value * torch.exp2(exponent.to(torch.float64))
+        reach = emax * torch.exp2(exponent.to(torch.float64))
         exponent = exponent + (safe.to(torch.float64) > reach).to(torch.int64)
     return exponent
 
@@ -58,19 +63,22 @@ def _round_scale_float(raw: torch.Tensor, fmt: ScaleFormat, rule: str) -> torch.
     return torch.clamp(rounded, min=fmt.min_value, max=fmt.max_value)
 
 
-def block_scales(amax: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale values as float32, stored scales) for each block's finite amax (float32, >= 0).
+def block_scales(
+    amax: torch.Tensor, spec: QuantSpec, element_max: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale values as float32, stored scales) for each block's finite amax (float32, >= 0),
+    mapping it onto the element format's largest value (or `element_max`).
 
     Stored scales are uint8 codes for e8m0/ue5m3/ue4m3 and floats for fp32/bf16. An all-zero
     block gets the smallest scale the format stores.
     """
     fmt = spec.scale_format
     if fmt.kind == "pow2":
-        exponent = pow2_scale_exponent(amax, spec)
+        exponent = pow2_scale_exponent(amax, spec, element_max)
         exponent = torch.where(amax > 0, exponent, torch.full_like(exponent, fmt.min_exponent))
         exponent = exponent.clamp(fmt.min_exponent, fmt.max_exponent)
         return pow2(exponent), (exponent + fmt.exponent_bias).to(torch.uint8)
-    raw = divide(amax, spec.element_format.max_value)
+    raw = divide(amax, element_max or spec.element_format.max_value)
     if fmt.kind == "minifloat":
         assert fmt.minifloat is not None
         values = _round_scale_minifloat(raw, fmt.minifloat, spec.scale_rule)

@@ -39,6 +39,11 @@ class QuantSpec:
         so that stochastic rounding with the floor rule never clips).
     tensor_scale: two-level scaling: an FP32 per-tensor scale maps the tensor's amax onto the
         largest block scale times the element max (NVFP4: 448 * 6 / amax).
+    four_over_six: each block is quantized twice, its amax scaled to 6 and to 4 (by the
+        scale rule, with element max 6 or 4), and keeps the one whose decoded values are
+        nearer the block's (squared error; 6 on a tie). E2M1 only; with a tensor scale the
+        largest block scale is the largest power of two below scale max / 1.5 (NVFP4: 256),
+        so that a block scaled to 4 still fits (Cook et al., Four Over Six).
     """
 
     element: str = "e2m1"
@@ -49,6 +54,8 @@ class QuantSpec:
     rounding: str = "rne"
     sr_prescale: float = 1.0
     tensor_scale: bool = False
+    # left out of a resolved recipe while false, so recipes resolved before it keep their form
+    four_over_six: bool = dataclasses.field(default=False, metadata={"omit_default": True})
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "mxfp4": {},
@@ -57,6 +64,12 @@ class QuantSpec:
         "mxfp4-ue5m3": {"scale": "ue5m3", "tensor_scale": True},
         "nvfp4": {"scale": "ue4m3", "block": 16, "tensor_scale": True},
         "nvfp4-2d": {"scale": "ue4m3", "block": 16, "tensor_scale": True, "tile2d": True},
+        "nvfp4-4over6": {
+            "scale": "ue4m3",
+            "block": 16,
+            "tensor_scale": True,
+            "four_over_six": True,
+        },
         "fp4-row": {"block": "row", "scale_rule": "ceil"},
         "fp4-column": {"block": "column", "scale_rule": "ceil"},
         "fp8-e4m3": {"element": "e4m3", "scale": "fp32", "block": "row"},
@@ -90,9 +103,11 @@ class QuantSpec:
             raise SpecError(
                 f"tensor_scale: only with a ue5m3 or ue4m3 block scale (got scale {self.scale!r})"
             )
-        for flag in ("tile2d", "tensor_scale"):
+        for flag in ("tile2d", "tensor_scale", "four_over_six"):
             if not isinstance(getattr(self, flag), bool):
                 raise SpecError(f"{flag}: must be true or false")
+        if self.four_over_six and self.element != "e2m1":
+            raise SpecError(f"four_over_six: only with e2m1 elements (got {self.element!r})")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> QuantSpec:
@@ -132,6 +147,8 @@ class QuantSpec:
             parts.append(f"pre{self.sr_prescale:g}")
         if self.tensor_scale:
             parts.append("ts")
+        if self.four_over_six:
+            parts.append("4over6")
         return "/".join(parts)
 
 

@@ -14,9 +14,14 @@ and an element format of largest value E (6 for E2M1), every step a float32 oper
 
 `1 / E` and `1 / (S * E)` are float32 constants (rounded once). A block whose scale rounds to 0
 encodes with FLT_MAX (its elements saturate) and decodes to 0, as the reference does.
+
+Four-over-six (`QuantSpec.four_over_six`) takes S as the largest power of two at most S / 1.5
+(256 for UE4M3), and its "scaled to 4" candidate uses 1 / 4 in place of 1 / E in the block scale.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -31,8 +36,16 @@ def _constant(like: torch.Tensor, value: float) -> torch.Tensor:
     return torch.full_like(like, value, dtype=torch.float32)
 
 
+def scale_max(spec: QuantSpec) -> float:
+    """S: the largest block scale the tensor scale maps the tensor's amax onto."""
+    largest = spec.scale_format.max_value
+    if spec.four_over_six:  # room for a block scaled to 4: 1.5 times its scale to 6
+        return float(2 ** math.floor(math.log2(largest / 1.5)))
+    return largest
+
+
 def _scale_times_element_max(spec: QuantSpec) -> float:
-    return spec.scale_format.max_value * spec.element_format.max_value
+    return scale_max(spec) * spec.element_format.max_value
 
 
 def global_encode_scale(tensor_amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -42,13 +55,17 @@ def global_encode_scale(tensor_amax: torch.Tensor, spec: QuantSpec) -> torch.Ten
 
 
 def block_scales(
-    block_amax: torch.Tensor, tensor_amax: torch.Tensor, spec: QuantSpec
+    block_amax: torch.Tensor,
+    tensor_amax: torch.Tensor,
+    spec: QuantSpec,
+    element_max: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale values as float32, stored uint8 codes) of each block's finite amax."""
+    """(scale values as float32, stored uint8 codes) of each block's finite amax, scaled onto
+    the element format's largest value (or `element_max`, four-over-six's 4)."""
     fmt = spec.scale_format.minifloat
     assert fmt is not None, "two-level scaling needs a minifloat block scale"
     g = global_encode_scale(tensor_amax, spec)
-    multiplier = g * _constant(g, 1.0 / spec.element_format.max_value)
+    multiplier = g * _constant(g, 1.0 / (element_max or spec.element_format.max_value))
     raw = torch.clamp(block_amax * multiplier, max=FLOAT32_MAX)
     raw = torch.clamp(raw, max=fmt.max_value)
     values = round_to_grid(raw, fmt, "up" if spec.scale_rule == "ceil" else "rne")
