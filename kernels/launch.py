@@ -170,13 +170,15 @@ def quantize_e2m1(
     values_dtype: torch.dtype | None = None,
     tile: Tile | None = None,
     guide: torch.Tensor | None = None,
+    t_amax: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """(codes, scales, tensor scale, values) of x quantized along `axis` (non-negative).
+    """(codes, scales, tensor amax, values) of x quantized along `axis` (non-negative).
 
     With `values_dtype`, only the dequantized values are written (the fake-quantization path)
     and codes and scales are None; otherwise values is None. With `hadamard`, x is first
     transformed along the axis (zero-padded to whole Hadamard blocks). With `guide` (x's shape),
-    each value rounds toward it (Q-EMA) instead of by the spec's rounding."""
+    each value rounds toward it (Q-EMA) instead of by the spec's rounding. `t_amax`: a
+    two-level spec's tensor amax when the caller has it (else one pass reduces it first)."""
     x = x.contiguous()
     if guide is not None:
         guide = guide.contiguous()
@@ -186,8 +188,9 @@ def quantize_e2m1(
     padded = _round_up(out_length, block)
     tile = tile or choose_tile(view, padded, block, hadamard)
     programs, along = _grid(view, tile, padded)
-    t_amax = None
-    if spec.tensor_scale:
+    if not spec.tensor_scale:
+        t_amax = None
+    elif t_amax is None:
         t_amax = tensor_amax(x, axis, hadamard, hadamard_seed)[0]
     lead = [*x.shape[:axis], *x.shape[axis + 1 :]]
     codes = scales = values = None

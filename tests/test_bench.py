@@ -55,6 +55,8 @@ def test_quantize_command_prints_and_stores(tmp_path: Path) -> None:
         rows = store.benchmarks("quantize")
     measured = [row for row in rows if row["name"] == "gbps"]
     expected = [(c, k, b) for c in ("mxfp4", "nvfp4") for k, b in ROWS_PER_CASE]
+    # a two-level spec's passes timed apart: the amax, and the quantization given it
+    expected += [("nvfp4", "tensor-amax", "triton"), ("nvfp4", "quantize-given-amax", "triton")]
     if not TRITON_RUNS:
         assert "needs CUDA or TRITON_INTERPRET=1" in result.stdout
         expected = [key for key in expected if key[2] != "triton"]
@@ -132,6 +134,8 @@ def test_traffic_of_a_hand_computed_case() -> None:
     assert mxfp4.kernel_bytes("dequantize") == 2048 + 128 + 8192
     nvfp4 = quant_traffic((64, 64), torch.bfloat16, -1, CONFIGS["nvfp4"])
     assert nvfp4.scales == 64 * 4 + 4  # a UE4M3 byte per 16 values, plus the FP32 tensor scale
+    assert nvfp4.kernel_bytes("tensor-amax") == 8192  # one read
+    assert nvfp4.kernel_bytes("quantize-given-amax") == nvfp4.kernel_bytes("quantize")
     # The Hadamard transform pads 40 to 64 along the axis: codes, scales and values follow it.
     rht = quant_traffic((48, 40), torch.float16, -1, CONFIGS["mxfp4-rht32-sr"])
     assert (rht.input, rht.codes, rht.scales, rht.values) == (3840, 1536, 96, 6144)

@@ -30,6 +30,8 @@ def kernel_call(
         compiled = torch.compile(_reference_function(kernel, config, axis))
         return lambda: compiled(x)
     spec, hadamard = config.spec, config.hadamard
+    if kernel in ("tensor-amax", "quantize-given-amax"):
+        return _two_level_pass(kernel, x, config, axis)
     if kernel == "quantize":
         return lambda: quantize(x, spec, axis, SEED, hadamard=hadamard, backend=backend)
     if kernel == "fake-quantize":
@@ -38,6 +40,19 @@ def kernel_call(
         )
     quantized = quantize(x, spec, axis, SEED, hadamard=hadamard, backend=backend)
     return lambda: quantized.dequantize(x.dtype, backend=backend)
+
+
+def _two_level_pass(
+    kernel: str, x: torch.Tensor, config: BenchConfig, axis: int
+) -> Callable[[], object]:
+    """One of a two-level spec's two kernel passes (the Triton backend only)."""
+    from fp4cli.kernels.launch import quantize_e2m1, tensor_amax
+
+    axis = axis % x.dim()  # the launchers take a non-negative axis
+    amax = tensor_amax(x, axis, config.hadamard, 0)
+    if kernel == "tensor-amax":
+        return lambda: tensor_amax(x, axis, config.hadamard, 0)
+    return lambda: quantize_e2m1(x, config.spec, axis, SEED, config.hadamard, 0, t_amax=amax[0])
 
 
 def _reference_function(

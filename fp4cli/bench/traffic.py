@@ -15,6 +15,9 @@ from fp4cli.bench.configs import BenchConfig
 from fp4cli.quant.blocking import BlockLayout
 
 KERNELS = ("copy", "quantize", "fake-quantize", "dequantize")
+# a two-level spec's two passes, timed apart on the kernels: the tensor amax (one read), and
+# the quantization given the amax
+TWO_LEVEL_KERNELS = ("tensor-amax", "quantize-given-amax")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class QuantTraffic:
             "quantize": self.input + self.codes + self.scales,
             "fake-quantize": self.input + self.values,
             "dequantize": self.codes + self.scales + self.values,
+            "tensor-amax": self.input,
+            "quantize-given-amax": self.input + self.codes + self.scales,
         }
         return moved[kernel]
 

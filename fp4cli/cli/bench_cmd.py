@@ -190,7 +190,8 @@ def _caption(rows: list[Any]) -> str:
     if scaled:
         caption += (
             f" {', '.join(scaled)}: the tensor amax pass reads the input a second time inside"
-            " the timed call; the bytes count one read."
+            " the timed call; the bytes count one read. tensor-amax times that pass alone (input"
+            " bytes), quantize-given-amax the quantization after it."
         )
     return caption
 
