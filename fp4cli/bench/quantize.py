@@ -189,7 +189,7 @@ class _Runner:
         self.measure(copy, x)
         copy.copy_gbps = copy.gbps
         rows = [copy]
-        kernels = KERNELS[1:]
+        kernels: tuple[str, ...] = KERNELS[1:]
         if case.config.spec.tensor_scale:
             kernels += TWO_LEVEL_KERNELS
         for kernel in kernels:
