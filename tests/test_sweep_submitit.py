@@ -73,6 +73,11 @@ def test_submitit_local_gives_the_points_and_metrics_of_the_local_launcher(tmp_p
     assert remote.get_sweep("tiny")["holder_pid"] is None  # the claim on the sweep is released
     again = plan_sweep(spec, remote)
     assert again.pending == [] and len(again.done) == 5
+    # A new store with the same folder: the older sweep's shards are neither merged nor done.
+    fresh = RunStore(tmp_path / "fresh.db")
+    results = run_remote(plan_sweep(spec, fresh), fresh, launch, poll_s=0.2)
+    assert sorted(r.status for r in results) == ["finished"] * 5
+    assert _metrics_by_point(fresh) == expected and len(fresh.list_runs()) == 5
 
 
 @pytest.fixture

@@ -124,10 +124,13 @@ def sweep(
 
 
 def _merge_finished(store: Any, name: str, folder: Path | None) -> None:
+    """Fold the shards of this store's sweep `name` that finished while no coordinator ran."""
     from fp4cli.store.shards import merge_shards
     from fp4cli.sweep.remote import sweep_folder
 
-    merge_shards(store, (folder or sweep_folder(store.path, name)) / "shards")
+    known = [s["id"] for s in store.sweeps() if s["name"] == name]
+    if known:
+        merge_shards(store, (folder or sweep_folder(store.path, name)) / "shards", known[0])
 
 
 def _run_remote(

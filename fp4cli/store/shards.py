@@ -196,19 +196,34 @@ class MergeResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, why): tried later
 
 
-def merge_shards(store: RunStore, folder: str | os.PathLike[str]) -> MergeResult:
-    """Fold every finished shard of `folder` into `store` (see the module's docstring)."""
+def merge_shards(
+    store: RunStore, folder: str | os.PathLike[str], sweep: str | None = None
+) -> MergeResult:
+    """Fold every finished shard of `folder` into `store` (see the module's docstring); with
+    `sweep`, only the runs of that sweep (a folder may hold an older store's shards)."""
     result = MergeResult()
+    merged = {row["run_id"] for row in store.db.query("SELECT run_id FROM merged_shards")}
     for path in finished_shards(folder):
+        if run_of_file(path) in merged:  # merged before: not read again
+            result.already.append(str(run_of_file(path)))
+            continue
         try:
             shard = read_shard(path)
         except StoreError as error:
             result.skipped.append((path.name, str(error)))
             continue
         for run in shard.runs:
+            if sweep is not None and run.get("sweep") != sweep:
+                continue
             outcome = _merge_run(store, path, run, shard.rows_of(run["id"]))
             getattr(result, outcome).append(run["id"])
     return result
+
+
+def run_of_file(path: Path) -> str | None:
+    """The run id in a finished shard's name (<key>-<run id>.db; keys hold no '-')."""
+    key, sep, run_id = path.name.removesuffix(".db").partition("-")
+    return run_id if sep else None
 
 
 @dataclass

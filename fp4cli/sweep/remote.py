@@ -108,7 +108,7 @@ def _train_one(
     taken = claim(shard_dir, point.id, job)
     if taken is None:
         return None  # a live job trains it
-    if _has_done_shard(Path(shard_dir), point.id):
+    if _has_done_shard(Path(shard_dir), point.id, sweep_id):
         taken.release()
         return None
     store = taken.open_store()
@@ -193,10 +193,12 @@ def _job_id() -> str:
         return ""
 
 
-def _has_done_shard(folder: Path, point_id: str) -> bool:
+def _has_done_shard(folder: Path, point_id: str, sweep_id: str) -> bool:
+    """Whether the point has a finished (or diverged) run of this sweep in a shard."""
     for path in folder.glob(f"{point_id}-*.db"):
         try:
-            if any(run["status"] in DONE_STATUSES for run in read_shard(path).runs):
+            runs = read_shard(path).runs
+            if any(r["status"] in DONE_STATUSES and r["sweep"] == sweep_id for r in runs):
                 return True
         except ValueError:
             continue
@@ -306,7 +308,7 @@ class _Coordinator:
     def _merge(self) -> None:
         if not finished_shards(self.launch.shards):
             return
-        merged = merge_shards(self.store, self.launch.shards)
+        merged = merge_shards(self.store, self.launch.shards, self.plan.sweep_id)
         for run_id in merged.merged:
             run = self.store.get_run(run_id)
             point = point_of(run.get("tags"))
