@@ -23,6 +23,15 @@ marked "FP32 MIRROR". They are:
   3. v = fp32(x / s), then v * sr_prescale;
   4. dequantization (q * s) / sr_prescale.
 Power-of-two scales make 3 and 4 exact, so there the mirror changes nothing.
+
+MS-EDEN (rounding "eden", from the QuantSpec docstring and Quartet II's released code): the
+elements are rounded to nearest with ties away from zero; per group of eden_group / block
+consecutive blocks along a line, c = sum(v^2) / sum(v * q) over the group's blocks whose scale
+is not 0 (v: the pre-scaled grid values of step 3, q their rounded values; c = 1 when the
+denominator is 0), computed here in exact rational arithmetic and rounded to float32; each such
+block's scale becomes the float32 product s * c rounded stochastically onto the scale grid with
+the uniform number of the block's first element (its smallest index in x). The tensor scale
+then targets 256 (E4M3) as with four-over-six.
 """
 
 from __future__ import annotations
@@ -347,12 +356,20 @@ def reference(x: np.ndarray, spec: Any, axis: int = -1, seed: int | None = None)
         if spec.tensor_scale:
             tensor_amax = F32(np.abs(clean).max())
         uniform = None
-        if spec.rounding == "sr":
+        eden = spec.rounding == "eden"
+        if spec.rounding in ("sr", "eden"):
             if seed is None:
                 raise ValueError("the oracle needs an explicit seed for sr")
             index = np.moveaxis(np.arange(x.size).reshape(x.shape), axis, -1).reshape(-1)
             uniform = sr_uniform(seed, index)
-        q, out, scales = _candidate(clean, ids, amax, tensor_amax, spec, uniform)
+            if eden:  # one number per block: that of its first element
+                first = np.full(n_blocks, np.iinfo(np.int64).max, dtype=np.int64)
+                np.minimum.at(first, ids, index.astype(np.int64))
+                uniform = sr_uniform(seed, first)
+        q, out, scales = _candidate(clean, ids, amax, tensor_amax, spec, None if eden else uniform)
+        if eden:
+            assert tensor_amax is not None and uniform is not None
+            out, scales = _eden(clean, q, ids, amax, tensor_amax, spec, uniform, scale_shape)
         if getattr(spec, "four_over_six", False):
             q4, out4, scales4 = _candidate(clean, ids, amax, tensor_amax, spec, uniform, 4.0)
             four = _nearer(clean, out4, out, ids, n_blocks)
@@ -379,7 +396,7 @@ def _two_level(
     four-over-six the tensor scale targets 256 (E4M3), the largest power of two at most
     448 / 1.5, and `elem_max` 4 is the block's other candidate."""
     largest = scale_max(spec)
-    if getattr(spec, "four_over_six", False):
+    if getattr(spec, "four_over_six", False) or spec.rounding == "eden":
         largest = 2.0 ** math.floor(math.log2(largest / 1.5))
     target = F32(largest * ELEMENT_MAX[spec.element])
     g = min(F32(target / tensor_amax) if tensor_amax > 0 else F32(np.inf), F32(FP32_MAX))
@@ -425,11 +442,58 @@ def _candidate(
         v = (clean / scales[ids]).astype(np.float32)  # FP32 MIRROR (3)
     if spec.sr_prescale != 1.0:
         v = (v * F32(spec.sr_prescale)).astype(np.float32)
-    q = round_to_grid(v.astype(np.float64), GRIDS[spec.element], spec.rounding, uniform)
+    mode = "away" if spec.rounding == "eden" else spec.rounding
+    q = round_to_grid(v.astype(np.float64), GRIDS[spec.element], mode, uniform)
     out = (q.astype(np.float32) * decode[ids]).astype(np.float32)  # FP32 MIRROR (1, 4)
     if spec.sr_prescale != 1.0:
         out = (out / F32(spec.sr_prescale)).astype(np.float32)
     return q, out, scales
+
+
+def _eden(
+    clean: np.ndarray,
+    q: np.ndarray,
+    ids: np.ndarray,
+    amax: np.ndarray,
+    tensor_amax: np.float32,
+    spec: Any,
+    uniform: np.ndarray,
+    scale_shape: tuple[int, ...],
+) -> tuple[np.ndarray, np.ndarray]:
+    """MS-EDEN: (decoded values, block scales) after each group's correction."""
+    scales, multipliers, _ = _two_level(amax, tensor_amax, spec)
+    v = (clean * multipliers[ids]).astype(np.float32)
+    if spec.sr_prescale != 1.0:
+        v = (v * F32(spec.sr_prescale)).astype(np.float32)
+    per_line = scale_shape[-1]
+    k = spec.eden_group // int(spec.block)
+    groups = (ids // per_line) * -(-per_line // k) + (ids % per_line) // k
+    num: dict[int, Fraction] = {}
+    den: dict[int, Fraction] = {}
+    for i, block in enumerate(ids.tolist()):
+        if scales[block] == 0:
+            continue
+        u, g = Fraction(float(v[i])), int(groups[i])
+        num[g] = num.get(g, Fraction(0)) + u * u
+        den[g] = den.get(g, Fraction(0)) + u * Fraction(float(q[i]))
+    corrected = scales.copy()
+    block_group = (np.arange(scales.size) // per_line) * -(-per_line // k) + (
+        np.arange(scales.size) % per_line
+    ) // k
+    for block in range(scales.size):
+        g = int(block_group[block])
+        if scales[block] == 0:
+            continue
+        c = F32(float(num[g] / den[g])) if den.get(g, 0) != 0 else F32(1.0)
+        product = F32(scales[block] * c)
+        grid = SCALE_GRIDS[spec.scale]
+        corrected[block] = F32(round_to_grid(np.array([product]), grid, "sr", uniform[block])[0])
+    target = F32(2.0 ** math.floor(math.log2(scale_max(spec) / 1.5)) * ELEMENT_MAX[spec.element])
+    decode = (F32(1.0 / target) * (corrected * tensor_amax).astype(np.float32)).astype(np.float32)
+    out = (q.astype(np.float32) * decode[ids]).astype(np.float32)
+    if spec.sr_prescale != 1.0:
+        out = (out / F32(spec.sr_prescale)).astype(np.float32)
+    return out, corrected
 
 
 def _nearer(

@@ -111,6 +111,14 @@ def test_four_over_six_ops_by_hand() -> None:
     assert (four.flops, four.bytes, four.seconds) == (16 * N4096, 0, 0.0)
 
 
+def test_ms_eden_ops_by_hand() -> None:
+    # two products summed per element (u * u, u * q): 4 x 16,777,216 ops, fused into the
+    # quantize pass, which stays memory-bound (10 + 4 ops an element), so it adds 0 s.
+    config = LinearConfig(grad_input_dy=QuantSpec.preset("nvfp4-eden"))
+    eden = item(estimate_layer(config, SQUARE, H100), "ms-eden correction", "grad_input_dy")
+    assert (eden.flops, eden.bytes, eden.seconds) == (4 * N4096, 0, 0.0)
+
+
 def test_hadamard_32_ops_by_hand() -> None:
     # log2(32) = 5 add/sub per element, no bytes of its own (fused into the quantizer); the
     # fused pass stays memory-bound (10 + 5 ops an element: 7.5 us < 14.2 us), so it adds 0 s.

@@ -92,9 +92,17 @@ def _specs() -> list[QuantSpec]:
                         scale=scale, scale_rule=rule, tensor_scale=two_level, four_over_six=True
                     )  # fmt: skip
                 )
+    # MS-EDEN: each two-level scale format, correction groups of one to eight blocks
+    for scale in TWO_LEVEL_SCALES:
+        for group, prescale in ((16, 1.0), (128, QUARTET2_PRESCALE)):
+            specs.append(EDEN.replace(scale=scale, eden_group=group, sr_prescale=prescale))
+    specs.append(EDEN.replace(element="int4", block=32, eden_group=64))
     return specs
 
 
+EDEN_SEED = 20260124
+QUARTET2_PRESCALE = 16 / (17 * 0.93)
+EDEN = QuantSpec(scale="ue4m3", block=16, tensor_scale=True, rounding="eden")
 SPECS = _specs()
 
 
@@ -197,7 +205,8 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.short())
 def test_matrix_vs_oracle(spec, case):
-    check_against_oracle(CASES[case](spec.element), spec)
+    seed = EDEN_SEED if spec.rounding == "eden" else None
+    check_against_oracle(CASES[case](spec.element), spec, seed=seed)
 
 
 @pytest.mark.parametrize("spec", [s for s in SPECS if s.rounding == "rne"], ids=lambda s: s.short())

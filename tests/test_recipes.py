@@ -21,6 +21,7 @@ SHIPPED = [
     "nvfp4",
     "nvfp4-4over6",
     "nvidia-nvfp4",
+    "quartet2",
     "tetrajet",
     "tetrajet-baseline",
     "tetrajet-qema",
@@ -201,7 +202,7 @@ ERRORS = [
     (
         "linear:\n  forward: {x: {preset: mxfp4, rounding: rn}}\n",
         "linear.forward.x.rounding",
-        "must be one of rne, sr, away (got 'rn')",
+        "must be one of rne, sr, away, eden (got 'rn')",
     ),
     ("linear:\n  forward: {x: {block: 33}}\n", "linear.forward.x.block", "even integer"),
     (

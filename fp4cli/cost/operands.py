@@ -49,6 +49,7 @@ HP_BYTES = 2  # a high-precision (BF16) element
 QUANTIZE_OPS = 10  # per element
 AMAX_OPS = 2  # abs, max
 CANDIDATE_ERROR_OPS = 6  # four-over-six: decode both candidates, square and sum their errors
+EDEN_OPS = 4  # MS-EDEN: two products summed per element (the per-block scale draw is negligible)
 DEQUANTIZE_OPS = 3  # unpack, decode, multiply by the scale
 PHILOX_OPS_PER_CALL = 100
 ELEMENTS_PER_PHILOX_CALL = 4
@@ -121,6 +122,8 @@ def quantize_parts(spec: QuantSpec, size: OperandSize, hadamard: int | None) -> 
         parts.append(Work("stochastic rounding", philox_ops(elements)))
     if spec.four_over_six:
         parts.append(Work("four-over-six", (QUANTIZE_OPS + CANDIDATE_ERROR_OPS) * elements))
+    if spec.rounding == "eden":
+        parts.append(Work("ms-eden correction", EDEN_OPS * elements))
     return parts
 
 

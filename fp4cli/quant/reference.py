@@ -5,6 +5,8 @@ For a tensor x, a QuantSpec and an axis, in float32:
   2. each block's scale s from its amax (floor/ceil rule, rounded to the scale format);
   3. v = x / s (times sr_prescale), rounded onto the element grid (rne / sr / away), saturated;
   4. a block holding NaN or Inf gets the NaN scale and decodes to NaN.
+With rounding "eden" (MS-EDEN), step 3 rounds to nearest (ties away) and the block scales are
+then corrected per group and rounded stochastically (`fp4cli.quant.ms_eden`).
 Dequantization is (q * s) / sr_prescale. Two-level specs (NVFP4) scale blocks relative to the
 tensor's finite amax A instead, in the order of operations `fp4cli.quant.two_level` states:
 v = x * e(s, A) before the pre-scale, and x ~ (q * d(s, A)) / sr_prescale.
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from fp4cli.formats import decode, encode, pack_nibbles, round_to_grid, unpack_nibbles
-from fp4cli.quant import four_over_six, random_bits, two_level
+from fp4cli.quant import four_over_six, ms_eden, random_bits, two_level
 from fp4cli.quant.backend import use_kernels
 from fp4cli.quant.blocking import BlockLayout
 from fp4cli.quant.scales import block_scales, divide, nan_scales, scale_values
@@ -183,8 +185,9 @@ def _guide_for(guide: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | No
 
 
 def _seed_for(spec: QuantSpec, seed: random_bits.Seed | None) -> random_bits.Seed | None:
-    """The seed to use: drawn from torch's random state when SR needs one and none is given."""
-    if spec.rounding == "sr" and seed is None:
+    """The seed to use: drawn from torch's random state when SR (of elements, or of MS-EDEN's
+    scales) needs one and none is given."""
+    if spec.rounding in ("sr", "eden") and seed is None:
         return random_bits.draw_seed()
     return seed
 
@@ -239,13 +242,16 @@ def _uniform_blocks(
     layout: BlockLayout,
     seed: random_bits.Seed | None,
 ) -> torch.Tensor | None:
-    """Uniform numbers for stochastic rounding, keyed by each element's index in x."""
-    if spec.rounding != "sr":
+    """Uniform numbers for stochastic rounding, keyed by each element's index in x (MS-EDEN:
+    one per block, keyed by the index of the block's first element)."""
+    if spec.rounding not in ("sr", "eden"):
         return None
     assert seed is not None
     index = torch.arange(x.numel(), device=x.device, dtype=torch.int64).reshape(x.shape)
-    moved_index = layout.pad(index.movedim(axis, -1))
-    return random_bits.uniform(seed, layout.to_blocks(moved_index))
+    moved_index = layout.to_blocks(layout.pad(index.movedim(axis, -1)))
+    if spec.rounding == "eden":
+        moved_index = moved_index[..., 0]
+    return random_bits.uniform(seed, moved_index)
 
 
 def _quantize_blocks(
@@ -260,6 +266,9 @@ def _quantize_blocks(
     block_amax = blocks.abs().amax(dim=-1)
     t_amax = block_amax.amax() if spec.tensor_scale else None
     q, stored, scales = _candidate(blocks, block_amax, t_amax, spec, uniform, guide)
+    if spec.rounding == "eden":
+        assert t_amax is not None and uniform is not None
+        _, stored = ms_eden.correct_scales(blocks, q, scales, t_amax, spec, uniform)
     if spec.four_over_six:
         q4, stored4, scales4 = _candidate(
             blocks, block_amax, t_amax, spec, uniform, guide, four_over_six.FOUR
@@ -301,7 +310,8 @@ def _candidate(
     if guide is not None:
         q = round_to_grid(scaled, spec.element_format, "guided", guide=guide)
     else:
-        q = round_to_grid(scaled, spec.element_format, spec.rounding, uniform=uniform)
+        rounding = "away" if spec.rounding == "eden" else spec.rounding  # MS-EDEN: to nearest
+        q = round_to_grid(scaled, spec.element_format, rounding, uniform=uniform)
     return q, stored, scales
 
 

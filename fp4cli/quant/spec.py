@@ -10,7 +10,8 @@ from fp4cli.formats import ELEMENT_FORMATS, SCALE_FORMATS, Minifloat, ScaleForma
 
 BLOCK_KINDS = ("row", "column", "tensor")
 SCALE_RULES = ("floor", "ceil")
-ROUNDINGS = ("rne", "sr", "away")
+ROUNDINGS = ("rne", "sr", "away", "eden")
+EDEN_GROUP_MAX = 1024
 MIN_BLOCK, MAX_BLOCK = 8, 256
 
 
@@ -34,9 +35,14 @@ class QuantSpec:
     scale_rule: "floor" (OCP: 2^(floor(log2 amax) - emax), elements saturate) or "ceil"
         (truncation-free: the smallest scale with amax / scale <= element max). For non power of
         two scale formats, "floor" rounds amax / emax_value to nearest even, "ceil" rounds it up.
-    rounding: "rne", "sr" (stochastic, seeded) or "away" (ties away from zero).
+    rounding: "rne", "sr" (stochastic, seeded), "away" (ties away from zero) or "eden"
+        (Quartet II's MS-EDEN, `fp4cli.quant.ms_eden`: elements rounded ties away from zero,
+        then per group of `eden_group` values the correction <u, u> / <u, q> (u: the values in
+        grid units, q: their rounded values) multiplies the group's block scales, each rounded
+        stochastically onto the scale format; seeded). Needs a tensor scale and integer blocks.
     sr_prescale: multiply values by this before rounding and divide after (Tseng et al.: 0.75,
-        so that stochastic rounding with the floor rule never clips).
+        so that stochastic rounding with the floor rule never clips; with "eden" up to 2:
+        Quartet II's backward maps a block's amax to 6 / (17/16 * 0.93), a pre-scale of 1.012).
     tensor_scale: two-level scaling: an FP32 per-tensor scale maps the tensor's amax onto the
         largest block scale times the element max (NVFP4: 448 * 6 / amax).
     four_over_six: each block is quantized twice, its amax scaled to 6 and to 4 (by the
@@ -44,6 +50,9 @@ class QuantSpec:
         nearer the block's (squared error; 6 on a tie). E2M1 only; with a tensor scale the
         largest block scale is the largest power of two below scale max / 1.5 (NVFP4: 256),
         so that a block scaled to 4 still fits (Cook et al., Four Over Six).
+    eden_group: values per MS-EDEN correction group (rounding "eden"): a multiple of the block,
+        at most 1024; Quartet II's released kernels correct per 128 values, the size of their
+        Hadamard transform.
     """
 
     element: str = "e2m1"
@@ -56,6 +65,7 @@ class QuantSpec:
     tensor_scale: bool = False
     # left out of a resolved recipe while false, so recipes resolved before it keep their form
     four_over_six: bool = dataclasses.field(default=False, metadata={"omit_default": True})
+    eden_group: int = dataclasses.field(default=128, metadata={"omit_default": True})
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "mxfp4": {},
@@ -69,6 +79,14 @@ class QuantSpec:
             "block": 16,
             "tensor_scale": True,
             "four_over_six": True,
+        },
+        # Quartet II's backward quantizer: MS-EDEN, a block's amax mapped to 6 / (17/16 * 0.93)
+        "nvfp4-eden": {
+            "scale": "ue4m3",
+            "block": 16,
+            "tensor_scale": True,
+            "rounding": "eden",
+            "sr_prescale": 16 / (17 * 0.93),
         },
         "fp4-row": {"block": "row", "scale_rule": "ceil"},
         "fp4-column": {"block": "column", "scale_rule": "ceil"},
@@ -95,10 +113,7 @@ class QuantSpec:
             )
         if self.tile2d and not isinstance(self.block, int):
             raise SpecError("tile2d: needs an integer block size (the tile is block x block)")
-        if not isinstance(self.sr_prescale, (int, float)) or not 0 < self.sr_prescale <= 1:
-            raise SpecError(f"sr_prescale: must be in (0, 1] (got {self.sr_prescale!r})")
-        if self.sr_prescale != 1.0 and self.rounding != "sr":
-            raise SpecError("sr_prescale: only applies with rounding 'sr'")
+        self._check_prescale()
         if self.tensor_scale and self.scale_format.kind != "minifloat":
             raise SpecError(
                 f"tensor_scale: only with a ue5m3 or ue4m3 block scale (got scale {self.scale!r})"
@@ -108,6 +123,36 @@ class QuantSpec:
                 raise SpecError(f"{flag}: must be true or false")
         if self.four_over_six and self.element != "e2m1":
             raise SpecError(f"four_over_six: only with e2m1 elements (got {self.element!r})")
+        self._check_eden()
+
+    def _check_prescale(self) -> None:
+        top = 2.0 if self.rounding == "eden" else 1.0
+        if isinstance(self.sr_prescale, bool) or not isinstance(self.sr_prescale, (int, float)):
+            raise SpecError(f"sr_prescale: must be a number (got {self.sr_prescale!r})")
+        if not 0 < self.sr_prescale <= top:
+            raise SpecError(f"sr_prescale: must be in (0, {top:g}] (got {self.sr_prescale!r})")
+        if self.sr_prescale != 1.0 and self.rounding not in ("sr", "eden"):
+            raise SpecError("sr_prescale: only applies with rounding 'sr' or 'eden'")
+
+    def _check_eden(self) -> None:
+        group = self.eden_group
+        if isinstance(group, bool) or not isinstance(group, int):
+            raise SpecError(f"eden_group: must be an integer (got {group!r})")
+        if self.rounding != "eden":
+            if group != 128:
+                raise SpecError("eden_group: only applies with rounding 'eden'")
+            return
+        if not self.tensor_scale:
+            raise SpecError("rounding eden: needs tensor_scale (a ue4m3 or ue5m3 block scale)")
+        if not isinstance(self.block, int) or self.tile2d:
+            raise SpecError("rounding eden: needs an integer block size without tile2d")
+        if self.four_over_six:
+            raise SpecError("rounding eden: cannot be combined with four_over_six")
+        if not (self.block <= group <= EDEN_GROUP_MAX) or group % self.block:
+            raise SpecError(
+                f"eden_group: must be a multiple of the block ({self.block}) up to "
+                f"{EDEN_GROUP_MAX} (got {group})"
+            )
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> QuantSpec:
@@ -149,6 +194,8 @@ class QuantSpec:
             parts.append("ts")
         if self.four_over_six:
             parts.append("4over6")
+        if self.rounding == "eden":
+            parts.append(f"group{self.eden_group}")
         return "/".join(parts)
 
 

@@ -15,8 +15,9 @@ and an element format of largest value E (6 for E2M1), every step a float32 oper
 `1 / E` and `1 / (S * E)` are float32 constants (rounded once). A block whose scale rounds to 0
 encodes with FLT_MAX (its elements saturate) and decodes to 0, as the reference does.
 
-Four-over-six (`QuantSpec.four_over_six`) takes S as the largest power of two at most S / 1.5
-(256 for UE4M3), and its "scaled to 4" candidate uses 1 / 4 in place of 1 / E in the block scale.
+Four-over-six (`QuantSpec.four_over_six`) and MS-EDEN (rounding "eden") take S as the largest
+power of two at most S / 1.5 (256 for UE4M3); four-over-six's "scaled to 4" candidate uses
+1 / 4 in place of 1 / E in the block scale.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def _constant(like: torch.Tensor, value: float) -> torch.Tensor:
 def scale_max(spec: QuantSpec) -> float:
     """S: the largest block scale the tensor scale maps the tensor's amax onto."""
     largest = spec.scale_format.max_value
-    if spec.four_over_six:  # room for a block scaled to 4: 1.5 times its scale to 6
+    # room for a block scaled to 4 (1.5 times its scale to 6), or for MS-EDEN's correction
+    if spec.four_over_six or spec.rounding == "eden":
         return float(2 ** math.floor(math.log2(largest / 1.5)))
     return largest
 
