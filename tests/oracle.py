@@ -17,7 +17,8 @@ marked "FP32 MIRROR". They are:
      values, G = min(fp32(scale_max * elem_max) / A, FP32_MAX), D = 1 / G; a block of amax a
      gets raw = min(a * (G * fp32(1 / elem_max)), scale_max) rounded onto the scale grid (0
      allowed), encodes as x * min(1 / (s * D), FP32_MAX) and decodes as
-     q * ((s * A) * fp32(1 / (scale_max * elem_max)));
+     q * ((s * A) * fp32(1 / (scale_max * elem_max))); with outer_block, A is the amax of the
+     outer_block values of the line (from position 0) that hold the block;
   2. non power-of-two block scales: raw = fp32(amax) / fp32(elem_max), then raw is rounded onto
      the scale grid (ue5m3/ue4m3: enumeration; bf16: by its bit layout; fp32: raw itself);
   3. v = fp32(x / s), then v * sr_prescale;
@@ -354,7 +355,7 @@ def reference(x: np.ndarray, spec: Any, axis: int = -1, seed: int | None = None)
         amax = np.zeros(n_blocks, dtype=np.float32)
         np.maximum.at(amax, ids, np.abs(clean))
         if spec.tensor_scale:
-            tensor_amax = F32(np.abs(clean).max())
+            tensor_amax = _second_level_amax(clean, ids, amax, moved.shape, spec)
         uniform = None
         eden = spec.rounding == "eden"
         if spec.rounding in ("sr", "eden"):
@@ -385,8 +386,28 @@ def reference(x: np.ndarray, spec: Any, axis: int = -1, seed: int | None = None)
         out=np.ascontiguousarray(np.moveaxis(out_moved, -1, axis)),
         q=q.reshape(moved.shape),
         scales=scales.reshape(scale_shape),
-        tensor_amax=None if tensor_amax is None else float(tensor_amax),
+        tensor_amax=None if tensor_amax is None or np.ndim(tensor_amax) else float(tensor_amax),
     )
+
+
+def _second_level_amax(
+    clean: np.ndarray, ids: np.ndarray, amax: np.ndarray, shape: tuple[int, ...], spec: Any
+) -> Any:
+    """The amax the FP32 second-level scale derives from: the tensor's (a float32 scalar), or
+    with outer_block, per block the amax of the outer_block values of its line that hold it
+    (outer block j of a line: positions j * outer_block .. (j + 1) * outer_block - 1)."""
+    outer = getattr(spec, "outer_block", 0)
+    if not outer:
+        return F32(np.abs(clean).max())
+    lines = int(np.prod(shape[:-1], dtype=np.int64))
+    outer_of_position = np.arange(shape[-1]) // outer
+    n_outer = -(-shape[-1] // outer)
+    outer_ids = (np.arange(lines).reshape(-1, 1) * n_outer + outer_of_position).reshape(-1)
+    outer_amax = np.zeros(lines * n_outer, dtype=np.float32)
+    np.maximum.at(outer_amax, outer_ids, np.abs(clean))
+    block_outer = np.empty(amax.size, dtype=np.int64)
+    block_outer[ids] = outer_ids
+    return outer_amax[block_outer]
 
 
 def _two_level(
@@ -399,21 +420,23 @@ def _two_level(
     if getattr(spec, "four_over_six", False) or spec.rounding == "eden":
         largest = 2.0 ** math.floor(math.log2(largest / 1.5))
     target = F32(largest * ELEMENT_MAX[spec.element])
-    g = min(F32(target / tensor_amax) if tensor_amax > 0 else F32(np.inf), F32(FP32_MAX))
-    d = F32(F32(1.0) / g)
-    multiplier = F32(g * F32(1.0 / (elem_max or ELEMENT_MAX[spec.element])))
     grid = SCALE_GRIDS[spec.scale]
     mode = "up" if spec.scale_rule == "ceil" else "rne"
     scales = np.empty_like(block_amax)
     encode = np.empty_like(block_amax)
     decode = np.empty_like(block_amax)
+    per_block = np.ndim(tensor_amax) > 0  # outer_block: each block's own second-level amax
     for i, a in enumerate(block_amax.tolist()):
+        t = F32(tensor_amax[i]) if per_block else tensor_amax
+        g = min(F32(target / t) if t > 0 else F32(np.inf), F32(FP32_MAX))
+        d = F32(F32(1.0) / g)
+        multiplier = F32(g * F32(1.0 / (elem_max or ELEMENT_MAX[spec.element])))
         raw = min(min(F32(F32(a) * multiplier), F32(FP32_MAX)), F32(grid.max_value))
         s = F32(_round_scale_grid(float(raw), grid, mode))
         scales[i] = s
         product = F32(s * d)
         encode[i] = min(F32(F32(1.0) / product) if product > 0 else F32(np.inf), F32(FP32_MAX))
-        decode[i] = F32(F32(s * tensor_amax) * F32(1.0 / target))
+        decode[i] = F32(F32(s * t) * F32(1.0 / target))
     return scales, encode, decode
 
 

@@ -26,6 +26,7 @@ SHIPPED = [
     "tetrajet-baseline",
     "tetrajet-qema",
     "tetrajet-qramp",
+    "tetrajet-v2",
     "tseng-baseline",
     "tseng-rht-sr",
     "ue5m3-hadamard-sr",

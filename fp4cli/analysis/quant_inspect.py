@@ -227,7 +227,8 @@ def measure(tensor: torch.Tensor, variant: Variant, device: str = "cpu") -> Meas
     stats = operand_stats(x, x_hat, variant.spec, -1, ROUNDING_SEED, quantized_codes=quantized)
     histogram, zero_blocks, nan_blocks = scale_exponent_histogram(x, quantized)
     tensor_scale = None
-    if quantized.tensor_amax is not None:
+    # one tensor scale (an outer-block spec has one per outer block: none is reported)
+    if quantized.tensor_amax is not None and quantized.tensor_amax.dim() == 0:
         tensor_scale = global_encode_scale(quantized.tensor_amax, variant.spec)
     return Measurement(
         **{name: float(stats[name]) for name in METRICS},

@@ -49,6 +49,8 @@ def kernel_gap(spec: QuantSpec, dtype: torch.dtype) -> str | None:
         return f"scale {spec.scale!r} (kernels: {', '.join(KERNEL_SCALES)})"
     if spec.four_over_six:
         return "four-over-six (the reference runs it)"
+    if spec.outer_block:
+        return "outer_block (a second-level scale per outer block; the reference runs it)"
     if spec.rounding not in ("rne", "sr"):
         return f"rounding {spec.rounding!r} (kernels: rne, sr)"
     if dtype not in KERNEL_INPUT_DTYPES:

@@ -68,6 +68,10 @@ class BlockLayout:
         width, and the block scales plus the FP32 tensor scale of a two-level spec."""
         codes = -(-math.prod(self.padded_shape) * spec.element_format.bits // 8)
         scales = self.scale_count * spec.scale_format.storage_bytes
+        if spec.outer_block:  # one FP32 scale per outer block of every line
+            lines = math.prod(self.padded_shape[:-1])
+            outer = lines * -(-self.padded_shape[-1] // spec.outer_block)
+            return codes, scales + outer * TENSOR_SCALE_BYTES
         return codes, scales + (TENSOR_SCALE_BYTES if spec.tensor_scale else 0)
 
     def pad(self, moved: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,8 @@ class QuantizedTensor:
     codes: uint8 element codes in the axis-last, padded layout (two per byte, low nibble first,
         for 4-bit formats). scales: one per block (uint8 codes, or floats for fp32/bf16 scales).
     tensor_amax: the largest finite |x| of a two-level spec's tensor (0-d float32), from which
-        its tensor scale derives (`two_level`); None for one-level specs.
+        its tensor scale derives (`two_level`); with `outer_block`, each block's outer block's
+        (float32, shaped like the scales); None for one-level specs.
     """
 
     codes: torch.Tensor
@@ -264,7 +265,7 @@ def _quantize_blocks(
     finite_block = torch.isfinite(blocks).all(dim=-1)
     blocks = torch.where(torch.isfinite(blocks), blocks, torch.zeros_like(blocks))
     block_amax = blocks.abs().amax(dim=-1)
-    t_amax = block_amax.amax() if spec.tensor_scale else None
+    t_amax = two_level.second_level_amax(block_amax, spec) if spec.tensor_scale else None
     q, stored, scales = _candidate(blocks, block_amax, t_amax, spec, uniform, guide)
     if spec.rounding == "eden":
         assert t_amax is not None and uniform is not None

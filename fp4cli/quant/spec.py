@@ -12,6 +12,7 @@ BLOCK_KINDS = ("row", "column", "tensor")
 SCALE_RULES = ("floor", "ceil")
 ROUNDINGS = ("rne", "sr", "away", "eden")
 EDEN_GROUP_MAX = 1024
+OUTER_BLOCK_MAX = 4096
 MIN_BLOCK, MAX_BLOCK = 8, 256
 
 
@@ -50,6 +51,9 @@ class QuantSpec:
         nearer the block's (squared error; 6 on a tie). E2M1 only; with a tensor scale the
         largest block scale is the largest power of two below scale max / 1.5 (NVFP4: 256),
         so that a block scaled to 4 still fits (Cook et al., Four Over Six).
+    outer_block: with tensor_scale, the FP32 second-level scale is one per `outer_block`
+        values along the axis (from their amax) instead of one per tensor: TetraJet-v2's
+        "double-block" NVFP4 (128 over blocks of 16). 0 (the default): one per tensor.
     eden_group: values per MS-EDEN correction group (rounding "eden"): a multiple of the block,
         at most 1024; Quartet II's released kernels correct per 128 values, the size of their
         Hadamard transform.
@@ -66,6 +70,7 @@ class QuantSpec:
     # left out of a resolved recipe while false, so recipes resolved before it keep their form
     four_over_six: bool = dataclasses.field(default=False, metadata={"omit_default": True})
     eden_group: int = dataclasses.field(default=128, metadata={"omit_default": True})
+    outer_block: int = dataclasses.field(default=0, metadata={"omit_default": True})
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "mxfp4": {},
@@ -87,6 +92,13 @@ class QuantSpec:
             "tensor_scale": True,
             "rounding": "eden",
             "sr_prescale": 16 / (17 * 0.93),
+        },
+        # TetraJet-v2's double-block NVFP4: an FP32 scale per 128 values over E4M3 ones per 16
+        "nvfp4-outer128": {
+            "scale": "ue4m3",
+            "block": 16,
+            "tensor_scale": True,
+            "outer_block": 128,
         },
         "fp4-row": {"block": "row", "scale_rule": "ceil"},
         "fp4-column": {"block": "column", "scale_rule": "ceil"},
@@ -124,6 +136,23 @@ class QuantSpec:
         if self.four_over_six and self.element != "e2m1":
             raise SpecError(f"four_over_six: only with e2m1 elements (got {self.element!r})")
         self._check_eden()
+        self._check_outer_block()
+
+    def _check_outer_block(self) -> None:
+        outer = self.outer_block
+        if isinstance(outer, bool) or not isinstance(outer, int):
+            raise SpecError(f"outer_block: must be an integer (got {outer!r})")
+        if outer == 0:
+            return
+        if not self.tensor_scale:
+            raise SpecError("outer_block: needs tensor_scale (it replaces the tensor's scale)")
+        if not isinstance(self.block, int) or self.tile2d:
+            raise SpecError("outer_block: needs an integer block size without tile2d")
+        if not (self.block <= outer <= OUTER_BLOCK_MAX) or outer % self.block:
+            raise SpecError(
+                f"outer_block: must be 0 or a multiple of the block ({self.block}) up to "
+                f"{OUTER_BLOCK_MAX} (got {outer})"
+            )
 
     def _check_prescale(self) -> None:
         top = 2.0 if self.rounding == "eden" else 1.0
@@ -196,6 +225,8 @@ class QuantSpec:
             parts.append("4over6")
         if self.rounding == "eden":
             parts.append(f"group{self.eden_group}")
+        if self.outer_block:
+            parts.append(f"outer{self.outer_block}")
         return "/".join(parts)
 
 

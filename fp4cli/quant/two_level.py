@@ -1,8 +1,10 @@
 """Two-level scaling (NVFP4's): an FP32 tensor scale from the tensor's amax, and block scales
 relative to it, in the order of operations of TransformerEngine's NVFP4 reference quantizer.
 
-For a tensor whose largest finite |x| is A, a scale format of largest value S (448 for UE4M3)
-and an element format of largest value E (6 for E2M1), every step a float32 operation:
+For a tensor whose largest finite |x| is A (with `QuantSpec.outer_block`, A is each block's
+outer block's: every formula below holds per block), a scale format of largest value S (448
+for UE4M3) and an element format of largest value E (6 for E2M1), every step a float32
+operation:
 
     G = min(S * E / A, FLT_MAX)            the global encode scale (FLT_MAX when A is 0)
     D = 1 / G                              the global decode scale
@@ -30,6 +32,19 @@ from fp4cli.formats import encode, round_to_grid
 from fp4cli.quant.spec import QuantSpec
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def second_level_amax(block_amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """A: the tensor's amax (0-d) from its blocks' finite amaxes (*lead, n_blocks); with
+    `outer_block`, each block's outer block's amax instead (shaped like `block_amax`)."""
+    if not spec.outer_block:
+        return block_amax.amax()
+    assert isinstance(spec.block, int)
+    per_outer = spec.outer_block // spec.block
+    n_blocks = block_amax.shape[-1]
+    padded = torch.nn.functional.pad(block_amax, (0, -n_blocks % per_outer))
+    outer = padded.unflatten(-1, (-1, per_outer)).amax(dim=-1)
+    return outer.repeat_interleave(per_outer, dim=-1)[..., :n_blocks]
 
 
 def _constant(like: torch.Tensor, value: float) -> torch.Tensor:
