@@ -20,6 +20,7 @@ from fp4cli.cli import (
     oscillation_cmd,
     recipes_cmd,
     report_cmd,
+    reproduce_cmd,
     runs_cmd,
     sweep_cmd,
     train_cmd,
@@ -114,6 +115,7 @@ app.command(name="report")(report_cmd.report)
 app.command(name="oscillation-report")(oscillation_cmd.oscillation_report)
 app.command(name="quantize-inspect")(inspect_cmd.quantize_inspect)
 app.command(name="cost")(cost_cmd.cost)
+app.command(name="reproduce")(reproduce_cmd.reproduce)
 
 
 def _print_version(value: bool) -> None:
