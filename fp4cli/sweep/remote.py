@@ -317,8 +317,8 @@ class _Coordinator:
             if run["status"] == "interrupted":  # stopped (a time limit): trained again
                 self.store.delete_run(run_id)
                 continue
-            result = PointResult(point, run.get("name") or "baseline", run["task"], run["seed"],
-                                 run["status"], run_id)  # fmt: skip
+            label = self.pending[point].label
+            result = PointResult(point, label, run["task"], run["seed"], run["status"], run_id)
             result.metrics = self.store.final_metrics(run_id)
             result.message = run.get("message") or ""
             if run.get("ended_at"):
