@@ -8,7 +8,8 @@ for tests) and "default" (worth running on one GPU).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -86,12 +87,20 @@ def create_task(
     size: str = "default",
     data: str | Path | None = None,
     device: str | torch.device = "cpu",
+    model: Mapping[str, Any] | None = None,
 ) -> Task:
-    """Build a registered task. Raises TaskError for an unknown name/size or a bad data path."""
+    """Build a registered task; `model` overrides architecture fields of the size
+    (`--set model.FIELD=VALUE`). Raises TaskError for an unknown name/size/field, an impossible
+    shape or a bad data path."""
     _import_builtin_tasks()
     if name not in _REGISTRY:
         raise TaskError(f"unknown task {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](size=size, data=data, device=torch.device(device))
+    factory = _REGISTRY[name]
+    if not model:
+        return factory(size=size, data=data, device=torch.device(device))
+    if "model" not in inspect.signature(factory).parameters:
+        raise TaskError(f"task {name!r} takes no model fields (got {', '.join(model)})")
+    return factory(size=size, data=data, device=torch.device(device), model=dict(model))
 
 
 def task_defaults(name: str, size: str) -> TaskDefaults | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -21,6 +23,57 @@ def pick_size(task: str, sizes: Mapping[str, SizeConfig], size: str) -> SizeConf
     if size not in sizes:
         raise TaskError(f"task {task!r} has no size {size!r}; sizes: {', '.join(sizes)}")
     return sizes[size]
+
+
+def with_model_fields(
+    task: str, config: SizeConfig, overrides: Mapping[str, Any] | None, fields: Sequence[str]
+) -> SizeConfig:
+    """`config` (a size's frozen dataclass) with the architecture `fields` that `overrides`
+    sets (`--set model.FIELD=VALUE`); an unknown field or a value of the wrong kind is a
+    TaskError. Each task checks the resulting shape itself."""
+    if not overrides:
+        return config
+    values = {}
+    for name, value in overrides.items():
+        if name not in fields:
+            from fp4cli.recipe_schema import did_you_mean
+
+            hint = did_you_mean(name, list(fields))
+            raise TaskError(
+                f"task {task!r} has no model field {name!r}{hint}; fields: {', '.join(fields)}"
+            )
+        values[name] = _field_value(task, name, getattr(config, name), value)
+    return dataclasses.replace(config, **values)  # type: ignore[type-var]
+
+
+def _field_value(task: str, name: str, current: Any, value: Any) -> Any:
+    """`value` checked against the kind of the field's `current` value."""
+    where = f"task {task!r}: model.{name}"
+    if isinstance(current, tuple):
+        items = list(value) if isinstance(value, list | tuple) else None
+        if not items or not all(_positive_int(item) for item in items):
+            raise TaskError(f"{where}: must be a list of positive integers (got {value!r})")
+        return tuple(items)
+    if isinstance(current, float):
+        number = _positive_int(value) or (isinstance(value, float) and math.isfinite(value))
+        if not number or value <= 0:
+            raise TaskError(f"{where}: must be a positive number (got {value!r})")
+        return float(value)
+    if not _positive_int(value):
+        raise TaskError(f"{where}: must be a positive integer (got {value!r})")
+    return value
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_multiple(task: str, value_name: str, value: int, of_name: str, of: int) -> None:
+    """A TaskError unless model.`value_name` is a multiple of model.`of_name`."""
+    if value % of:
+        raise TaskError(
+            f"task {task!r}: model.{value_name} {value} is not a multiple of model.{of_name} {of}"
+        )
 
 
 def data_path(data: str | Path | None) -> Path | None:

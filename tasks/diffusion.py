@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import Batch, TaskDefaults, register_task, step_generator
-from .common import evaluation, model_description, pick_size
+from .common import check_multiple, evaluation, model_description, pick_size, with_model_fields
 from .data import load_images
 
 TRAIN_TIMESTEPS = 1000
@@ -43,6 +43,14 @@ SIZES = {
     "debug": DiffusionSize(16, (16, 32), 1, 8, 8, eval_images=16),
     "default": DiffusionSize(32, (64, 128, 128), 2, 32, 32, eval_images=256),
 }
+# --set model.FIELD=VALUE: the UNet's shape (not the evaluation set's)
+MODEL_FIELDS = (
+    "image_size",
+    "block_out_channels",
+    "layers_per_block",
+    "norm_num_groups",
+    "attention_head_dim",
+)
 DEFAULTS = {
     "debug": TaskDefaults(steps=20, batch_size=16, lr=1e-3, weight_decay=0.0),
     "default": TaskDefaults(
@@ -70,9 +78,15 @@ class DiffusionTask:
     name = "diffusion"
     primary_metric = "eval_loss"
 
-    def __init__(self, size: str, data: str | Path | None, device: torch.device) -> None:
+    def __init__(
+        self,
+        size: str,
+        data: str | Path | None,
+        device: torch.device,
+        model: dict[str, Any] | None = None,
+    ) -> None:
         self.size = size
-        self.config = pick_size(self.name, SIZES, size)
+        self.config = _sized(pick_size(self.name, SIZES, size), model)
         self.defaults = DEFAULTS[size]
         self.device = device
         self.data = load_images(data, self.config.image_size)
@@ -144,6 +158,21 @@ class DiffusionTask:
         }
 
 
+def _sized(size: DiffusionSize, model: dict[str, Any] | None) -> DiffusionSize:
+    """The size with its architecture fields overridden, checked: group norms that split every
+    level's channels, images that halve evenly down to the lowest level."""
+    config = with_model_fields("diffusion", size, model, MODEL_FIELDS)
+    for channels in config.block_out_channels:
+        check_multiple(
+            "diffusion", "block_out_channels", channels, "norm_num_groups", config.norm_num_groups
+        )
+    halvings = 2 ** (len(config.block_out_channels) - 1)
+    check_multiple(
+        "diffusion", "image_size", config.image_size, "block_out_channels' halvings", halvings
+    )
+    return config
+
+
 def _to_unit_range(images: torch.Tensor) -> torch.Tensor:
     """uint8 0..255 -> float -1..1."""
     return images.float() / 127.5 - 1.0
@@ -151,6 +180,9 @@ def _to_unit_range(images: torch.Tensor) -> torch.Tensor:
 
 @register_task("diffusion")
 def create_diffusion(
-    size: str = "default", data: str | Path | None = None, device: torch.device | None = None
+    size: str = "default",
+    data: str | Path | None = None,
+    device: torch.device | None = None,
+    model: dict[str, Any] | None = None,
 ) -> DiffusionTask:
-    return DiffusionTask(size, data, device or torch.device("cpu"))
+    return DiffusionTask(size, data, device or torch.device("cpu"), model)

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import Batch, TaskDefaults, register_task, step_generator
-from .common import evaluation, model_description, pick_size
+from .common import check_multiple, evaluation, model_description, pick_size, with_model_fields
 from .gpt_model import GPT, GPTConfig
 from .text import load_text
 
@@ -38,7 +38,13 @@ SIZES = {
     "gpt2-small": GPTSize(
         GPTConfig(VOCAB_SIZE, block_size=1024, n_layer=12, n_embd=768, n_head=12), 64
     ),
+    # Tseng et al.'s smallest GPT (345M with GPT-2's vocabulary; GPT-2 medium's shape): 24 layers,
+    # 1,024 wide, 16 heads, 1,024 positions, over bytes (about 303M parameters)
+    "gpt-345m": GPTSize(
+        GPTConfig(VOCAB_SIZE, block_size=1024, n_layer=24, n_embd=1024, n_head=16), 64
+    ),
 }
+MODEL_FIELDS = ("block_size", "n_layer", "n_embd", "n_head")  # --set model.FIELD=VALUE
 DEFAULTS = {
     "debug": TaskDefaults(steps=20, batch_size=8, lr=1e-3),
     "default": TaskDefaults(
@@ -47,6 +53,9 @@ DEFAULTS = {
     "gpt2-small": TaskDefaults(
         steps=2000, batch_size=8, lr=6e-4, weight_decay=0.1, warmup_steps=100, eval_every=250
     ),
+    "gpt-345m": TaskDefaults(
+        steps=2000, batch_size=8, lr=3e-4, weight_decay=0.1, warmup_steps=100, eval_every=250
+    ),
 }
 
 
@@ -54,9 +63,15 @@ class GPTTask:
     name = "gpt"
     primary_metric = "val_loss"
 
-    def __init__(self, size: str, data: str | Path | None, device: torch.device) -> None:
+    def __init__(
+        self,
+        size: str,
+        data: str | Path | None,
+        device: torch.device,
+        model: dict[str, Any] | None = None,
+    ) -> None:
         self.size = size
-        self.config = pick_size(self.name, SIZES, size)
+        self.config = _sized(pick_size(self.name, SIZES, size), model)
         self.defaults = DEFAULTS[size]
         self.device = device
         self.block_size = self.config.model.block_size
@@ -104,6 +119,13 @@ class GPTTask:
         }
 
 
+def _sized(size: GPTSize, model: dict[str, Any] | None) -> GPTSize:
+    """The size with its architecture fields overridden, checked: heads split the width."""
+    config = with_model_fields("gpt", size.model, model, MODEL_FIELDS)
+    check_multiple("gpt", "n_embd", config.n_embd, "n_head", config.n_head)
+    return GPTSize(config, size.val_windows)
+
+
 def _windows(tokens: torch.Tensor, starts: torch.Tensor, block_size: int) -> torch.Tensor:
     """(W, T + 1) int64 windows of the uint8 byte tensor `tokens` at `starts` (W,)."""
     offsets = torch.arange(block_size + 1, device=starts.device)  # (T + 1,)
@@ -117,6 +139,9 @@ def _next_byte_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tenso
 
 @register_task("gpt")
 def create_gpt(
-    size: str = "default", data: str | Path | None = None, device: torch.device | None = None
+    size: str = "default",
+    data: str | Path | None = None,
+    device: torch.device | None = None,
+    model: dict[str, Any] | None = None,
 ) -> GPTTask:
-    return GPTTask(size, data, device or torch.device("cpu"))
+    return GPTTask(size, data, device or torch.device("cpu"), model)

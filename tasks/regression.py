@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import Batch, TaskDefaults, TaskError, register_task, step_generator
-from .common import evaluation, model_description, pick_size
+from .common import evaluation, model_description, pick_size, with_model_fields
 
 TEACHER_SEED = 1_234_567  # the teacher is the same for every run
 VAL_SEED = 7_654_321
@@ -40,6 +40,8 @@ SIZES = {
     "debug": RegressionSize(32, 64, 2, 4, 32, 2, 512),
     "default": RegressionSize(128, 512, 4, 8, 256, 2, 4096),
 }
+# --set model.FIELD=VALUE: the student's and the teacher's shapes (not the validation set's)
+MODEL_FIELDS = ("input_dim", "width", "depth", "output_dim", "teacher_width", "teacher_depth")
 DEFAULTS = {
     "debug": TaskDefaults(steps=50, batch_size=64, lr=1e-3, weight_decay=0.0),
     "default": TaskDefaults(steps=500, batch_size=256, lr=1e-3, weight_decay=0.0, eval_every=100),
@@ -92,9 +94,13 @@ class RegressionTask:
     name = "regression"
     primary_metric = "val_loss"
 
-    def __init__(self, size: str, device: torch.device) -> None:
+    def __init__(
+        self, size: str, device: torch.device, model: dict[str, Any] | None = None
+    ) -> None:
         self.size = size
-        self.config = pick_size(self.name, SIZES, size)
+        self.config = with_model_fields(
+            self.name, pick_size(self.name, SIZES, size), model, MODEL_FIELDS
+        )
         self.defaults = DEFAULTS[size]
         self.device = device
         self.train_examples: int | None = None  # fresh samples every step
@@ -141,8 +147,11 @@ class RegressionTask:
 
 @register_task("regression")
 def create_regression(
-    size: str = "default", data: str | Path | None = None, device: torch.device | None = None
+    size: str = "default",
+    data: str | Path | None = None,
+    device: torch.device | None = None,
+    model: dict[str, Any] | None = None,
 ) -> RegressionTask:
     if data is not None:
         raise TaskError(f"task 'regression' draws its own data; got --data {data}")
-    return RegressionTask(size, device or torch.device("cpu"))
+    return RegressionTask(size, device or torch.device("cpu"), model)

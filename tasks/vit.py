@@ -7,7 +7,7 @@ get a random crop (zero padding S/8) and, where that keeps the label, a random m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import Batch, TaskDefaults, register_task, step_generator
-from .common import evaluation, model_description, pick_size
+from .common import check_multiple, evaluation, model_description, pick_size, with_model_fields
 from .data import augment, load_images, normalize
 
 EVAL_BATCH = 256
@@ -35,6 +35,8 @@ class VitSize:
 SIZES = {
     "debug": VitSize(image_size=16, patch_size=4, embed_dim=48, depth=2, num_heads=2),
     "default": VitSize(image_size=32, patch_size=4, embed_dim=192, depth=12, num_heads=3),
+    # DeiT-Tiny (TetraJet's model): 224x224 images in 16x16 patches, 192 wide, 12 blocks, 3 heads
+    "deit-tiny": VitSize(image_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3),
     # DeiT-Small: 224x224 images in 16x16 patches (196 tokens), 384 wide, 12 blocks, 6 heads
     "deit-small": VitSize(image_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6),
 }
@@ -43,19 +45,29 @@ DEFAULTS = {
     "default": TaskDefaults(
         steps=2000, batch_size=128, lr=1e-3, weight_decay=0.05, warmup_steps=100, eval_every=250
     ),
+    "deit-tiny": TaskDefaults(
+        steps=2000, batch_size=128, lr=5e-4, weight_decay=0.05, warmup_steps=100, eval_every=250
+    ),
     "deit-small": TaskDefaults(
         steps=2000, batch_size=128, lr=5e-4, weight_decay=0.05, warmup_steps=100, eval_every=250
     ),
 }
+MODEL_FIELDS = tuple(f.name for f in fields(VitSize))  # every field: --set model.FIELD=VALUE
 
 
 class VitTask:
     name = "vit"
     primary_metric = "top1"
 
-    def __init__(self, size: str, data: str | Path | None, device: torch.device) -> None:
+    def __init__(
+        self,
+        size: str,
+        data: str | Path | None,
+        device: torch.device,
+        model: dict[str, Any] | None = None,
+    ) -> None:
         self.size = size
-        self.config = pick_size(self.name, SIZES, size)
+        self.config = _sized(pick_size(self.name, SIZES, size), model)
         self.defaults = DEFAULTS[size]
         self.device = device
         self.data = load_images(data, self.config.image_size)
@@ -113,8 +125,20 @@ class VitTask:
         }
 
 
+def _sized(size: VitSize, model: dict[str, Any] | None) -> VitSize:
+    """The size with its architecture fields overridden, checked: whole patches, heads that
+    split the width."""
+    config = with_model_fields("vit", size, model, MODEL_FIELDS)
+    check_multiple("vit", "image_size", config.image_size, "patch_size", config.patch_size)
+    check_multiple("vit", "embed_dim", config.embed_dim, "num_heads", config.num_heads)
+    return config
+
+
 @register_task("vit")
 def create_vit(
-    size: str = "default", data: str | Path | None = None, device: torch.device | None = None
+    size: str = "default",
+    data: str | Path | None = None,
+    device: torch.device | None = None,
+    model: dict[str, Any] | None = None,
 ) -> VitTask:
-    return VitTask(size, data, device or torch.device("cpu"))
+    return VitTask(size, data, device or torch.device("cpu"), model)

@@ -4,9 +4,9 @@ estimated cost of each recipe, and the Pareto front of the two.
 A run's references are the finished runs of the recipe `bf16` and of the baseline recipe
 (`mxfp4`, naive MXFP4, unless the report names another: a paper's own baseline such as
 `tseng-baseline`, `tetrajet-baseline` or `wang-direct`, or a sweep file's `baseline:`) with the
-same task, size, steps, batch size, seed and data (of the same sweep when there is one, else the
-newest). On the task's primary metric (val_loss, eval_loss: lower is better; top1: higher is
-better):
+same task, size, steps, batch size, seed, data and model fields (of the same sweep when there
+is one, else the newest). On the task's primary metric (val_loss, eval_loss: lower is better;
+top1: higher is better):
 
     gap    = metric - bf16 metric          (top1: bf16 top1 - top1): a positive gap is worse
     closed = 1 - gap / gap(baseline)       the share of the baseline's gap the recipe closes
@@ -35,7 +35,7 @@ PRIMARY_METRICS = {
 }
 HIGHER_IS_BETTER = ("top1",)
 DEFAULT_BASELINE = "mxfp4"
-KEY_FIELDS = ("size", "steps", "batch_size", "data")  # with task and seed: comparable runs
+KEY_FIELDS = ("size", "steps", "batch_size", "data")  # with task, seed, model: comparable runs
 
 
 @dataclass
@@ -133,8 +133,8 @@ def build_report(
     if named and not baselines.by_key.keys() & _keys_of(baseline, runs):
         raise AnalysisError(
             f"no finished run of the baseline recipe {baseline!r} comparable to the chosen runs "
-            f"(same task, size, steps, batch, seed, data): train it, or list it in the sweep's "
-            f"baselines"
+            f"(same task, size, steps, batch, seed, data, model fields): train it, or list it in "
+            f"the sweep's baselines"
         )
     for run in runs:
         row = _row(store, run, metric)
@@ -258,7 +258,8 @@ def _gap(metric: str, value: float, bf16: float) -> float:
 
 def _comparable(run: dict[str, Any]) -> tuple[Any, ...]:
     train = run["config"].get("train", {})
-    return (run["task"], run["seed"], *(train.get(name) for name in KEY_FIELDS))
+    model = tuple(sorted((train.get("model") or {}).items()))  # --set model.FIELD=VALUE
+    return (run["task"], run["seed"], *(train.get(name) for name in KEY_FIELDS), str(model))
 
 
 def _cost_ratio(store: Any, run: dict[str, Any], profile: Any, rates: Any) -> float | None:

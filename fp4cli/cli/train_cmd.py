@@ -15,7 +15,10 @@ def train(
     recipe: Annotated[str | None, Opt(help="A shipped recipe name or a YAML path.")] = None,
     size: Annotated[
         str | None,
-        Opt(help="Model size: debug, default, gpt2-small (gpt) or deit-small (vit)."),
+        Opt(
+            help="Model size: debug, default, gpt2-small or gpt-345m (gpt), deit-tiny or "
+            "deit-small (vit); --set model.FIELD=VALUE changes one architecture field."
+        ),
     ] = None,
     steps: Annotated[int | None, Opt(help="Training steps (task default if unset).")] = None,
     batch_size: Annotated[int | None, Opt(help="Global batch size.")] = None,
@@ -41,7 +44,8 @@ def train(
     checkpoint_every: Annotated[int | None, Opt(help="Checkpoint every N steps.")] = None,
     resume: Annotated[str | None, Opt(help="Continue this run from its last checkpoint.")] = None,
     set_: Annotated[
-        list[str] | None, Opt("--set", help="key=value for any training or recipe field.")
+        list[str] | None,
+        Opt("--set", help="key=value for any training or recipe field, or model.FIELD=VALUE."),
     ] = None,
     tag: Annotated[list[str] | None, Opt(help="Tag the run (repeatable).")] = None,
     store: Annotated[str | None, Opt(help="Run store (default $FP4_STORE or runs/fp4.db).")] = None,

@@ -53,7 +53,7 @@ def run_training(
             store = distributed.RankStore(str(store.path))
         else:  # and streams to the trackers (a missing one is refused before training)
             store = tracked(store, config.log_to)
-        task = create_task(config.task, config.size, config.data, device)
+        task = create_task(config.task, config.size, config.data, device, dict(config.model))
         config = config.with_task_defaults(task.defaults)
         trainer = Trainer(config, recipe, task, store, dist, device)
         if run is not None:

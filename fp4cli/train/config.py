@@ -1,9 +1,10 @@
 """TrainConfig and its resolution: CLI flag > --set > recipe > task defaults.
 
 `--set key=value` reaches any field: a TrainConfig field by its name (`lr=3e-4`, `steps=200`),
-anything else is a recipe key (`linear.forward.x.rounding=sr`). The fully resolved config
-(training fields, the recipe's resolved mapping, the task's description) is what the run store
-and every checkpoint keep.
+an architecture field of the task's model as `model.FIELD` (`model.n_layer=24`, checked by the
+task when it builds the model), anything else is a recipe key (`linear.forward.x.rounding=sr`).
+The fully resolved config (training fields, the recipe's resolved mapping, the task's
+description) is what the run store and every checkpoint keep.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class TrainConfig:
     sweep: str | None = None
     name: str | None = None  # a label for the run (a sweep names each run by its point)
     log_to: tuple[str, ...] = field(default_factory=tuple)  # trackers: tensorboard, wandb
+    # architecture fields over the size's (model.n_layer=24): (field, value) pairs, sorted
+    model: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every"):
@@ -95,6 +98,7 @@ class TrainConfig:
         from fp4cli.track.store import parse_log_to
 
         object.__setattr__(self, "log_to", parse_log_to(self.log_to))
+        object.__setattr__(self, "model", model_fields(self.model))
 
     def with_task_defaults(self, defaults: Any) -> TrainConfig:
         """Fill every unset field from the task's TaskDefaults."""
@@ -117,6 +121,7 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         d["tags"] = list(self.tags)
         d["log_to"] = list(self.log_to)
+        d["model"] = {name: list(v) if isinstance(v, tuple) else v for name, v in self.model}
         return d
 
     @classmethod
@@ -126,6 +131,20 @@ class TrainConfig:
         values["tags"] = tuple(values.get("tags", ()))
         values["log_to"] = tuple(values.get("log_to", ()))
         return cls(**values)
+
+
+def model_fields(raw: Any) -> tuple[tuple[str, Any], ...]:
+    """Model field overrides as sorted (name, value) pairs, lists made tuples (a frozen config
+    stays hashable), from a mapping or pairs; the task checks names and values."""
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    try:
+        items = [(name, value) for name, value in pairs]
+    except (TypeError, ValueError):
+        raise ConfigError(f"model: must map architecture fields to values (got {raw!r})") from None
+    for name, _ in items:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"model: {name!r} is not a field name")
+    return tuple(sorted((name, tuple(v) if isinstance(v, list) else v) for name, v in items))
 
 
 def for_recipe(config: TrainConfig, recipe: Any) -> TrainConfig:
@@ -152,7 +171,14 @@ def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected key=value")
-        if key in fields:
+        if key.startswith("model."):
+            name = key.removeprefix("model.")
+            try:
+                model = train_values.setdefault("model", {})
+                model[name] = parse_value(raw) if raw.strip() else None
+            except yaml.YAMLError:
+                raise ConfigError(f"--set {key}: cannot parse value {raw!r}") from None
+        elif key in fields:
             try:
                 train_values[key] = parse_value(raw) if raw.strip() else None
             except yaml.YAMLError:
