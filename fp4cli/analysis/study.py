@@ -131,6 +131,7 @@ class Overrides:
     seeds: tuple[int, ...] | None = None
     data: str | None = None
     cpu: bool = False  # the runs train on a CPU: no CUDA graphs
+    cuda_graph: bool | None = None  # replay steps from a CUDA graph (None: as the study says)
 
     def suffix(self) -> str:
         """The part of the sweep name that tells these runs from the study's own."""
@@ -226,8 +227,12 @@ def study_spec(study: Study, overrides: Overrides) -> Any:
             train[key] = getattr(overrides, key)
     if overrides.seeds:
         raw["seeds"] = list(overrides.seeds)
-    if overrides.cpu:
-        train.pop("cuda_graph", None)
+    if overrides.cuda_graph and overrides.cpu:
+        raise AnalysisError("--cuda-graph: needs a CUDA device (the runs train on the CPU)")
+    if overrides.cpu or overrides.cuda_graph is False:
+        train.pop("cuda_graph", None)  # the same numbers, eagerly
+    elif overrides.cuda_graph:
+        train["cuda_graph"] = True
     raw["train"] = train
     suffix = overrides.suffix()
     raw["name"] = f"{study.name}-{suffix}" if suffix else study.name

@@ -34,6 +34,15 @@ def reproduce(
     device: Annotated[
         str | None, Opt(help="Train every run on this device (cpu, cuda:1) (default: spread).")
     ] = None,
+    cuda_graph: Annotated[
+        bool | None,
+        Opt(
+            "--cuda-graph/--no-cuda-graph",
+            help="Replay training steps from a CUDA graph (the same numbers, faster) (default: "
+            "as the study says; never on a CPU).",
+            show_default=False,
+        ),
+    ] = None,
     workers: Annotated[
         int | None,
         Opt(min=1, help="Worker processes (default: one per GPU; up to 8 per GPU for regression)."),
@@ -68,7 +77,9 @@ def reproduce(
         )
     output_folder(plots, "--plots")
     study = load_study(name)
-    overrides = Overrides(task, size, steps, _seeds(seeds), _data(data), cpu=_on_cpu(device))
+    overrides = Overrides(
+        task, size, steps, _seeds(seeds), _data(data), _on_cpu(device), cuda_graph
+    )
     spec = study_spec(study, overrides)
     _run_and_judge(study, spec, device, workers, dry_run, plots, target, store, quiet, as_json)
 
