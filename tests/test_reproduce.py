@@ -117,6 +117,10 @@ def test_overrides_name_the_sweep_apart_and_drop_cuda_graphs_on_a_cpu():
     assert dict(study_spec(load_study("wang"), Overrides(cuda_graph=True)).train)["cuda_graph"]
     with pytest.raises(AnalysisError, match="--cuda-graph: needs a CUDA device"):
         study_spec(study, Overrides(cpu=True, cuda_graph=True))
+    fields = (("model", {"n_layer": 2}), ("stats_every", 5))
+    spec = study_spec(study, Overrides(train=fields))
+    assert spec.name.startswith("tseng-set_") and dict(spec.train)["stats_every"] == 5
+    assert dict(spec.train)["model"] == {"n_layer": 2}
 
 
 @pytest.mark.parametrize(
@@ -217,6 +221,7 @@ def test_claims_judged_by_hand(tmp_path):
     assert lower.comparisons[0].test.mean == pytest.approx(0.31 / 3)
     assert lower.verdict == REPRODUCED
     assert all(line.paper is None for line in lower.lines)  # the paper's numbers are top1
+    assert [line.arm for line in lower.lines] == ["tetrajet-qema", "tetrajet"]  # no bf16 stats
 
 
 def test_a_claim_that_fails_and_a_diverged_seed_left_out(tmp_path):
@@ -335,6 +340,8 @@ def test_cli_list_dry_run_and_errors(tmp_path):
         (["reproduce", "wang", "--seeds", "0,x"], "--seeds: must be integers"),
         (["reproduce", "wang", "--data", str(tmp_path / "missing")], "does not exist"),
         (["reproduce"], "name a study"),
+        (["reproduce", "wang", "--set", "linear.dge=null"], "a study trains the paper's recipes"),
+        (["reproduce", "wang", "--set", "seed=3"], "--set seed: set by the study itself"),
     ):
         result = runner.invoke(app, [*args, "--store", str(db)])
         assert result.exit_code == 2 and message in _text(result), result.output

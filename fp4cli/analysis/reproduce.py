@@ -375,7 +375,8 @@ def _result(
     verdict: str,
     notes: list[str],
 ) -> ClaimResult:
-    lines = [_line(data, arm, metric, claim) for arm in ["bf16", *arms] if arm in data.arms]
+    shown = ["bf16", *arms] if metric == data.metric else list(arms)  # bf16 has no weight stats
+    lines = [_line(data, arm, metric, claim) for arm in shown if arm in data.arms]
     unique = list({line.arm: line for line in lines}.values())
     return ClaimResult(claim, metric, unique, comparisons, verdict, notes=_unique(notes))
 

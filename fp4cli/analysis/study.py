@@ -40,6 +40,7 @@ A claim's `paper:` (setting, metric, values, note) adds to or replaces the study
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -132,6 +133,7 @@ class Overrides:
     data: str | None = None
     cpu: bool = False  # the runs train on a CPU: no CUDA graphs
     cuda_graph: bool | None = None  # replay steps from a CUDA graph (None: as the study says)
+    train: tuple[tuple[str, Any], ...] = ()  # training fields to set (--set KEY=VALUE)
 
     def suffix(self) -> str:
         """The part of the sweep name that tells these runs from the study's own."""
@@ -141,6 +143,9 @@ class Overrides:
         parts += ["seeds_" + "_".join(map(str, self.seeds))] if self.seeds else []
         if self.data:
             parts.append("data_" + hashlib.sha1(self.data.encode()).hexdigest()[:8])
+        if self.train:
+            text = json.dumps(sorted(self.train), sort_keys=True, default=str)
+            parts.append("set_" + hashlib.sha1(text.encode()).hexdigest()[:8])
         return "-".join(parts)
 
 
@@ -222,6 +227,7 @@ def study_spec(study: Study, overrides: Overrides) -> Any:
     train = dict(raw.get("train") or {})
     if overrides.task:
         raw["tasks"] = [overrides.task]
+    train.update(dict(overrides.train))
     for key in ("size", "steps", "data"):
         if getattr(overrides, key) is not None:
             train[key] = getattr(overrides, key)

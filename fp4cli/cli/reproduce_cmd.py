@@ -47,6 +47,14 @@ def reproduce(
         int | None,
         Opt(min=1, help="Worker processes (default: one per GPU; up to 8 per GPU for regression)."),
     ] = None,
+    set_: Annotated[
+        list[str] | None,
+        Opt(
+            "--set",
+            help="KEY=VALUE for a training field of every run (stats_every=50, "
+            "model.n_layer=4); the recipes stay the paper's (repeatable).",
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, Opt("--dry-run", help="List the runs, what is done and the claims; train nothing.")
     ] = False,
@@ -77,8 +85,9 @@ def reproduce(
         )
     output_folder(plots, "--plots")
     study = load_study(name)
+    train = _training_fields(set_ or [])
     overrides = Overrides(
-        task, size, steps, _seeds(seeds), _data(data), _on_cpu(device), cuda_graph
+        task, size, steps, _seeds(seeds), _data(data), _on_cpu(device), cuda_graph, train
     )
     spec = study_spec(study, overrides)
     _run_and_judge(study, spec, device, workers, dry_run, plots, target, store, quiet, as_json)
@@ -165,6 +174,22 @@ def _print_list() -> None:
     from fp4cli.cli import reproduce_view as view
 
     view.print_list([load_study(name) for name in study_names()])
+
+
+def _training_fields(items: list[str]) -> tuple[tuple[str, Any], ...]:
+    """(field, value) pairs of `--set` training fields; a recipe key is refused."""
+    from fp4cli.train.config import ConfigError, split_overrides
+
+    values, recipe_keys = split_overrides(items)
+    if recipe_keys:
+        raise ConfigError(
+            f"--set {recipe_keys[0]}: a study trains the paper's recipes; set training fields "
+            "here (lr=, stats_every=, model.FIELD=) or change the recipes in a study file"
+        )
+    reserved = sorted(set(values) & {"task", "recipe", "seed", "tags", "sweep", "name"})
+    if reserved:
+        raise ConfigError(f"--set {reserved[0]}: set by the study itself")
+    return tuple(sorted(values.items()))
 
 
 def _seeds(text: str | None) -> tuple[int, ...] | None:
