@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fp4cli.analysis.oscillation import METRICS as WEIGHT_STATS
 from fp4cli.analysis.stats import (
     ALPHA,
     INCONCLUSIVE,
@@ -41,15 +42,6 @@ from fp4cli.analysis.stats import (
 )
 from fp4cli.analysis.study import Claim, Study
 
-WEIGHT_STATS = (
-    "osc_share",
-    "osc_ratio_mean",
-    "rate_w",
-    "rate_qw",
-    "rate_out",
-    "conf_mean",
-    "conf_low",
-)
 MeanStd = tuple[float, float]
 
 
@@ -95,11 +87,10 @@ class StudyData:
     """The study's runs by arm and seed, with their report rows and statistics."""
 
     def __init__(self, store: Any, spec: Any, plan: Any, target: str, measured: bool) -> None:
-        from fp4cli.analysis.report import HIGHER_IS_BETTER, build_report, primary_metric
+        from fp4cli.analysis.report import build_report, primary_metric
 
         self.store = store
         self.metric = primary_metric(spec.tasks[0])
-        self.higher_is_better = self.metric in HIGHER_IS_BETTER
         self.arm_of = {point.id: arm_name(point) for point in plan.points}
         self.arms: dict[str, dict[int, Any]] = {name: {} for name in self.arm_of.values()}
         runs = [store.get_run(run_id) for run_id in plan.done.values()]
