@@ -342,6 +342,8 @@ def test_cli_list_dry_run_and_errors(tmp_path):
         (["reproduce"], "name a study"),
         (["reproduce", "wang", "--set", "linear.dge=null"], "a study trains the paper's recipes"),
         (["reproduce", "wang", "--set", "seed=3"], "--set seed: set by the study itself"),
+        (["reproduce", "wang", "--size", "gpt-345m"], "task 'regression' has no size 'gpt-345m'"),
+        (["reproduce", "wang", "--set", "model.n_layer=2"], "has no model field 'n_layer'"),
     ):
         result = runner.invoke(app, [*args, "--store", str(db)])
         assert result.exit_code == 2 and message in _text(result), result.output

@@ -90,6 +90,8 @@ def reproduce(
         task, size, steps, _seeds(seeds), _data(data), _on_cpu(device), cuda_graph, train
     )
     spec = study_spec(study, overrides)
+    if overrides.suffix() and not dry_run:
+        _check_task(spec)
     _run_and_judge(study, spec, device, workers, dry_run, plots, target, store, quiet, as_json)
 
 
@@ -174,6 +176,16 @@ def _print_list() -> None:
     from fp4cli.cli import reproduce_view as view
 
     view.print_list([load_study(name) for name in study_names()])
+
+
+def _check_task(spec: Any) -> None:
+    """Build the task once on the CPU, so that a size, data path or model field it cannot take
+    is one error now, not a failure of every run."""
+    from fp4cli.tasks.base import create_task
+
+    train = dict(spec.train)
+    size, data = train.get("size", "default"), train.get("data")
+    create_task(spec.tasks[0], size, data, "cpu", train.get("model"))
 
 
 def _training_fields(items: list[str]) -> tuple[tuple[str, Any], ...]:
