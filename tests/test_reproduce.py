@@ -267,6 +267,7 @@ def test_pareto_and_axis_claims(tmp_path):
     _write_runs(store, study_spec(study, Overrides()), _grid_values(gaps))
     pareto, axis = _judge(store, study)
     assert len(pareto.comparisons) == 3 and pareto.verdict == REPRODUCED
+    assert {c.verdict for c in pareto.comparisons} == {"holds"}
     assert pareto.observed[0] == 1.0  # on the front of the means
     assert [c.label.split(":")[0] for c in axis.comparisons] == ["block=16", "block=32"]
     assert all("mean of 1 matched pair" in c.label for c in axis.comparisons)
@@ -280,6 +281,7 @@ def test_pareto_and_axis_claims(tmp_path):
     _write_runs(store, study_spec(study, Overrides()), _grid_values(gaps))
     pareto, axis = _judge(store, study)
     assert pareto.verdict == NOT_REPRODUCED and pareto.observed[0] == 0.0
+    assert {c.verdict for c in pareto.comparisons} == {"fails"}  # every cheaper point is better
     assert axis.verdict == NOT_REPRODUCED  # block 16: ue5m3 is 0.04 worse at every seed
 
 

@@ -43,6 +43,7 @@ from fp4cli.analysis.stats import (
 from fp4cli.analysis.study import Claim, Study
 
 MeanStd = tuple[float, float]
+HOLDS, FAILS, OPEN = "holds", "fails", "open"  # one test of a claim of several
 
 
 @dataclass
@@ -324,15 +325,22 @@ def _axis_line(data: StudyData, claim: Claim, value: str) -> ArmLine:
 
 
 def _all_or_any(comparisons: Sequence[Comparison], seeds: int) -> str:
-    """Every test reproduced: reproduced; any one failed at alpha / k: not reproduced."""
+    """Mark each test holds (p < alpha), fails (p < alpha / k the other way) or open; the claim
+    is reproduced when every test holds, not reproduced when any one fails."""
+    corrected = ALPHA / max(len(comparisons), 1)
+    for comparison in comparisons:
+        test = comparison.test
+        if test.n >= 2 and test.mean > 0 and test.p_holds < ALPHA:
+            comparison.verdict = HOLDS
+        elif test.n >= 2 and test.mean < 0 and test.p_fails < corrected:
+            comparison.verdict = FAILS
+        else:
+            comparison.verdict = OPEN
     if seeds < 2:
         return INCONCLUSIVE
-    if not comparisons:
+    if all(c.verdict == HOLDS for c in comparisons):
         return REPRODUCED
-    if all(c.verdict == REPRODUCED for c in comparisons):
-        return REPRODUCED
-    corrected = ALPHA / len(comparisons)
-    if any(c.test.p_fails < corrected and c.test.mean < 0 for c in comparisons):
+    if any(c.verdict == FAILS for c in comparisons):
         return NOT_REPRODUCED
     return INCONCLUSIVE
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from fp4cli.analysis.stats import ALPHA, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
-VERDICT_STYLE = {REPRODUCED: "bold green", NOT_REPRODUCED: "bold red", INCONCLUSIVE: "yellow"}
+VERDICT_STYLE = {REPRODUCED: "bold green", NOT_REPRODUCED: "bold red", INCONCLUSIVE: "yellow",
+                 "holds": "green", "fails": "red", "open": "yellow"}  # fmt: skip
 TEST = (
     f"each claim's per-seed contrast (positive where it holds) by a paired one-sided t-test at "
     f"alpha = {ALPHA} each way, shown as its {100 * (1 - 2 * ALPHA):.0f}% confidence interval: "
@@ -241,8 +242,8 @@ def _comparison_table(result: Any) -> Any:
         ("seeds", "right"),
         ("mean", "right"),
         ("90% CI", "right"),
-        ("p", "right"),
-        ("verdict", "left"),
+        ("p (holds)", "right"),
+        ("test", "left"),
     ):
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for comparison in result.comparisons:
@@ -252,6 +253,12 @@ def _comparison_table(result: Any) -> Any:
         p_value = f"{test.p_holds:.3g}" if enough else "-"
         cells = (f"{test.mean:+.4g}", interval, p_value, _verdict(comparison.verdict))
         table.add_row(escape(comparison.label), str(test.n), *cells)
+    k = len(result.comparisons)
+    table.caption = (
+        f"holds: p < {ALPHA}; fails: the other way at p < {ALPHA} / {k}; open: neither. The "
+        "claim is reproduced when every test holds, not reproduced when one fails"
+    )
+    table.caption_justify = "left"
     return table
 
 
