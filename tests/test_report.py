@@ -68,6 +68,12 @@ def test_closed_share_against_a_papers_own_baseline(store):
     assert rows["tseng-baseline"].closed == pytest.approx(0.0)
     with pytest.raises(AnalysisError, match="no finished run of the baseline recipe 'wang-direct'"):
         build_report(store, select_runs(store), baseline="wang-direct")
+    # a running sweep's own baseline that has not finished: a note, and no closed shares
+    waiting = build_report(
+        store, select_runs(store), baseline="wang-direct", require_baseline=False
+    )
+    assert any("baseline 'wang-direct' yet" in note for note in waiting.notes)
+    assert all(row.closed is None for row in waiting.rows)
     result = CliRunner().invoke(app, ["report", "--baseline", "nope", "--store", str(store.path)])
     assert result.exit_code == 2 and result.output.count("\n") == 1
     data = json.loads(

@@ -118,10 +118,12 @@ def build_report(
     target: str = "h100",
     measured: bool = True,
     baseline: str | None = None,
+    require_baseline: bool = True,
 ) -> Report:
     """Rows for `runs` with their gaps, the share of the baseline recipe's gap each closes
-    (`baseline`, default mxfp4; one named must have a comparable run), and their estimated
-    costs; the Pareto front marked."""
+    (`baseline`, default mxfp4), and their estimated costs; the Pareto front marked. A named
+    baseline without a comparable finished run is an error when `require_baseline` (a baseline
+    asked for), else a note (a running sweep's `baseline:` that has not finished yet)."""
     from fp4cli.cost import profile_for
 
     profile = profile_for(target)
@@ -131,11 +133,13 @@ def build_report(
     report = Report([], profile.name, notes, baseline)
     baselines = _Baselines(store, ("bf16", baseline))
     if named and not baselines.by_key.keys() & _keys_of(baseline, runs):
-        raise AnalysisError(
-            f"no finished run of the baseline recipe {baseline!r} comparable to the chosen runs "
-            f"(same task, size, steps, batch, seed, data, model fields): train it, or list it in "
-            f"the sweep's baselines"
-        )
+        if require_baseline:
+            raise AnalysisError(
+                f"no finished run of the baseline recipe {baseline!r} comparable to the chosen "
+                f"runs (same task, size, steps, batch, seed, data, model fields): train it, or "
+                f"list it in the sweep's baselines"
+            )
+        notes.append(f"no finished run of the baseline {baseline!r} yet: no closed shares")
     for run in runs:
         row = _row(store, run, metric)
         _compare(row, run, baselines, baseline)

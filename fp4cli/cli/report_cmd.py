@@ -58,8 +58,11 @@ def report(
     output_file(csv, "--csv")
     with RunStore(store, create=False) as run_store:
         chosen = select_runs(run_store, runs or (), sweep, tag, task)
+        asked = baseline is not None  # a sweep's own baseline may still be training
         baseline = baseline or sweep_baseline(run_store, sweep)
-        result = build_report(run_store, chosen, metric, target, measured, baseline)
+        result = build_report(
+            run_store, chosen, metric, target, measured, baseline, require_baseline=asked
+        )
         written = _write_plots(run_store, result, plots) if plots is not None else []
     if csv is not None:
         written.append(_write_csv(result, csv))
