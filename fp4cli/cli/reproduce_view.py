@@ -71,20 +71,12 @@ def plan_line(plan: Any) -> str:
 def print_plan(study: Any, plan: Any) -> None:
     """The dry run: every run (point, seed, arm, state) and the claims it will judge."""
     from rich.markup import escape
-    from rich.table import Table
 
     from fp4cli.analysis.reproduce import arm_name
     from fp4cli.cli.output import console_for
+    from fp4cli.cli.sweep_cmd import points_table
 
-    table = Table("point", "task", "seed", "arm", "state", box=None, pad_edge=False)
-    for point in plan.points:
-        if point.id in plan.done:
-            state = f"[green]done[/] {plan.done[point.id]}"
-        elif point.id in plan.elsewhere:
-            state = f"[yellow]running[/] {plan.elsewhere[point.id]}"
-        else:
-            state = "to run"
-        table.add_row(point.id, point.task, str(point.seed), escape(arm_name(point)), state)
+    table = points_table(plan, "arm", arm_name)
     console = console_for(table)
     console.print(table)
     console.print(plan_line(plan))

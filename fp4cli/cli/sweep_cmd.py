@@ -99,7 +99,7 @@ def sweep(
             _merge_finished(run_store, spec.name, sweep_dir)
         plan = plan_sweep(spec, run_store, record=not dry_run)
         if dry_run:
-            table = _points_table(plan)
+            table = points_table(plan)
             console = console_for(table)
             console.print(table)
             console.print(_plan_line(plan))
@@ -157,11 +157,13 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _points_table(plan: Any) -> Any:
+def points_table(plan: Any, label: str = "recipe", name_of: Any = None) -> Any:
+    """A planned sweep's points (id, task, seed, `label`, state): done, running, to run.
+    `name_of(point)` names a point (default: its recipe)."""
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table("point", "task", "seed", "recipe", "state", box=None, pad_edge=False)
+    table = Table("point", "task", "seed", label, "state", box=None, pad_edge=False)
     for point in plan.points:
         if point.id in plan.done:
             state = f"[green]done[/] {plan.done[point.id]}"
@@ -169,7 +171,8 @@ def _points_table(plan: Any) -> Any:
             state = f"[yellow]running[/] {plan.elsewhere[point.id]}"
         else:
             state = "to run"
-        table.add_row(point.id, point.task, str(point.seed), escape(point.recipe["name"]), state)
+        name = name_of(point) if name_of is not None else point.recipe["name"]
+        table.add_row(point.id, point.task, str(point.seed), escape(name), state)
     return table
 
 
