@@ -1,5 +1,5 @@
-"""Operands for the MXFP4 GEMM tests (tests/test_gemm.py on the CPU interpreter,
-tests/test_gpu_gemm.py on a GPU).
+"""Operands for the MXFP4 GEMM tests (tests/quant/test_gemm.py on the CPU interpreter,
+tests/gpu/test_gpu_gemm.py on a GPU).
 
 `exact_sum_pair` makes operands whose every float32 partial sum is exact (K <= 256, each row's
 blocks within a few binades): any summation order then gives the reference's bits, so kernels

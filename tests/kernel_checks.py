@@ -1,5 +1,5 @@
-"""Checks shared by the kernel tests (tests/test_kernels.py on the CPU interpreter or a GPU,
-tests/test_gpu_kernels.py on a GPU): the Triton backend against the PyTorch reference."""
+"""Checks shared by the kernel tests (tests/kernels/test_kernels.py on the CPU interpreter or a GPU,
+tests/gpu/test_gpu_kernels.py on a GPU): the Triton backend against the PyTorch reference."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def assert_bits(actual: torch.Tensor, expected: torch.Tensor, what: str = "value
 
 
 def assert_same_up_to_zero_sign(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """As assert_bits, except that 0.0 and -0.0 count as equal (tests/test_quantize.assert_same:
+    """As assert_bits, except that 0.0 and -0.0 count as equal (as test_quantize's assert_same:
     the reference's fake_quantize keeps the sign of a value that rounds to zero, its codes and
     the kernels do not)."""
     assert_bits(

@@ -1,5 +1,5 @@
 """The dequantize and amax kernels, backend dispatch, and QuantLinear on the kernels against the
-reference. (See tests/test_kernels.py.)
+reference. (See tests/kernels/test_kernels.py.)
 """
 
 from __future__ import annotations

@@ -317,7 +317,7 @@ def test_nvfp4_by_hand():
     qt = quantize(x, QuantSpec.preset("nvfp4"))
     assert qt.tensor_amax is not None and qt.tensor_amax.item() == 12.0  # G = 448 * 6 / 12 = 224
     # block 0: 12 * (224 * fl(1/6)) = 448.00003 -> scale 448; block 1: 0.375 * 37.333336 =
-    # 14.000001 -> scale 14 (tests/test_two_level.py works the order of operations through)
+    # 14.000001 -> scale 14 (tests/quant/test_two_level.py works the order of operations through)
     assert qt.scale_values().tolist() == [[448.0, 14.0]]
     assert torch.equal(qt.dequantize(), x)
 

@@ -15,7 +15,7 @@ from fp4cli.tasks.base import TaskError, create_task
 from fp4cli.train import run_training
 from fp4cli.train.checkpoint import CheckpointError, load_checkpoint, read_plain
 from fp4cli.train.progress import SilentReporter
-from tests.test_tasks import write_cifar
+from tests.train.test_tasks import write_cifar
 
 
 class WritesMarker:

@@ -10,7 +10,7 @@ import torch
 
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from tests import oracle
-from tests.test_quantize import (
+from tests.quant.test_quantize import (
     _random,
     _rng,
     assert_same,

@@ -1,5 +1,5 @@
 """The kernels' stochastic rounding against the reference: the same bits for int and tensor
-seeds, on both random-bit paths; reproducible, seeded and unbiased. (See tests/test_kernels.py.)
+seeds, on both random-bit paths; reproducible, seeded and unbiased (see test_kernels.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """On a CUDA GPU: the compiled Triton kernels give the reference's bits on large bf16 tensors.
 
 Every test compares backend="triton" with backend="torch", both on the GPU (the reference is
-device-independent: tests/test_gpu_reference.py). Inputs are large and adversarial: magnitudes
+device-independent: tests/gpu/test_gpu_reference.py). Inputs are large and adversarial: magnitudes
 from 10^-30 to 10^30, NaN and Inf, exact ties, all-zero and subnormal blocks, near the bf16
 maximum. `make gpu-test` runs them; CI deselects the gpu marker.
 """

@@ -1,6 +1,6 @@
 """The training step runner (fp4cli/train/step.py) on the CPU: eager steps, learning rates on the
 device, batches copied into captured buffers, and the one-line errors of the step options.
-CUDA-graph replays themselves are tested on a GPU (tests/test_gpu_fast_linear.py)."""
+CUDA-graph replays themselves are tested on a GPU (tests/gpu/test_gpu_fast_linear.py)."""
 
 import pytest
 import torch

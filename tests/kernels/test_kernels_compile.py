@@ -16,7 +16,7 @@ def test_the_quantized_linear_kernels_compile_for_hopper():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-m", "tests.hopper_compile"],
-        cwd=Path(__file__).parents[1], env=env, capture_output=True, text=True, timeout=600,
+        cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-1] == "14"

@@ -2,7 +2,7 @@
 `matmul_reference` (float64).
 
 On the CPU the kernels run under TRITON_INTERPRET=1 (`make test` sets it) with float32 data;
-tests/test_gpu_gemm.py runs them compiled. Operands from tests/gemm_cases.py keep every float32
+tests/gpu/test_gpu_gemm.py runs them compiled. Operands from tests/gemm_cases.py keep every float32
 partial sum exact, so kernel and reference are compared bit for bit (atol=0) whatever the order
 of summation; the sign of a zero result is not compared (int32 sums give +0 where float64 may
 keep -0).

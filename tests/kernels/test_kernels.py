@@ -3,7 +3,7 @@
 Runs on the CPU under TRITON_INTERPRET=1 (`make test` sets it), or on a CUDA GPU without it.
 Shapes are small: the interpreter runs each program's tile through numpy, so a test costs about
 its number of programs, whatever the elements. Float32 inputs only (bf16 in the interpreter is
-not what the GPU computes: tests/test_gpu_kernels.py covers bf16 on a GPU).
+not what the GPU computes: tests/gpu/test_gpu_kernels.py covers bf16 on a GPU).
 
 Every comparison is kernel against reference on the same input (tests/kernel_checks.py):
 codes, scale codes and tensor scale identical, dequantize() identical bit for bit (the sign of
