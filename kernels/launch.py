@@ -17,9 +17,9 @@ import torch
 
 from fp4cli.kernels.dequantize import dequantize_kernel
 from fp4cli.kernels.quantize import amax_kernel, quantize_kernel
+from fp4cli.quant import two_level
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
-from fp4cli.quant.two_level import scale_max
 from fp4cli.techniques.hadamard import normalization
 
 SeedOffset = tuple[torch.Tensor, int]  # a seed tensor and an offset the kernel adds to it
@@ -115,12 +115,12 @@ def _scale_constants(spec: QuantSpec) -> dict[str, object]:
 
 def two_level_constants(spec: QuantSpec) -> dict[str, float]:
     """TWO_LEVEL_TARGET (scale max * element max), ELEM_INV (1 / element max) and DECODE_INV
-    (1 / target), each a float32 value, as `fp4cli.quant.two_level` computes them."""
-    target = scale_max(spec) * spec.element_format.max_value
+    (1 / target), each a float32 value: `fp4cli.quant.two_level.constants`."""
+    target, element_inverse, decode_inverse = two_level.constants(spec)
     return dict(
         TWO_LEVEL_TARGET=_float32(target),
-        ELEM_INV=_float32(1.0 / spec.element_format.max_value),
-        DECODE_INV=_float32(1.0 / target),
+        ELEM_INV=_float32(element_inverse),
+        DECODE_INV=_float32(decode_inverse),
     )
 
 

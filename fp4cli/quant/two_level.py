@@ -61,13 +61,16 @@ def scale_max(spec: QuantSpec) -> float:
     return largest
 
 
-def _scale_times_element_max(spec: QuantSpec) -> float:
-    return scale_max(spec) * spec.element_format.max_value
+def constants(spec: QuantSpec) -> tuple[float, float, float]:
+    """(S * E, 1 / E, 1 / (S * E)): the global encode scale's numerator and the reciprocals the
+    steps multiply by, before their one rounding to float32 (here and in the kernels)."""
+    target = scale_max(spec) * spec.element_format.max_value
+    return target, 1.0 / spec.element_format.max_value, 1.0 / target
 
 
 def global_encode_scale(tensor_amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """G = min(S * E / A, FLT_MAX), float32 (FLT_MAX for an all-zero tensor)."""
-    target = _constant(tensor_amax, _scale_times_element_max(spec))
+    target = _constant(tensor_amax, constants(spec)[0])
     return torch.clamp(target / tensor_amax, max=FLOAT32_MAX)
 
 
@@ -82,7 +85,8 @@ def block_scales(
     fmt = spec.scale_format.minifloat
     assert fmt is not None, "two-level scaling needs a minifloat block scale"
     g = global_encode_scale(tensor_amax, spec)
-    multiplier = g * _constant(g, 1.0 / (element_max or spec.element_format.max_value))
+    element_inverse = 1.0 / element_max if element_max else constants(spec)[1]
+    multiplier = g * _constant(g, element_inverse)
     raw = torch.clamp(block_amax * multiplier, max=FLOAT32_MAX)
     raw = torch.clamp(raw, max=fmt.max_value)
     values = round_to_grid(raw, fmt, "up" if spec.scale_rule == "ceil" else "rne")
@@ -102,5 +106,5 @@ def decode_factors(
     scale_values: torch.Tensor, tensor_amax: torch.Tensor, spec: QuantSpec
 ) -> torch.Tensor:
     """(s * A) * (1 / (S * E)) for each block scale s: a value decodes as q times this."""
-    inverse = _constant(scale_values, 1.0 / _scale_times_element_max(spec))
+    inverse = _constant(scale_values, constants(spec)[2])
     return (scale_values * tensor_amax) * inverse
