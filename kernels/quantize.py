@@ -380,6 +380,12 @@ def amax_kernel(
         rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, SEED_FROM_PTR,
         HADAMARD, LOG2_HADAMARD, HADAMARD_NORM,
     )  # fmt: skip
-    magnitude = tl.abs(x)
+    tl.atomic_max(amax_ptr, finite_amax(x))
+
+
+@triton.jit
+def finite_amax(tile):
+    """The largest finite |value| of a 2-D tile (NaN and Inf count as 0)."""
+    magnitude = tl.abs(tile)
     magnitude = tl.where(magnitude <= FLOAT32_MAX, magnitude, 0.0)
-    tl.atomic_max(amax_ptr, tl.max(tl.max(magnitude, axis=1), axis=0))
+    return tl.max(tl.max(magnitude, axis=1), axis=0)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.dequantize import dequantize_tile
-from fp4cli.kernels.quantize import quantize_tile
+from fp4cli.kernels.quantize import finite_amax, quantize_tile
 from fp4cli.kernels.tile_io import (
     load_tile,
     seed_of,
@@ -29,7 +29,7 @@ from fp4cli.kernels.tile_io import (
     store_codes_down,
     store_values,
 )
-from fp4cli.kernels.tile_ops import FLOAT32_MAX, hadamard_cols, hadamard_rows
+from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows
 
 
 @triton.jit
@@ -199,18 +199,11 @@ def amax_pair_kernel(
             seed = seed_of(row_rht_seed_ptr, row_rht_seed_value, ROW_RHT_SEED_FROM_PTR)
             row_tile = hadamard_rows(x, seed, BR, BC, ROW_HADAMARD, ROW_LOG2_HADAMARD,
                                      ROW_HADAMARD_NORM)  # fmt: skip
-        tl.atomic_max(amax_ptr, _finite_amax(row_tile))
+        tl.atomic_max(amax_ptr, finite_amax(row_tile))
     if COL_ON:
         col_tile = x
         if COL_HADAMARD > 0:
             seed = seed_of(col_rht_seed_ptr, col_rht_seed_value, COL_RHT_SEED_FROM_PTR)
             col_tile = hadamard_cols(x, seed, BR, BC, COL_HADAMARD, COL_LOG2_HADAMARD,
                                      COL_HADAMARD_NORM)  # fmt: skip
-        tl.atomic_max(amax_ptr + 1, _finite_amax(col_tile))
-
-
-@triton.jit
-def _finite_amax(tile):
-    magnitude = tl.abs(tile)
-    magnitude = tl.where(magnitude <= FLOAT32_MAX, magnitude, 0.0)
-    return tl.max(tl.max(magnitude, axis=1), axis=0)
+        tl.atomic_max(amax_ptr + 1, finite_amax(col_tile))
