@@ -87,7 +87,8 @@ def _direction_args(
     quantizing `lines` lines of `length` positions; `amax`: its tensor amax (two-level)."""
     if d is None:
         args: list[object] = [None, None, None, None, 0, None, 0, None]
-        constants = dict(ON=False, BLOCK=32, SR=False, GROUPED=False, SEED_FROM_PTR=False,
+        constants = dict(ON=False, BLOCK=32, SR=False, AWAY=False, GROUPED=False,
+                         SEED_FROM_PTR=False,
                          RHT_SEED_FROM_PTR=False, PRESCALE=1.0, WRITE_VALUES=False,
                          CEIL=False, TENSOR_SCALE=False, TILE2D=False)  # fmt: skip
         constants |= _spec_constants(QuantSpec()) | _hadamard_constants(None)
@@ -108,6 +109,7 @@ def _direction_args(
     args = [out.codes, out.scales, out.values, seed_ptr, seed_value, rht_ptr, rht_value, amax]
     constants = dict(
         ON=True, BLOCK=block, CEIL=d.spec.scale_rule == "ceil", SR=d.spec.rounding == "sr",
+        AWAY=d.spec.rounding == "away",
         SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
         PRESCALE=float(d.spec.sr_prescale), WRITE_VALUES=d.values_dtype is not None,
         TENSOR_SCALE=d.spec.tensor_scale, TILE2D=d.spec.tile2d,

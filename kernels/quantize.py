@@ -1,9 +1,10 @@
 """Fused block quantization of E2M1 tensors: one read of the input, one write of the result.
 
 A program takes a tile of lines x positions along the quantization axis (`tile_io`), optionally
-applies the random Hadamard transform to it, computes each block's scale, rounds (nearest-even
-or stochastic) and writes either packed E2M1 codes and scale codes, or the dequantized values
-(the fake-quantization path), along the input's last axis or any other.
+applies the random Hadamard transform to it, computes each block's scale, rounds (to nearest
+with ties to even or away from zero, or stochastically) and writes either packed E2M1 codes and
+scale codes, or the dequantized values (the fake-quantization path), along the input's last
+axis or any other.
 
 Two-level (tensor-scaled) specs first reduce the tensor's finite amax with `amax_kernel` (one
 read); a tensor small enough for the L2 cache is then read the second time from there.
@@ -26,6 +27,7 @@ from fp4cli.kernels.tile_io import (
 )
 from fp4cli.kernels.tile_ops import (
     FLOAT32_MAX,
+    e2m1_code_away,
     e2m1_code_guided,
     e2m1_code_rne,
     e2m1_code_sr,
@@ -143,6 +145,7 @@ def quantize_tile(
     SCALE_MAX: tl.constexpr,
     SCALE_NAN: tl.constexpr,
     SR: tl.constexpr,
+    AWAY: tl.constexpr,
     PRESCALE: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
     TWO_LEVEL_TARGET: tl.constexpr,
@@ -155,8 +158,10 @@ def quantize_tile(
     scale codes, and which blocks are finite, for a float32 [ROWS, COLS] tile whose blocks run
     along its last axis (BLOCK_AXIS 1: codes [ROWS, COLS / BLOCK, BLOCK], the rest
     [ROWS, COLS / BLOCK]) or its first (BLOCK_AXIS 0: codes [ROWS / BLOCK, BLOCK, COLS], the
-    rest [ROWS / BLOCK, COLS]). The magnitude is scaled and rounded; the sign is x's. GUIDED:
-    rounded toward the float32 `guide` tile (Q-EMA), scaled like x but without the pre-scale.
+    rest [ROWS / BLOCK, COLS]). The magnitude is scaled and rounded (SR: stochastically with
+    `random_bits`; AWAY: to nearest, ties away from zero; else ties to even); the sign is x's.
+    GUIDED: rounded toward the float32 `guide` tile (Q-EMA), scaled like x but without the
+    pre-scale.
     TENSOR_SCALE: two-level scaling relative to the tensor's amax (`fp4cli.quant.two_level`:
     TWO_LEVEL_TARGET = scale max * element max, ELEM_INV = 1 / element max in float32).
     TILE2D: each block's scale is its BLOCK x BLOCK square's (the tile's origin and sides are
@@ -207,6 +212,8 @@ def quantize_tile(
         code = e2m1_code_guided(magnitude, tl.where(bits < 0, -guide_units, guide_units))
     elif SR:
         code = e2m1_code_sr(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS))
+    elif AWAY:
+        code = e2m1_code_away(magnitude)
     else:
         code = e2m1_code_rne(magnitude)
     # The sign bit joins a non-zero code: (code + 7) & 8 is 8 exactly for codes 1..7.
@@ -244,6 +251,7 @@ def quantize_kernel(
     SCALE_MAX: tl.constexpr,
     SCALE_NAN: tl.constexpr,
     SR: tl.constexpr,
+    AWAY: tl.constexpr,
     GROUPED: tl.constexpr,
     SEED_FROM_PTR: tl.constexpr,
     RHT_SEED_FROM_PTR: tl.constexpr,
@@ -309,6 +317,7 @@ def quantize_kernel(
         SCALE_MAX,
         SCALE_NAN,
         SR,
+        AWAY,
         PRESCALE,
         TENSOR_SCALE,
         TWO_LEVEL_TARGET,

@@ -111,6 +111,19 @@ def e2m1_code_rne(magnitude):
 
 
 @triton.jit
+def e2m1_code_away(magnitude):
+    """E2M1 magnitude code (0..7) of |v| rounded to nearest, ties away from zero, saturating.
+
+    Below 1 (grid 0, 0.5, 1) the code counts the midpoints 0.25 and 0.75 that |v| reaches.
+    From 1 up, half the weight of the first dropped mantissa bit is added to the bits before
+    the bits below one mantissa bit are dropped, so a tie carries up; codes past 7 saturate."""
+    low = (magnitude >= 0.25).to(tl.int32) + (magnitude >= 0.75).to(tl.int32)
+    bits = magnitude.to(tl.int32, bitcast=True)
+    high = tl.minimum(((bits + 0x200000) >> 22) - 252, 7)
+    return tl.where(magnitude < 1.0, low, high)
+
+
+@triton.jit
 def e2m1_value(code):
     """Float32 magnitude of an E2M1 magnitude code (0..7)."""
     exponent = code >> 1

@@ -118,6 +118,11 @@ def quantized_linear_launches() -> None:
                   Direction(nvfp4_sr, (seed, 4), 16, (seed, 9), bf16))  # fmt: skip
     scales16 = torch.zeros(96, 4, dtype=torch.uint8)
     dequantize_e2m1(codes, scales16, torch.zeros(1), nvfp4, (64, 96), 0, bf16)
+    # tseng-baseline's dY (ties away from zero both ways); a two-level spec rounded ties away
+    away = QuantSpec.preset("mxfp4", rounding="away")
+    quantize_pair(x, Direction(away, None, values_dtype=bf16),
+                  Direction(away, None, values_dtype=bf16))  # fmt: skip
+    quantize_e2m1(x, nvfp4.replace(rounding="away"), 0, None, t_amax=torch.ones(1))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ MXFP4_SR = QuantSpec.preset("mxfp4-sr")
 MXFP4_SR_PRESCALE = QuantSpec.preset("mxfp4", rounding="sr", sr_prescale=0.75)
 NVFP4 = QuantSpec.preset("nvfp4")
 NVFP4_SR = QuantSpec.preset("nvfp4", rounding="sr")
+MXFP4_AWAY = QuantSpec.preset("mxfp4", rounding="away")
+NVFP4_AWAY = QuantSpec.preset("nvfp4", rounding="away")
 
 SPECS = {
     "mxfp4": MXFP4,
@@ -61,6 +63,9 @@ SPECS = {
     "ue5m3-ceil-ts-sr": QuantSpec(
         scale="ue5m3", scale_rule="ceil", rounding="sr", tensor_scale=True
     ),
+    "mxfp4-away": MXFP4_AWAY,
+    "nvfp4-away": NVFP4_AWAY,
+    "ue5m3-ceil-away": QuantSpec(scale="ue5m3", scale_rule="ceil", rounding="away"),
 }
 # The other block sizes the kernels take (32 and 16 are above).
 BLOCK_SPECS = {
@@ -69,6 +74,8 @@ BLOCK_SPECS = {
     "mxfp4-sr-block64": MXFP4_SR.replace(block=64),
     "nvfp4-block128": NVFP4.replace(block=128),
     "ue5m3-ceil-sr-block256": QuantSpec(scale="ue5m3", scale_rule="ceil", rounding="sr", block=256),
+    "mxfp4-away-block8": MXFP4_AWAY.replace(block=8),
+    "nvfp4-away-block64": NVFP4_AWAY.replace(block=64),
 }
 
 

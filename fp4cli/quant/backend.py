@@ -51,8 +51,8 @@ def kernel_gap(spec: QuantSpec, dtype: torch.dtype) -> str | None:
         return "four-over-six (the reference runs it)"
     if spec.outer_block:
         return "outer_block (a second-level scale per outer block; the reference runs it)"
-    if spec.rounding not in ("rne", "sr"):
-        return f"rounding {spec.rounding!r} (kernels: rne, sr)"
+    if spec.rounding not in ("rne", "sr", "away"):
+        return f"rounding {spec.rounding!r} (kernels: rne, sr, away)"
     if dtype not in KERNEL_INPUT_DTYPES:
         return f"input dtype {dtype} (kernels: float32, bfloat16, float16)"
     return None

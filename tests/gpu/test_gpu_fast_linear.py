@@ -20,7 +20,15 @@ pytestmark = COMPILED_ON_GPU
 CEIL = QuantSpec.preset("mxfp4-ceil")
 CEIL_SR = CEIL.replace(rounding="sr")
 PRESCALE_SR = QuantSpec.preset("mxfp4", rounding="sr", sr_prescale=0.75)
-FAST_RECIPES = ["mxfp4", "tetrajet", "tetrajet-qema", "tseng-rht-sr", "nvfp4", "ue5m3-hadamard-sr"]
+FAST_RECIPES = [
+    "mxfp4",
+    "tetrajet",
+    "tetrajet-qema",
+    "tseng-rht-sr",
+    "tseng-baseline",
+    "nvfp4",
+    "ue5m3-hadamard-sr",
+]
 
 
 def _bf16_input(rows: int, cols: int, seed: int) -> torch.Tensor:

@@ -31,6 +31,8 @@ LARGE_CASES = {
     "mxfp4-rht32-sr-prescale0.75": (MXFP4_SR_PRESCALE, 32),
     "nvfp4": (NVFP4, None),
     "mxfp4-ue5m3": (MXFP4_UE5M3, None),
+    "mxfp4-away": (MXFP4.replace(rounding="away"), None),  # tseng-baseline's backward
+    "nvfp4-away": (NVFP4.replace(rounding="away"), None),
 }
 LARGE_SHAPES = [(4096, 4096), (8192, 1024)]
 

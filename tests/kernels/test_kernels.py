@@ -50,6 +50,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.i
 E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 E2M1_TIES = (E2M1_GRID[1:] + E2M1_GRID[:-1]) / 2  # 0.25, 0.75, ..., 5
 TIES_TO_EVEN = torch.tensor([0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0])  # each tie, rounded
+TIES_AWAY = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # each tie, rounded up
 GROUP = 8  # the smallest kernel block: each group of 8 starts with the anchor 6 * scale
 
 
@@ -160,6 +161,9 @@ EDGE_CASE_SPECS = [
     "mxfp4-ue5m3",
     "ue4m3-ceil",
     "ue5m3-ceil-ts-sr",
+    "mxfp4-away",
+    "nvfp4-away",
+    "ue5m3-ceil-away",
 ]
 
 
@@ -177,20 +181,25 @@ def test_block_sizes_match_reference(spec_name, case):
     check_backends_agree(on_device(x), BLOCK_SPECS[spec_name], seed=7)
 
 
-@pytest.mark.parametrize("spec_name", ["mxfp4", "mxfp4-ceil", "nvfp4", "mxfp4-ue5m3", "ue4m3-ceil"])
-def test_ties_round_to_even_by_hand(spec_name):
+TIE_SPECS = ["mxfp4", "mxfp4-ceil", "nvfp4", "mxfp4-ue5m3", "ue4m3-ceil"]
+TIE_SPECS += ["mxfp4-away", "nvfp4-away", "ue5m3-ceil-away"]
+
+
+@pytest.mark.parametrize("spec_name", TIE_SPECS)
+def test_ties_by_hand(spec_name):
     """Independent of the reference: with the anchor 6 s, each block's scale is s, so a tie
-    t * s comes back as (t rounded to the even code) * s."""
+    t * s comes back as (t rounded to the even code, or away from zero) * s."""
     spec = SPECS[spec_name]
+    ties = TIES_AWAY if spec.rounding == "away" else TIES_TO_EVEN
     for scale in (2.0**-3, 1.0, 2.0**4):
         x = torch.cat([torch.tensor([6.0]), E2M1_TIES, -E2M1_TIES]) * scale
-        rounded = torch.cat([torch.tensor([6.0]), TIES_TO_EVEN, -TIES_TO_EVEN]) * scale
+        rounded = torch.cat([torch.tensor([6.0]), ties, -ties]) * scale
         rounded = torch.where(rounded == 0, 0.0, rounded)  # -0.25 s rounds to code 0: +0.0
         kernel_values = fake_quantize(on_device(x).unsqueeze(0), spec, backend="triton")
         assert_bits(kernel_values, on_device(rounded).unsqueeze(0), f"ties at block scale {scale}")
 
 
-@pytest.mark.parametrize("spec_name", ["mxfp4", "mxfp4-ceil", "ue4m3-ceil", "nvfp4"])
+@pytest.mark.parametrize("spec_name", ["mxfp4", "mxfp4-ceil", "ue4m3-ceil", "nvfp4", "mxfp4-away"])
 def test_saturation_by_hand(spec_name):
     """Values in (6, 8) with amax in (6, 8): the floor rule keeps scale 1 and clips them to 6,
     the ceil rule takes scale 2 (E8M0) or amax / 6 (UE4M3) and never clips."""
@@ -208,7 +217,7 @@ def test_saturation_by_hand(spec_name):
 # Non-finite input
 # --------------------------------------------------------------------------------------------
 
-NONFINITE_SPECS = ["mxfp4", "mxfp4-sr-prescale0.75", "nvfp4", "ue5m3-ceil-ts-sr"]
+NONFINITE_SPECS = ["mxfp4", "mxfp4-sr-prescale0.75", "nvfp4", "ue5m3-ceil-ts-sr", "nvfp4-away"]
 
 
 @pytest.mark.parametrize("spec_name", NONFINITE_SPECS)
@@ -260,6 +269,8 @@ SHAPES_AND_AXES = [
     ((1, 1), 0, "nvfp4-sr"),
     ((1, 1), -1, "mxfp4"),
     ((37,), 0, "ue5m3-ceil-ts-sr"),
+    ((3, 37), 0, "mxfp4-away"),
+    ((5, 7, 13), 1, "nvfp4-away"),
 ]
 
 

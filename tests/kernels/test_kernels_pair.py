@@ -9,10 +9,12 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     DEVICE,
     INF,
     MXFP4,
+    MXFP4_AWAY,
     MXFP4_SR,
     MXFP4_SR_PRESCALE,
     NAN,
     NVFP4,
+    NVFP4_AWAY,
     NVFP4_SR,
     assert_bits,
     on_device,
@@ -41,6 +43,8 @@ PAIR_SPECS = {
     "nvfp4": NVFP4,
     "nvfp4-sr": NVFP4_SR,
     "ue5m3-two-level-ceil-sr": QuantSpec.preset("mxfp4-ue5m3", scale_rule="ceil", rounding="sr"),
+    "away": MXFP4_AWAY,
+    "nvfp4-away": NVFP4_AWAY,
 }
 NVFP4_2D = QuantSpec.preset("nvfp4-2d")
 
@@ -143,6 +147,35 @@ def test_zeros_ties_and_tiny_and_huge_scales():
     x[34, :] = 3e38
     _check(x, Direction(MXFP4, None, values_dtype=torch.float32), Direction(CEIL, None))
     _check(x, Direction(CEIL, None), Direction(MXFP4_SR, 3, values_dtype=torch.float32))
+
+
+@pytest.mark.parametrize("spec", [MXFP4_AWAY, NVFP4_AWAY], ids=["mxfp4", "nvfp4"])
+def test_ties_away_from_zero_both_ways(spec):
+    """Each E2M1 tie t times s after the anchor 6 s (s = +-2^-3, +-1, +-2^4: exact under the
+    tensor scale too), along rows 0-5 and down columns 32-37: t rounded away from zero, times
+    s, in both directions; then zeros, subnormal inputs, a huge block and NaN / Inf against the
+    reference."""
+    anchor_and_ties = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]).repeat(4)
+    rounded = torch.tensor([6.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]).repeat(4)
+    x = torch.zeros(64, 64)
+    scales = [2.0**-3, -(2.0**-3), 1.0, -1.0, 2.0**4, -(2.0**4)]
+    for i, scale in enumerate(scales):
+        x[i, :32] = anchor_and_ties * scale
+        x[32:, 32 + i] = anchor_and_ties * scale
+    away = Direction(spec, None, values_dtype=torch.float32)
+    row_out, col_out = quantize_pair(on_device(x), away, away)
+    for i, scale in enumerate(scales):
+        expected = on_device(rounded * scale)
+        assert_bits(row_out.values[i, :32], expected, f"row {i}")
+        assert_bits(col_out.values[32:, 32 + i], expected, f"column {32 + i}")
+    _check(on_device(x), away, Direction(spec, None))
+    x = _input(64, 64, seed=13)
+    x[40:56, 48:] = 0.0
+    x[60, :] = 1e-40
+    x[61, :16] = 3e38
+    x[62, 3], x[20, 62] = NAN, -INF
+    _check(x, away, Direction(spec, None))
+    _check(x, Direction(spec, None), away)
 
 
 def test_tensor_seeds_and_seed_offsets_draw_the_reference_bits():

@@ -19,6 +19,7 @@ CONFIGS = {
     "tetrajet": load_recipe("tetrajet").linear,
     "tetrajet-qema": load_recipe("tetrajet-qema").linear,
     "tseng-rht-sr": load_recipe("tseng-rht-sr").linear,
+    "tseng-baseline": load_recipe("tseng-baseline").linear,  # BF16 forward, ties away
     # RHT-256 and -128 do not fit one tile: each direction runs on its own
     "wide-rht": LinearConfig(
         forward_x=CEIL,
@@ -167,6 +168,9 @@ def test_executor_choice_and_reasons():
     assert fast_gap(CONFIGS["tetrajet"]) is None
     assert fast_gap(load_recipe("nvfp4").linear) is None
     assert fast_gap(load_recipe("ue5m3-hadamard-sr").linear) is None
+    assert fast_gap(load_recipe("tseng-baseline").linear) is None
+    eden = LinearConfig(grad_input_dy=QuantSpec.preset("nvfp4-eden"))
+    assert fast_gap(eden) == "grad_input_dy: rounding 'eden' (kernels: rne, sr, away)"
     square_with_rht = LinearConfig(forward_w=NVFP4_2D, forward_hadamard=HadamardConfig(16))
     assert fast_gap(square_with_rht) == "forward_w: 2-D tiles with a Hadamard transform"
     doubled = LinearConfig(
@@ -184,6 +188,9 @@ def test_executor_summary_names_the_reference_and_why():
 
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8)).to(DEVICE)
     quantize_model(model, "tetrajet", seed=0, backend="triton")
+    assert executor_summary(model) == "quantized layers: 2 on the fast executor"
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8)).to(DEVICE)
+    quantize_model(model, "tseng-baseline", seed=0, skip=(), backend="triton")
     assert executor_summary(model) == "quantized layers: 2 on the fast executor"
     model = torch.nn.Sequential(torch.nn.Linear(32, 32)).to(DEVICE)
     quantize_model(model, "wang-fp4", seed=0, skip=())
