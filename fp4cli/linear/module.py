@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
+from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
 from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.quant import fake_quantize
@@ -73,13 +74,7 @@ class QuantLinear(nn.Linear):
         check_backend(backend)
         self.config = config
         self.backend = backend
-        self._fast_gap = (
-            "backend torch"
-            if backend == "torch"
-            else fast_gap(config)
-            if triton_available()
-            else "triton is not installed"
-        )
+        self._plan = _choose_executor(config, backend)
         self._interpreter = interpreter_on()
         self.stats: dict[tuple[str, str], torch.Tensor] | None = None  # set to {} to record
         self.rank = 0  # this process's rank in a distributed run: X and dY round per rank
@@ -108,10 +103,13 @@ class QuantLinear(nn.Linear):
                 self.calls.add_(1)
         with torch.autocast(device_type, enabled=False):
             rows = x.reshape(-1, self.in_features)
-            if self.stats is None and self.executor(rows)[0] == "fast":
+            executor = self.executor(rows)[0] if self.stats is None else "reference"
+            if executor == "fast":
                 y = FastQuantLinearFunction.apply(
                     rows, weight, bias, self.config, call_seed, self._weight_guide(), self.rank
                 )
+            elif executor == "vector":
+                y = VectorQuantLinearFunction.apply(rows, weight, bias, self.config)
             else:
                 y = QuantLinearFunction.apply(
                     rows,
@@ -128,14 +126,16 @@ class QuantLinear(nn.Linear):
 
     def executor(self, x: torch.Tensor | None = None) -> tuple[str, str]:
         """("fast", "") when this layer's training pass runs the fused executor (`fast.py`) on
-        an input like `x` (default: on the weight's device), else ("reference", why). Both
-        compute the same operands; steps that record statistics always take the reference."""
+        an input like `x` (default: on the weight's device), ("vector", "") when it runs the
+        vector-wise one (`fast_vector.py`), else ("reference", why). All compute the same
+        operands; steps that record statistics always take the reference."""
         device = x.device if x is not None else self.weight.device
-        if self._fast_gap is not None:
-            return "reference", self._fast_gap
+        name, why = self._plan
+        if name == "reference":
+            return name, why
         if device.type != "cuda" and not (self.backend == "triton" and self._interpreter):
             return "reference", f"a {device.type} tensor"
-        return "fast", ""
+        return name, ""
 
     def _weight_guide(self) -> torch.Tensor | None:
         """Q-EMA's guide for the forward weight's rounding, once the EMA has warmed up."""
@@ -166,6 +166,21 @@ class QuantLinear(nn.Linear):
     def extra_repr(self) -> str:
         backend = f", backend={self.backend}" if self.backend != "auto" else ""
         return f"{super().extra_repr()}, {self.config.summary()}{backend}"
+
+
+def _choose_executor(config: LinearConfig, backend: str) -> tuple[str, str]:
+    """("fast" | "vector" | "reference", why the reference) for a layer's config and backend."""
+    if backend == "torch":
+        return "reference", "backend torch"
+    if not triton_available():
+        return "reference", "triton is not installed"
+    fast = fast_gap(config)
+    if fast is None:
+        return "fast", ""
+    vector = vector_gap(config)
+    if vector is None:
+        return "vector", ""
+    return "reference", f"{fast}; vector-wise: {vector}"
 
 
 def quantize_model(
@@ -207,7 +222,8 @@ def quantized_layers(model: nn.Module) -> dict[str, QuantLinear]:
 
 def executor_summary(model: nn.Module) -> str:
     """Which executor the model's quantized layers run, and why any takes the reference: e.g.
-    "quantized layers: 48 on the fast executor" or "... 12 on the reference (DGE)"."""
+    "quantized layers: 48 on the fast executor", "... 48 on the vector-wise executor" or
+    "... 12 on the reference (a cpu tensor)"."""
     groups: dict[tuple[str, str], int] = {}
     for layer in quantized_layers(model).values():
         if layer.config.is_high_precision:
@@ -217,10 +233,17 @@ def executor_summary(model: nn.Module) -> str:
     if not groups:
         return "quantized layers: none"
     parts = [
-        f"{count} on the fast executor" if name == "fast" else f"{count} on the reference ({why})"
+        f"{count} on the {_EXECUTOR_NAMES[name]}" + (f" ({why})" if why else "")
         for (name, why), count in sorted(groups.items())
     ]
     return "quantized layers: " + ", ".join(parts)
+
+
+_EXECUTOR_NAMES = {
+    "fast": "fast executor",
+    "vector": "vector-wise executor",
+    "reference": "reference",
+}
 
 
 def update_qema(model: nn.Module) -> None:

@@ -43,6 +43,13 @@ class OutlierConfig:
             )
 
 
+def nearest_ranks(n: int, q: float) -> tuple[int, int]:
+    """The 0-based ranks, in a sorted row of n values, of the "nearest" (1 - q) and q
+    quantiles."""
+    low, high = (min(int(p * n), n - 1) for p in (1 - q, q))
+    return low, high
+
+
 def row_quantiles(
     x: torch.Tensor, q: float, method: str = "nearest"
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +57,7 @@ def row_quantiles(
     ordered = x.sort(dim=-1).values
     n = x.shape[-1]
     if method == "nearest":
-        low, high = (min(int(p * n), n - 1) for p in (1 - q, q))
+        low, high = nearest_ranks(n, q)
         return ordered[..., low : low + 1], ordered[..., high : high + 1]
 
     def at(p: float) -> torch.Tensor:

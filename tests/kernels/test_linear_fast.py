@@ -193,8 +193,14 @@ def test_executor_summary_names_the_reference_and_why():
     quantize_model(model, "tseng-baseline", seed=0, skip=(), backend="triton")
     assert executor_summary(model) == "quantized layers: 2 on the fast executor"
     model = torch.nn.Sequential(torch.nn.Linear(32, 32)).to(DEVICE)
-    quantize_model(model, "wang-fp4", seed=0, skip=())
-    assert executor_summary(model) == "quantized layers: 1 on the reference (DGE)"
+    quantize_model(model, "wang-fp4", seed=0, skip=(), backend="triton")
+    assert executor_summary(model) == "quantized layers: 1 on the vector-wise executor"
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32)).to(DEVICE)
+    quantize_model(model, LinearConfig(forward_w=CEIL, dge=DGEConfig()), seed=0)
+    assert executor_summary(model) == (
+        "quantized layers: 1 on the reference (DGE; vector-wise: forward_w: block 32 "
+        "(vector-wise kernels: row, column, tensor))"
+    )
 
 
 def test_nvfp4_saves_x_packed_with_its_tensor_amax():

@@ -1,0 +1,286 @@
+"""The quantized Linear's vector-wise executor: the operand plan of `function.py` for the configs
+whose operands have one power-of-two scale per row, per column or per tensor (Wang et al.'s
+`wang-fp4` and `wang-direct`: FP4 forward, FP8 backward), run on the kernels of
+`fp4cli.kernels.launch_vector`.
+
+    X   forward operand: per-row clamp (exact order statistics) + quantize, one program per
+        rows, values; backward operand (double quantization: of those values, whose amax the
+        same pass reduces): codes, one byte a value, saved instead of a 16-bit copy of X
+    W   forward operand: per-column amax (atomics) + quantize, values; backward operand
+        (per-tensor FP8 of those values, amax again from the same pass): values
+    dY  one per-tensor FP8 quantization (amax + quantize) shared by both backward GEMMs when
+        their specs give the same operand, as Wang et al.'s code shares it
+
+Each operand has the reference's bits; the GEMMs are the reference's calls on them, and DGE's
+factor is `fp4cli.techniques.dge.dge_derivative` itself on the weight over the forward scales
+the W pass wrote. No value is read back to the host.
+
+`vector_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
+every quantized operand an E2M1 / E4M3 / E5M2 spec with block row, column or tensor, E8M0
+scales and RNE; no Hadamard transform or Q-EMA; outlier clamping by the "nearest" method on a
+forward X with one scale per row (with or without compensation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fp4cli.linear.config import GEMMS, OPERANDS, LinearConfig
+from fp4cli.quant import QuantSpec
+from fp4cli.techniques.dge import dge_derivative
+from fp4cli.techniques.outliers import nearest_ranks
+
+
+def vector_gap(config: LinearConfig) -> str | None:
+    """Why the vector-wise executor cannot run `config`, or None when it can."""
+    from fp4cli.kernels.launch_vector import scaled_by, vector_spec_gap
+
+    for gemm in GEMMS:
+        if config.hadamard(gemm) is not None:
+            return f"{gemm}: a Hadamard transform"
+    if config.qema is not None:
+        return "Q-EMA"
+    for name in OPERANDS:
+        spec = config.spec(name)
+        gap = vector_spec_gap(spec) if spec is not None else None
+        if gap is not None:
+            return f"{name}: {gap}"
+    outliers = config.outliers
+    if outliers is not None:
+        if outliers.method != "nearest":
+            return f"outlier clamping by the {outliers.method!r} method"
+        assert config.forward_x is not None  # LinearConfig requires it with outliers
+        if scaled_by(config.forward_x, 1) != "row":
+            return "outlier clamping of a forward_x without one scale per row"
+    return None
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A backward operand kept between the passes: codes and scales (decoded with `spec` along
+    `axis`) or, with spec None, the values themselves."""
+
+    spec: QuantSpec | None
+    axis: int
+    dtype: torch.dtype
+
+    def values(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        if self.spec is None:
+            return tensors[0]
+        from fp4cli.kernels.launch_vector import decode_vector
+
+        codes, scales = tensors
+        return decode_vector(codes, scales, self.spec, self.axis, self.dtype)
+
+
+class _Workspace:
+    """Zeroed int32 amax slots for one pass of the layer, from one allocation."""
+
+    def __init__(self, sizes: list[int], device: torch.device) -> None:
+        self.parts: list[torch.Tensor | None] = [None] * len(sizes)
+        if not any(sizes):
+            return
+        buffer = torch.zeros(sum(sizes), dtype=torch.int32, device=device)
+        start = 0
+        for index, size in enumerate(sizes):
+            self.parts[index] = buffer[start : start + size] if size else None
+            start += size
+
+
+def _slots(spec: QuantSpec | None, axis: int, shape: torch.Size, needed: bool = True) -> int:
+    """Amax slots a quantization needs (none for per-row scales, reduced in one program)."""
+    from fp4cli.kernels.launch_vector import scale_count, scaled_by
+
+    if spec is None or not needed or scaled_by(spec, axis) == "row":
+        return 0
+    return scale_count(spec, axis, tuple(shape))
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """What is made of one source tensor (X or W, (rows, features)): its forward operand along
+    the features, and its backward operand along the rows when `backward_needed`."""
+
+    forward: QuantSpec | None
+    backward: QuantSpec | None
+    backward_needed: bool
+    double: bool
+    keep_codes: bool  # keep the backward operand as codes and scales (else values)
+    forward_scales: bool = False  # also return the forward operand's scales (DGE)
+
+    @property
+    def fused_amax(self) -> bool:
+        """The backward operand is a per-tensor quantization of the forward values: their
+        amax is reduced by the forward pass itself."""
+        from fp4cli.kernels.launch_vector import scaled_by
+
+        return (
+            self.backward_needed
+            and self.double
+            and self.forward is not None
+            and self.backward is not None
+            and scaled_by(self.backward, 0) == "tensor"
+        )
+
+    def slot_sizes(self, shape: torch.Size) -> list[int]:
+        """[fused amax, forward amax lines, backward amax lines] slots."""
+        backward_lines = 0 if self.fused_amax else _slots(self.backward, 0, shape)
+        return [
+            int(self.fused_amax),
+            _slots(self.forward, 1, shape),
+            backward_lines if self.backward_needed else 0,
+        ]
+
+
+def _source_operands(
+    tensor: torch.Tensor,
+    plan: SourcePlan,
+    dtype: torch.dtype,
+    slots: list[torch.Tensor | None],
+    clamp: Any = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], Kept, torch.Tensor | None]:
+    """(forward operand values, the kept backward operand's tensors and how to read them, the
+    forward scales when asked)."""
+    from fp4cli.kernels.launch_vector import quantize_vector
+
+    fused, forward_lines, backward_lines = slots
+    forward, scales = tensor, None
+    if plan.forward is not None:
+        forward, scales = quantize_vector(
+            tensor, plan.forward, 1, dtype, clamp=clamp, scales=plan.forward_scales,
+            amax_out=fused, workspace=forward_lines,
+        )  # fmt: skip
+    kept = Kept(plan.backward if plan.keep_codes else None, 0, dtype)
+    if not plan.backward_needed:
+        return forward, (), kept, scales
+    source = forward if plan.double else tensor
+    if plan.backward is None:
+        return forward, (source,), kept, scales
+    backward = quantize_vector(
+        source, plan.backward, 0, None if plan.keep_codes else dtype, scales=plan.keep_codes,
+        amax=fused, workspace=backward_lines,
+    )  # fmt: skip
+    tensors = backward if plan.keep_codes else backward[:1]
+    return forward, tuple(t for t in tensors if t is not None), kept, scales
+
+
+def _clamp(config: LinearConfig, features: int) -> Any:
+    from fp4cli.kernels.launch_vector import Clamp
+
+    if config.outliers is None:
+        return None
+    low, high = nearest_ranks(features, config.outliers.quantile)
+    return Clamp(low, high, config.outliers.compensate)
+
+
+def _gradient_operands(
+    grad_y: torch.Tensor,
+    specs: tuple[QuantSpec | None, QuantSpec | None],
+    needed: tuple[bool, bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """dY's grad_input operand (along out_features) and grad_weight operand (along tokens); one
+    quantization when both specs scale alike (per tensor, say)."""
+    from fp4cli.kernels.launch_vector import quantize_vector, scaled_by
+
+    (spec_dx, spec_dw), (need_dx, need_dw) = specs, needed
+    shared = (
+        need_dx
+        and need_dw
+        and spec_dx is not None
+        and spec_dx == spec_dw
+        and scaled_by(spec_dx, 1) == scaled_by(spec_dx, 0)
+    )
+    sizes = [
+        _slots(spec_dx, 1, grad_y.shape, need_dx),
+        0 if shared else _slots(spec_dw, 0, grad_y.shape, need_dw),
+    ]
+    slots = _Workspace(sizes, grad_y.device).parts
+
+    def operand(spec: QuantSpec | None, axis: int, slot: torch.Tensor | None) -> torch.Tensor:
+        if spec is None:
+            return grad_y
+        return quantize_vector(grad_y, spec, axis, grad_y.dtype, workspace=slot)[0]
+
+    rows = operand(spec_dx, 1, slots[0]) if need_dx else None
+    cols = rows if shared else operand(spec_dw, 0, slots[1]) if need_dw else None
+    return rows, cols
+
+
+def _dge_factor(weight: torch.Tensor, scales: torch.Tensor, config: LinearConfig) -> torch.Tensor:
+    """DGE's derivative on the scaled weight, the forward W pass's scales broadcast as the
+    reference's grid units divide by them."""
+    from fp4cli.kernels.launch_vector import scaled_by
+
+    spec = config.forward_w
+    assert spec is not None and config.dge is not None
+    by = scaled_by(spec, 1)
+    scale = scales[:, None] if by == "row" else scales[None, :] if by == "column" else scales
+    return dge_derivative(weight.to(torch.float32) / scale, spec.element_format, config.dge)
+
+
+class VectorQuantLinearFunction(torch.autograd.Function):
+    """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `vector_gap`
+    accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        config: LinearConfig,
+    ) -> torch.Tensor:
+        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
+        dge = config.dge is not None and needs_dw
+        x_plan = SourcePlan(
+            config.forward_x, config.grad_weight_x, needs_dw, config.double_quant, True
+        )
+        w_plan = SourcePlan(
+            config.forward_w, config.grad_input_w, needs_dx, config.double_quant, False, dge
+        )
+        x_sizes, w_sizes = x_plan.slot_sizes(x.shape), w_plan.slot_sizes(weight.shape)
+        slots = _Workspace(x_sizes + w_sizes, x.device).parts
+        x_q, x_kept, ctx.x_kept, _ = _source_operands(
+            x, x_plan, dtype, slots[:3], _clamp(config, x.shape[1])
+        )
+        w_q, w_kept, ctx.w_kept, w_scales = _source_operands(weight, w_plan, dtype, slots[3:])
+        y = F.linear(x_q, w_q, bias)
+        dge_tensors = (weight, w_scales) if dge and w_scales is not None else ()
+        ctx.save_for_backward(*x_kept, *w_kept, *dge_tensors)
+        ctx.split = (len(x_kept), len(x_kept) + len(w_kept))
+        ctx.config, ctx.has_bias = config, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor):
+        config: LinearConfig = ctx.config
+        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        saved = ctx.saved_tensors
+        x_kept, w_kept, dge_tensors = (
+            saved[: ctx.split[0]],
+            saved[ctx.split[0] : ctx.split[1]],
+            saved[ctx.split[1] :],
+        )
+        dy_rows, dy_cols = _gradient_operands(
+            grad_y.contiguous(),
+            (config.grad_input_dy, config.grad_weight_dy),
+            (needs_dx, needs_dw),
+        )
+        grad_x = grad_w = grad_b = None
+        if needs_dx:
+            assert dy_rows is not None
+            grad_x = dy_rows.mm(ctx.w_kept.values(w_kept))
+        if needs_dw:
+            assert dy_cols is not None
+            grad_w = ctx.x_kept.values(x_kept).t().mm(dy_cols).t()
+            if dge_tensors:
+                weight, scales = dge_tensors
+                grad_w = grad_w * _dge_factor(weight, scales, config).to(grad_w.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_y.sum(0)
+        return grad_x, grad_w, grad_b, None

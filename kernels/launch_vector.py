@@ -1,0 +1,186 @@
+"""Python side of the vector-wise kernels (`vector_wise.py`): which kernel quantizes a 2-D tensor
+along an axis with a row / column / tensor spec, their tiles, constants and launches.
+
+`quantize_vector` gives exactly the reference's `fake_quantize` values (signs of zero included)
+or codes and float32 scales that `decode_vector` turns into them. Nothing here reads a value
+back to the host, so the calls can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fp4cli.kernels.vector_wise import amax_kernel, decode_kernel, rows_kernel, scaled_kernel
+from fp4cli.quant.spec import QuantSpec
+
+VECTOR_ELEMENTS = ("e2m1", "e4m3", "e5m2")
+VECTOR_BLOCKS = ("row", "column", "tensor")
+BY_CODE = {"row": 0, "column": 1, "tensor": 2}
+ROW_CHUNK = 4096  # the longest row held in registers; longer rows are read in chunks
+TILE = (32, 128)  # the elementwise kernels' tile: rows, columns
+
+
+def vector_spec_gap(spec: QuantSpec) -> str | None:
+    """Why the vector-wise kernels cannot quantize with `spec`, or None when they can."""
+    if spec.element not in VECTOR_ELEMENTS:
+        return f"element {spec.element!r} (vector-wise kernels: {', '.join(VECTOR_ELEMENTS)})"
+    if spec.block not in VECTOR_BLOCKS:
+        return f"block {spec.block!r} (vector-wise kernels: row, column, tensor)"
+    if spec.scale != "e8m0":
+        return f"scale {spec.scale!r} (vector-wise kernels: e8m0)"
+    if spec.rounding != "rne":
+        return f"rounding {spec.rounding!r} (vector-wise kernels: rne)"
+    if spec.four_over_six:
+        return "four-over-six (the reference runs it)"
+    return None
+
+
+def scaled_by(spec: QuantSpec, axis: int) -> str:
+    """What one scale of `spec` along `axis` of a 2-D tensor covers: "row", "column" or
+    "tensor". Block "row" is the whole axis (axis 1: a row; axis 0: a column); block "column"
+    one position along it, across the other axis (axis 1: a column; axis 0: a row)."""
+    if spec.block == "tensor":
+        return "tensor"
+    along_rows = (spec.block == "row") == (axis == 1)
+    return "row" if along_rows else "column"
+
+
+def scale_count(spec: QuantSpec, axis: int, shape: tuple[int, ...]) -> int:
+    """How many scales (and amax slots) the tensor has."""
+    by = scaled_by(spec, axis)
+    return {"row": shape[0], "column": shape[1], "tensor": 1}[by]
+
+
+def element_constants(spec: QuantSpec) -> dict[str, object]:
+    """The element format's constexprs: its grid (MBITS, MIN_EXP, ELEM_MAX), its largest value
+    as 2^ELEM_MAX_EXP * (1 + ELEM_MAX_MANT / 2^23), the scale rule and the code's sign bit."""
+    fmt = spec.element_format
+    mantissa, exponent = math.frexp(fmt.max_value)  # max = mantissa * 2^exponent, in [0.5, 1)
+    return dict(
+        MBITS=fmt.mbits,
+        MIN_EXP=fmt.min_exponent,
+        ELEM_MAX=fmt.max_value,
+        ELEM_MAX_EXP=exponent - 1,
+        ELEM_MAX_MANT=int((mantissa * 2 - 1) * (1 << 23)),
+        CEIL=spec.scale_rule == "ceil",
+        SIGN_BIT=fmt.sign_bit,
+    )
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """Per-row clamping to the values of 0-based ascending ranks low and high, with the
+    clamped-off part added back to the written values when `residual`."""
+
+    low: int
+    high: int
+    residual: bool = False
+
+
+@torch.compiler.disable
+def quantize_vector(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int,
+    dtype: torch.dtype | None,
+    *,
+    clamp: Clamp | None = None,
+    scales: bool = False,
+    amax_out: torch.Tensor | None = None,
+    amax: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(values in `dtype`, or uint8 codes when dtype is None; float32 scales when `scales`) of a
+    contiguous 2-D `x` fake-quantized along `axis` with a row / column / tensor `spec`.
+
+    clamp: per-row clamping (only for scales by row). amax_out: a 1-element int32 tensor into
+    which the written values' largest |value| bits are maxed (for a per-tensor spec of them).
+    For column and tensor scales: `amax`, the int32 amax bits already reduced (`amax_out` of
+    the pass that wrote x), or `workspace`, zeroed int32 slots (`scale_count`) to reduce them
+    into (else allocated here)."""
+    by = scaled_by(spec, axis)
+    if clamp is not None and by != "row":
+        raise ValueError("clamping needs one scale per row")
+    rows, cols = x.shape
+    out = torch.empty(x.shape, dtype=dtype or torch.uint8, device=x.device)
+    scale_out = (
+        torch.empty(scale_count(spec, axis, x.shape), dtype=torch.float32, device=x.device)
+        if scales
+        else None
+    )
+    flags = dict(
+        WRITE_CODES=dtype is None, WRITE_SCALES=scales, AMAX_OUT=amax_out is not None,
+        **element_constants(spec),
+    )  # fmt: skip
+    if by == "row":
+        _launch_rows(x, out, scale_out, amax_out, clamp, flags)
+        return out, scale_out
+    if amax is None:
+        amax = line_amax(x, by, workspace)
+    br, bc = TILE
+    tiles_c = -(-cols // bc)
+    scaled_kernel[(-(-rows // br) * tiles_c,)](
+        x, amax, out, scale_out, amax_out, rows, cols, tiles_c,
+        BR=br, BC=bc, BY=BY_CODE[by], **flags, num_warps=4,
+    )  # fmt: skip
+    return out, scale_out
+
+
+def _launch_rows(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    scale_out: torch.Tensor | None,
+    amax_out: torch.Tensor | None,
+    clamp: Clamp | None,
+    flags: dict[str, object],
+) -> None:
+    rows, cols = x.shape
+    bc = min(_pow2_at_least(cols), ROW_CHUNK)
+    br = max(1, min(_pow2_at_least(rows), ROW_CHUNK // bc))
+    rows_kernel[(-(-rows // br),)](
+        x, out, scale_out, amax_out, rows, cols,
+        clamp.low if clamp else 0, clamp.high if clamp else 0,
+        BR=br, BC=bc, ONE_CHUNK=cols <= bc, CLAMP=clamp is not None,
+        RESIDUAL=clamp is not None and clamp.residual, **flags,
+        num_warps=8 if br * bc >= 4096 else 4,
+    )  # fmt: skip
+
+
+@torch.compiler.disable
+def line_amax(x: torch.Tensor, by: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The largest |x| bits (int32) of each column (by "column") or of the tensor (by
+    "tensor") of a contiguous 2-D x, maxed into `out` (zeroed here when not given)."""
+    rows, cols = x.shape
+    if out is None:
+        out = torch.zeros(cols if by == "column" else 1, dtype=torch.int32, device=x.device)
+    br, bc = TILE
+    tiles_c = -(-cols // bc)
+    amax_kernel[(-(-rows // br) * tiles_c,)](
+        x, out, rows, cols, tiles_c, BR=br, BC=bc, BY=BY_CODE[by], num_warps=4
+    )
+    return out
+
+
+@torch.compiler.disable
+def decode_vector(
+    codes: torch.Tensor, scales: torch.Tensor, spec: QuantSpec, axis: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The values (in `dtype`) of the codes and scales `quantize_vector` wrote."""
+    rows, cols = codes.shape
+    out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
+    fmt = spec.element_format
+    br, bc = TILE
+    tiles_c = -(-cols // bc)
+    decode_kernel[(-(-rows // br) * tiles_c,)](
+        codes, scales, out, rows, cols, tiles_c,
+        BR=br, BC=bc, BY=BY_CODE[scaled_by(spec, axis)], MBITS=fmt.mbits,
+        MIN_EXP=fmt.min_exponent, MAX_CODE=fmt.max_code, SIGN_BIT=fmt.sign_bit, num_warps=4,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,356 @@
+"""Vector-wise quantization of 2-D tensors: one power-of-two (E8M0) scale per row, per column or
+per tensor, elements E2M1, E4M3 or E5M2 rounded to nearest even (`fp4cli.quant.reference` with
+block "row", "column" or "tensor"), and Wang et al.'s per-row outlier clamp fused into the
+per-row pass.
+
+- `rows_kernel`: a program per block of rows. It finds each row's clamp thresholds (exact order
+  statistics: a bitwise search on the values' order keys, `row_thresholds`), clamps, reduces
+  the row's amax and quantizes, holding the row in registers when it fits one chunk and looping
+  over column chunks otherwise (the repeated reads then come from the cache).
+- `amax_kernel` + `scaled_kernel`: per-column or per-tensor scales, whose amax spans programs:
+  the first reduces the finite amax (and whether anything is NaN or Inf) into an int32 buffer
+  with atomics, the second quantizes elementwise with the scales derived from it.
+- `decode_kernel`: values from the codes and scales the first two write.
+
+Amaxes are kept as the bits of |x|: for non-negative floats the integer order is the float order,
+and NaN and Inf have the largest bits, so one integer max gives both the amax and whether the
+line is finite. Elements are rounded by `round_unsigned_minifloat` (bit arithmetic, saturating);
+values are written signed as the reference's (the sign of a value rounded to zero kept), codes as
+sign << (bits - 1) | magnitude code, one per byte (the FP8 formats' own bit patterns).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from fp4cli.kernels.tile_ops import (
+    e8m0_exponent,
+    pow2,
+    round_unsigned_minifloat,
+    unsigned_minifloat_value,
+)
+
+INT32_MIN = tl.constexpr(-2147483648)
+INT32_MAX = tl.constexpr(2147483647)
+NON_FINITE_BITS = tl.constexpr(0x7F800000)
+BY_ROW = tl.constexpr(0)
+BY_COLUMN = tl.constexpr(1)
+BY_TENSOR = tl.constexpr(2)
+
+
+@triton.jit
+def order_key(x):
+    """An int32 key per float32 value, ordered as torch.sort orders the values: NaN (any sign)
+    after +Inf, and -0.0 the same key as +0.0 (the two compare equal)."""
+    bits = x.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = tl.where(key == -1, 0, key)
+    return tl.where(x != x, INT32_MAX, key)
+
+
+@triton.jit
+def key_value(key):
+    """The float32 value of an order key (NaN for the NaN key)."""
+    bits = key ^ ((key >> 31) & 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def block_at(first_row, first_col, R, C, BR: tl.constexpr, BC: tl.constexpr):
+    """(offsets, mask) of the [BR, BC] block at (first_row, first_col) of a contiguous (R, C)."""
+    rows = first_row + tl.arange(0, BR)
+    cols = first_col + tl.arange(0, BC)
+    mask = (rows < R)[:, None] & (cols < C)[None, :]
+    return rows.to(tl.int64)[:, None] * C + cols[None, :], mask
+
+
+@triton.jit
+def _counts_below(keys, x_ptr, first_row, R, C, trial_low, trial_high,
+                  BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr):  # fmt: skip
+    """How many keys of each row lie below trial_low and below trial_high ([BR] each): from
+    the register tile `keys`, or by reading the rows chunk by chunk."""
+    if ONE_CHUNK:
+        below_low = tl.sum((keys < trial_low[:, None]).to(tl.int32), axis=1)
+        below_high = tl.sum((keys < trial_high[:, None]).to(tl.int32), axis=1)
+    else:
+        below_low = tl.zeros([BR], tl.int32)
+        below_high = tl.zeros([BR], tl.int32)
+        for start in range(0, C, BC):
+            offsets, mask = block_at(first_row, start, R, C, BR, BC)
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            chunk_keys = tl.where(mask, order_key(x), INT32_MAX)
+            below_low += tl.sum((chunk_keys < trial_low[:, None]).to(tl.int32), axis=1)
+            below_high += tl.sum((chunk_keys < trial_high[:, None]).to(tl.int32), axis=1)
+    return below_low, below_high
+
+
+@triton.jit
+def row_thresholds(keys, x_ptr, first_row, R, C, low_rank, high_rank,
+                   BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr):  # fmt: skip
+    """The values of 0-based ascending ranks low_rank and high_rank of each row ([BR] float32).
+
+    The value of rank r is the largest key t with fewer than r + 1 keys below it; t is built bit
+    by bit from the top (the sign first, as int32 keys are signed), keeping each bit whose
+    trial still has at most r keys below. Exact, with no sort: 32 counting passes."""
+    zero = tl.zeros([BR], tl.int32)
+    below_low, below_high = _counts_below(
+        keys, x_ptr, first_row, R, C, zero, zero, BR, BC, ONE_CHUNK
+    )
+    low = tl.where(below_low <= low_rank, zero, INT32_MIN)
+    high = tl.where(below_high <= high_rank, zero, INT32_MIN)
+    for step in tl.static_range(31):
+        trial_low = low | (1 << (30 - step))
+        trial_high = high | (1 << (30 - step))
+        below_low, below_high = _counts_below(
+            keys, x_ptr, first_row, R, C, trial_low, trial_high, BR, BC, ONE_CHUNK
+        )
+        low = tl.where(below_low <= low_rank, trial_low, low)
+        high = tl.where(below_high <= high_rank, trial_high, high)
+    return key_value(low), key_value(high)
+
+
+@triton.jit
+def clamp_rows(x, low, high):
+    """x clamped to [low, high] per row (NaN stays NaN)."""
+    return tl.where(x < low[:, None], low[:, None], tl.where(x > high[:, None], high[:, None], x))
+
+
+@triton.jit
+def magnitude_bits(x, mask):
+    """The bits of |x| as int32 (0 outside the mask)."""
+    return tl.where(mask, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0)
+
+
+@triton.jit
+def scale_exponent(amax_bits, ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr,
+                   CEIL: tl.constexpr):  # fmt: skip
+    """(E8M0 exponent, finite) of lines whose |x| bits reduce to amax_bits."""
+    finite = amax_bits < NON_FINITE_BITS
+    amax = tl.where(finite, amax_bits, 0).to(tl.float32, bitcast=True)
+    return e8m0_exponent(amax, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL), finite
+
+
+@triton.jit
+def quantized_values(x, exponent, finite, MBITS: tl.constexpr, MIN_EXP: tl.constexpr,
+                     ELEM_MAX: tl.constexpr):  # fmt: skip
+    """(float32 values q * 2^exponent signed as x, NaN where not finite; magnitude codes;
+    whether x is negative) of a tile, `exponent` and `finite` broadcast to its shape."""
+    magnitude = tl.abs(x) * pow2(-exponent)  # exact: a power of two
+    rounded, code = round_unsigned_minifloat(magnitude, MBITS, MIN_EXP, ELEM_MAX, False, True)
+    value = rounded * pow2(exponent)
+    negative = x.to(tl.int32, bitcast=True) < 0
+    value = tl.where(negative, -value, value)
+    return tl.where(finite, value, float("nan")), code, negative
+
+
+@triton.jit
+def store_quantized(out_ptr, offsets, mask, value, code, negative, SIGN_BIT: tl.constexpr,
+                    WRITE_CODES: tl.constexpr):  # fmt: skip
+    """Values in the output's dtype, or codes (sign bit | magnitude code) as uint8; returns
+    the bits of |value as written| (for a following per-tensor amax)."""
+    if WRITE_CODES:
+        signed = code | tl.where(negative, SIGN_BIT, 0)
+        tl.store(out_ptr + offsets, signed.to(tl.uint8), mask=mask)
+        written = value
+    else:
+        written = value.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + offsets, written, mask=mask)
+    return magnitude_bits(written.to(tl.float32), mask)
+
+
+@triton.jit
+def _finish_rows(x_ptr, out_ptr, offsets, mask, x, low, high, exponent, finite,
+                 CLAMP: tl.constexpr, RESIDUAL: tl.constexpr, MBITS: tl.constexpr,
+                 MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr, SIGN_BIT: tl.constexpr,
+                 WRITE_CODES: tl.constexpr):  # fmt: skip
+    """Quantize and store one [BR, BC] chunk of rows; returns the written |values|' max bits."""
+    clamped = x
+    if CLAMP:
+        clamped = clamp_rows(x, low, high)
+    value, code, negative = quantized_values(
+        clamped, exponent[:, None], finite[:, None], MBITS, MIN_EXP, ELEM_MAX
+    )
+    if RESIDUAL:  # compensation: (value in x's dtype) + (x - clamped in x's dtype), rounded once
+        dtype = x_ptr.dtype.element_ty
+        residual = (x - clamped).to(dtype).to(tl.float32)
+        value = value.to(dtype).to(tl.float32) + residual
+    written = store_quantized(out_ptr, offsets, mask, value, code, negative, SIGN_BIT, WRITE_CODES)
+    return tl.max(written, axis=1)
+
+
+@triton.jit
+def rows_kernel(
+    x_ptr, out_ptr, scales_ptr, amax_out_ptr,
+    R, C, low_rank, high_rank,
+    BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    CLAMP: tl.constexpr, RESIDUAL: tl.constexpr, WRITE_CODES: tl.constexpr,
+    WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
+    MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
+    ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr, CEIL: tl.constexpr,
+    SIGN_BIT: tl.constexpr,
+):  # fmt: skip
+    """One scale per row of a contiguous (R, C) tensor, rows clamped to their values of ranks
+    low_rank and high_rank first when CLAMP (with RESIDUAL, the clamped-off part added back to
+    the written values). Writes values (or codes), the scales as float32 (NaN for a non-finite
+    row) when WRITE_SCALES, and atomically maxes the written |values|' bits into amax_out_ptr
+    when AMAX_OUT."""
+    first_row = tl.program_id(0) * BR
+    rows_ok = (first_row + tl.arange(0, BR)) < R
+    low = tl.zeros([BR], tl.float32)
+    high = low
+    if ONE_CHUNK:
+        offsets, mask = block_at(first_row, 0, R, C, BR, BC)
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if CLAMP:
+            keys = tl.where(mask, order_key(x), INT32_MAX)
+            low, high = row_thresholds(
+                keys, x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, True
+            )
+            amax_bits = tl.max(magnitude_bits(clamp_rows(x, low, high), mask), axis=1)
+        else:
+            amax_bits = tl.max(magnitude_bits(x, mask), axis=1)
+        exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
+        written = _finish_rows(
+            x_ptr, out_ptr, offsets, mask, x, low, high, exponent, finite, CLAMP, RESIDUAL,
+            MBITS, MIN_EXP, ELEM_MAX, SIGN_BIT, WRITE_CODES,
+        )  # fmt: skip
+    else:
+        if CLAMP:
+            low, high = row_thresholds(
+                low, x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, False
+            )
+        amax_bits = tl.zeros([BR], tl.int32)
+        for start in range(0, C, BC):
+            offsets, mask = block_at(first_row, start, R, C, BR, BC)
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            if CLAMP:
+                x = clamp_rows(x, low, high)
+            amax_bits = tl.maximum(amax_bits, tl.max(magnitude_bits(x, mask), axis=1))
+        exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
+        written = tl.zeros([BR], tl.int32)
+        for start in range(0, C, BC):
+            offsets, mask = block_at(first_row, start, R, C, BR, BC)
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            chunk_max = _finish_rows(
+                x_ptr, out_ptr, offsets, mask, x, low, high, exponent, finite, CLAMP, RESIDUAL,
+                MBITS, MIN_EXP, ELEM_MAX, SIGN_BIT, WRITE_CODES,
+            )  # fmt: skip
+            written = tl.maximum(written, chunk_max)
+    if WRITE_SCALES:
+        scale = tl.where(finite, pow2(exponent), float("nan"))
+        tl.store(scales_ptr + first_row + tl.arange(0, BR), scale, mask=rows_ok)
+    if AMAX_OUT:
+        tl.atomic_max(amax_out_ptr, tl.max(written, axis=0))
+
+
+@triton.jit
+def line_index(first_row, first_col, BR: tl.constexpr, BC: tl.constexpr, BY: tl.constexpr):
+    """The scale index of each row (BY_ROW), column (BY_COLUMN) or of the tensor (0)."""
+    if BY == BY_ROW:
+        index = first_row + tl.arange(0, BR)
+    elif BY == BY_COLUMN:
+        index = first_col + tl.arange(0, BC)
+    else:
+        index = tl.zeros([1], tl.int32)
+    return index
+
+
+@triton.jit
+def line_ok(index, R, C, BY: tl.constexpr):
+    """Which scale indices exist."""
+    if BY == BY_ROW:
+        ok = index < R
+    elif BY == BY_COLUMN:
+        ok = index < C
+    else:
+        ok = index < 1
+    return ok
+
+
+@triton.jit
+def _expand(line_values, BY: tl.constexpr):
+    """Per-line values broadcastable against a [BR, BC] tile."""
+    if BY == BY_ROW:  # noqa: SIM108 (a constexpr branch, resolved when compiling)
+        out = line_values[:, None]
+    else:
+        out = line_values[None, :]
+    return out
+
+
+@triton.jit
+def amax_kernel(
+    x_ptr, amax_ptr, R, C, tiles_c,
+    BR: tl.constexpr, BC: tl.constexpr, BY: tl.constexpr,
+):  # fmt: skip
+    """Atomically max the |x| bits of each column (BY_COLUMN) or of the whole tensor
+    (BY_TENSOR) of a contiguous (R, C) tensor into the int32 buffer at amax_ptr (zeroed)."""
+    pid = tl.program_id(0)
+    first_row, first_col = (pid // tiles_c) * BR, (pid % tiles_c) * BC
+    offsets, mask = block_at(first_row, first_col, R, C, BR, BC)
+    bits = magnitude_bits(tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32), mask)
+    if BY == BY_COLUMN:
+        cols = first_col + tl.arange(0, BC)
+        tl.atomic_max(amax_ptr + cols, tl.max(bits, axis=0), mask=cols < C)
+    else:
+        tl.atomic_max(amax_ptr, tl.max(tl.max(bits, axis=1), axis=0))
+
+
+@triton.jit
+def scaled_kernel(
+    x_ptr, amax_ptr, out_ptr, scales_ptr, amax_out_ptr,
+    R, C, tiles_c,
+    BR: tl.constexpr, BC: tl.constexpr, BY: tl.constexpr,
+    WRITE_CODES: tl.constexpr, WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
+    MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
+    ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr, CEIL: tl.constexpr,
+    SIGN_BIT: tl.constexpr,
+):  # fmt: skip
+    """Quantize a tile of a contiguous (R, C) tensor with the scales of the amax bits
+    `amax_kernel` reduced (per column or per tensor). The programs of the first row of tiles
+    write the scales (float32, NaN where not finite) when WRITE_SCALES; AMAX_OUT as in
+    `rows_kernel`."""
+    pid = tl.program_id(0)
+    first_row, first_col = (pid // tiles_c) * BR, (pid % tiles_c) * BC
+    offsets, mask = block_at(first_row, first_col, R, C, BR, BC)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    index = line_index(first_row, first_col, BR, BC, BY)
+    index_ok = line_ok(index, R, C, BY)
+    amax_bits = tl.load(amax_ptr + index, mask=index_ok, other=0)
+    exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
+    value, code, negative = quantized_values(
+        x, _expand(exponent, BY), _expand(finite, BY), MBITS, MIN_EXP, ELEM_MAX
+    )
+    written = store_quantized(out_ptr, offsets, mask, value, code, negative, SIGN_BIT, WRITE_CODES)
+    if WRITE_SCALES:
+        if BY == BY_ROW:  # noqa: SIM108 (a constexpr branch)
+            first_of_line = first_col == 0
+        else:
+            first_of_line = first_row == 0
+        if first_of_line:
+            scale = tl.where(finite, pow2(exponent), float("nan"))
+            tl.store(scales_ptr + index, scale, mask=index_ok)
+    if AMAX_OUT:
+        tl.atomic_max(amax_out_ptr, tl.max(tl.max(written, axis=1), axis=0))
+
+
+@triton.jit
+def decode_kernel(
+    codes_ptr, scales_ptr, out_ptr, R, C, tiles_c,
+    BR: tl.constexpr, BC: tl.constexpr, BY: tl.constexpr,
+    MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_CODE: tl.constexpr,
+    SIGN_BIT: tl.constexpr,
+):  # fmt: skip
+    """Values (out's dtype) of the codes and float32 scales (per row, column or tensor) that
+    `rows_kernel` or `scaled_kernel` wrote: magnitude * scale, signed."""
+    pid = tl.program_id(0)
+    first_row, first_col = (pid // tiles_c) * BR, (pid % tiles_c) * BC
+    offsets, mask = block_at(first_row, first_col, R, C, BR, BC)
+    code = tl.load(codes_ptr + offsets, mask=mask, other=0).to(tl.int32)
+    index = line_index(first_row, first_col, BR, BC, BY)
+    index_ok = line_ok(index, R, C, BY)
+    scale = tl.load(scales_ptr + index, mask=index_ok, other=1.0)
+    magnitude = unsigned_minifloat_value(code & (SIGN_BIT - 1), MBITS, MIN_EXP, MAX_CODE)
+    value = magnitude * _expand(scale, BY)
+    value = tl.where((code & SIGN_BIT) != 0, -value, value)
+    tl.store(out_ptr + offsets, value.to(out_ptr.dtype.element_ty), mask=mask)
