@@ -1,0 +1,169 @@
+"""The vector-wise kernels (kernels/vector_wise.py, kernels/launch_vector.py) against the reference
+quantizer: one E8M0 scale per row, column or tensor, E2M1 / E4M3 / E5M2 elements, the fused
+per-row outlier clamp, bit for bit (signs of zero included) on ragged shapes and edge values."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fp4cli.kernels.launch_vector as launch_vector
+from fp4cli.kernels.launch_vector import Clamp, decode_vector, quantize_vector
+from fp4cli.quant import QuantSpec, fake_quantize, quantize
+from fp4cli.techniques.outliers import OutlierConfig, clamp_outliers, nearest_ranks
+from tests.kernel_cases import DEVICE, FP32_MAX, INF, NAN, assert_bits, assert_same_up_to_zero_sign
+
+SPECS = {
+    "fp4-row": QuantSpec.preset("fp4-row"),
+    "fp4-column": QuantSpec.preset("fp4-column"),
+    "fp4-row-floor": QuantSpec(block="row"),
+    "e4m3-tensor": QuantSpec.preset("fp8-e4m3-tensor"),
+    "e5m2-tensor": QuantSpec.preset("fp8-e5m2-tensor"),
+    "e4m3-row-floor": QuantSpec(element="e4m3", block="row"),
+    "e5m2-column": QuantSpec(element="e5m2", block="column", scale_rule="ceil"),
+}
+
+
+def _edge_tensor(rows=37, cols=45, seed=0):
+    """Gaussian values with a NaN row, an Inf row, an all-zero row, huge, tiny (subnormal) and
+    tie values, and negative zeros."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=generator) * 3
+    x[1, 4] = NAN
+    x[2, 7] = -INF
+    x[3] = 0.0
+    x[4, :5] = torch.tensor([FP32_MAX, -FP32_MAX, 1e38, -2.5e-38, 1.0])
+    x[5] = torch.tensor([1e-40, -3e-42, 2e-45]).repeat(cols)[:cols]  # subnormal values
+    x[6, :8] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.0])  # E2M1 ties at scale 1
+    x[6, 8] = 6.0
+    x[7, :4] = torch.tensor([-0.0, 0.01, -0.001, 0.0])
+    return x.to(DEVICE)
+
+
+def _check(x, spec, axis, **kwargs):
+    """Values, codes decoded and scales against the reference."""
+    reference = fake_quantize(x, spec, axis=axis, backend="torch")
+    values, scales = quantize_vector(x, spec, axis, x.dtype, scales=True, **kwargs)
+    assert_bits(values, reference, f"values {spec.short()} axis {axis}")
+    codes, code_scales = quantize_vector(x, spec, axis, None, scales=True, **kwargs)
+    assert codes.dtype == torch.uint8
+    decoded = decode_vector(codes, code_scales, spec, axis, x.dtype)
+    assert_bits(decoded, reference, f"decoded {spec.short()} axis {axis}")
+    expected_scales = quantize(x, spec, axis=axis, backend="torch").scale_values().reshape(-1)
+    if spec.block == "column" and spec.packed:  # the reference pads the axis to whole bytes
+        expected_scales = expected_scales[: x.shape[axis]]
+    assert_bits(scales, expected_scales, "scales")
+    return values
+
+
+@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_every_operand_matches_the_reference_bit_for_bit(name, axis):
+    _check(_edge_tensor(), SPECS[name], axis)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 9), (9, 1), (3, 130), (70, 3)])
+def test_ragged_and_degenerate_shapes(shape):
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 100).to(DEVICE)
+    for spec in (SPECS["fp4-row"], SPECS["fp4-column"], SPECS["e5m2-tensor"]):
+        for axis in (0, 1):
+            _check(x, spec, axis)
+
+
+def test_all_zero_and_non_finite_tensors():
+    zeros = torch.zeros(5, 7, device=DEVICE)
+    negative_zeros = -zeros
+    for spec in SPECS.values():
+        for x in (zeros, negative_zeros):
+            assert_bits(_check(x, spec, 1), x, "zeros stay zeros, their signs too")
+    single_inf = torch.ones(5, 7, device=DEVICE)
+    single_inf[2, 3] = INF
+    values = _check(single_inf, SPECS["e4m3-tensor"], 0)
+    assert values.isnan().all()
+
+
+def test_long_rows_are_read_in_chunks(monkeypatch):
+    """Rows longer than the chunk a program holds loop over it (the same bits)."""
+    monkeypatch.setattr(launch_vector, "ROW_CHUNK", 16)
+    x = _edge_tensor(9, 45, seed=2)
+    for spec in (SPECS["fp4-row"], SPECS["e4m3-row-floor"]):
+        _check(x, spec, 1)
+    _check_clamp(x, 0.9)
+
+
+def _check_clamp(x, quantile, residual=False):
+    """The fused clamp (+ quantize) against clamp_outliers + fake_quantize, up to the sign of a
+    zero threshold (torch.sort leaves the order of -0.0 and 0.0 open)."""
+    spec = SPECS["fp4-row"]
+    config = OutlierConfig(quantile, compensate=residual, method="nearest")
+    clamped, rest = clamp_outliers(x, config)
+    expected = fake_quantize(clamped, spec, axis=1, backend="torch")
+    if residual:
+        expected = (expected.float() + rest.float()).to(x.dtype)
+    ranks = nearest_ranks(x.shape[1], quantile)
+    got, _ = quantize_vector(x, spec, 1, x.dtype, clamp=Clamp(*ranks, residual))
+    assert_same_up_to_zero_sign(got, expected, f"clamp q={quantile}")
+
+
+@pytest.mark.parametrize("quantile", [0.99, 0.9, 0.75])
+def test_clamp_equals_the_reference_quantiles(quantile):
+    x = _edge_tensor(23, 150, seed=3)
+    x[8, :20] = 9.0  # ties at the top
+    x[9, :] = torch.arange(150.0) % 3  # ties everywhere, zeros at the bottom
+    x[10, :2] = torch.tensor([INF, -INF])  # clamped away: one value beyond each rank
+    x[11, :] = INF
+    x[12, :] = torch.linspace(-1e-40, 1e-40, 150)
+    _check_clamp(x, quantile)
+
+
+def test_short_rows_are_not_clamped():
+    """Rows shorter than 1 / (1 - q) keep every value (the ranks are the row's ends)."""
+    x = _edge_tensor(12, 45, seed=4)
+    assert nearest_ranks(45, 0.99) == (0, 44)
+    _check_clamp(x, 0.99)
+
+
+def test_compensation_adds_the_residual_once():
+    _check_clamp(_edge_tensor(15, 120, seed=5), 0.95, residual=True)
+
+
+def test_fused_amax_feeds_a_per_tensor_spec_of_the_written_values():
+    """Double quantization: the forward pass reduces the amax of what it writes, and the
+    per-tensor FP8 cast of those values from it equals the reference's."""
+    x = _edge_tensor(19, 33, seed=6)
+    x[1, 4] = 2.0  # finite: otherwise everything downstream is NaN
+    x[2, 7] = -1.0
+    amax = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    forward, _ = quantize_vector(x, SPECS["fp4-row"], 1, x.dtype, amax_out=amax)
+    spec = SPECS["e4m3-tensor"]
+    codes, scales = quantize_vector(forward, spec, 0, None, scales=True, amax=amax)
+    expected = fake_quantize(forward, spec, axis=0, backend="torch")
+    assert_bits(decode_vector(codes, scales, spec, 0, x.dtype), expected, "double quantized")
+    assert amax.item() == forward.abs().max().view(torch.int32).item()
+
+
+def test_specs_the_kernels_refuse_are_named():
+    gap = launch_vector.vector_spec_gap
+    assert gap(QuantSpec.preset("mxfp4")) == ("block 32 (vector-wise kernels: row, column, tensor)")
+    assert gap(QuantSpec.preset("fp8-e4m3")) == "scale 'fp32' (vector-wise kernels: e8m0)"
+    assert gap(QuantSpec(element="int4", block="row")) == (
+        "element 'int4' (vector-wise kernels: e2m1, e4m3, e5m2)"
+    )
+    assert gap(QuantSpec(block="row", rounding="sr")) == "rounding 'sr' (vector-wise kernels: rne)"
+    with pytest.raises(ValueError, match="one scale per row"):
+        quantize_vector(torch.ones(4, 4, device=DEVICE), SPECS["fp4-column"], 1, None,
+                        clamp=Clamp(0, 3))  # fmt: skip
+
+
+def test_the_vector_wise_launches_compile_for_hopper():
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.hopper_compile_vector"],
+        cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "15"
