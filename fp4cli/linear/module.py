@@ -119,10 +119,16 @@ class QuantLinear(nn.Linear):
                     call_seed,
                     self._weight_guide(),
                     self.stats,
-                    self.backend,
+                    self._reference_backend(),
                     self.rank,
                 )
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _reference_backend(self) -> str:
+        """The quantizers' backend when this layer runs the reference executor. A layer on the
+        vector-wise executor has operands the E2M1 kernels do not take: its statistics steps
+        quantize them with "auto" (the same bits) rather than fail under "triton"."""
+        return "auto" if self._plan[0] == "vector" else self.backend
 
     def executor(self, x: torch.Tensor | None = None) -> tuple[str, str]:
         """("fast", "") when this layer's training pass runs the fused executor (`fast.py`) on

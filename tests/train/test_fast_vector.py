@@ -1,0 +1,172 @@
+"""The quantized Linear's vector-wise executor (fp4cli/linear/fast_vector.py) against the reference
+executor (fp4cli/linear/function.py): outputs and all three gradients bit for bit in float32,
+what is kept for the backward pass, which configs it takes, and a training run of wang-fp4
+with the same losses."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from fp4cli import LinearConfig, QuantLinear, QuantSpec, quantize_model
+from fp4cli.linear import executor_summary
+from fp4cli.linear.fast_vector import vector_gap
+from fp4cli.recipes import load_recipe
+from fp4cli.store import RunStore
+from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConfig
+from fp4cli.train import run_training
+from fp4cli.train.progress import SilentReporter
+from tests.kernel_cases import DEVICE
+
+WANG = load_recipe("wang-fp4").linear
+DIRECT = load_recipe("wang-direct").linear
+CLAMP = OutlierConfig(0.99, compensate=False, method="nearest")
+E4M3_ROW = QuantSpec(element="e4m3", block="row")
+CONFIGS = {
+    "wang-fp4": WANG,
+    "wang-direct": DIRECT,
+    "dge-only": dataclasses.replace(DIRECT, dge=DGEConfig(k=5, cap=3.0)),
+    "clamp-only": dataclasses.replace(DIRECT, outliers=CLAMP),
+    "compensated": dataclasses.replace(WANG, outliers=OutlierConfig(0.9, compensate=True)),
+    "paper": dataclasses.replace(
+        WANG, forward_w=QuantSpec.preset("fp4-row"), dge=DGEConfig(k=3, cap=3.0)
+    ),
+    "single-quantization": dataclasses.replace(WANG, double_quant=False),
+    # per-row / per-column FP8 backward operands, floor scales, a high-precision dY for dW
+    "fp8-lines": LinearConfig(
+        forward_x=QuantSpec(block="row"),
+        forward_w=QuantSpec(block="column"),
+        grad_input_dy=E4M3_ROW,
+        grad_input_w=QuantSpec(element="e5m2", block="column"),
+        grad_weight_x=E4M3_ROW,
+        double_quant=True,
+        outliers=CLAMP,
+    ),
+    "forward-only": LinearConfig(forward_x=QuantSpec.preset("fp4-row"), forward_w=E4M3_ROW),
+}
+
+
+def _layer(config, backend, in_features=96, out_features=70, bias=True):
+    torch.manual_seed(1)
+    return QuantLinear(
+        in_features, out_features, bias=bias, config=config, seed=3, backend=backend
+    ).to(DEVICE)
+
+
+def _run(layer, x, grad_y, calls=2):
+    results = []
+    for _ in range(calls):
+        x_in = x.detach().clone().requires_grad_(x.requires_grad)
+        layer.zero_grad()
+        y = layer(x_in)
+        y.backward(grad_y)
+        results.append((y.detach(), x_in.grad, *(p.grad for p in layer.parameters())))
+    return results
+
+
+def _assert_same(vector, reference):
+    for vector_call, reference_call in zip(vector, reference, strict=True):
+        for a, b in zip(vector_call, reference_call, strict=True):
+            assert (a is None and b is None) or torch.equal(a, b)
+
+
+def _inputs(shape=(2, 37, 96), out_features=70, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=generator) * 3
+    x.view(-1, shape[-1])[5, 7] = 40.0  # an outlier the clamp takes off
+    grad_y = torch.randn(*shape[:-1], out_features, generator=generator)
+    return x.to(DEVICE).requires_grad_(), grad_y.to(DEVICE)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_vector_executor_matches_the_reference_bit_for_bit(name):
+    vector, reference = _layer(CONFIGS[name], "triton"), _layer(CONFIGS[name], "torch")
+    assert vector.executor() == ("vector", "")
+    x, grad_y = _inputs()
+    _assert_same(_run(vector, x, grad_y), _run(reference, x, grad_y))
+
+
+def test_ragged_shapes_frozen_weights_and_no_bias():
+    x, grad_y = _inputs((19, 45), 33, seed=2)
+    for bias in (True, False):
+        vector = _layer(WANG, "triton", 45, 33, bias)
+        reference = _layer(WANG, "torch", 45, 33, bias)
+        _assert_same(_run(vector, x, grad_y), _run(reference, x, grad_y))
+        for layer in (vector, reference):
+            layer.weight.requires_grad_(False)
+        _assert_same(_run(vector, x, grad_y), _run(reference, x, grad_y))
+        vector = _layer(WANG, "triton", 45, 33, bias)
+        reference = _layer(WANG, "torch", 45, 33, bias)
+        x_const = x.detach()
+        _assert_same(_run(vector, x_const, grad_y), _run(reference, x_const, grad_y))
+
+
+def _saved(layer, x):
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        layer(x)
+    return sorted((tuple(t.shape), t.dtype) for t in saved)
+
+
+def test_x_is_kept_as_fp8_codes():
+    """wang-fp4 keeps X's backward operand as one byte a value (and its scale), W's as values,
+    and for DGE the weight and its per-column forward scales; never a copy of X."""
+    x, _ = _inputs(seed=6)
+    assert _saved(_layer(WANG, "triton"), x) == sorted(
+        [
+            ((74, 96), torch.uint8),
+            ((1,), torch.float32),
+            ((70, 96), torch.float32),  # W's FP8 operand
+            ((70, 96), torch.float32),  # the weight, for DGE
+            ((96,), torch.float32),  # its forward scales
+        ]
+    )
+
+
+def test_which_configs_it_takes_and_why_not():
+    assert vector_gap(WANG) is None and vector_gap(DIRECT) is None
+    linear = dataclasses.replace(WANG, outliers=OutlierConfig(method="linear"))
+    assert vector_gap(linear) == "outlier clamping by the 'linear' method"
+    column_x = dataclasses.replace(WANG, forward_x=QuantSpec.preset("fp4-column"))
+    assert vector_gap(column_x) == "outlier clamping of a forward_x without one scale per row"
+    rht = dataclasses.replace(DIRECT, grad_weight_hadamard=HadamardConfig(32))
+    assert vector_gap(rht) == "grad_weight: a Hadamard transform"
+    assert vector_gap(dataclasses.replace(DIRECT, qema=QEMAConfig())) == "Q-EMA"
+    mxfp4 = dataclasses.replace(DIRECT, grad_input_dy=QuantSpec.preset("mxfp4"))
+    assert vector_gap(mxfp4) == (
+        "grad_input_dy: block 32 (vector-wise kernels: row, column, tensor)"
+    )
+    layer = _layer(linear, "triton")
+    assert layer.executor() == (
+        "reference", "DGE; vector-wise: outlier clamping by the 'linear' method"
+    )  # fmt: skip
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8)).to(DEVICE)
+    quantize_model(model, "wang-fp4", seed=0, skip=(), backend="triton")
+    assert executor_summary(model) == "quantized layers: 2 on the vector-wise executor"
+
+
+def test_statistics_steps_take_the_reference():
+    vector, reference = _layer(WANG, "triton"), _layer(WANG, "torch")
+    vector.stats, reference.stats = {}, {}
+    x, grad_y = _inputs(seed=5)
+    _assert_same(_run(vector, x, grad_y, calls=1), _run(reference, x, grad_y, calls=1))
+    assert vector.stats.keys() == reference.stats.keys() and len(vector.stats) > 0
+
+
+def test_gpt_training_run_gives_the_reference_losses(tmp_path):
+    """wang-fp4 on the gpt task at debug size: the vector-wise executor (backend triton) and the
+    reference (backend torch) log the same losses."""
+    losses = {}
+    for backend in ("triton", "torch"):
+        store = RunStore(tmp_path / f"{backend}.db")
+        config = {"task": "gpt", "recipe": "wang-fp4", "size": "debug", "device": "cpu",
+                  "log_every": 1, "steps": 3, "batch_size": 2, "backend": backend}  # fmt: skip
+        result, _ = run_training(config, [], store, reporter=SilentReporter())
+        assert result.status == "finished"
+        losses[backend] = [m["value"] for m in store.metrics(result.run_id, "train_loss")]
+    assert len(losses["torch"]) == 3 and losses["triton"] == losses["torch"]
