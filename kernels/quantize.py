@@ -106,17 +106,20 @@ def two_level_scales(
     ELEM_INV: tl.constexpr,
 ):  # fmt: skip
     """(scale values, scale codes, encode multipliers) of blocks with these finite amaxes in a
-    tensor of finite amax `tensor_amax`, in `fp4cli.quant.two_level`'s order of operations."""
-    ones = tl.full(amax.shape, 1.0, tl.float32)
-    target = tl.full(amax.shape, TWO_LEVEL_TARGET, tl.float32)
-    global_encode = tl.minimum(_quotient(target, ones * tensor_amax), FLOAT32_MAX)
-    raw = tl.minimum(amax * (global_encode * ELEM_INV), FLOAT32_MAX)
-    raw = tl.minimum(raw, SCALE_MAX)
+    tensor of finite amax `tensor_amax` (a scalar), in `fp4cli.quant.two_level`'s order of
+    operations. The tensor's constants G * fl(1 / E) and D = 1 / G are scalars, computed once
+    per program; per block, one rounding onto the scale grid and one division."""
+    target = tl.full(tensor_amax.shape, TWO_LEVEL_TARGET, tl.float32)
+    global_encode = tl.minimum(_quotient(target, tensor_amax), FLOAT32_MAX)
+    block_encode = global_encode * ELEM_INV
+    global_decode = tl.div_rn(tl.full(tensor_amax.shape, 1.0, tl.float32), global_encode)
+    # min(min(a * (G * fl(1/E)), FLT_MAX), S) in one: the product is never NaN
+    raw = tl.minimum(amax * block_encode, SCALE_MAX)
     scale, scale_code = round_unsigned_minifloat(
         raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, True
     )
-    global_decode = tl.div_rn(ones, global_encode)
-    multiplier = tl.minimum(_quotient(ones, scale * global_decode), FLOAT32_MAX)
+    multiplier = tl.minimum(_quotient(tl.full(amax.shape, 1.0, tl.float32),
+                                      scale * global_decode), FLOAT32_MAX)  # fmt: skip
     return scale, scale_code, multiplier
 
 

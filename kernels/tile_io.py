@@ -126,16 +126,20 @@ def store_codes(
     codes, axis-last padded layout. code is [ROWS, blocks, BLOCK], finite_blocks
     [ROWS, blocks]; rows_ok [ROWS] says which of the tile's lines exist."""
     line_ids = first_line + tl.arange(0, ROWS)
-    low, high = tl.split(tl.reshape(code, (ROWS, COLS // BLOCK, BLOCK // 2, 2)))
-    packed = tl.where(finite_blocks[:, :, None], low | (high << 4), 0)
-    packed = tl.reshape(packed, (ROWS, COLS // 2)).to(tl.uint8)
-    byte_cols = first_pos // 2 + tl.arange(0, COLS // 2)
-    byte_mask = rows_ok[:, None] & (byte_cols < padded_length // 2)[None, :]
+    # Eight codes to a 32-bit word, element 8w + i in bits 4i..4i+3 (the bytes' nibble order on
+    # a little-endian device), each word within one thread's run of the tile: no exchange of
+    # values between threads, and word stores (padded_length is a multiple of 8).
+    code = tl.where(finite_blocks[:, :, None], code, 0)
+    groups = tl.reshape(code, (ROWS, COLS // 8, 8))
+    words = tl.sum(groups << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
+    word_cols = first_pos // 8 + tl.arange(0, COLS // 8)
+    word_mask = rows_ok[:, None] & (word_cols < padded_length // 8)[None, :]
     tl.store(
-        codes_ptr + line_ids[:, None] * (padded_length // 2) + byte_cols[None, :],
-        packed,
-        mask=byte_mask,
-    )
+        codes_ptr.to(tl.pointer_type(tl.int32)) + line_ids[:, None] * (padded_length // 8)
+        + word_cols[None, :],
+        words,
+        mask=word_mask,
+    )  # fmt: skip
     n_blocks = padded_length // BLOCK
     block_cols = first_pos // BLOCK + tl.arange(0, COLS // BLOCK)
     block_mask = rows_ok[:, None] & (block_cols < n_blocks)[None, :]

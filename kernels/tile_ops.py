@@ -55,31 +55,39 @@ def round_unsigned_minifloat(
     raw, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_VALUE: tl.constexpr, UP: tl.constexpr,
     ZERO_OK: tl.constexpr,
 ):  # fmt: skip
-    """Round raw >= 0 onto an unsigned minifloat grid (nearest even, or up), saturating at
-    MAX_VALUE and, unless ZERO_OK, at least the smallest subnormal; returns (value, code)."""
-    exponent, _ = frexp_parts(raw)
-    exponent = tl.maximum(exponent, MIN_EXP)
-    units = raw * pow2(MBITS - exponent)  # exact
-    floor_units = tl.floor(units)
-    frac = units - floor_units
+    """Round raw >= 0 onto an unsigned minifloat grid (MBITS mantissa bits, smallest normal
+    2^MIN_EXP; nearest even, or up), saturating at MAX_VALUE (a grid point) and, unless
+    ZERO_OK, at least the smallest subnormal; returns (value, code).
+
+    All on the float32 bits: a normal value keeps MBITS of its mantissa bits (adding just under
+    half the dropped bits' weight, plus the last kept bit for ties to even, or all of it for
+    up), so its code is the top exponent and mantissa bits less the bias difference; below
+    2^MIN_EXP adding 1.5 * 2^(MIN_EXP - MBITS + 23), whose float32 ulp is the subnormal
+    spacing, rounds to nearest even, and the sum's low bits count the spacings (the code)."""
+    tl.static_assert((MBITS >= 1) & (MBITS <= 22))
+    DROP: tl.constexpr = 23 - MBITS
+    raw = tl.minimum(raw, MAX_VALUE)  # = rounding then saturating: MAX_VALUE is on the grid
+    bits = raw.to(tl.int32, bitcast=True)
     if UP:
-        round_up = frac > 0
+        kept = (bits + ((1 << DROP) - 1)) & -(1 << DROP)
     else:
-        odd = (floor_units.to(tl.int32) & 1) == 1
-        round_up = (frac > 0.5) | ((frac == 0.5) & odd)
-    value = (floor_units + round_up.to(tl.float32)) * pow2(exponent - MBITS)
-    value = tl.minimum(value, MAX_VALUE)
+        kept = (bits + ((1 << (DROP - 1)) - 1) + ((bits >> DROP) & 1)) & -(1 << DROP)
+    normal_code = (kept >> DROP) - ((126 + MIN_EXP) << MBITS)
+    magic_bits = tl.full(raw.shape, ((MIN_EXP - MBITS + 150) << 23) | 0x400000, tl.int32)
+    magic = magic_bits.to(tl.float32, bitcast=True)
+    shifted = raw + magic  # rounded to nearest even, to a multiple of the subnormal spacing
+    low_code = shifted.to(tl.int32, bitcast=True) - magic_bits
+    low_value = shifted - magic  # exact
+    if UP:
+        low_code = low_code + (low_value < raw).to(tl.int32)
+        low_value = low_code.to(tl.float32) * pow2(tl.full(raw.shape, MIN_EXP - MBITS, tl.int32))
+    low = raw < pow2(tl.full(raw.shape, MIN_EXP, tl.int32))
+    value = tl.where(low, low_value, kept.to(tl.float32, bitcast=True))
+    code = tl.where(low, low_code, normal_code)
     if not ZERO_OK:
         value = tl.maximum(value, pow2(tl.full(raw.shape, MIN_EXP - MBITS, tl.int32)))
-    return value, _unsigned_minifloat_code(value, MBITS, MIN_EXP)
-
-
-@triton.jit
-def _unsigned_minifloat_code(value, MBITS: tl.constexpr, MIN_EXP: tl.constexpr):
-    exponent, _ = frexp_parts(value)
-    exponent = tl.maximum(exponent, MIN_EXP)
-    units = (value * pow2(MBITS - exponent)).to(tl.int32)
-    return ((exponent - MIN_EXP) << MBITS) + units
+        code = tl.maximum(code, 1)
+    return value, code
 
 
 @triton.jit

@@ -392,3 +392,45 @@ def test_hadamard_seed_changes_the_transform():
     first = fake_quantize(x, MXFP4, hadamard=32, hadamard_seed=1, backend="triton")
     second = fake_quantize(x, MXFP4, hadamard=32, hadamard_seed=2, backend="triton")
     assert not torch.equal(first, second)
+
+
+# --------------------------------------------------------------------------------------------
+# Two-level scales at the tensor amax's extremes
+# --------------------------------------------------------------------------------------------
+
+
+def amax_extremes() -> dict[str, torch.Tensor]:
+    """Tensors whose amax makes the global encode scale G = S * E / A extreme: 0 (G is
+    FLT_MAX), subnormal (S * E / A overflows: G saturates at FLT_MAX and every block scale at
+    S), the float32 maximum (G tiny: blocks far below it get scale 0 and saturate, blocks near
+    it land on subnormal block scales), and one block far above the rest."""
+    x = seeded_normal((4, 64), 30)
+    huge = x.clone()
+    huge[0, :16] = torch.linspace(-1, 1, 16) * FP32_MAX
+    huge[1, :16] *= 2.0**118  # block scales around 448 * 2^-10: subnormal UE4M3 scales
+    huge[2, 16:32] *= 2.0**100
+    outlier = x.clone()
+    outlier[3, 5] = 2.0**60
+    return {
+        "zeros": torch.zeros(4, 64),
+        "subnormal": x * 2.0**-140,
+        "smallest": torch.full((4, 64), 2.0**-149),
+        "float32-max": huge,
+        "outlier": outlier,
+    }
+
+
+TWO_LEVEL_SPECS = {
+    "nvfp4": SPECS["nvfp4"],
+    "nvfp4-ceil": SPECS["nvfp4"].replace(scale_rule="ceil"),
+    "nvfp4-sr": SPECS["nvfp4-sr"],
+    "mxfp4-ue5m3": SPECS["mxfp4-ue5m3"],
+    "ue5m3-ceil-ts-sr": SPECS["ue5m3-ceil-ts-sr"],
+}
+
+
+@pytest.mark.parametrize("case", list(amax_extremes()))
+@pytest.mark.parametrize("spec_name", TWO_LEVEL_SPECS)
+def test_two_level_amax_extremes(spec_name, case):
+    x = on_device(amax_extremes()[case])
+    check_backends_agree(x, TWO_LEVEL_SPECS[spec_name], seed=31)

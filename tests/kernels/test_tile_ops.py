@@ -1,0 +1,69 @@
+"""The kernels' building blocks (fp4cli.kernels.tile_ops) on dense sweeps of float32 values,
+against the reference rounding of fp4cli.formats, bit for bit: every grid point and midpoint of
+a format, their float32 neighbours, subnormal inputs, values past the largest grid point."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from fp4cli.formats import encode, round_to_grid
+from fp4cli.kernels.tile_ops import round_unsigned_minifloat
+from fp4cli.quant import QuantSpec
+from tests.kernel_cases import assert_bits, on_device
+
+FORMATS = {
+    "ue4m3": QuantSpec(scale="ue4m3").scale_format.minifloat,
+    "ue5m3": QuantSpec(scale="ue5m3").scale_format.minifloat,
+    "e2m1": QuantSpec().element_format,
+}
+
+
+@triton.jit
+def _round_kernel(
+    x_ptr, value_ptr, code_ptr, n, MBITS: tl.constexpr, MIN_EXP: tl.constexpr,
+    MAX_VALUE: tl.constexpr, UP: tl.constexpr, ZERO_OK: tl.constexpr, SIZE: tl.constexpr,
+):  # fmt: skip
+    offsets = tl.program_id(0) * SIZE + tl.arange(0, SIZE)
+    mask = offsets < n
+    raw = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    value, code = round_unsigned_minifloat(raw, MBITS, MIN_EXP, MAX_VALUE, UP, ZERO_OK)
+    tl.store(value_ptr + offsets, value, mask=mask)
+    tl.store(code_ptr + offsets, code, mask=mask)
+
+
+def sweep(fmt) -> torch.Tensor:
+    """Every grid point and midpoint of fmt's magnitudes, each with its float32 neighbours,
+    and a log-uniform spread from below the smallest subnormal to past the largest value."""
+    grid = torch.tensor(
+        sorted({fmt.decode_magnitude(code) for code in range(fmt.max_code + 1)}),
+        dtype=torch.float32,
+    )
+    points = torch.cat([grid, (grid[1:] + grid[:-1]) / 2, grid * 1.25, grid[-1:] * 2])
+    neighbours = [torch.nextafter(points, points + 1), torch.nextafter(points, points - 1)]
+    spread = torch.exp2(torch.linspace(-150, 20, 4001))
+    tiny = torch.tensor([0.0, 1e-45, 1e-40, 2.0**-126, 3.0e38, torch.finfo(torch.float32).max])
+    values = torch.cat([points, *neighbours, spread, tiny]).abs()
+    return torch.unique(values)
+
+
+@pytest.mark.parametrize("rule", ["rne", "up"])
+@pytest.mark.parametrize("zero_ok", [True, False])
+@pytest.mark.parametrize("name", FORMATS)
+def test_round_unsigned_minifloat_is_the_reference_rounding(name, rule, zero_ok):
+    fmt = FORMATS[name]
+    raw = sweep(fmt)
+    expected = round_to_grid(raw, fmt, rule)
+    if not zero_ok:
+        expected = torch.clamp(expected, min=fmt.min_positive)
+    values, codes = torch.empty_like(raw), torch.empty(raw.shape, dtype=torch.int32)
+    raw_d, values_d, codes_d = on_device(raw), on_device(values), on_device(codes)
+    size = 1024
+    _round_kernel[(triton.cdiv(raw.numel(), size),)](
+        raw_d, values_d, codes_d, raw.numel(), MBITS=fmt.mbits, MIN_EXP=fmt.min_exponent,
+        MAX_VALUE=fmt.max_value, UP=rule == "up", ZERO_OK=zero_ok, SIZE=size,
+    )  # fmt: skip
+    assert_bits(values_d.cpu(), expected, f"{name} {rule} values")
+    assert_bits(codes_d.cpu(), encode(expected, fmt).to(torch.int32), f"{name} {rule} codes")
