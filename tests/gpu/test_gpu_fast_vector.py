@@ -1,0 +1,132 @@
+"""On a CUDA GPU: the vector-wise kernels on large bf16 tensors, the vector-wise executor of
+wang-fp4 / wang-direct under bf16 autocast, and its training steps replayed from a CUDA graph,
+each against its reference bit for bit. `make gpu-test` runs them; CI deselects the gpu marker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fp4cli
+from fp4cli.quant import QuantSpec, fake_quantize
+from fp4cli.techniques.outliers import OutlierConfig, clamp_outliers, nearest_ranks
+from tests.kernel_checks import COMPILED_ON_GPU, assert_bits, assert_same_up_to_zero_sign
+
+pytestmark = COMPILED_ON_GPU
+
+VECTOR_RECIPES = ["wang-fp4", "wang-direct"]
+SPECS = [
+    QuantSpec.preset("fp4-row"),
+    QuantSpec.preset("fp4-column"),
+    QuantSpec.preset("fp8-e4m3-tensor"),
+    QuantSpec.preset("fp8-e5m2-tensor"),
+    QuantSpec(element="e4m3", block="row"),
+]
+
+
+def _bf16_input(rows: int, cols: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, cols, generator=generator, device="cuda")
+    scales = torch.exp2(torch.randn(rows, 1, generator=generator, device="cuda") * 8)
+    x = (x * scales).to(torch.bfloat16)
+    x[5, 7], x[100, 33], x[-1, -1] = float("nan"), float("inf"), 0.0
+    return x
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.short())
+@pytest.mark.parametrize("shape", [(8192, 768), (1000, 20000)])
+def test_vector_kernels_match_the_reference_on_large_bf16_tensors(spec, shape):
+    """Both axes, values in bf16 and codes decoded; rows of 20,000 are read in chunks."""
+    from fp4cli.kernels.launch_vector import decode_vector, quantize_vector
+
+    x = _bf16_input(*shape, seed=1)
+    for axis in (0, 1):
+        expected = fake_quantize(x, spec, axis=axis, backend="torch")
+        values, _ = quantize_vector(x, spec, axis, torch.bfloat16)
+        assert_bits(values, expected, f"{spec.short()} axis {axis}")
+        codes, scales = quantize_vector(x, spec, axis, None, scales=True)
+        assert scales is not None
+        decoded = decode_vector(codes, scales, spec, axis, torch.bfloat16)
+        assert_bits(decoded, expected, f"decoded {spec.short()} axis {axis}")
+
+
+@pytest.mark.parametrize("shape", [(8192, 768), (512, 3072), (256, 20000)])
+def test_fused_clamp_matches_the_reference_quantiles(shape):
+    from fp4cli.kernels.launch_vector import Clamp, quantize_vector
+
+    spec, config = QuantSpec.preset("fp4-row"), OutlierConfig(0.99, compensate=True)
+    x = _bf16_input(*shape, seed=2)
+    x[200, :] = 0.0
+    x[201, : shape[1] // 2] = 3.0  # ties
+    clamped, residual = clamp_outliers(x, config)
+    quantized = fake_quantize(clamped, spec, axis=1, backend="torch")
+    low, high = nearest_ranks(shape[1], 0.99)
+    for compensate in (False, True):
+        expected = quantized
+        if compensate:
+            expected = (quantized.float() + residual.float()).to(torch.bfloat16)
+        got, _ = quantize_vector(x, spec, 1, torch.bfloat16, clamp=Clamp(low, high, compensate))
+        assert_same_up_to_zero_sign(got, expected, f"clamp {shape} compensate {compensate}")
+
+
+def _gpt(recipe: str, backend: str):
+    from fp4cli.tasks.gpt_model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(256, 128, 2, 256, 4)).cuda()
+    fp4cli.quantize_model(model, recipe, seed=0, backend=backend)
+    return model
+
+
+def _loss(model, batch):
+    inputs, targets = batch
+    return F.cross_entropy(model(inputs).float().reshape(-1, 256), targets.reshape(-1))
+
+
+def _batches(count: int, batch: int = 8, length: int = 128):
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    return [
+        tuple(torch.randint(0, 256, (batch, length), generator=generator, device="cuda")
+              for _ in range(2))
+        for _ in range(count)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", VECTOR_RECIPES)
+def test_vector_executor_equals_reference_under_autocast(recipe):
+    """A GPT's forward and backward under bf16 autocast: every gradient the same bits."""
+    results = []
+    for backend in ("torch", "auto"):
+        model = _gpt(recipe, backend)
+        expected = "vector" if backend == "auto" else "reference"
+        layers = fp4cli.quantized_layers(model).values()
+        assert all(layer.executor()[0] == expected for layer in layers)
+        for batch in _batches(2):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = _loss(model, batch)
+            loss.backward()
+        results.append([loss.detach(), *(p.grad for p in model.parameters())])
+    for got, want in zip(results[1], results[0], strict=True):
+        assert_bits(got, want, recipe)
+
+
+def _train_steps(recipe: str, cuda_graph: bool, steps: int = 8):
+    from fp4cli.train.step import StepRunner, device_learning_rates
+
+    model = _gpt(recipe, "auto")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True, capturable=True)
+    device_learning_rates(optimizer, torch.device("cuda"))
+    runner = StepRunner(model, optimizer, _loss, 1.0, torch.device("cuda"), cuda_graph=cuda_graph)
+    losses = [runner(batch, eager=index == 5)[0] for index, batch in enumerate(_batches(steps))]
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], runner
+
+
+@pytest.mark.parametrize("recipe", VECTOR_RECIPES)
+def test_cuda_graph_steps_equal_eager_steps(recipe):
+    eager_losses, eager_params, _ = _train_steps(recipe, cuda_graph=False)
+    graph_losses, graph_params, runner = _train_steps(recipe, cuda_graph=True)
+    assert runner.graph is not None
+    assert_bits(graph_losses, eager_losses, "losses")
+    for got, want in zip(graph_params, eager_params, strict=True):
+        assert_bits(got, want, "parameters")
