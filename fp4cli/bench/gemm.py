@@ -1,12 +1,16 @@
-"""MXFP4 GEMMs measured side by side: cuBLAS bf16 and FP8, Triton's tl.dot_scaled, fp4cli.
+"""FP4 GEMMs measured side by side: cuBLAS bf16 and FP8, Triton's tl.dot_scaled, fp4cli.
 
 For each shape, in one process: random normal A (M, K) and B (N, K), quantized to MXFP4 along
-K; the float64 product of the dequantized operands (the reference); then each implementation,
+K, and to NVFP4 when an `nvfp4` implementation is asked; the reference of each format in
+float64 (MXFP4: the product of the dequantized operands; NVFP4: `nvfp4_matmul_reference`'s
+formula before its rounding); then each implementation,
 timed (the median of `triton.testing.do_bench` on a GPU, of timed loops on the CPU) and checked:
 cuBLAS bf16 is timed first and again last, and the faster time counts (the ratios to it stay
 conservative if the GPU's clock drifts during the shape);
-its relative error against the reference (Frobenius norms), and its error beyond the rounding of
-the output (against the reference rounded to the output dtype). Times are end to end: fp4cli's
+its relative error against its format's reference (Frobenius norms), its largest error over
+the reference's largest magnitude, and its error beyond the rounding of the output (against the
+reference rounded to the output dtype). cuBLAS bf16 multiplies the dequantized operands of
+MXFP4, or of NVFP4 when only NVFP4 implementations are asked. Times are end to end: fp4cli's
 include preparing the operands. An implementation that cannot run gets a row with a note.
 """
 
@@ -20,12 +24,13 @@ from typing import Any
 import torch
 
 from fp4cli.bench.configs import BenchError
-from fp4cli.bench.gemm_cases import BASELINE, IMPLS, GemmShape
+from fp4cli.bench.gemm_cases import BASELINE, IMPLS, NVFP4_IMPLS, GemmShape
 from fp4cli.bench.timing import median_ms
 from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
 
 SEED = 0
 MXFP4 = QuantSpec.preset("mxfp4")
+NVFP4 = QuantSpec.preset("nvfp4")
 CPU_MAX_FLOP = 2 * 1024**3  # larger shapes would take minutes on a CPU (float64 reference first)
 
 
@@ -38,7 +43,9 @@ class GemmRow:
     ms: float | None = None
     rel_error: float | None = None
     beyond_rounding: float | None = None  # error against the reference rounded to the output
+    max_error: float | None = None  # largest |error| over the reference's largest magnitude
     note: str | None = None
+    format: str = "mxfp4"  # the operands' format
     first_ms: float | None = None  # the baseline's: its first of two timings
     baseline_ms: float | None = None  # cuBLAS bf16 on the same shape, same run
     dot_scaled_ms: float | None = None
@@ -59,7 +66,7 @@ class GemmRow:
     def stored_config(self) -> dict[str, Any]:
         shape = self.shape
         return {"m": shape.m, "n": shape.n, "k": shape.k, "shape": shape.name or shape.text,
-                "impl": self.impl, "format": "mxfp4", "out_dtype": "bf16"}  # fmt: skip
+                "impl": self.impl, "format": self.format, "out_dtype": "bf16"}  # fmt: skip
 
     def measurements(self) -> list[tuple[str, float, str]]:
         """(name, value, unit) of what the store keeps for this row."""
@@ -70,6 +77,7 @@ class GemmRow:
             ("x_cublas_bf16", self.vs_baseline, "x"),
             ("rel_error", self.rel_error, "1"),
             ("error_beyond_rounding", self.beyond_rounding, "1"),
+            ("max_rel_error", self.max_error, "1"),
         ]
         return [(name, value, unit) for name, value, unit in named if value is not None]
 
@@ -112,28 +120,57 @@ def run_gemm_bench(
 def _shape_rows(
     shape: GemmShape, impls: Sequence[str], device: torch.device, rep_ms: int
 ) -> list[GemmRow]:
-    a, b = _operands(shape, device)
-    reference = a.dequantize(torch.float64) @ b.dequantize(torch.float64).T
-    rows = [GemmRow(shape, impl) for impl in impls]
-    for row in rows:
-        _measure(row, a, b, reference, device, rep_ms)
+    formats = operand_formats(impls)
+    rows = [GemmRow(shape, impl, format=formats[impl]) for impl in impls]
+    kept = None  # the baseline's operands and reference, to time it again last
+    for name in dict.fromkeys(formats.values()):
+        a, b = _operands(shape, device, NVFP4 if name == "nvfp4" else MXFP4)
+        reference = _reference(a, b, name)
+        for row in rows:
+            if row.format == name:
+                _measure(row, a, b, reference, device, rep_ms)
+        if formats.get(BASELINE) == name:
+            kept = (a, b, reference)
+        del a, b, reference
     baseline = next((row for row in rows if row.impl == BASELINE and row.ms is not None), None)
-    if baseline is not None and baseline.ms is not None and len(rows) > 1:
+    if baseline is not None and baseline.ms is not None and kept is not None and len(rows) > 1:
         first = baseline.first_ms = baseline.ms
-        _measure(baseline, a, b, reference, device, rep_ms)
+        _measure(baseline, *kept, device, rep_ms)
         baseline.ms = min(baseline.ms or first, first)
-    del reference
+    del kept
     times = {row.impl: row.ms for row in rows}
     for row in rows:
         row.baseline_ms, row.dot_scaled_ms = times.get(BASELINE), times.get("dot-scaled")
     return rows
 
 
-def _operands(shape: GemmShape, device: torch.device) -> tuple[QuantizedTensor, QuantizedTensor]:
+def operand_formats(impls: Sequence[str]) -> dict[str, str]:
+    """Each implementation's operand format: nvfp4 for the NVFP4 ones, mxfp4 for the others;
+    cuBLAS bf16 (the baseline) takes MXFP4 unless every other one is NVFP4."""
+    formats = {impl: "nvfp4" if impl in NVFP4_IMPLS else "mxfp4" for impl in impls}
+    others = [formats[impl] for impl in impls if impl != BASELINE]
+    if BASELINE in formats and others and all(name == "nvfp4" for name in others):
+        formats[BASELINE] = "nvfp4"
+    return formats
+
+
+def _operands(
+    shape: GemmShape, device: torch.device, spec: QuantSpec
+) -> tuple[QuantizedTensor, QuantizedTensor]:
     generator = torch.Generator(device=device).manual_seed(SEED)
     x = torch.randn(shape.m, shape.k, generator=generator, device=device, dtype=torch.bfloat16)
     w = torch.randn(shape.n, shape.k, generator=generator, device=device, dtype=torch.bfloat16)
-    return quantize(x, MXFP4), quantize(w, MXFP4)
+    return quantize(x, spec), quantize(w, spec)
+
+
+def _reference(a: QuantizedTensor, b: QuantizedTensor, name: str) -> torch.Tensor:
+    """The float64 product the format defines, before any rounding to an output dtype."""
+    if name == "mxfp4":
+        return a.dequantize(torch.float64) @ b.dequantize(torch.float64).T
+    from fp4cli.gemm.reference import block_scaled_values, nvfp4_alpha
+
+    sums = block_scaled_values(a) @ block_scaled_values(b).T
+    return nvfp4_alpha(a, b).to(torch.float64) * sums
 
 
 def _measure(
@@ -147,7 +184,7 @@ def _measure(
     try:
         call, out = _call(row.impl, a, b, device)
         call()
-        row.rel_error, row.beyond_rounding = _errors(out, reference)
+        row.rel_error, row.beyond_rounding, row.max_error = _errors(out, reference)
         row.ms = _time_ms(call, device, rep_ms)
     except (torch.OutOfMemoryError, MemoryError):
         row.note = "out of memory"
@@ -176,6 +213,12 @@ def _call(
     if impl in ("exact", "fast"):
         _require_kernels(device)
         return lambda: mxfp4_matmul(a, b, mode=impl, backend="triton", out=out), out
+    if impl in NVFP4_IMPLS:
+        from fp4cli.gemm import nvfp4_matmul
+
+        _require_kernels(device)
+        variant = NVFP4_IMPLS[impl]
+        return lambda: nvfp4_matmul(a, b, backend="triton", out=out, impl=variant), out
     return _kernel_call(impl, a, b, out, device), out
 
 
@@ -208,7 +251,8 @@ def _kernel_call(
         "exact-fused": lambda: gemm_launch.exact_fp8_matmul(a_op, b_op, out, fused=True),
         "fast-fused": lambda: gemm_launch.fast_fp8_matmul(a_op, b_op, out, fused=True),
     }
-    assert set(launchers) | {"cublas-bf16", "cublas-fp8", "exact", "fast"} == set(IMPLS)
+    direct = {"cublas-bf16", "cublas-fp8", "exact", "fast", *NVFP4_IMPLS}
+    assert set(launchers) | direct == set(IMPLS)
     return launchers[impl]
 
 
@@ -219,14 +263,20 @@ def _require_kernels(device: torch.device) -> None:
         raise _Unavailable("needs triton and CUDA (or TRITON_INTERPRET=1)")
 
 
-def _errors(out: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
-    """(relative error, relative error against the reference rounded to out's dtype)."""
+def _errors(out: torch.Tensor, reference: torch.Tensor) -> tuple[float, float, float]:
+    """(relative error, relative error against the reference rounded to out's dtype, largest
+    error over the reference's largest magnitude)."""
     norm = reference.norm().item()
     if norm == 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     actual = out.double()
     rounded = reference.to(out.dtype).double()
-    return (actual - reference).norm().item() / norm, (actual - rounded).norm().item() / norm
+    largest = (actual - reference).abs().max().item() / reference.abs().max().item()
+    return (
+        (actual - reference).norm().item() / norm,
+        (actual - rounded).norm().item() / norm,
+        largest,
+    )
 
 
 def _time_ms(call: Callable[[], object], device: torch.device, rep_ms: int) -> float:

@@ -1,4 +1,5 @@
-"""The GEMM shapes `fp4 bench gemm` measures and the implementations it compares.
+"""The GEMM shapes `fp4 bench gemm` measures and the implementations it compares (on MXFP4
+operands, or on NVFP4 operands for the `nvfp4` ones).
 
 A shape is (M, N, K): C (M, N) = A (M, K) @ B (N, K)^T. Named sets: cubes, and the linear layers
 of a GPT-2-small and a Llama-7B block with M = 8192 tokens.
@@ -57,7 +58,11 @@ IMPLS: dict[str, str] = {
     "fast-fp8": "fast on the FP8 kernel (not cuBLAS)",
     "exact-fused": "exact FP8, E2M1 decoded in registers (no staged copy)",
     "fast-fused": "fast FP8, E2M1 decoded in registers (no staged copy)",
+    "nvfp4": "fp4cli.gemm.nvfp4_matmul(impl='fused') on NVFP4 operands: decoded in registers",
+    "nvfp4-decoded": "nvfp4_matmul(impl='decoded'): bf16 q*s once, cuBLAS bf16, alpha epilogue",
 }
+# implementations that multiply NVFP4 operands (the others MXFP4), and their nvfp4_matmul impl
+NVFP4_IMPLS = {"nvfp4": "fused", "nvfp4-decoded": "decoded"}
 DEFAULT_IMPLS = "cublas-bf16,cublas-fp8,dot-scaled,exact,fast"
 BASELINE = "cublas-bf16"
 

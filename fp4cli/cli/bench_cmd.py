@@ -203,7 +203,8 @@ def _significant(value: float | None, digits: int = 3) -> str:
     return f"{value:,.0f}" if abs(value) >= 10**digits else f"{value:.{digits}g}"
 
 
-GEMM_COLUMNS = ("shape", "M x N x K", "impl", "ms", "TFLOP/s", "x bf16", "rel err", "beyond bf16")
+GEMM_COLUMNS = ("shape", "M x N x K", "impl", "ms", "TFLOP/s", "x bf16", "rel err", "max err",
+                "beyond bf16")  # fmt: skip
 
 
 @app.command("gemm")
@@ -216,7 +217,7 @@ def gemm_command(
         str,
         Opt(
             help="Comma-separated: cublas-bf16, cublas-fp8, dot-scaled, exact, fast, exact-fp8, "
-            "fast-fp8, exact-fused, fast-fused."
+            "fast-fp8, exact-fused, fast-fused (MXFP4 operands); nvfp4, nvfp4-decoded (NVFP4)."
         ),
     ] = "cublas-bf16,cublas-fp8,dot-scaled,exact,fast",
     rep_ms: Annotated[
@@ -226,12 +227,13 @@ def gemm_command(
     store: StoreOption = None,
     no_store: NoStoreOption = False,
 ) -> None:
-    """MXFP4 GEMM throughput and error: cuBLAS bf16 and FP8, Triton's tl.dot_scaled, fp4cli.
+    """FP4 GEMM throughput and error: cuBLAS bf16 and FP8, Triton's tl.dot_scaled, fp4cli.
 
-    Each shape's operands are random normal matrices quantized to MXFP4 along K. Every
-    implementation multiplies the same operands, in one process: TFLOP/s, the ratio to cuBLAS
-    bf16 (on the dequantized operands), and the relative error against the float64 product,
-    in all and beyond the bf16 output's rounding. Each number also goes to the run store.
+    Each shape's operands are random normal matrices quantized along K to MXFP4, and to NVFP4
+    for the nvfp4 implementations. Every implementation of a format multiplies the same
+    operands, in one process: TFLOP/s, the ratio to cuBLAS bf16 (on the dequantized operands),
+    and the error against the format's float64 reference (relative, largest, and beyond the
+    bf16 output's rounding). Each number also goes to the run store.
     """
     from fp4cli.bench.gemm import check_gemm_request, run_gemm_bench
     from fp4cli.bench.gemm_cases import parse_gemm_shapes, parse_impls
@@ -265,11 +267,13 @@ def _gemm_table(rows: list[Any], device: Any) -> Any:
     caption = (
         "x bf16: throughput over cuBLAS bf16's on the same operands (timed first and last, the "
         "faster counts). rel err: ||C - C64|| / "
-        "||C64|| against the float64 product; beyond bf16: against C64 rounded to bf16 (what "
-        "the output rounding alone leaves is 0). fp4cli times include preparing the operands."
+        "||C64|| against the float64 reference of the operands' format (MXFP4: the dequantized "
+        "product; NVFP4: alpha times the block-scaled sums); max err: max |C - C64| / max "
+        "|C64|; beyond bf16: against C64 rounded to bf16 (what the output rounding alone leaves "
+        "is 0). fp4cli times include preparing the operands."
     )
     table = Table(
-        title=f"MXFP4 GEMM on {device_name(device)}, bf16 output",
+        title=f"{_formats(rows)} GEMM on {device_name(device)}, bf16 output",
         box=box.SIMPLE_HEAD,
         caption=caption,
     )
@@ -284,10 +288,17 @@ def _gemm_table(rows: list[Any], device: Any) -> Any:
             table.add_section()
         shape = (row.shape.name, row.shape.text) if first else ("", "")
         ratio = _significant(row.vs_baseline) + ("x" if row.vs_baseline else "")
-        cells = [*shape, row.impl, _significant(row.ms), _significant(row.tflops), ratio,
-                 _error(row.rel_error), _error(row.beyond_rounding)]  # fmt: skip
+        nvfp4_baseline = row.impl == "cublas-bf16" and row.format == "nvfp4"
+        impl = row.impl + (" (nvfp4)" if nvfp4_baseline else "")
+        errors = [_error(row.rel_error), _error(row.max_error), _error(row.beyond_rounding)]
+        cells = [*shape, impl, _significant(row.ms), _significant(row.tflops), ratio, *errors]
         table.add_row(*map(Text, cells + ([row.note or ""] if notes else [])))
     return table
+
+
+def _formats(rows: list[Any]) -> str:
+    """MXFP4, NVFP4 or both, as the rows' operands are."""
+    return " and ".join(name.upper() for name in dict.fromkeys(row.format for row in rows))
 
 
 def _error(value: float | None) -> str:

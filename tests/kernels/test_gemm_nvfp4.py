@@ -340,3 +340,45 @@ def test_kernels_compile_for_hopper_with_the_bf16_decode() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-1] == "6"
+
+
+# --------------------------------------------------------------------------------------------
+# fp4 bench gemm with the NVFP4 implementations
+# --------------------------------------------------------------------------------------------
+
+
+def test_bench_operand_formats() -> None:
+    from fp4cli.bench.gemm import operand_formats
+
+    assert operand_formats(["cublas-bf16", "nvfp4", "nvfp4-decoded"]) == {
+        "cublas-bf16": "nvfp4", "nvfp4": "nvfp4", "nvfp4-decoded": "nvfp4"
+    }  # fmt: skip
+    assert operand_formats(["cublas-bf16", "exact", "nvfp4"])["cublas-bf16"] == "mxfp4"
+    assert operand_formats(["cublas-bf16"]) == {"cublas-bf16": "mxfp4"}
+
+
+def test_bench_gemm_measures_the_nvfp4_impls(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from fp4cli.cli.main import app
+    from fp4cli.store import RunStore
+
+    path = tmp_path / "fp4.db"
+    args = ["bench", "gemm", "--shapes", "40x24x96", "--impls", "cublas-bf16,nvfp4,nvfp4-decoded",
+            "--device", "cpu", "--store", str(path)]  # fmt: skip
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "220"})
+    assert result.exit_code == 0, result.output
+    assert "NVFP4 GEMM on" in result.stdout and "max err" in result.stdout
+    with RunStore(path) as store:
+        rows = store.benchmarks("gemm")
+    assert {row["config"]["format"] for row in rows} == {"nvfp4"}
+    measured = {(row["config"]["impl"], row["name"]): row["value"] for row in rows}
+    assert ("cublas-bf16", "tflops") in measured
+    if not KERNELS:
+        assert "needs triton and CUDA" in result.stdout
+        return
+    for impl in ("nvfp4", "nvfp4-decoded"):
+        assert measured[(impl, "tflops")] > 0
+        # bf16 output (the interpreter's bfloat16 truncates: within a few bf16 ulps)
+        assert 0 < measured[(impl, "rel_error")] < 2**-6
+        assert measured[(impl, "max_rel_error")] < 2**-6
