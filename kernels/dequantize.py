@@ -58,9 +58,8 @@ def dequantize_kernel(
 ):
     """Packed E2M1 codes and scale codes (axis-last padded layout) -> values in the tensor's
     own layout."""
-    pid = tl.program_id(0)
     first_line, first_pos, outer, first_inner = tile_origin(
-        pid, inner, tiles_along, ROWS, COLS, TRANSPOSED
+        inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
     rows_ok = line_mask(first_line, first_inner, lines, inner, ROWS, TRANSPOSED)
     line_ids = first_line + tl.arange(0, ROWS)

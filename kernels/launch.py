@@ -17,6 +17,7 @@ import torch
 
 from fp4cli.kernels.dequantize import dequantize_kernel
 from fp4cli.kernels.quantize import amax_kernel, quantize_kernel
+from fp4cli.kernels.tile_io import GRID_Y
 from fp4cli.quant import two_level
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
@@ -71,12 +72,13 @@ def choose_tile(view: AxisView, padded_length: int, block: int, hadamard: int | 
     return Tile(rows, cols, 4)
 
 
-def _grid(view: AxisView, tile: Tile, padded_length: int) -> tuple[int, int]:
-    """(programs, tiles along the axis)."""
+def _grid(view: AxisView, tile: Tile, padded_length: int) -> tuple[tuple[int, ...], int]:
+    """(launch grid, tiles along the axis): `tile_io.tile_origin`'s."""
     along = -(-padded_length // tile.cols)
     if view.transposed:
-        return view.outer * along * -(-view.inner // tile.rows), along
-    return -(-view.outer // tile.rows) * along, along
+        return (view.outer * along * -(-view.inner // tile.rows),), along
+    most = int(GRID_Y.value)
+    return (-(-view.outer // tile.rows), min(along, most), -(-along // most)), along
 
 
 def _signed64(value: int) -> int:
@@ -146,10 +148,10 @@ def tensor_amax(
     view = AxisView.of(x.shape, axis)
     out_length = _round_up(view.length, hadamard) if hadamard else view.length
     tile = tile or choose_tile(view, out_length, 8, hadamard)
-    programs, along = _grid(view, tile, out_length)
+    grid, along = _grid(view, tile, out_length)
     amax = torch.zeros(1, dtype=torch.float32, device=x.device)
     seed_ptr, seed_value, from_ptr = _seed_args(hadamard_seed, x.device)
-    amax_kernel[(programs,)](
+    amax_kernel[grid](
         x, amax, seed_ptr, seed_value,
         view.outer, view.length, view.inner, along,
         ROWS=tile.rows, COLS=tile.cols, TRANSPOSED=view.transposed,
@@ -187,7 +189,7 @@ def quantize_e2m1(
     out_length = _round_up(view.length, hadamard) if hadamard else view.length
     padded = _round_up(out_length, block)
     tile = tile or choose_tile(view, padded, block, hadamard)
-    programs, along = _grid(view, tile, padded)
+    grid, along = _grid(view, tile, padded)
     if not spec.tensor_scale:
         t_amax = None
     elif t_amax is None:
@@ -205,7 +207,7 @@ def quantize_e2m1(
     # One Philox call per four elements needs rows of a multiple of 4 along the contiguous dim.
     contiguous = view.inner if view.transposed else out_length
     grouped = contiguous % 4 == 0 and (tile.rows % 4 == 0 or not view.transposed)
-    quantize_kernel[(programs,)](
+    quantize_kernel[grid](
         x, guide, codes, scales, values, t_amax,
         seed_ptr, seed_value, rht_ptr, rht_value,
         view.outer, view.length, view.inner, out_length, padded, along,
@@ -238,11 +240,11 @@ def dequantize_e2m1(
     block = int(spec.block)
     padded = codes.shape[-1] * 2
     tile = tile or choose_tile(view, padded, block, None)
-    programs, along = _grid(view, tile, padded)
+    grid, along = _grid(view, tile, padded)
     out = torch.empty(shape, dtype=dtype, device=codes.device)
     constants = _scale_constants(spec)
     mini = spec.scale_format.minifloat
-    dequantize_kernel[(programs,)](
+    dequantize_kernel[grid](
         codes.contiguous(), scales.contiguous(), out, t_amax,
         view.outer, view.inner, view.length, padded, along,
         ROWS=tile.rows, COLS=tile.cols, BLOCK=block, TRANSPOSED=view.transposed,

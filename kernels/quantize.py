@@ -156,6 +156,7 @@ def quantize_tile(
     GUIDED: tl.constexpr,
     BLOCK_AXIS: tl.constexpr,
     TILE2D: tl.constexpr,
+    RAW_SIGN: tl.constexpr,
 ):
     """E2M1 codes (sign included, int32; meaningless in non-finite blocks), scale values and
     scale codes, and which blocks are finite, for a float32 [ROWS, COLS] tile whose blocks run
@@ -168,7 +169,9 @@ def quantize_tile(
     TENSOR_SCALE: two-level scaling relative to the tensor's amax (`fp4cli.quant.two_level`:
     TWO_LEVEL_TARGET = scale max * element max, ELEM_INV = 1 / element max in float32).
     TILE2D: each block's scale is its BLOCK x BLOCK square's (the tile's origin and sides are
-    multiples of BLOCK)."""
+    multiples of BLOCK). RAW_SIGN: a negative value's sign joins its code even where the code
+    is 0 (code 8, which `store_codes` turns back into 0 eight codes at a time); else a value
+    rounded to zero has code 0."""
     # On the bits of |x|, one integer max per block gives both the amax and whether the block is
     # finite (NaN and Inf have the largest magnitude bits). A non-finite block's codes are
     # discarded on storing, so its values need no cleaning.
@@ -219,8 +222,10 @@ def quantize_tile(
         code = e2m1_code_away(magnitude)
     else:
         code = e2m1_code_rne(magnitude)
-    # The sign bit joins a non-zero code: (code + 7) & 8 is 8 exactly for codes 1..7.
-    code = code | ((bits >> 28) & (code + 7) & 8)
+    sign = (bits >> 28) & 8
+    if not RAW_SIGN:  # the sign bit joins a non-zero code: (code + 7) & 8 is 8 for codes 1..7
+        sign = sign & (code + 7)
+    code = code | sign
     scale_code = tl.where(finite_blocks, scale_code, SCALE_NAN)
     return code, scale, scale_code, finite_blocks
 
@@ -269,9 +274,8 @@ def quantize_kernel(
     WRITE_VALUES: tl.constexpr,
     GUIDED: tl.constexpr,
 ):
-    pid = tl.program_id(0)
     first_line, first_pos, outer, first_inner = tile_origin(
-        pid, inner, tiles_along, ROWS, COLS, TRANSPOSED
+        inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
     rows_ok = line_mask(first_line, first_inner, lines, inner, ROWS, TRANSPOSED)
     x = transformed_tile(
@@ -328,6 +332,7 @@ def quantize_kernel(
         GUIDED,
         1,
         False,
+        not WRITE_VALUES,
     )
     if WRITE_VALUES:
         values = dequantize_tile(
@@ -383,9 +388,8 @@ def amax_kernel(
     HADAMARD_NORM: tl.constexpr,
 ):
     """The largest finite |x| (after the Hadamard transform, if any) into amax_ptr."""
-    pid = tl.program_id(0)
     first_line, first_pos, outer, first_inner = tile_origin(
-        pid, inner, tiles_along, ROWS, COLS, TRANSPOSED
+        inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
     x = transformed_tile(
         x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,

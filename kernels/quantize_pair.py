@@ -79,6 +79,7 @@ def quantize_direction(
         tile, random_bits, guide, tensor_amax, ROWS, COLS, BLOCK, POW2_SCALE, CEIL,
         SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, SCALE_NAN, SR, AWAY, PRESCALE, TENSOR_SCALE,
         TWO_LEVEL_TARGET, ELEM_INV, GUIDED, BLOCK_AXIS, TILE2D,
+        BLOCK_AXIS == 1 and not (WRITE_VALUES or RETURN_VALUES),
     )  # fmt: skip
     values = tile
     if WRITE_VALUES or RETURN_VALUES:

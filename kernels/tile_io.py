@@ -13,23 +13,28 @@ import triton.language as tl
 
 from fp4cli.kernels.tile_ops import random_bits_at, random_bits_rows
 
+GRID_Y = tl.constexpr(65535)  # the most programs a launch grid has along its second axis
+
 
 @triton.jit
 def tile_origin(
-    pid, inner, tiles_along, ROWS: tl.constexpr, COLS: tl.constexpr, TRANSPOSED: tl.constexpr
+    inner, tiles_along, ROWS: tl.constexpr, COLS: tl.constexpr, TRANSPOSED: tl.constexpr
 ):
-    """(first line, first position along the axis, outer index, first inner index) of program
-    `pid`'s tile. Lines are the rows of the axis-last layout: not transposed, the input's rows;
-    transposed (input viewed as (outer, length, inner)), line = outer * inner + inner index,
-    and one tile's lines share one outer index."""
+    """(first line, first position along the axis, outer index, first inner index) of this
+    program's tile. Lines are the rows of the axis-last layout: not transposed, the input's
+    rows, the grid (line tiles, tiles along the axis, tiles along / GRID_Y rounded up), so no
+    program divides; transposed (input viewed as (outer, length, inner)), a grid of one axis,
+    line = outer * inner + inner index, and one tile's lines share one outer index."""
     if TRANSPOSED:
+        pid = tl.program_id(0)
         tiles_inner = tl.cdiv(inner, ROWS)
         outer = (pid // (tiles_along * tiles_inner)).to(tl.int64)
         rest = pid % (tiles_along * tiles_inner)
         first_inner = (rest % tiles_inner) * ROWS
         return outer * inner + first_inner, (rest // tiles_inner) * COLS, outer, first_inner
-    first_line = ((pid // tiles_along) * ROWS).to(tl.int64)
-    return first_line, (pid % tiles_along) * COLS, first_line * 0, 0
+    first_line = tl.program_id(0).to(tl.int64) * ROWS
+    along = tl.program_id(1) + tl.program_id(2) * GRID_Y
+    return first_line, along * COLS, first_line * 0, 0
 
 
 @triton.jit
@@ -122,8 +127,8 @@ def store_codes(
     COLS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Packed codes (two per byte, low nibble first; zero in non-finite blocks) and scale
-    codes, axis-last padded layout. code is [ROWS, blocks, BLOCK], finite_blocks
+    """Packed codes (two per byte, low nibble first; zero in non-finite blocks; a code 8 stored
+    as 0) and scale codes, axis-last padded layout. code is [ROWS, blocks, BLOCK], finite_blocks
     [ROWS, blocks]; rows_ok [ROWS] says which of the tile's lines exist."""
     line_ids = first_line + tl.arange(0, ROWS)
     # Eight codes to a 32-bit word, element 8w + i in bits 4i..4i+3 (the bytes' nibble order on
@@ -132,6 +137,10 @@ def store_codes(
     code = tl.where(finite_blocks[:, :, None], code, 0)
     groups = tl.reshape(code, (ROWS, COLS // 8, 8))
     words = tl.sum(groups << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
+    # A code 8 (a negative value rounded to zero) becomes 0: a nibble keeps its sign bit only
+    # where its magnitude bits are non-zero (magnitude + 7 carries into bit 3 exactly then).
+    magnitudes = words & 0x77777777
+    words = magnitudes | (words & (magnitudes + 0x77777777) & -0x77777778)
     word_cols = first_pos // 8 + tl.arange(0, COLS // 8)
     word_mask = rows_ok[:, None] & (word_cols < padded_length // 8)[None, :]
     tl.store(

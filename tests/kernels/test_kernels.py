@@ -343,6 +343,36 @@ def test_small_tiles(shape, axis, tile, spec_name, hadamard):
     assert_bits(tensor_amax(x, axis, hadamard, 3, tile=tile), finite_amax(transformed), "amax")
 
 
+def test_tiles_along_the_grid_third_axis(monkeypatch):
+    """Rows of more tiles than a grid's second axis holds continue along its third (GRID_Y
+    made 2 here: 5 tiles along a row take 2 x 3 programs, the last of them empty)."""
+    import triton.language as tl
+
+    import fp4cli.kernels.launch as launch
+    import fp4cli.kernels.tile_io as tile_io
+
+    monkeypatch.setattr(tile_io, "GRID_Y", tl.constexpr(2))
+    monkeypatch.setattr(launch, "GRID_Y", tl.constexpr(2))
+    x = seeded_normal((3, 150), 16) * 5
+    x[1, 147] = NAN
+    x = on_device(x)
+    tile = Tile(1, 32)
+    for spec in (SPECS["nvfp4-sr"], SPECS["mxfp4"]):
+        reference = quantize(x, spec, seed=4, backend="torch")
+        codes, scales, t_amax, _ = quantize_e2m1(x, spec, 1, 4, tile=tile)
+        assert_bits(codes, reference.codes, "codes")
+        assert_bits(scales, reference.scales, "scale codes")
+        values = quantize_e2m1(x, spec, 1, 4, values_dtype=torch.float32, tile=tile)[3]
+        dequantized = reference.dequantize(backend="torch")
+        assert_bits(values, dequantized, "fake-quantized values")
+        from_codes = dequantize_e2m1(
+            reference.codes, reference.scales, reference.tensor_amax, spec, x.shape, 1,
+            torch.float32, tile=tile,
+        )  # fmt: skip
+        assert_bits(from_codes, dequantized, "dequantized codes")
+    assert_bits(tensor_amax(x, 1, None, 0, tile=tile), finite_amax(x), "amax")
+
+
 # --------------------------------------------------------------------------------------------
 # Fused random Hadamard transform
 # --------------------------------------------------------------------------------------------
