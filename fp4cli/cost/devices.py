@@ -1,7 +1,7 @@
 """Device profiles: the rates the cost model divides work by, and where each figure comes from.
 
-A profile holds the dense tensor-core GEMM rates in FLOP/s for BF16, FP8 and FP4 operands, the
-memory bandwidth in bytes/s, and the CUDA-core op rate in ops/s. An "op" is one elementwise
+A profile holds the dense tensor-core GEMM rates in FLOP/s for BF16, FP8, FP4 and NVFP4 operands,
+the memory bandwidth in bytes/s, and the CUDA-core op rate in ops/s. An "op" is one elementwise
 instruction (an add, a compare, one half of a 32x32-bit multiply, a xor), so the op rate is the
 datasheet's FP32 FLOP/s halved: the datasheet counts a fused multiply-add as two FLOPs.
 
@@ -15,6 +15,12 @@ there decodes FP4 to FP8 in registers and feeds the FP8 tensor cores, so the FP8
 upper bound (assumed; `h100-triton` has the rate Triton's tl.dot_scaled measured instead, and
 `h100-fp4cli` the rate of fp4cli's exact MXFP4 GEMM, `fp4 bench gemm`).
 Ampere has no FP8 or FP4 tensor cores: both decode to BF16 and run at the BF16 rate.
+
+NVFP4 (E2M1 with E4M3 scales per 16 values and a tensor scale) has its own rate: on Blackwell
+the FP4 tensor cores take it natively; on Hopper its E4M3 block scales do not fold into FP8
+operands (they are not powers of two), so `fp4cli.gemm.nvfp4_matmul` decodes it to BF16 and the
+BF16 rate bounds it (assumed). A measured NVFP4 GEMM (`fp4 bench gemm --impls nvfp4`) replaces
+this rate where the run store has one (`fp4cli.cost.measured`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 
 from fp4cli.cost.errors import CostError
 
-PRECISIONS = ("bf16", "fp8", "fp4")
+PRECISIONS = ("bf16", "fp8", "fp4", "nvfp4")
 
 
 @dataclass(frozen=True)
@@ -36,17 +42,19 @@ class DeviceProfile:
     bf16_flops: float
     fp8_flops: float
     fp4_flops: float
+    nvfp4_flops: float
     bandwidth: float  # bytes/s
     vector_ops: float  # CUDA-core ops/s
     bf16_source: str
     fp8_source: str
     fp4_source: str
+    nvfp4_source: str
     bandwidth_source: str
     vector_source: str
     devices: tuple[str, ...] = ()
 
     def gemm_flops(self, precision: str) -> float:
-        """The GEMM rate in FLOP/s for operands of `precision` (bf16, fp8 or fp4)."""
+        """The GEMM rate in FLOP/s for operands of `precision` (bf16, fp8, fp4 or nvfp4)."""
         return float(getattr(self, f"{precision}_flops"))
 
     def source(self, rate: str) -> str:
@@ -63,7 +71,7 @@ class DeviceProfile:
         return any(fragment in lowered for fragment in self.devices)
 
     def to_dict(self) -> dict[str, object]:
-        rates = ("bf16_flops", "fp8_flops", "fp4_flops", "bandwidth", "vector_ops")
+        rates = ("bf16_flops", "fp8_flops", "fp4_flops", "nvfp4_flops", "bandwidth", "vector_ops")
         sources = {rate: self.source(rate) for rate in (*PRECISIONS, "bandwidth", "vector")}
         return {
             "name": self.name,
@@ -81,6 +89,10 @@ H100_DOT_SCALED_E2M1 = 236e12  # measured: Triton tl.dot_scaled e2m1 x e2m1, 819
 H100_FP4CLI_EXACT = 947e12  # fp4 bench gemm: mxfp4_matmul(mode='exact'), 8192^3
 
 HOPPER_FP4 = "assumed: no FP4 tensor cores; FP4 decoded to FP8, at most the FP8 rate"
+HOPPER_NVFP4 = (
+    "assumed: no FP4 tensor cores; E4M3 block scales do not fold into FP8, so NVFP4 decodes "
+    "to BF16: at most the BF16 rate"
+)
 
 
 def _h100(name: str, description: str, fp4_flops: float, fp4_source: str) -> DeviceProfile:
@@ -91,11 +103,13 @@ def _h100(name: str, description: str, fp4_flops: float, fp4_source: str) -> Dev
         bf16_flops=H100_CUBLAS_BF16,
         fp8_flops=H100_CUBLAS_FP8,
         fp4_flops=fp4_flops,
+        nvfp4_flops=H100_CUBLAS_BF16,
         bandwidth=H100_COPY,
         vector_ops=33.5e12,  # datasheet: H100 SXM5 FP32 67 TFLOPS, halved
         bf16_source="measured: cuBLAS on this project's H100 (datasheet dense 989 TFLOP/s)",
         fp8_source="measured: cuBLAS on this project's H100 (datasheet dense 1979 TFLOP/s)",
         fp4_source=fp4_source,
+        nvfp4_source=HOPPER_NVFP4,
         bandwidth_source="measured: device copy on this project's H100 (datasheet 3.35 TB/s)",
         vector_source="datasheet: 67 TFLOPS FP32 / 2 (an FMA is one op)",
         devices=("h100",),
@@ -124,11 +138,13 @@ PROFILES: dict[str, DeviceProfile] = {
         bf16_flops=989e12,  # datasheet: dense BF16
         fp8_flops=1979e12,  # datasheet: dense FP8
         fp4_flops=1979e12,  # assumed: the FP8 rate (no FP4 tensor cores)
+        nvfp4_flops=989e12,  # assumed: the BF16 rate (NVFP4 decoded to BF16)
         bandwidth=4.8e12,  # datasheet: HBM3e
         vector_ops=33.5e12,  # datasheet: FP32 67 TFLOPS, halved
         bf16_source="datasheet: H200 SXM dense BF16 989 TFLOP/s",
         fp8_source="datasheet: H200 SXM dense FP8 1979 TFLOP/s",
         fp4_source=HOPPER_FP4,
+        nvfp4_source=HOPPER_NVFP4,
         bandwidth_source="datasheet: H200 SXM HBM3e 4.8 TB/s",
         vector_source="datasheet: 67 TFLOPS FP32 / 2 (an FMA is one op)",
         devices=("h200",),
@@ -139,11 +155,13 @@ PROFILES: dict[str, DeviceProfile] = {
         bf16_flops=2250e12,  # datasheet: dense BF16
         fp8_flops=4500e12,  # datasheet: dense FP8
         fp4_flops=9000e12,  # datasheet: dense FP4, twice the FP8 rate
+        nvfp4_flops=9000e12,  # datasheet: dense FP4 (NVFP4 native)
         bandwidth=8.0e12,  # datasheet: HBM3e
         vector_ops=40e12,  # datasheet: FP32 80 TFLOPS, halved
         bf16_source="datasheet: HGX B200 dense BF16 2250 TFLOP/s",
         fp8_source="datasheet: HGX B200 dense FP8 4500 TFLOP/s",
         fp4_source="datasheet: HGX B200 dense FP4 9000 TFLOP/s (FP4 tensor cores, 2x FP8)",
+        nvfp4_source="datasheet: HGX B200 dense FP4 9000 TFLOP/s (NVFP4 on the FP4 tensor cores)",
         bandwidth_source="datasheet: HGX B200 HBM3e 8 TB/s",
         vector_source="datasheet: 80 TFLOPS FP32 / 2 (an FMA is one op)",
         devices=("b200",),
@@ -154,11 +172,13 @@ PROFILES: dict[str, DeviceProfile] = {
         bf16_flops=312e12,  # datasheet: dense BF16
         fp8_flops=312e12,  # assumed: no FP8 tensor cores, decoded to BF16
         fp4_flops=312e12,  # assumed: no FP4 tensor cores, decoded to BF16
+        nvfp4_flops=312e12,  # assumed: decoded to BF16
         bandwidth=2.039e12,  # datasheet: HBM2e
         vector_ops=9.75e12,  # datasheet: FP32 19.5 TFLOPS, halved
         bf16_source="datasheet: A100 SXM dense BF16 312 TFLOP/s",
         fp8_source="assumed: no FP8 tensor cores; FP8 decoded to BF16, the BF16 rate",
         fp4_source="assumed: no FP4 tensor cores; FP4 decoded to BF16, the BF16 rate",
+        nvfp4_source="assumed: no FP4 tensor cores; NVFP4 decoded to BF16, the BF16 rate",
         bandwidth_source="datasheet: A100 SXM 80GB HBM2e 2.04 TB/s",
         vector_source="datasheet: 19.5 TFLOPS FP32 / 2 (an FMA is one op)",
         devices=("a100",),

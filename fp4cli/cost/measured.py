@@ -13,6 +13,11 @@ uses such a measurement when one exists for
 taking the measured shape nearest in element count (by ratio; the newest of equals), whatever
 its axis. Its time is then the pass's bytes / the measured GB/s; the call it measured includes
 the tensor amax pass, the transform and the rounding, which then cost nothing more.
+
+`fp4 bench gemm` stores each implementation's TFLOP/s (kind 'gemm', name 'tflops', its config
+holding M, N, K, the impl and the operands' format). A GEMM of two NVFP4 operands uses the NVFP4
+GEMM's measurement (impls `GEMM_IMPLS['nvfp4']`, format 'nvfp4') of the same GPU nearest in FLOP
+count (by ratio; the fastest implementation of equals) in place of the profile's NVFP4 rate.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ if TYPE_CHECKING:
     from fp4cli.store import RunStore
 
 BENCH_KIND = "quantize"
+GEMM_KIND = "gemm"
+GEMM_IMPLS = {"nvfp4": ("nvfp4", "nvfp4-decoded")}  # format -> fp4 bench gemm implementations
 
 
 def spec_key(spec: QuantSpec, hadamard: int | None) -> str:
@@ -51,10 +58,37 @@ class MeasuredRate:
 
 
 @dataclass(frozen=True)
+class MeasuredGemm:
+    """One stored measurement of an FP4 GEMM implementation."""
+
+    format: str
+    impl: str
+    flop: int
+    tflops: float
+    date: str  # YYYY-MM-DD
+
+    @property
+    def source(self) -> str:
+        return f"measured: fp4 bench gemm {self.impl} {self.date}"
+
+
+@dataclass(frozen=True)
 class MeasuredRates:
-    """The measurements of one GPU, oldest first."""
+    """The measurements of one GPU, oldest first: quantize kernels (`len` counts these) and
+    FP4 GEMMs."""
 
     rates: tuple[MeasuredRate, ...] = ()
+    gemms: tuple[MeasuredGemm, ...] = ()
+
+    def gemm(self, fmt: str, flop: int) -> MeasuredGemm | None:
+        """The GEMM measurement of `fmt` nearest in FLOP count to `flop` (the fastest of
+        equals), or None."""
+        best, best_key = None, (math.inf, 0.0)
+        for gemm in self.gemms:
+            key = (abs(math.log(gemm.flop / flop)), -gemm.tflops)
+            if gemm.format == fmt and key < best_key:
+                best, best_key = gemm, key
+        return best
 
     def lookup(self, key: str, elements: int) -> MeasuredRate | None:
         """The measurement of `key` nearest in size to `elements`, or None."""
@@ -78,7 +112,33 @@ def measured_rates(store: RunStore, device: DeviceProfile | str) -> MeasuredRate
         for row in store.benchmarks(BENCH_KIND)
         if profile.matches(str(row.get("device") or "")) and _usable(row)
     ]
-    return MeasuredRates(tuple(rates))
+    gemms = [
+        _gemm(row)
+        for row in store.benchmarks(GEMM_KIND)
+        if profile.matches(str(row.get("device") or "")) and _usable_gemm(row)
+    ]
+    return MeasuredRates(tuple(rates), tuple(gemms))
+
+
+def _usable_gemm(row: dict[str, Any]) -> bool:
+    config = row["config"]
+    impls = GEMM_IMPLS.get(str(config.get("format")), ())
+    sizes = [config.get(dim) for dim in ("m", "n", "k")]
+    return (
+        row["name"] == "tflops"
+        and config.get("impl") in impls
+        and all(isinstance(size, int) and size > 0 for size in sizes)
+        and math.isfinite(row["value"])
+        and row["value"] > 0
+    )
+
+
+def _gemm(row: dict[str, Any]) -> MeasuredGemm:
+    config = row["config"]
+    flop = 2 * config["m"] * config["n"] * config["k"]
+    return MeasuredGemm(
+        config["format"], config["impl"], flop, row["value"], row["created_at"][:10]
+    )
 
 
 def _usable(row: dict[str, Any]) -> bool:
@@ -115,4 +175,5 @@ def stored_rates(path: str | None, profile: DeviceProfile) -> tuple[MeasuredRate
         return MeasuredRates(), f"no run store at {location}"
     with RunStore(location, create=False) as store:
         rates = measured_rates(store, profile)
-    return rates, f"{len(rates)} quantize measurements of this GPU in {location}"
+    gemms = f" and {len(rates.gemms)} NVFP4 GEMM" if rates.gemms else ""
+    return rates, f"{len(rates)} quantize{gemms} measurements of this GPU in {location}"

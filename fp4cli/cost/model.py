@@ -8,7 +8,9 @@ of M tokens, K in_features, N out_features:
 GEMM (each of the three): FLOP = 2 M N K,
     bytes = what it reads of its two operands (codes + scales, or 2 bytes an element) + its
     BF16 output (forward M x N, grad_input M x K, grad_weight N x K),
-    seconds = max(FLOP / rate, bytes / bandwidth), the rate by the operands' formats: both E2M1
+    seconds = max(FLOP / rate, bytes / bandwidth), the rate by the operands' formats: both NVFP4
+    (E2M1, UE4M3 scales per 16, a tensor scale) -> nvfp4, or the NVFP4 GEMM measured on this
+    GPU nearest in FLOP (`fp4cli.cost.measured`) where the store has one; both E2M1 otherwise
     -> fp4; both quantized otherwise -> fp8; either in high precision -> bf16. The scale
     formats do not change the rate (scales are applied by the tensor cores or in the epilogue;
     for UE5M3 scales and blocks other than 16 or 32 Blackwell has no native support, so there
@@ -100,19 +102,34 @@ def gemm_item(
     hadamard: int | None,
     shape: LayerShape,
     profile: DeviceProfile,
+    measured: MeasuredRates | None = None,
 ) -> CostItem:
-    """One GEMM at the rate of its operands' formats."""
-    precisions = {operands.element_precision(spec) for spec in specs}
-    precision = "bf16" if "bf16" in precisions else "fp8" if "fp8" in precisions else "fp4"
+    """One GEMM at the rate of its operands' formats (a measured NVFP4 GEMM's, if any)."""
+    precision = gemm_precision(specs)
     output = shape.dim(OUTPUT_DIMS[gemm][0]) * shape.dim(OUTPUT_DIMS[gemm][1])
     moved = operands.HP_BYTES * output + sum(
         operands.gemm_operand_bytes(operand, spec, hadamard, shape)
         for operand, spec in zip(GEMM_OPERANDS[gemm], specs, strict=True)
     )
     flops = shape.gemm_flops
-    seconds = max(flops / profile.gemm_flops(precision), moved / profile.bandwidth)
-    source = f"model ({precision} {profile.kind(precision)})"
+    rate, source = profile.gemm_flops(precision), f"model ({precision} {profile.kind(precision)})"
+    found = measured.gemm(precision, flops) if measured is not None else None
+    if found is not None:
+        rate, source = found.tflops * 1e12, found.source
+    seconds = max(flops / rate, moved / profile.bandwidth)
     return CostItem("gemm", gemm, flops, moved, seconds, source)
+
+
+def gemm_precision(specs: tuple[QuantSpec | None, QuantSpec | None]) -> str:
+    """nvfp4 (both NVFP4), fp4 (both E2M1 otherwise), fp8 (both quantized) or bf16."""
+    if all(spec is not None and _is_nvfp4(spec) for spec in specs):
+        return "nvfp4"
+    precisions = {operands.element_precision(spec) for spec in specs}
+    return "bf16" if "bf16" in precisions else "fp8" if "fp8" in precisions else "fp4"
+
+
+def _is_nvfp4(spec: QuantSpec) -> bool:
+    return (spec.element, spec.scale, spec.block, spec.tensor_scale) == ("e2m1", "ue4m3", 16, True)
 
 
 def bf16_items(shape: LayerShape, profile: DeviceProfile) -> list[CostItem]:
@@ -181,7 +198,7 @@ def _gemm_items(
         spec = config.spec(operand)
         items += operands.operand_items(operand, spec, hadamard, shape, profile, measured, extras)
     specs = (config.spec(GEMM_OPERANDS[gemm][0]), config.spec(GEMM_OPERANDS[gemm][1]))
-    items.append(gemm_item(gemm, specs, hadamard, shape, profile))
+    items.append(gemm_item(gemm, specs, hadamard, shape, profile, measured))
     if gemm == "forward" and config.outliers is not None and config.outliers.compensate:
         items.append(techniques.compensation_item(config.outliers, shape, profile))
     if gemm == "grad_weight" and config.dge is not None:

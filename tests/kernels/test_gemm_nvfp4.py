@@ -382,3 +382,82 @@ def test_bench_gemm_measures_the_nvfp4_impls(tmp_path: Path) -> None:
         # bf16 output (the interpreter's bfloat16 truncates: within a few bf16 ulps)
         assert 0 < measured[(impl, "rel_error")] < 2**-6
         assert measured[(impl, "max_rel_error")] < 2**-6
+
+
+# --------------------------------------------------------------------------------------------
+# fp4 cost: the NVFP4 GEMM's rate, assumed or measured
+# --------------------------------------------------------------------------------------------
+
+H100_NAME = "NVIDIA H100 80GB HBM3"
+
+
+def gemm_bench_store(path: Path) -> Path:
+    """NVFP4 GEMM rows as `fp4 bench gemm` stores them, and rows the cost model must ignore."""
+    from fp4cli.store import RunStore
+
+    def config(impl: str, size: int, fmt: str = "nvfp4") -> dict:
+        return {"m": size, "n": size, "k": size, "shape": f"{size}^3", "impl": impl,
+                "format": fmt, "out_dtype": "bf16"}  # fmt: skip
+
+    with RunStore(path) as store:
+        for device, cfg, name, value in (
+            (H100_NAME, config("nvfp4", 8192), "tflops", 600.0),
+            (H100_NAME, config("nvfp4-decoded", 8192), "tflops", 700.0),
+            (H100_NAME, config("nvfp4", 1024), "tflops", 100.0),
+            (H100_NAME, config("cublas-bf16", 8192, "nvfp4"), "tflops", 800.0),
+            (H100_NAME, config("exact", 8192, "mxfp4"), "tflops", 900.0),
+            (H100_NAME, config("nvfp4", 8192), "ms", 2.0),
+            ("NVIDIA B200", config("nvfp4", 8192), "tflops", 5000.0),
+        ):
+            store.log_benchmark("gemm", device, {"torch": "2.11"}, cfg, name, value, "TFLOP/s")
+    return path
+
+
+def test_cost_prices_nvfp4_gemms_at_the_bf16_rate_on_hopper() -> None:
+    from fp4cli.cost import estimate_layer, profile_for
+    from fp4cli.cost.model import gemm_precision
+    from fp4cli.cost.shapes import LayerShape
+    from fp4cli.recipes import load_recipe
+
+    two_d = QuantSpec.preset("nvfp4-2d")
+    assert gemm_precision((NVFP4, two_d)) == "nvfp4"
+    assert gemm_precision((NVFP4, QuantSpec.preset("mxfp4"))) == "fp4"
+    h100, b200 = profile_for("h100"), profile_for("b200")
+    assert h100.gemm_flops("nvfp4") == h100.gemm_flops("bf16") and h100.kind("nvfp4") == "assumed"
+    assert b200.gemm_flops("nvfp4") == b200.gemm_flops("fp4")
+    cost = estimate_layer(load_recipe("nvfp4").linear, LayerShape(8192, 8192, 8192), h100)
+    gemms = [item for item in cost.items if item.technique == "gemm"]
+    assert [item.source for item in gemms] == ["model (nvfp4 assumed)"] * 3
+    assert gemms[0].seconds == pytest.approx(2 * 8192**3 / h100.gemm_flops("bf16"))
+
+
+def test_cost_uses_the_measured_nvfp4_gemm(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from fp4cli.cli.main import app
+    from fp4cli.cost import estimate_layer, measured_rates, profile_for
+    from fp4cli.cost.shapes import LayerShape
+    from fp4cli.recipes import load_recipe
+    from fp4cli.store import RunStore
+
+    store = gemm_bench_store(tmp_path / "s.db")
+    with RunStore(store) as opened:
+        rates = measured_rates(opened, "h100")
+    assert len(rates.gemms) == 3 and len(rates) == 0  # nvfp4 x 2 at 8192, nvfp4 at 1024
+    fastest = rates.gemm("nvfp4", 2 * 8000**3)
+    assert fastest is not None and (fastest.impl, fastest.tflops) == ("nvfp4-decoded", 700.0)
+    small = rates.gemm("nvfp4", 2 * 1100**3)
+    assert small is not None and small.tflops == 100.0
+    assert rates.gemm("fp4", 2 * 8192**3) is None
+    shape = LayerShape(8192, 8192, 8192)
+    cost = estimate_layer(load_recipe("nvfp4").linear, shape, profile_for("h100"), rates)
+    forward = next(item for item in cost.items if item.technique == "gemm")
+    assert forward.source.startswith("measured: fp4 bench gemm nvfp4-decoded 20")
+    assert forward.seconds == pytest.approx(2 * 8192**3 / 700e12)
+    mxfp4 = estimate_layer(load_recipe("mxfp4").linear, shape, profile_for("h100"), rates)
+    assert not any(item.source.startswith("measured") for item in mxfp4.items)
+    args = ["cost", "-r", "nvfp4", "--shape", "8192x8192x8192", "--device", "h100"]
+    result = CliRunner().invoke(app, [*args, "--store", str(store)], env={"COLUMNS": "220"})
+    assert result.exit_code == 0, result.output
+    assert "measured: fp4 bench gemm nvfp4-decoded" in result.stdout
+    assert "3 NVFP4 GEMM measurements" in result.stdout.replace("\n", " ")
