@@ -118,8 +118,9 @@ def two_level_scales(
     scale, scale_code = round_unsigned_minifloat(
         raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, True
     )
-    multiplier = tl.minimum(_quotient(tl.full(amax.shape, 1.0, tl.float32),
-                                      scale * global_decode), FLOAT32_MAX)  # fmt: skip
+    # a zero scale (or s * D under the float32 range) divides by zero: +inf, then FLT_MAX
+    ones = tl.full(amax.shape, 1.0, tl.float32)
+    multiplier = tl.minimum(tl.div_rn(ones, scale * global_decode), FLOAT32_MAX)
     return scale, scale_code, multiplier
 
 
