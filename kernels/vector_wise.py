@@ -140,8 +140,16 @@ def quantized_values(x, exponent, finite, MBITS: tl.constexpr, MIN_EXP: tl.const
     rounded, code = round_unsigned_minifloat(magnitude, MBITS, MIN_EXP, ELEM_MAX, False, True)
     value = rounded * pow2(exponent)
     negative = x.to(tl.int32, bitcast=True) < 0
-    value = tl.where(negative, -value, value)
+    value = signed(value, negative)
     return tl.where(finite, value, float("nan")), code, negative
+
+
+@triton.jit
+def signed(magnitude, negative):
+    """float32 `magnitude` (>= 0) with the sign bit set where `negative`: -0.0 for a zero
+    magnitude too (a compiled `-x` can be 0 - x, which gives +0.0 there)."""
+    bits = magnitude.to(tl.int32, bitcast=True)
+    return tl.where(negative, bits | -2147483648, bits).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -352,5 +360,5 @@ def decode_kernel(
     scale = tl.load(scales_ptr + index, mask=index_ok, other=1.0)
     magnitude = unsigned_minifloat_value(code & (SIGN_BIT - 1), MBITS, MIN_EXP, MAX_CODE)
     value = magnitude * _expand(scale, BY)
-    value = tl.where((code & SIGN_BIT) != 0, -value, value)
+    value = signed(value.to(tl.float32), (code & SIGN_BIT) != 0)
     tl.store(out_ptr + offsets, value.to(out_ptr.dtype.element_ty), mask=mask)
