@@ -70,9 +70,11 @@ def _counts_below(keys, x_ptr, first_row, R, C, trial_low, trial_high,
                   BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr):  # fmt: skip
     """How many keys of each row lie below trial_low and below trial_high ([BR] each): from
     the register tile `keys`, or by reading the rows chunk by chunk."""
-    if ONE_CHUNK:
-        below_low = tl.sum((keys < trial_low[:, None]).to(tl.int32), axis=1)
-        below_high = tl.sum((keys < trial_high[:, None]).to(tl.int32), axis=1)
+    if ONE_CHUNK:  # one reduction for both counts: a row holds fewer than 2^16 values here
+        packed = (keys < trial_low[:, None]).to(tl.int32)
+        packed += (keys < trial_high[:, None]).to(tl.int32) << 16
+        both = tl.sum(packed, axis=1)
+        below_low, below_high = both & 0xFFFF, both >> 16
     else:
         below_low = tl.zeros([BR], tl.int32)
         below_high = tl.zeros([BR], tl.int32)
