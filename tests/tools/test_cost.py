@@ -314,6 +314,49 @@ def test_cli_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not (tmp_path / "missing.db").exists()
 
 
+def nvfp4_gemm_store(path: Path) -> Path:
+    """NVFP4 GEMM rows as `fp4 bench gemm` stores them: fused and decoded at 8192^3, fused at
+    1024^3 on the H100, and a B200 row the h100 profile must not use."""
+    with RunStore(path) as store:
+        for device, impl, size, value in (
+            (H100_NAME, "nvfp4", 8192, 343.0),
+            (H100_NAME, "nvfp4-decoded", 8192, 645.0),
+            (H100_NAME, "nvfp4", 1024, 100.0),
+            ("NVIDIA B200", "nvfp4", 8192, 5000.0),
+        ):
+            config = {"m": size, "n": size, "k": size, "impl": impl, "format": "nvfp4"}
+            store.log_benchmark("gemm", device, {}, config, "tflops", value, "TFLOP/s")
+    return path
+
+
+def caption_of(args: list[str]) -> str:
+    """The table's text after its last row, on one line."""
+    result = runner.invoke(app, ["cost", "-r", "nvfp4", *args], env=WIDE)
+    assert result.exit_code == 0, result.output
+    return " ".join(result.stdout.split("ratio vs BF16")[-1].split())
+
+
+def test_cli_caption_names_every_gemm_rate_and_its_source(tmp_path: Path) -> None:
+    assumed = caption_of(["--shape", "8192x8192x8192", "--device", "h100", "--no-measured"])
+    rates = ("bf16 GEMM 746 TFLOP/s (measured)", "fp8 GEMM 1,282 TFLOP/s (measured)",
+             "fp4 GEMM 1,282 TFLOP/s (assumed)", "nvfp4 GEMM 746 TFLOP/s (assumed)")  # fmt: skip
+    assert all(rate in assumed for rate in rates), assumed
+    b200 = caption_of(["--shape", "8192x8192x8192", "--device", "b200", "--no-measured"])
+    assert "nvfp4 GEMM 9,000 TFLOP/s (datasheet)" in b200
+    store = str(nvfp4_gemm_store(tmp_path / "s.db"))
+    shapes = ["8192x8192x8192", "1024x1024x1024", "8000x8000x8000", "2048x2048x2048:bf16"]
+    args = [arg for shape in shapes for arg in ("--shape", shape)]
+    measured = caption_of([*args, "--device", "h100", "--store", store])
+    decoded = (
+        "nvfp4 GEMM 746 TFLOP/s (assumed; 8192x8192x8192, 8000x8000x8000 at 645 TFLOP/s, "
+        "measured: fp4 bench gemm nvfp4-decoded 20"
+    )
+    assert decoded in measured, measured
+    assert "; 1024x1024x1024 at 100 TFLOP/s, measured: fp4 bench gemm nvfp4 20" in measured
+    assert "2048x2048x2048" not in measured and "5,000" not in measured
+    assert "fp4 GEMM 1,282 TFLOP/s (assumed)," in measured  # only NVFP4 rows were measured
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
