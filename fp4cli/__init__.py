@@ -18,6 +18,7 @@ _EXPORTS = {
     "quantize": "fp4cli.quant",
     "fake_quantize": "fp4cli.quant",
     "mxfp4_matmul": "fp4cli.gemm",
+    "nvfp4_matmul": "fp4cli.gemm",
     "LinearConfig": "fp4cli.linear",
     "QuantLinear": "fp4cli.linear",
     "quantize_model": "fp4cli.linear",
@@ -34,6 +35,7 @@ __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
     from fp4cli.gemm import mxfp4_matmul as mxfp4_matmul
+    from fp4cli.gemm import nvfp4_matmul as nvfp4_matmul
     from fp4cli.linear import LinearConfig as LinearConfig
     from fp4cli.linear import QuantLinear as QuantLinear
     from fp4cli.linear import attach_qema as attach_qema

@@ -94,6 +94,20 @@ def test_cli_import_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_package_exports_the_gemms_lazily() -> None:
+    """`import fp4cli` lists the GEMMs without importing torch; the names are fp4cli.gemm's."""
+    code = (
+        "import sys, fp4cli; assert {'mxfp4_matmul', 'nvfp4_matmul'} <= set(dir(fp4cli)); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    import fp4cli
+    import fp4cli.gemm
+
+    assert fp4cli.nvfp4_matmul is fp4cli.gemm.nvfp4_matmul
+    assert fp4cli.mxfp4_matmul is fp4cli.gemm.mxfp4_matmul
+
+
 def fp4_script() -> str:
     script = Path(sys.executable).with_name("fp4")
     found = str(script) if script.exists() else shutil.which("fp4")
