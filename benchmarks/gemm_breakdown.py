@@ -17,9 +17,9 @@ from triton.testing import do_bench
 
 from fp4cli.gemm import mxfp4_matmul
 from fp4cli.gemm.operands import kernel_operand
-from fp4cli.kernels import gemm_launch
-from fp4cli.kernels.gemm_fp8 import mxfp4_fp8_gemm_kernel
-from fp4cli.kernels.gemm_int8 import mxfp4_int8_gemm_kernel
+from fp4cli.kernels.gemm import launch as gemm_launch
+from fp4cli.kernels.gemm.fp8 import mxfp4_fp8_gemm_kernel
+from fp4cli.kernels.gemm.int8 import mxfp4_int8_gemm_kernel
 from fp4cli.quant import QuantSpec, quantize
 
 

@@ -240,7 +240,7 @@ def _kernel_call(
     impl: str, a: QuantizedTensor, b: QuantizedTensor, out: torch.Tensor, device: torch.device
 ) -> Callable[[], object]:
     from fp4cli.gemm.operands import kernel_operand
-    from fp4cli.kernels import gemm_launch
+    from fp4cli.kernels.gemm import launch as gemm_launch
 
     _require_kernels(device)
     a_op, b_op = kernel_operand(a), kernel_operand(b)

@@ -3,7 +3,7 @@
 Paths (`gemm_path`), for two quantized operands the kernels cover (`operands.kernel_gap`):
 
 - "hopper" (compute capability 8.9 and 9.x, and the Triton interpreter): exact on INT8 / FP8
-  tensor cores in tiers (`fp4cli.kernels.gemm_launch.exact_matmul`); fast through cuBLAS's
+  tensor cores in tiers (`fp4cli.kernels.gemm.launch.exact_matmul`); fast through cuBLAS's
   row-wise scaled FP8 GEMM where it takes the shapes (bf16 output, M, N and K multiples of 16),
   else the FP8 kernel with promotion every K-tile.
 - "blackwell" (10.x and later, block 32): Triton's `tl.dot_scaled`, the native MXFP4 MMA.
@@ -108,7 +108,7 @@ def gemm_path(a: QuantizedTensor | torch.Tensor, b: QuantizedTensor, backend: st
 def _run(
     path: str, a: QuantizedTensor | torch.Tensor, b: QuantizedTensor, out: torch.Tensor, mode: str
 ) -> None:
-    from fp4cli.kernels import gemm_launch
+    from fp4cli.kernels.gemm import launch as gemm_launch
 
     b_operand = kernel_operand(b)
     if path == "weight-only":

@@ -146,7 +146,7 @@ def _check_spec(name: str, q: QuantizedTensor) -> None:
 
 def _run(impl: str, a: QuantizedTensor, b: QuantizedTensor, out: torch.Tensor) -> None:
     from fp4cli.gemm.reference import nvfp4_factor
-    from fp4cli.kernels import gemm_nvfp4_launch as launch
+    from fp4cli.kernels.gemm import nvfp4_launch as launch
 
     a_operand, b_operand = launch.operand(a), launch.operand(b)
     factor = nvfp4_factor(a, b)

@@ -14,7 +14,7 @@ import torch
 from fp4cli.quant import QuantizedTensor
 
 if TYPE_CHECKING:
-    from fp4cli.kernels.gemm_launch import Operand
+    from fp4cli.kernels.gemm.launch import Operand
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 KERNEL_BLOCKS = (32, 64, 96, 128, 160, 192, 224, 256)  # whole 32-element windows per block
@@ -92,7 +92,7 @@ def kernel_gap(a: QuantizedTensor | torch.Tensor, b: QuantizedTensor) -> str | N
 
 def kernel_operand(q: QuantizedTensor) -> Operand:
     """The kernels' (rows, K_padded / 2) codes and (rows, K_padded / block) scales of q."""
-    from fp4cli.kernels.gemm_launch import Operand
+    from fp4cli.kernels.gemm.launch import Operand
 
     codes = q.codes.reshape(-1, q.codes.shape[-1]).contiguous()
     scales = q.scales.reshape(-1, q.scales.shape[-1]).contiguous()

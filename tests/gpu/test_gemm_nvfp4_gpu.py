@@ -45,7 +45,7 @@ def test_exact_operands_bit_for_bit(shape, impl: str, out_dtype: torch.dtype) ->
 
 
 def test_every_fused_tile_bit_for_bit() -> None:
-    from fp4cli.kernels import gemm_nvfp4_launch as launch
+    from fp4cli.kernels.gemm import nvfp4_launch as launch
 
     a = random_operand(300, 256, seed=1, device="cuda")  # ragged M, N against every tile
     b = random_operand(270, 256, seed=2, device="cuda")

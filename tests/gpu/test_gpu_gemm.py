@@ -150,7 +150,7 @@ def test_weight_only_bf16() -> None:
 
 def test_dot_scaled_kernel() -> None:
     from fp4cli.gemm.operands import kernel_operand
-    from fp4cli.kernels.gemm_launch import scaled_dot_matmul
+    from fp4cli.kernels.gemm.launch import scaled_dot_matmul
 
     a, b = exact_sum_pair(300, 272, 256, seed=6, device="cuda")
     out = torch.full((300, 272), float("nan"), device="cuda")

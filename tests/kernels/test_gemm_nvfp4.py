@@ -309,7 +309,7 @@ def test_bad_backend_is_a_spec_error() -> None:
 
 COMPILE = """
 import torch
-import fp4cli.kernels.gemm_nvfp4_launch as launch
+import fp4cli.kernels.gemm.nvfp4_launch as launch
 from tests.hopper_compile import compile_launches
 
 def launches():

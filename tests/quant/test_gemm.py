@@ -90,7 +90,7 @@ def test_output_dtypes_round_the_float32_result(out_dtype: torch.dtype) -> None:
 
 def tier_flags(q) -> list[int]:
     from fp4cli.gemm.operands import kernel_operand
-    from fp4cli.kernels.gemm_launch import prepare
+    from fp4cli.kernels.gemm.launch import prepare
 
     operand = kernel_operand(q)
     return prepare(operand, operand, tier_flags=True).flags(operand.rows)[0].tolist()
@@ -193,7 +193,7 @@ def test_weight_only_float_a() -> None:
 def test_scaled_dot_kernel_matches_reference() -> None:
     """The Blackwell path's kernel (tl.dot_scaled), run here emulated."""
     from fp4cli.gemm.operands import kernel_operand
-    from fp4cli.kernels.gemm_launch import scaled_dot_matmul
+    from fp4cli.kernels.gemm.launch import scaled_dot_matmul
 
     a, b = exact_sum_pair(33, 20, 160, seed=9, device=DEVICE)
     out = torch.full((33, 20), float("nan"), device=DEVICE)
@@ -204,7 +204,7 @@ def test_scaled_dot_kernel_matches_reference() -> None:
 @needs_kernels
 def test_fused_decode_matches_staged() -> None:
     from fp4cli.gemm.operands import kernel_operand
-    from fp4cli.kernels.gemm_launch import exact_fp8_matmul, fast_fp8_matmul
+    from fp4cli.kernels.gemm.launch import exact_fp8_matmul, fast_fp8_matmul
 
     a, b = exact_sum_pair(40, 36, 160, seed=12, device=DEVICE)
     a = spread_rows(a, [1, 2], 9)
@@ -227,7 +227,7 @@ def test_staged_operands_hold_every_code_at_every_shift() -> None:
     block from the row's largest: INT8, E5M2 and E4M3 staging times the row's scale give the
     dequantized values exactly within each format's range, and zero beyond it."""
     from fp4cli.gemm.operands import kernel_operand
-    from fp4cli.kernels.gemm_launch import prepare
+    from fp4cli.kernels.gemm.launch import prepare
 
     blocks = 30
     codes = torch.arange(16, dtype=torch.uint8).repeat(blocks * 2)  # 32 codes per block

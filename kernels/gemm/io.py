@@ -1,7 +1,7 @@
 """Where a GEMM program's tile lies, and its loads and stores, shared by the MXFP4 GEMM
 kernels. Operands are row-major (rows, K); the output is (M, N) with any strides.
 
-Facts (`gemm_prep`): one int32 tensor (2, M + N): each row's reference scale code, then its
+Facts (`gemm.prep`): one int32 tensor (2, M + N): each row's reference scale code, then its
 flags, the rows of A before the rows of B.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_prep import FLAG_NAN
+from fp4cli.kernels.gemm.prep import FLAG_NAN
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """The MXFP4 GEMM on FP8 tensor cores (Hopper): C = dequantize(A) @ dequantize(B)^T.
 
 A (M, K) and B (N, K) are blocked along K with E8M0 scales (blocks of a multiple of 32). Each
-row's blocks are folded into E5M2 against the row's largest scale (`gemm_prep`), read staged
+row's blocks are folded into E5M2 against the row's largest scale (`gemm.prep`), read staged
 from memory or, FUSED, decoded in registers from the packed codes, and the tensor cores multiply
 the E5M2 tiles. Every 32-element window of K lies in one block of each operand, so the products
 of a window share one power of two and their sum (at most 13 significant bits) is exact in the
@@ -9,8 +9,8 @@ tensor core's accumulator, which keeps 14; the epilogue applies 2^(ref_a + ref_b
 
 EXACT: every window's partial sum is added to the float32 accumulator (promotion every 32), so
 the result is the float32 accumulation of the exact products; a tile with a row beyond E5M2's
-fold range takes the per-window path (`gemm_window`) instead. With SKIP_NARROW, tiles whose rows
-all lie within INT8's range are left to the INT8 kernel (`gemm_int8`).
+fold range takes the per-window path (`gemm.window`) instead. With SKIP_NARROW, tiles whose rows
+all lie within INT8's range are left to the INT8 kernel (`gemm.int8`).
 Fast: promotion every BK (the tensor core sums BK / 32 windows in its 14-bit accumulator
 between), and blocks more than 26 binades below their row's largest are flushed.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_io import (
+from fp4cli.kernels.gemm.io import (
     load_codes,
     load_facts,
     load_rows,
@@ -29,9 +29,9 @@ from fp4cli.kernels.gemm_io import (
     tile_flags,
     tile_rows,
 )
-from fp4cli.kernels.gemm_prep import FLAG_BEYOND_E5M2, FLAG_BEYOND_INT8
-from fp4cli.kernels.gemm_tiles import FOLD_RANGE, FP8_TOP, decode_e5m2, per_byte, scale_outer
-from fp4cli.kernels.gemm_window import window_product
+from fp4cli.kernels.gemm.prep import FLAG_BEYOND_E5M2, FLAG_BEYOND_INT8
+from fp4cli.kernels.gemm.tiles import FOLD_RANGE, FP8_TOP, decode_e5m2, per_byte, scale_outer
+from fp4cli.kernels.gemm.window import window_product
 
 
 @triton.jit

@@ -3,7 +3,7 @@
 Every launcher computes out = dequantize(A) @ dequantize(B)^T into a given `out` and returns it:
 
 - `exact_matmul`: the float32 accumulation of the exact products, in up to three tiers chosen
-  per output tile by its rows' scale spread (`gemm_prep` flags): INT8 tensor cores (rows within
+  per output tile by its rows' scale spread (`gemm.prep` flags): INT8 tensor cores (rows within
   4 binades, exact int32 sums), FP8 tensor cores (within 27; promotion every 32) and per-window
   FP8 (wider), the last two in one kernel.
 - `exact_fp8_matmul`: the same without the INT8 tier (FP8 and per-window only).
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from fp4cli.kernels.gemm_fp8 import mxfp4_fp8_gemm_kernel
-from fp4cli.kernels.gemm_int8 import mxfp4_int8_gemm_kernel
-from fp4cli.kernels.gemm_prep import operand_prep_kernel
-from fp4cli.kernels.gemm_scaled import scaled_dot_kernel, weight_only_kernel
+from fp4cli.kernels.gemm.fp8 import mxfp4_fp8_gemm_kernel
+from fp4cli.kernels.gemm.int8 import mxfp4_int8_gemm_kernel
+from fp4cli.kernels.gemm.prep import operand_prep_kernel
+from fp4cli.kernels.gemm.scaled import scaled_dot_kernel, weight_only_kernel
 from fp4cli.quant.backend import interpreter_on
 
 STAGED_DTYPES = {"int8": torch.int8, "e5m2": torch.float8_e5m2, "e4m3": torch.float8_e4m3fn}
@@ -55,7 +55,7 @@ class Operand:
 
 @dataclass(frozen=True)
 class Prepared:
-    """What `prepare` computes for a pair of operands (`gemm_prep`): facts (2, M + N) int32 (each
+    """What `prepare` computes for a pair of operands (`gemm.prep`): facts (2, M + N) int32 (each
     row's reference scale code, then flags; A's rows first), and per staged format the (A, B)
     pair of (rows, K_padded) tensors asked for, and E4M3 row scales (A's (M,), B's (N,))."""
 

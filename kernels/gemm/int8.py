@@ -1,7 +1,7 @@
 """The exact MXFP4 GEMM on INT8 tensor cores, for tiles whose rows span at most 4 binades.
 
-A row whose blocks all lie within 3 binades of its largest scale (`gemm_prep` flag 4 unset)
-holds integers q * 2 * 2^k, |value| <= 96, in INT8 (`gemm_words`), so the tensor cores sum its
+A row whose blocks all lie within 3 binades of its largest scale (`gemm.prep` flag 4 unset)
+holds integers q * 2 * 2^k, |value| <= 96, in INT8 (`gemm.words`), so the tensor cores sum its
 products exactly in int32 (|sum| <= 9216 K < 2^31 for K < 233,000) and the epilogue rounds
 each output once. Tiles with a wider row are left to the FP8 kernel.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_io import load_facts, load_rows, store_tile, tile_flags, tile_rows
-from fp4cli.kernels.gemm_prep import FLAG_BEYOND_INT8
-from fp4cli.kernels.gemm_tiles import scale_outer
+from fp4cli.kernels.gemm.io import load_facts, load_rows, store_tile, tile_flags, tile_rows
+from fp4cli.kernels.gemm.prep import FLAG_BEYOND_INT8
+from fp4cli.kernels.gemm.tiles import scale_outer
 
 INT8_TOP = tl.constexpr(4)  # the largest block's values are q * 2^4 (2 * 6 * 2^3 = 96)
 

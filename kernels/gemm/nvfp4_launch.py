@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import triton
 
-from fp4cli.kernels.gemm_launch import GemmTile
-from fp4cli.kernels.gemm_nvfp4 import nvfp4_fused_kernel
-from fp4cli.kernels.gemm_nvfp4_decoded import nvfp4_alpha_kernel, nvfp4_decode_kernel
+from fp4cli.kernels.gemm.launch import GemmTile
+from fp4cli.kernels.gemm.nvfp4 import nvfp4_fused_kernel
+from fp4cli.kernels.gemm.nvfp4_decoded import nvfp4_alpha_kernel, nvfp4_decode_kernel
 from fp4cli.quant import QuantizedTensor
 from fp4cli.quant.backend import interpreter_on
 

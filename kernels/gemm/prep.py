@@ -7,7 +7,7 @@ block scale code (127 for a row holding a NaN block), and flags: 1 = a NaN block
 block more than 26 binades below the reference (beyond E5M2's fold range), 4 = a nonzero block
 more than 3 below (beyond INT8's); flags 2 and 4, which only the exact GEMM's tiers read, only
 when asked (TIER_FLAGS: they read every code word). It also writes, as asked, the operand
-folded into INT8, E5M2 and E4M3 against each row's reference (`gemm_words`; blocks beyond a
+folded into INT8, E5M2 and E4M3 against each row's reference (`gemm.words`; blocks beyond a
 format's range flushed), and each row's E4M3 scale 2^(ref - 127 - 6) as float32 (NaN for a
 NaN row).
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_tiles import E8M0_NAN
-from fp4cli.kernels.gemm_words import (
+from fp4cli.kernels.gemm.tiles import E8M0_NAN
+from fp4cli.kernels.gemm.words import (
     FORMAT_E4M3,
     FORMAT_E5M2,
     FORMAT_INT8,

@@ -1,10 +1,10 @@
-"""The exact MXFP4 GEMM's step for tiles with a row beyond E5M2's fold range (`gemm_prep` flag
+"""The exact MXFP4 GEMM's step for tiles with a row beyond E5M2's fold range (`gemm.prep` flag
 2): a nonzero block more than 26 binades below its row's largest, which no common fold holds.
 
 Each 32-element window of K is decoded unfolded (q * 2^13 in E5M2), multiplied on the FP8
 tensor cores (one window's products sum exactly), and its partial sum scaled by the window's
 two block scales into the float32 accumulator: one scaling per window and output, slower than
-the folded kernels, so `gemm_fp8` takes this path only for the tiles that need it.
+the folded kernels, so `gemm.fp8` takes this path only for the tiles that need it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_io import load_codes
-from fp4cli.kernels.gemm_tiles import FOLD_RANGE, FP8_TOP, decode_e5m2, scale_outer
+from fp4cli.kernels.gemm.io import load_codes
+from fp4cli.kernels.gemm.tiles import FOLD_RANGE, FP8_TOP, decode_e5m2, scale_outer
 
 
 @triton.jit

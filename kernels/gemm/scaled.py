@@ -14,8 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_io import load_codes, load_window_scales, tile_rows
-from fp4cli.kernels.gemm_tiles import decode_float, per_byte
+from fp4cli.kernels.gemm.io import load_codes, load_window_scales, tile_rows
+from fp4cli.kernels.gemm.tiles import decode_float, per_byte
 
 
 @triton.jit

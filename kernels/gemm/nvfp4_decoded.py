@@ -2,7 +2,7 @@
 
 `nvfp4_decode_kernel`: one operand's packed E2M1 codes and E4M3 block-scale codes to a
 (rows, K_padded) tensor of q * s in its natural element order (bfloat16 on the GPU: exact), by
-the fused kernel's bit arithmetic (`gemm_nvfp4`) on bytes: a byte sign-extended to int32 has
+the fused kernel's bit arithmetic (`gemm.nvfp4`) on bytes: a byte sign-extended to int32 has
 its high code's sign on bit 31 already, so one shift and a mask decode it.
 
 `nvfp4_alpha_kernel`: the float32 GEMM result times alpha = fl32(amax_a * amax_b) / factor,
@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_nvfp4 import E2M1_FLOAT_BITS, VALUE_UNDO, e4m3_scale_2p118, epilogue_alpha
+from fp4cli.kernels.gemm.nvfp4 import E2M1_FLOAT_BITS, VALUE_UNDO, e4m3_scale_2p118, epilogue_alpha
 
 
 @triton.jit

@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm_io import tile_ids
+from fp4cli.kernels.gemm.io import tile_ids
 
 E4M3_BIAS = tl.constexpr((120 + 118) << 23)  # float32's bias minus E4M3's, plus 118
 E4M3_SUBNORMAL = tl.constexpr(2.0**111)  # E4M3's 2^-7 times 2^118
