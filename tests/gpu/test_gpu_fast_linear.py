@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import fp4cli
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.store import RunStore
 from fp4cli.train import run_training
 from fp4cli.train.progress import SilentReporter
+from tests.gpu_gpt import autocast_gradients, gpt_batches, gpt_loss, tiny_gpt
 from tests.kernel_checks import COMPILED_ON_GPU, assert_bits
 
 pytestmark = COMPILED_ON_GPU
@@ -60,43 +60,13 @@ def test_pair_on_large_bf16_matches_the_reference(double, col_h):
     assert_bits(col_out.scales, col_ref.scales, "column scale codes")
 
 
-def _gpt(recipe: str, backend: str):
-    from fp4cli.tasks.gpt_model import GPT, GPTConfig
-
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(256, 128, 2, 256, 4)).cuda()
-    fp4cli.quantize_model(model, recipe, seed=0, backend=backend)
-    return model
-
-
-def _loss(model, batch):
-    inputs, targets = batch
-    return F.cross_entropy(model(inputs).float().reshape(-1, 256), targets.reshape(-1))
-
-
-def _batches(count: int, batch: int = 8, length: int = 128):
-    generator = torch.Generator(device="cuda").manual_seed(7)
-    return [
-        tuple(torch.randint(0, 256, (batch, length), generator=generator, device="cuda")
-              for _ in range(2))
-        for _ in range(count)
-    ]  # fmt: skip
-
-
 @pytest.mark.parametrize("recipe", FAST_RECIPES)
 def test_fast_executor_equals_reference_under_autocast(recipe):
     """A GPT's forward and backward under bf16 autocast: every gradient the same bits."""
-    results = []
-    for backend in ("torch", "triton"):
-        model = _gpt(recipe, backend)
-        expected = "fast" if backend == "triton" else "reference"
-        layers = fp4cli.quantized_layers(model).values()
-        assert all(layer.executor()[0] == expected for layer in layers)
-        for batch in _batches(2):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = _loss(model, batch)
-            loss.backward()
-        results.append([loss.detach(), *(p.grad for p in model.parameters())])
+    results = [
+        autocast_gradients(recipe, "torch", "reference"),
+        autocast_gradients(recipe, "triton", "fast"),
+    ]
     for got, want in zip(results[1], results[0], strict=True):
         assert_bits(got, want, recipe)
 
@@ -104,13 +74,15 @@ def test_fast_executor_equals_reference_under_autocast(recipe):
 def _train_steps(recipe: str, cuda_graph: bool, steps: int = 8):
     from fp4cli.train.step import StepRunner, device_learning_rates
 
-    model = _gpt(recipe, "auto")
+    model = tiny_gpt(recipe, "auto")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True, capturable=True)
     device_learning_rates(optimizer, torch.device("cuda"))
     fp4cli.attach_qema(model, optimizer)
-    runner = StepRunner(model, optimizer, _loss, 1.0, torch.device("cuda"), cuda_graph=cuda_graph)
+    runner = StepRunner(
+        model, optimizer, gpt_loss, 1.0, torch.device("cuda"), cuda_graph=cuda_graph
+    )
     losses = []
-    for index, batch in enumerate(_batches(steps)):
+    for index, batch in enumerate(gpt_batches(steps)):
         losses.append(runner(batch, eager=index == 5)[0])  # one eager step between replays
     return torch.stack(losses), [p.detach().clone() for p in model.parameters()], runner
 
