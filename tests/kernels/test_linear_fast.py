@@ -10,6 +10,7 @@ from fp4cli.linear.fast import fast_gap
 from fp4cli.recipes import load_recipe
 from fp4cli.techniques import DGEConfig, HadamardConfig
 from tests.kernel_cases import DEVICE
+from tests.linear_runs import assert_same_passes, linear_inputs, seeded_layer, training_passes
 
 CEIL = QuantSpec.preset("mxfp4-ceil")
 CEIL_SR = CEIL.replace(rounding="sr")
@@ -56,85 +57,61 @@ CONFIGS = {
 }
 
 
-def _layer(config, backend, in_features=96, out_features=70, bias=True):
-    torch.manual_seed(1)
-    return QuantLinear(
-        in_features, out_features, bias=bias, config=config, seed=3, backend=backend
-    ).to(DEVICE)
-
-
-def _run(layer, x, grad_y, calls=2):
-    """Outputs and gradients of `calls` training passes (each draws fresh seeds)."""
-    results = []
-    for _ in range(calls):
-        x_in = x.detach().clone().requires_grad_(x.requires_grad)
-        layer.zero_grad()
-        y = layer(x_in)
-        y.backward(grad_y)
-        grads = [x_in.grad, *(p.grad for p in layer.parameters())]
-        results.append((y.detach(), *grads))
-    return results
-
-
-def _assert_same(fast, reference):
-    for fast_call, reference_call in zip(fast, reference, strict=True):
-        for a, b in zip(fast_call, reference_call, strict=True):
-            if b is None:
-                assert a is None
-            else:
-                assert torch.equal(a, b)
-
-
-def _inputs(shape=(2, 37, 96), out_features=70, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=generator) * 3
-    grad_y = torch.randn(*shape[:-1], out_features, generator=generator)
-    return x.to(DEVICE).requires_grad_(), grad_y.to(DEVICE)
-
-
 @pytest.mark.parametrize("name", CONFIGS)
 def test_fast_executor_matches_the_reference_bit_for_bit(name):
-    fast, reference = _layer(CONFIGS[name], "triton"), _layer(CONFIGS[name], "torch")
+    fast, reference = seeded_layer(CONFIGS[name], "triton"), seeded_layer(CONFIGS[name], "torch")
     assert fast.executor() == ("fast", "")
-    x, grad_y = _inputs()
-    _assert_same(_run(fast, x, grad_y), _run(reference, x, grad_y))
+    x, grad_y = linear_inputs()
+    assert_same_passes(training_passes(fast, x, grad_y), training_passes(reference, x, grad_y))
 
 
 @pytest.mark.parametrize("name", ["tetrajet", "tseng-rht-sr", "nvfp4"])
 def test_ragged_tokens_and_features(name):
-    fast = _layer(CONFIGS[name], "triton", in_features=45, out_features=33)
-    reference = _layer(CONFIGS[name], "torch", in_features=45, out_features=33)
-    x, grad_y = _inputs((19, 45), 33, seed=2)
-    _assert_same(_run(fast, x, grad_y), _run(reference, x, grad_y))
+    fast = seeded_layer(CONFIGS[name], "triton", in_features=45, out_features=33)
+    reference = seeded_layer(CONFIGS[name], "torch", in_features=45, out_features=33)
+    x, grad_y = linear_inputs((19, 45), 33, seed=2)
+    assert_same_passes(training_passes(fast, x, grad_y), training_passes(reference, x, grad_y))
 
 
 def test_frozen_weight_input_without_grad_and_no_bias():
     config = CONFIGS["tetrajet"]
-    x, grad_y = _inputs(seed=3)
+    x, grad_y = linear_inputs(seed=3)
     for bias in (True, False):
-        fast, reference = _layer(config, "triton", bias=bias), _layer(config, "torch", bias=bias)
+        fast, reference = (
+            seeded_layer(config, "triton", bias=bias),
+            seeded_layer(config, "torch", bias=bias),
+        )
         for layer in (fast, reference):
             layer.weight.requires_grad_(False)
-        _assert_same(_run(fast, x, grad_y), _run(reference, x, grad_y))
-        fast, reference = _layer(config, "triton", bias=bias), _layer(config, "torch", bias=bias)
+        assert_same_passes(training_passes(fast, x, grad_y), training_passes(reference, x, grad_y))
+        fast, reference = (
+            seeded_layer(config, "triton", bias=bias),
+            seeded_layer(config, "torch", bias=bias),
+        )
         x_const = x.detach()
-        _assert_same(_run(fast, x_const, grad_y), _run(reference, x_const, grad_y))
+        assert_same_passes(
+            training_passes(fast, x_const, grad_y), training_passes(reference, x_const, grad_y)
+        )
 
 
 def test_rank_offsets_match_the_reference():
     config = CONFIGS["tetrajet"]
-    fast, reference = _layer(config, "triton"), _layer(config, "torch")
+    fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
     fast.rank = reference.rank = 3
-    x, grad_y = _inputs(seed=4)
-    _assert_same(_run(fast, x, grad_y, calls=1), _run(reference, x, grad_y, calls=1))
+    x, grad_y = linear_inputs(seed=4)
+    assert_same_passes(
+        training_passes(fast, x, grad_y, calls=1), training_passes(reference, x, grad_y, calls=1)
+    )
 
 
 def test_statistics_steps_take_the_reference_and_agree():
     config = CONFIGS["tetrajet"]
-    fast, reference = _layer(config, "triton"), _layer(config, "torch")
+    fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
     fast.stats, reference.stats = {}, {}
-    x, grad_y = _inputs(seed=5)
-    _assert_same(_run(fast, x, grad_y, calls=1), _run(reference, x, grad_y, calls=1))
+    x, grad_y = linear_inputs(seed=5)
+    assert_same_passes(
+        training_passes(fast, x, grad_y, calls=1), training_passes(reference, x, grad_y, calls=1)
+    )
     assert fast.stats.keys() == reference.stats.keys() and len(fast.stats) > 0
 
 
@@ -153,14 +130,14 @@ def _saved_tensors(layer, x):
 @pytest.mark.parametrize("name", ["mxfp4", "tetrajet"])
 def test_backward_operands_are_saved_packed(name):
     """X is kept as 4-bit codes and scale codes, not as a copy in its own dtype."""
-    x, _ = _inputs(seed=6)
-    saved = _saved_tensors(_layer(CONFIGS[name], "triton"), x)
+    x, _ = linear_inputs(seed=6)
+    saved = _saved_tensors(seeded_layer(CONFIGS[name], "triton"), x)
     # (in, tokens / 2) codes and (in, tokens / 32) scales for X (74 tokens padded to 96), and
     # W's grad_input operand (out, in) in the compute dtype
     assert sorted((tuple(t.shape), t.dtype) for t in saved) == sorted(
         [((96, 3), torch.uint8), ((96, 48), torch.uint8), ((70, 96), torch.float32)]
     )
-    reference_saved = _saved_tensors(_layer(CONFIGS[name], "torch"), x)
+    reference_saved = _saved_tensors(seeded_layer(CONFIGS[name], "torch"), x)
     assert any(t.is_floating_point() and t.numel() == x.numel() for t in reference_saved)
 
 
@@ -178,7 +155,7 @@ def test_executor_choice_and_reasons():
     )
     assert fast_gap(doubled) == "grad_weight_x: double quantization into a tensor-scaled spec"
     assert fast_gap(LinearConfig(forward_w=CEIL, dge=DGEConfig())) == "DGE"
-    assert _layer(CONFIGS["tetrajet"], "torch").executor() == ("reference", "backend torch")
+    assert seeded_layer(CONFIGS["tetrajet"], "torch").executor() == ("reference", "backend torch")
     cpu = QuantLinear(32, 32, config=CONFIGS["tetrajet"], backend="auto")
     assert cpu.executor(torch.zeros(1, 32)) == ("reference", "a cpu tensor")
 
@@ -206,8 +183,8 @@ def test_executor_summary_names_the_reference_and_why():
 def test_nvfp4_saves_x_packed_with_its_tensor_amax():
     """NVFP4's X operand for grad_weight: codes, one E4M3 scale per 16 tokens (after RHT-16)
     and the tensor amax its decoding needs."""
-    x, _ = _inputs(seed=6)
-    saved = _saved_tensors(_layer(CONFIGS["nvfp4"], "triton"), x)
+    x, _ = linear_inputs(seed=6)
+    saved = _saved_tensors(seeded_layer(CONFIGS["nvfp4"], "triton"), x)
     assert sorted((tuple(t.shape), t.dtype) for t in saved) == sorted(
         [
             ((96, 40), torch.uint8),  # 74 tokens padded to 80 by the RHT-16

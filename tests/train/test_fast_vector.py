@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from fp4cli import LinearConfig, QuantLinear, QuantSpec, quantize_model
+from fp4cli import LinearConfig, QuantSpec, quantize_model
 from fp4cli.linear import executor_summary
 from fp4cli.linear.fast_vector import vector_gap
 from fp4cli.recipes import load_recipe
@@ -17,6 +17,7 @@ from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConf
 from fp4cli.train import run_training
 from fp4cli.train.progress import SilentReporter
 from tests.kernel_cases import DEVICE
+from tests.linear_runs import assert_same_passes, linear_inputs, seeded_layer, training_passes
 
 WANG = load_recipe("wang-fp4").linear
 DIRECT = load_recipe("wang-direct").linear
@@ -46,59 +47,33 @@ CONFIGS = {
 }
 
 
-def _layer(config, backend, in_features=96, out_features=70, bias=True):
-    torch.manual_seed(1)
-    return QuantLinear(
-        in_features, out_features, bias=bias, config=config, seed=3, backend=backend
-    ).to(DEVICE)
-
-
-def _run(layer, x, grad_y, calls=2):
-    results = []
-    for _ in range(calls):
-        x_in = x.detach().clone().requires_grad_(x.requires_grad)
-        layer.zero_grad()
-        y = layer(x_in)
-        y.backward(grad_y)
-        results.append((y.detach(), x_in.grad, *(p.grad for p in layer.parameters())))
-    return results
-
-
-def _assert_same(vector, reference):
-    for vector_call, reference_call in zip(vector, reference, strict=True):
-        for a, b in zip(vector_call, reference_call, strict=True):
-            assert (a is None and b is None) or torch.equal(a, b)
-
-
-def _inputs(shape=(2, 37, 96), out_features=70, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=generator) * 3
-    x.view(-1, shape[-1])[5, 7] = 40.0  # an outlier the clamp takes off
-    grad_y = torch.randn(*shape[:-1], out_features, generator=generator)
-    return x.to(DEVICE).requires_grad_(), grad_y.to(DEVICE)
-
-
 @pytest.mark.parametrize("name", CONFIGS)
 def test_vector_executor_matches_the_reference_bit_for_bit(name):
-    vector, reference = _layer(CONFIGS[name], "triton"), _layer(CONFIGS[name], "torch")
+    vector, reference = seeded_layer(CONFIGS[name], "triton"), seeded_layer(CONFIGS[name], "torch")
     assert vector.executor() == ("vector", "")
-    x, grad_y = _inputs()
-    _assert_same(_run(vector, x, grad_y), _run(reference, x, grad_y))
+    x, grad_y = linear_inputs(outlier=True)
+    assert_same_passes(training_passes(vector, x, grad_y), training_passes(reference, x, grad_y))
 
 
 def test_ragged_shapes_frozen_weights_and_no_bias():
-    x, grad_y = _inputs((19, 45), 33, seed=2)
+    x, grad_y = linear_inputs((19, 45), 33, seed=2, outlier=True)
     for bias in (True, False):
-        vector = _layer(WANG, "triton", 45, 33, bias)
-        reference = _layer(WANG, "torch", 45, 33, bias)
-        _assert_same(_run(vector, x, grad_y), _run(reference, x, grad_y))
+        vector = seeded_layer(WANG, "triton", 45, 33, bias)
+        reference = seeded_layer(WANG, "torch", 45, 33, bias)
+        assert_same_passes(
+            training_passes(vector, x, grad_y), training_passes(reference, x, grad_y)
+        )
         for layer in (vector, reference):
             layer.weight.requires_grad_(False)
-        _assert_same(_run(vector, x, grad_y), _run(reference, x, grad_y))
-        vector = _layer(WANG, "triton", 45, 33, bias)
-        reference = _layer(WANG, "torch", 45, 33, bias)
+        assert_same_passes(
+            training_passes(vector, x, grad_y), training_passes(reference, x, grad_y)
+        )
+        vector = seeded_layer(WANG, "triton", 45, 33, bias)
+        reference = seeded_layer(WANG, "torch", 45, 33, bias)
         x_const = x.detach()
-        _assert_same(_run(vector, x_const, grad_y), _run(reference, x_const, grad_y))
+        assert_same_passes(
+            training_passes(vector, x_const, grad_y), training_passes(reference, x_const, grad_y)
+        )
 
 
 def _saved(layer, x):
@@ -116,8 +91,8 @@ def _saved(layer, x):
 def test_x_is_kept_as_fp8_codes():
     """wang-fp4 keeps X's backward operand as one byte a value (and its scale), W's as values,
     and for DGE the weight and its per-column forward scales; never a copy of X."""
-    x, _ = _inputs(seed=6)
-    assert _saved(_layer(WANG, "triton"), x) == sorted(
+    x, _ = linear_inputs(seed=6, outlier=True)
+    assert _saved(seeded_layer(WANG, "triton"), x) == sorted(
         [
             ((74, 96), torch.uint8),
             ((1,), torch.float32),
@@ -141,7 +116,7 @@ def test_which_configs_it_takes_and_why_not():
     assert vector_gap(mxfp4) == (
         "grad_input_dy: block 32 (vector-wise kernels: row, column, tensor)"
     )
-    layer = _layer(linear, "triton")
+    layer = seeded_layer(linear, "triton")
     assert layer.executor() == (
         "reference", "DGE; vector-wise: outlier clamping by the 'linear' method"
     )  # fmt: skip
@@ -151,10 +126,12 @@ def test_which_configs_it_takes_and_why_not():
 
 
 def test_statistics_steps_take_the_reference():
-    vector, reference = _layer(WANG, "triton"), _layer(WANG, "torch")
+    vector, reference = seeded_layer(WANG, "triton"), seeded_layer(WANG, "torch")
     vector.stats, reference.stats = {}, {}
-    x, grad_y = _inputs(seed=5)
-    _assert_same(_run(vector, x, grad_y, calls=1), _run(reference, x, grad_y, calls=1))
+    x, grad_y = linear_inputs(seed=5, outlier=True)
+    assert_same_passes(
+        training_passes(vector, x, grad_y, calls=1), training_passes(reference, x, grad_y, calls=1)
+    )
     assert vector.stats.keys() == reference.stats.keys() and len(vector.stats) > 0
 
 

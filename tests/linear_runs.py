@@ -1,0 +1,45 @@
+"""Training passes through one QuantLinear, for the tests that compare its executors (fast,
+vector-wise, reference) bit for bit."""
+
+from __future__ import annotations
+
+import torch
+
+from fp4cli import QuantLinear
+from tests.kernel_cases import DEVICE
+
+
+def seeded_layer(config, backend, in_features=96, out_features=70, bias=True):
+    torch.manual_seed(1)
+    return QuantLinear(
+        in_features, out_features, bias=bias, config=config, seed=3, backend=backend
+    ).to(DEVICE)
+
+
+def training_passes(layer, x, grad_y, calls=2):
+    """(output, grad of x, grads of the parameters) of `calls` passes (each draws fresh seeds)."""
+    results = []
+    for _ in range(calls):
+        x_in = x.detach().clone().requires_grad_(x.requires_grad)
+        layer.zero_grad()
+        y = layer(x_in)
+        y.backward(grad_y)
+        results.append((y.detach(), x_in.grad, *(p.grad for p in layer.parameters())))
+    return results
+
+
+def assert_same_passes(got, expected):
+    """Every tensor equal bit for bit, a missing gradient missing on both sides."""
+    for got_call, expected_call in zip(got, expected, strict=True):
+        for a, b in zip(got_call, expected_call, strict=True):
+            assert (a is None and b is None) or torch.equal(a, b)
+
+
+def linear_inputs(shape=(2, 37, 96), out_features=70, seed=0, outlier=False):
+    """x (requires grad) and grad_y on DEVICE; with `outlier`, one value a clamp takes off."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=generator) * 3
+    if outlier:
+        x.view(-1, shape[-1])[5, 7] = 40.0
+    grad_y = torch.randn(*shape[:-1], out_features, generator=generator)
+    return x.to(DEVICE).requires_grad_(), grad_y.to(DEVICE)
