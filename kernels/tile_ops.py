@@ -141,10 +141,17 @@ def e2m1_value(code):
 
 
 @triton.jit
+def signed(magnitude, negative):
+    """float32 `magnitude` (>= 0) with the sign bit set where `negative`: -0.0 for a zero
+    magnitude too (a compiled `-x` is 0 - x, which gives +0.0 there; the interpreter's is -0.0)."""
+    bits = magnitude.to(tl.int32, bitcast=True)
+    return tl.where(negative, bits | -2147483648, bits).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def signed_e2m1_value(code):
     """Float32 value of a signed E2M1 code (0..15: sign << 3 | magnitude code)."""
-    magnitude = e2m1_value(code & 7)
-    return tl.where(code >= 8, -magnitude, magnitude)
+    return signed(e2m1_value(code & 7), code >= 8)
 
 
 @triton.jit

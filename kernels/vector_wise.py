@@ -28,6 +28,7 @@ from fp4cli.kernels.tile_ops import (
     e8m0_exponent,
     pow2,
     round_unsigned_minifloat,
+    signed,
     unsigned_minifloat_value,
 )
 
@@ -147,21 +148,13 @@ def quantized_values(x, exponent, finite, MBITS: tl.constexpr, MIN_EXP: tl.const
 
 
 @triton.jit
-def signed(magnitude, negative):
-    """float32 `magnitude` (>= 0) with the sign bit set where `negative`: -0.0 for a zero
-    magnitude too (a compiled `-x` can be 0 - x, which gives +0.0 there)."""
-    bits = magnitude.to(tl.int32, bitcast=True)
-    return tl.where(negative, bits | -2147483648, bits).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def store_quantized(out_ptr, offsets, mask, value, code, negative, SIGN_BIT: tl.constexpr,
                     WRITE_CODES: tl.constexpr):  # fmt: skip
     """Values in the output's dtype, or codes (sign bit | magnitude code) as uint8; returns
     the bits of |value as written| (for a following per-tensor amax)."""
     if WRITE_CODES:
-        signed = code | tl.where(negative, SIGN_BIT, 0)
-        tl.store(out_ptr + offsets, signed.to(tl.uint8), mask=mask)
+        signed_code = code | tl.where(negative, SIGN_BIT, 0)
+        tl.store(out_ptr + offsets, signed_code.to(tl.uint8), mask=mask)
         written = value
     else:
         written = value.to(out_ptr.dtype.element_ty)

@@ -194,3 +194,20 @@ def test_quant_linear_bf16_autocast_triton_equals_torch(recipe):
     names = ["y", "x.grad", "w1.grad", "b1.grad", "w2.grad", "b2.grad"]
     for name, got, expected in zip(names, kernel, reference, strict=True):
         assert_bits(got, expected, f"{recipe}: {name}")
+
+
+@pytest.mark.parametrize("spec", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])
+def test_code_of_negative_zero_decodes_to_negative_zero(spec):
+    """E2M1 code 8 (the sign bit over magnitude 0, as a hand-made or foreign code) decodes to
+    -0.0, as the reference decodes it: the kernels set signs on the bits."""
+    import dataclasses
+
+    x = torch.randn(64, 256, device="cuda")
+    q = quantize(x, spec, axis=-1, backend="torch")
+    codes = q.codes.clone()
+    codes[::3] = 0x88  # both nibbles of every third row's bytes: code 8
+    q = dataclasses.replace(q, codes=codes)
+    expected = q.dequantize(torch.float32, backend="torch")
+    got = q.dequantize(torch.float32, backend="triton")
+    assert torch.signbit(expected[::3]).all() and (expected[::3] == 0).all()
+    assert_bits(got, expected, f"{spec.short()} code 8")
