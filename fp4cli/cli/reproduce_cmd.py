@@ -90,7 +90,7 @@ def reproduce(
         task, size, steps, _seeds(seeds), _data(data), _on_cpu(device), cuda_graph, train
     )
     spec = study_spec(study, overrides)
-    if overrides.suffix() and not dry_run:
+    if overrides.suffix():  # a dry run too: it should show what a run would refuse
         _check_task(spec)
     _run_and_judge(study, spec, device, workers, dry_run, plots, target, store, quiet, as_json)
 

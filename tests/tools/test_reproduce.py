@@ -349,3 +349,6 @@ def test_cli_list_dry_run_and_errors(tmp_path):
     ):
         result = runner.invoke(app, [*args, "--store", str(db)])
         assert result.exit_code == 2 and message in _text(result), result.output
+    impossible = ["reproduce", "tseng", "--size", "debug", "--set", "model.n_head=5", "--dry-run"]
+    result = runner.invoke(app, [*impossible, "--store", str(db)])
+    assert result.exit_code == 2 and "not a multiple of model.n_head 5" in _text(result)
