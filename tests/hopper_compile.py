@@ -48,13 +48,55 @@ def _signature(kernel: Any, args: tuple, kwargs: dict) -> tuple[dict, dict, dict
     return signature, constexprs, options
 
 
-def compile_launches(call: Callable[[], Any], kernels: list[tuple[Any, str]]) -> int:
-    """Run `call` with the launches of each (module, kernel name) intercepted; compile every
-    intercepted launch for sm_90. Returns how many were compiled."""
+def _gpu_signature(kernel: Any, args: tuple, kwargs: dict) -> tuple[dict, dict, dict, dict]:
+    """(signature, constexprs, attrs, options) with the specialization a GPU launch gets:
+    Triton's own (integers and pointers divisible by 16 marked so, ones made constants)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    options = {k: v for k, v in kwargs.items() if k in OPTIONS}
+    values = dict(zip([p.name for p in kernel.params], args, strict=False)) | {
+        k: v for k, v in kwargs.items() if k not in OPTIONS
+    }
+    signature, constexprs, attrs = {}, {}, {}
+    for i, param in enumerate(kernel.params):
+        value = values[param.name]
+        if param.is_constexpr:
+            signature[param.name], constexprs[param.name] = "constexpr", value
+            continue
+        specialize = (
+            i not in kernel.do_not_specialize and param.name not in kernel.do_not_specialize
+        )
+        kind, key = native_specialize_impl(BaseBackend, value, False, specialize, True)
+        signature[param.name] = kind
+        if kind == "constexpr":
+            constexprs[param.name] = key
+        elif isinstance(key, str):
+            attrs[(i,)] = BaseBackend.parse_attr(key)
+    return signature, constexprs, attrs, options
+
+
+def compile_launch(kernel: Any, args: tuple, kwargs: dict, gpu_specialization: bool = False) -> Any:
+    """One launch's arguments compiled for sm_90: the plain argument types, or with
+    `gpu_specialization` the divisibility a GPU launch would see (what it really runs)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if gpu_specialization:
+        signature, constexprs, attrs, options = _gpu_signature(kernel, args, kwargs)
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    else:
+        signature, constexprs, options = _signature(kernel, args, kwargs)
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def intercepted_launches(
+    call: Callable[[], Any], kernels: list[tuple[Any, str]]
+) -> list[tuple[Any, tuple, dict]]:
+    """(kernel, args, kwargs) of every launch of the given (module, kernel name)s that `call`
+    makes; nothing is launched."""
     launches: list[tuple[Any, tuple, dict]] = []
     originals = [(module, name, getattr(module, name)) for module, name in kernels]
 
@@ -72,10 +114,15 @@ def compile_launches(call: Callable[[], Any], kernels: list[tuple[Any, str]]) ->
     finally:
         for module, name, kernel in originals:
             setattr(module, name, kernel)
+    return launches
+
+
+def compile_launches(call: Callable[[], Any], kernels: list[tuple[Any, str]]) -> int:
+    """Run `call` with the launches of each (module, kernel name) intercepted; compile every
+    intercepted launch for sm_90. Returns how many were compiled."""
+    launches = intercepted_launches(call, kernels)
     for kernel, args, kwargs in launches:
-        signature, constexprs, options = _signature(kernel, args, kwargs)
-        source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-        triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+        compile_launch(kernel, args, kwargs)
     return len(launches)
 
 

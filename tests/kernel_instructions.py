@@ -16,9 +16,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
+
+from tests.hopper_compile import compile_launch, intercepted_launches
 
 CONFIGS = {
     "nvfp4": ("nvfp4", {}),
@@ -28,35 +29,6 @@ CONFIGS = {
     "nvfp4-sr": ("nvfp4", {"rounding": "sr"}),
 }
 CONVERSIONS = ("F2I", "I2F", "I2FP", "FRND", "F2F")
-
-
-def _compile(kernel: Any, args: tuple, kwargs: dict) -> Any:
-    import triton
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend, GPUTarget
-    from triton.compiler import ASTSource
-
-    options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages")}
-    values = dict(zip([p.name for p in kernel.params], args, strict=False)) | {
-        k: v for k, v in kwargs.items() if k not in options
-    }
-    signature, constexprs, attrs = {}, {}, {}
-    for i, param in enumerate(kernel.params):
-        value = values[param.name]
-        if param.is_constexpr:
-            signature[param.name], constexprs[param.name] = "constexpr", value
-            continue
-        specialize = (
-            i not in kernel.do_not_specialize and param.name not in kernel.do_not_specialize
-        )
-        kind, key = native_specialize_impl(BaseBackend, value, False, specialize, True)
-        signature[param.name] = kind
-        if kind == "constexpr":
-            constexprs[param.name] = key
-        elif isinstance(key, str):
-            attrs[(i,)] = BaseBackend.parse_attr(key)
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def _cuobjdump(cubin: bytes, flag: str) -> str:
@@ -82,21 +54,12 @@ def counts(config: str) -> dict[str, float]:
     preset, overrides = CONFIGS[config]
     spec = QuantSpec.preset(preset, **overrides)
     x = torch.zeros(8, 8192, dtype=torch.bfloat16)
-    launches = []
-    original = launch.quantize_kernel
-
-    class Intercept:
-        def __getitem__(self, grid: Any) -> Any:
-            return lambda *args, **kwargs: launches.append((args, kwargs))
-
-    launch.quantize_kernel = Intercept()  # type: ignore[assignment]
-    try:
-        amax = torch.ones(1) if spec.tensor_scale else None
-        launch.quantize_e2m1(x, spec, 1, 0, t_amax=amax)
-    finally:
-        launch.quantize_kernel = original
-    args, kwargs = launches[0]
-    compiled = _compile(original, args, kwargs)
+    amax = torch.ones(1) if spec.tensor_scale else None
+    launches = intercepted_launches(
+        lambda: launch.quantize_e2m1(x, spec, 1, 0, t_amax=amax), [(launch, "quantize_kernel")]
+    )
+    kernel, args, kwargs = launches[0]
+    compiled = compile_launch(kernel, args, kwargs, gpu_specialization=True)
     per_thread = kwargs["ROWS"] * kwargs["COLS"] / (32 * kwargs["num_warps"])
     ptx = compiled.asm["ptx"]
     ptx_lines = [
