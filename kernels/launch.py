@@ -11,6 +11,7 @@ pass, the kernels gave wrong gradients, while eager calls match the reference bi
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -127,7 +128,8 @@ def two_level_constants(spec: QuantSpec) -> dict[str, float]:
 
 
 def _float32(value: float) -> float:
-    return float(torch.tensor(value, dtype=torch.float32).item())
+    """`value` rounded to the nearest float32 (a C cast), on the host without a tensor."""
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def _hadamard_constants(hadamard: int | None) -> dict[str, object]:
