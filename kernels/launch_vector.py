@@ -13,14 +13,19 @@ from dataclasses import dataclass
 
 import torch
 
+from fp4cli.kernels.dge import dge_apply_kernel, dge_position_kernel
 from fp4cli.kernels.vector_wise import amax_kernel, decode_kernel, rows_kernel, scaled_kernel
 from fp4cli.quant.spec import QuantSpec
+from fp4cli.techniques.dge import DGEConfig
 
 VECTOR_ELEMENTS = ("e2m1", "e4m3", "e5m2")
 VECTOR_BLOCKS = ("row", "column", "tensor")
 BY_CODE = {"row": 0, "column": 1, "tensor": 2}
 ROW_CHUNK = 4096  # the longest row held in registers; longer rows are read in chunks
 TILE = (32, 128)  # the elementwise kernels' tile: rows, columns
+# Low bits of float32 that every value of a narrower dtype leaves zero: the clamp's threshold
+# search skips them (`row_thresholds`).
+KEY_ZERO_BITS = {torch.bfloat16: 16, torch.float16: 13}
 
 
 def vector_spec_gap(spec: QuantSpec) -> str | None:
@@ -148,6 +153,7 @@ def _launch_rows(
         x, out, scale_out, amax_out, rows, cols,
         clamp.low if clamp else 0, clamp.high if clamp else 0,
         BR=br, BC=bc, ONE_CHUNK=cols <= bc, CLAMP=clamp is not None,
+        ZERO_BITS=KEY_ZERO_BITS.get(x.dtype, 0),
         RESIDUAL=clamp is not None and clamp.residual, **flags,
         num_warps=8 if br * bc >= 4096 else 4,
     )  # fmt: skip
@@ -184,3 +190,33 @@ def decode_vector(
         MIN_EXP=fmt.min_exponent, MAX_CODE=fmt.max_code, SIGN_BIT=fmt.sign_bit, num_warps=4,
     )  # fmt: skip
     return out
+
+
+@torch.compiler.disable
+def dge_scale_gradient(
+    grad_w: torch.Tensor,
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    spec: QuantSpec,
+    config: DGEConfig,
+) -> torch.Tensor:
+    """grad_w (any strides) multiplied in place by DGE's derivative
+    (`fp4cli.techniques.dge.dge_derivative`) on the contiguous weight over `scales`, the float32
+    scales of `spec` along axis 1 that the forward W pass wrote; returns grad_w."""
+    rows, cols = weight.shape
+    fmt = spec.element_format
+    br, bc = TILE
+    tiles_c = -(-cols // bc)
+    grid = (-(-rows // br) * tiles_c,)
+    power = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+    dge_position_kernel[grid](
+        weight, scales, power, rows, cols, tiles_c, BR=br, BC=bc,
+        BY=BY_CODE[scaled_by(spec, 1)], MBITS=fmt.mbits, MIN_EXP=fmt.min_exponent,
+        ELEM_MAX=fmt.max_value, num_warps=4,
+    )  # fmt: skip
+    power.pow_(config.exponent)  # torch's pow: the reference's bits
+    dge_apply_kernel[grid](
+        grad_w, power, rows, cols, tiles_c, grad_w.stride(0), grad_w.stride(1),
+        config.inverse_k, float(config.cap), BR=br, BC=bc, num_warps=4,
+    )  # fmt: skip
+    return grad_w

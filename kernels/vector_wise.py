@@ -42,18 +42,20 @@ BY_TENSOR = tl.constexpr(2)
 
 @triton.jit
 def order_key(x):
-    """An int32 key per float32 value, ordered as torch.sort orders the values: NaN (any sign)
-    after +Inf, and -0.0 the same key as +0.0 (the two compare equal)."""
+    """An int32 key per float32 value, ordered as torch.sort orders the values: +|x| bits for
+    x >= 0, -|x| bits below (so -0.0 and +0.0 share the key 0, as they compare equal), NaN
+    (any sign) after +Inf. A value whose low bits are zero (a bf16 or fp16 value in float32)
+    keeps them zero in its key."""
     bits = x.to(tl.int32, bitcast=True)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    key = tl.where(key == -1, 0, key)
+    magnitude = bits & 0x7FFFFFFF
+    key = tl.where(bits < 0, -magnitude, magnitude)
     return tl.where(x != x, INT32_MAX, key)
 
 
 @triton.jit
 def key_value(key):
     """The float32 value of an order key (NaN for the NaN key)."""
-    bits = key ^ ((key >> 31) & 0x7FFFFFFF)
+    bits = tl.where(key < 0, (-key) | INT32_MIN, key)
     return bits.to(tl.float32, bitcast=True)
 
 
@@ -90,19 +92,22 @@ def _counts_below(keys, x_ptr, first_row, R, C, trial_low, trial_high,
 
 @triton.jit
 def row_thresholds(keys, x_ptr, first_row, R, C, low_rank, high_rank,
-                   BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr):  # fmt: skip
+                   BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                   ZERO_BITS: tl.constexpr):  # fmt: skip
     """The values of 0-based ascending ranks low_rank and high_rank of each row ([BR] float32).
 
     The value of rank r is the largest key t with fewer than r + 1 keys below it; t is built bit
     by bit from the top (the sign first, as int32 keys are signed), keeping each bit whose
-    trial still has at most r keys below. Exact, with no sort: 32 counting passes."""
+    trial still has at most r keys below. Exact, with no sort: 32 - ZERO_BITS counting passes,
+    where the input's dtype leaves the low ZERO_BITS bits of every key zero (16 for bf16, 13 for
+    fp16), so of t too: t is some value's key, or for the NaN rank bits that decode to NaN."""
     zero = tl.zeros([BR], tl.int32)
     below_low, below_high = _counts_below(
         keys, x_ptr, first_row, R, C, zero, zero, BR, BC, ONE_CHUNK
     )
     low = tl.where(below_low <= low_rank, zero, INT32_MIN)
     high = tl.where(below_high <= high_rank, zero, INT32_MIN)
-    for step in tl.static_range(31):
+    for step in tl.static_range(31 - ZERO_BITS):
         trial_low = low | (1 << (30 - step))
         trial_high = high | (1 << (30 - step))
         below_low, below_high = _counts_below(
@@ -187,7 +192,8 @@ def rows_kernel(
     x_ptr, out_ptr, scales_ptr, amax_out_ptr,
     R, C, low_rank, high_rank,
     BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    CLAMP: tl.constexpr, RESIDUAL: tl.constexpr, WRITE_CODES: tl.constexpr,
+    CLAMP: tl.constexpr, ZERO_BITS: tl.constexpr, RESIDUAL: tl.constexpr,
+    WRITE_CODES: tl.constexpr,
     WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
     MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
     ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr, CEIL: tl.constexpr,
@@ -208,7 +214,7 @@ def rows_kernel(
         if CLAMP:
             keys = tl.where(mask, order_key(x), INT32_MAX)
             low, high = row_thresholds(
-                keys, x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, True
+                keys, x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, True, ZERO_BITS
             )
             amax_bits = tl.max(magnitude_bits(clamp_rows(x, low, high), mask), axis=1)
         else:
@@ -221,7 +227,7 @@ def rows_kernel(
     else:
         if CLAMP:
             low, high = row_thresholds(
-                low, x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, False
+                low, x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, False, ZERO_BITS
             )
         amax_bits = tl.zeros([BR], tl.int32)
         for start in range(0, C, BC):
@@ -272,7 +278,7 @@ def line_ok(index, R, C, BY: tl.constexpr):
 
 
 @triton.jit
-def _expand(line_values, BY: tl.constexpr):
+def expand_line(line_values, BY: tl.constexpr):
     """Per-line values broadcastable against a [BR, BC] tile."""
     if BY == BY_ROW:  # noqa: SIM108 (a constexpr branch, resolved when compiling)
         out = line_values[:, None]
@@ -322,7 +328,7 @@ def scaled_kernel(
     amax_bits = tl.load(amax_ptr + index, mask=index_ok, other=0)
     exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
     value, code, negative = quantized_values(
-        x, _expand(exponent, BY), _expand(finite, BY), MBITS, MIN_EXP, ELEM_MAX
+        x, expand_line(exponent, BY), expand_line(finite, BY), MBITS, MIN_EXP, ELEM_MAX
     )
     written = store_quantized(out_ptr, offsets, mask, value, code, negative, SIGN_BIT, WRITE_CODES)
     if WRITE_SCALES:
@@ -354,6 +360,6 @@ def decode_kernel(
     index_ok = line_ok(index, R, C, BY)
     scale = tl.load(scales_ptr + index, mask=index_ok, other=1.0)
     magnitude = unsigned_minifloat_value(code & (SIGN_BIT - 1), MBITS, MIN_EXP, MAX_CODE)
-    value = magnitude * _expand(scale, BY)
+    value = magnitude * expand_line(scale, BY)
     value = signed(value.to(tl.float32), (code & SIGN_BIT) != 0)
     tl.store(out_ptr + offsets, value.to(out_ptr.dtype.element_ty), mask=mask)

@@ -1,7 +1,7 @@
 """The vector-wise kernels' launches compiled for Hopper (sm_90) without a GPU
 (`tests.hopper_compile.compile_launches`): `python -m tests.hopper_compile_vector` (without
-TRITON_INTERPRET) compiles the launches of the wang-fp4 layer and the other scale kinds, and
-prints how many."""
+TRITON_INTERPRET) compiles the launches of the wang-fp4 layer (DGE's factor too) and the other
+scale kinds, and prints how many."""
 
 from __future__ import annotations
 
@@ -11,8 +11,14 @@ import torch
 def vector_wise_launches() -> None:
     """Every kind of launch the vector-wise executor makes, on small CPU tensors (never run)."""
     import fp4cli.kernels.launch_vector as launch_vector
-    from fp4cli.kernels.launch_vector import Clamp, decode_vector, quantize_vector
+    from fp4cli.kernels.launch_vector import (
+        Clamp,
+        decode_vector,
+        dge_scale_gradient,
+        quantize_vector,
+    )
     from fp4cli.quant import QuantSpec
+    from fp4cli.techniques.dge import DGEConfig
 
     bf16 = torch.bfloat16
     x, w = torch.randn(64, 96).to(bf16), torch.randn(48, 96).to(bf16)
@@ -23,7 +29,7 @@ def vector_wise_launches() -> None:
     x_q, _ = quantize_vector(x, fp4_row, 1, bf16, clamp=Clamp(0, 94), amax_out=amax)
     codes, scales = quantize_vector(x_q, e4m3, 0, None, scales=True, amax=amax)
     # W: per-column amax and values with scales (DGE) and the fused amax; its FP8 values
-    w_q, _ = quantize_vector(w, fp4_col, 1, bf16, scales=True, amax_out=amax)
+    w_q, w_scales = quantize_vector(w, fp4_col, 1, bf16, scales=True, amax_out=amax)
     quantize_vector(w_q, e4m3, 0, bf16, amax=amax)
     # dY: the per-tensor amax and cast; X's codes decoded
     quantize_vector(x, e5m2, 1, bf16)
@@ -43,6 +49,10 @@ def vector_wise_launches() -> None:
     col_codes, col_scales = quantize_vector(x, fp4_col, 1, None, scales=True)
     assert col_scales is not None
     decode_vector(col_codes, col_scales, fp4_col, 1, bf16)
+    # DGE's factor into the (transposed) bf16 weight gradient
+    assert w_scales is not None
+    grad_w = torch.randn(96, 48).to(bf16).t()
+    dge_scale_gradient(grad_w, w.float(), w_scales, fp4_col, DGEConfig())
 
 
 if __name__ == "__main__":
@@ -54,5 +64,7 @@ if __name__ == "__main__":
         (launch_vector, "amax_kernel"),
         (launch_vector, "scaled_kernel"),
         (launch_vector, "decode_kernel"),
+        (launch_vector, "dge_position_kernel"),
+        (launch_vector, "dge_apply_kernel"),
     ]
     print(compile_launches(vector_wise_launches, kernels))

@@ -12,8 +12,9 @@ whose operands have one power-of-two scale per row, per column or per tensor (Wa
         their specs give the same operand, as Wang et al.'s code shares it
 
 Each operand has the reference's bits; the GEMMs are the reference's calls on them, and DGE's
-factor is `fp4cli.techniques.dge.dge_derivative` itself on the weight over the forward scales
-the W pass wrote. No value is read back to the host.
+factor (`fp4cli.techniques.dge.dge_derivative` on the weight over the forward scales the W pass
+wrote) is multiplied into the weight gradient by `dge_scale_gradient`: two kernels around
+torch's `pow`, the same bits. No value is read back to the host.
 
 `vector_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
 every quantized operand an E2M1 / E4M3 / E5M2 spec with block row, column or tensor, E8M0
@@ -31,7 +32,6 @@ import torch.nn.functional as F
 
 from fp4cli.linear.config import GEMMS, OPERANDS, LinearConfig
 from fp4cli.quant import QuantSpec
-from fp4cli.techniques.dge import dge_derivative
 from fp4cli.techniques.outliers import nearest_ranks
 
 
@@ -210,18 +210,6 @@ def _gradient_operands(
     return rows, cols
 
 
-def _dge_factor(weight: torch.Tensor, scales: torch.Tensor, config: LinearConfig) -> torch.Tensor:
-    """DGE's derivative on the scaled weight, the forward W pass's scales broadcast as the
-    reference's grid units divide by them."""
-    from fp4cli.kernels.launch_vector import scaled_by
-
-    spec = config.forward_w
-    assert spec is not None and config.dge is not None
-    by = scaled_by(spec, 1)
-    scale = scales[:, None] if by == "row" else scales[None, :] if by == "column" else scales
-    return dge_derivative(weight.to(torch.float32) / scale, spec.element_format, config.dge)
-
-
 class VectorQuantLinearFunction(torch.autograd.Function):
     """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `vector_gap`
     accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes."""
@@ -258,6 +246,8 @@ class VectorQuantLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor):
+        from fp4cli.kernels.launch_vector import dge_scale_gradient
+
         config: LinearConfig = ctx.config
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         saved = ctx.saved_tensors
@@ -280,7 +270,8 @@ class VectorQuantLinearFunction(torch.autograd.Function):
             grad_w = ctx.x_kept.values(x_kept).t().mm(dy_cols).t()
             if dge_tensors:
                 weight, scales = dge_tensors
-                grad_w = grad_w * _dge_factor(weight, scales, config).to(grad_w.dtype)
+                assert config.forward_w is not None and config.dge is not None
+                grad_w = dge_scale_gradient(grad_w, weight, scales, config.forward_w, config.dge)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_y.sum(0)
         return grad_x, grad_w, grad_b, None

@@ -13,6 +13,7 @@ interval's value applies (1/k: 0.2 for k = 5 at |x| = 6), as Wang et al.'s kerne
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,18 @@ class DGEConfig:
             raise SpecError(f"k: must be a number > 1 and at most {K_MAX:g} (got {self.k!r})")
         if not _number(self.cap) or not 1 <= self.cap < math.inf:
             raise SpecError(f"cap: must be a finite number >= 1 (got {self.cap!r})")
+
+    @property
+    def exponent(self) -> float:
+        """1 / k - 1, the power of f' (negative: f' grows toward the interval's middle)."""
+        return 1 / self.k - 1
+
+    @property
+    def inverse_k(self) -> float:
+        """1 / k as float32 divides (1.0f / k): f' multiplies by it, which is also what a CUDA
+        tensor divided by the number k computes, so every device gives the same bits."""
+        k32 = struct.unpack("f", struct.pack("f", self.k))[0]
+        return struct.unpack("f", struct.pack("f", 1.0 / k32))[0]  # double, then float: exact
 
 
 K_MAX = 100.0  # Wang et al. use 3 to 5; beyond 100 the surrogate is the straight step
@@ -75,9 +88,8 @@ def dge_derivative(scaled: torch.Tensor, fmt: Minifloat, config: DGEConfig) -> t
     inside = width > 0
     safe_width = torch.where(inside, width, torch.ones_like(width))
     t = (2 * (scaled.abs() - lower) / safe_width - 1).abs()
-    exponent = 1 / config.k - 1  # negative: f' grows toward the interval's middle
     derivative = torch.where(
-        t > 0, t.pow(exponent) / config.k, torch.full_like(t, float(config.cap))
+        t > 0, t.pow(config.exponent) * config.inverse_k, torch.full_like(t, float(config.cap))
     )
     derivative = derivative.clamp(max=config.cap)
     return torch.where(inside, derivative, torch.zeros_like(derivative))

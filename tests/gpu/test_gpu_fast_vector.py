@@ -101,3 +101,18 @@ def test_cuda_graph_steps_equal_eager_steps(recipe):
     assert_bits(graph_losses, eager_losses, "losses")
     for got, want in zip(graph_params, eager_params, strict=True):
         assert_bits(got, want, "parameters")
+
+
+@pytest.mark.parametrize("shape", [(768, 3072), (3072, 768)])
+def test_dge_factor_matches_the_reference_on_bf16_gradients(shape):
+    """DGE's kernels around torch's pow, on the GPU: the weight gradient (a transposed bf16
+    view, as the executor's) times the reference's derivative, every bit."""
+    from fp4cli.techniques.dge import DGEConfig
+    from tests.kernels.test_dge_kernel import check_dge_gradient, dge_weight
+
+    spec = QuantSpec.preset("fp4-column")
+    weight = dge_weight(*shape, spec, "cuda", seed=3)
+    weight[8:] = torch.randn(shape[0] - 8, shape[1], device="cuda") * 0.02
+    grad = torch.randn(shape[1], shape[0], device="cuda").to(torch.bfloat16).t()
+    for config in (DGEConfig(), DGEConfig(k=3.0), DGEConfig(k=2.0, cap=1.0)):
+        check_dge_gradient(weight, grad, spec, config)
