@@ -91,7 +91,8 @@ def test_long_rows_are_read_in_chunks(monkeypatch):
     x = _edge_tensor(9, 45, seed=2)
     for spec in (SPECS["fp4-row"], SPECS["e4m3-row-floor"]):
         _check(x, spec, 1)
-    _check_clamp(x, 0.9)
+    _check_clamp(x, 0.9)  # the ranks' groups (8) fit a chunk: bounds from the groups
+    _check_clamp(x, 0.6)  # they do not (32): bounds from the rows' extremes
 
 
 def _check_clamp(x, quantile, residual=False):
@@ -116,20 +117,26 @@ def test_clamp_equals_the_reference_quantiles(quantile):
     x[10, :2] = torch.tensor([INF, -INF])  # clamped away: one value beyond each rank
     x[11, :] = INF
     x[12, :] = torch.linspace(-1e-40, 1e-40, 150)
+    x[13, ::16] = torch.tensor([1e30, -1e30] * 5)  # outliers in a few column groups
+    x[14, :] = torch.linspace(-1.0, 1.0, 150)
+    x[14, 3] = NAN  # one NaN among ordered values
     _check_clamp(x, quantile)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_clamp_of_16_bit_inputs_searches_only_their_bits(dtype):
+def test_clamp_of_16_bit_inputs_searches_only_their_bits(dtype, monkeypatch):
     """A bf16 (fp16) row's keys have 16 (13) low zero bits, which the threshold search skips;
-    negative thresholds, ties, Inf rows and subnormals included."""
+    negative thresholds, ties, Inf rows and subnormals included; several rows a program, and
+    one (a row per program, as on a GPU)."""
     x = _edge_tensor(23, 150, seed=6)
     x[8, :20] = -9.0
     x[9, :] = torch.arange(150.0) % 3 - 1
     x[11, :] = INF
     x[12, :] = torch.linspace(-1e-6, 1e-6, 150)
-    for quantile in (0.99, 0.75):
-        _check_clamp(x.to(dtype), quantile)
+    for chunk in (4096, 256):
+        monkeypatch.setattr(launch_vector, "ROW_CHUNK", chunk)
+        for quantile in (0.99, 0.75):
+            _check_clamp(x.to(dtype), quantile)
 
 
 def test_short_rows_are_not_clamped():
