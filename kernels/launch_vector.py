@@ -150,17 +150,13 @@ def _launch_rows(
     bc = min(_pow2_at_least(cols), ROW_CHUNK)
     br = max(1, min(_pow2_at_least(rows), ROW_CHUNK // bc))
     warps = 8 if br * bc >= 4096 else 4
-    groups = 1
-    if clamp is not None:
-        if x.is_cuda:  # compute-bound: one row a program, fewer warps for short rows
-            br, warps = 1, max(2, min(8, bc // 512))
-        groups = _pow2_at_least(max(cols - clamp.high, clamp.low + 1))
+    if clamp is not None and x.is_cuda:  # compute-bound: a row a program, 2-8 warps (fastest)
+        br, warps = 1, max(2, min(8, bc // 512))
     rows_kernel[(-(-rows // br),)](
         x, out, scale_out, amax_out, rows, cols,
         clamp.low if clamp else 0, clamp.high if clamp else 0,
         BR=br, BC=bc, ONE_CHUNK=cols <= bc, CLAMP=clamp is not None,
         ZERO_BITS=KEY_ZERO_BITS.get(x.dtype, 0),
-        GROUPS=min(groups, bc), GROUP_BOUNDS=groups <= bc,
         RESIDUAL=clamp is not None and clamp.residual, **flags, num_warps=warps,
     )  # fmt: skip
 

@@ -4,7 +4,7 @@ block "row", "column" or "tensor"), and Wang et al.'s per-row outlier clamp fuse
 per-row pass.
 
 - `rows_kernel`: a program per block of rows. It finds each row's clamp thresholds (exact order
-  statistics: a bisection on the values' order keys, `row_thresholds`), clamps, reduces
+  statistics: a bitwise search on the values' order keys, `row_thresholds`), clamps, reduces
   the row's amax and quantizes, holding the row in registers when it fits one chunk and looping
   over column chunks otherwise (the repeated reads then come from the cache).
 - `amax_kernel` + `scaled_kernel`: per-column or per-tensor scales, whose amax spans programs:
@@ -69,17 +69,8 @@ def block_at(first_row, first_col, R, C, BR: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def sort_keys(x, mask, ZERO_BITS: tl.constexpr):
-    """The order keys of a tile shifted right by ZERO_BITS (bits that every key of the input's
-    dtype leaves zero: the shift keeps the order), INT32_MAX outside the mask (above every
-    trial a count compares with)."""
-    return tl.where(mask, order_key(x) >> ZERO_BITS, INT32_MAX)
-
-
-@triton.jit
 def _counts_below(keys, x_ptr, first_row, R, C, trial_low, trial_high,
-                  BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                  ZERO_BITS: tl.constexpr):  # fmt: skip
+                  BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr):  # fmt: skip
     """How many keys of each row lie below trial_low and below trial_high ([BR] each): from
     the register tile `keys`, or by reading the rows chunk by chunk."""
     if ONE_CHUNK:  # one reduction for both counts: a row holds fewer than 2^16 values here
@@ -93,90 +84,38 @@ def _counts_below(keys, x_ptr, first_row, R, C, trial_low, trial_high,
         for start in range(0, C, BC):
             offsets, mask = block_at(first_row, start, R, C, BR, BC)
             x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            chunk_keys = sort_keys(x, mask, ZERO_BITS)
+            chunk_keys = tl.where(mask, order_key(x), INT32_MAX)
             below_low += tl.sum((chunk_keys < trial_low[:, None]).to(tl.int32), axis=1)
             below_high += tl.sum((chunk_keys < trial_high[:, None]).to(tl.int32), axis=1)
     return below_low, below_high
 
 
 @triton.jit
-def _group_extremes(keys, mask, BR: tl.constexpr, BC: tl.constexpr, GROUPS: tl.constexpr):
-    """The largest and the smallest key of each row's columns c with c % GROUPS = g
-    ([BR, GROUPS] each; INT32_MIN and INT32_MAX where a group has no column here)."""
-    shape: tl.constexpr = (BR, BC // GROUPS, GROUPS)
-    largest = tl.max(tl.reshape(tl.where(mask, keys, INT32_MIN), shape), axis=1)
-    smallest = tl.min(tl.reshape(keys, shape), axis=1)
-    return largest, smallest
-
-
-@triton.jit
-def _search_bounds(keys, mask, x_ptr, first_row, R, C,
+def row_thresholds(keys, x_ptr, first_row, R, C, low_rank, high_rank,
                    BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                   ZERO_BITS: tl.constexpr, GROUPS: tl.constexpr,
-                   GROUP_BOUNDS: tl.constexpr):  # fmt: skip
-    """Per row, keys (lower, upper) bounding the low rank's value and the high rank's.
-
-    The row's extremes always bound both. With GROUP_BOUNDS, GROUPS >= low_rank + 1 and >=
-    C - high_rank: the row's columns fall into min(GROUPS, C) groups by column % GROUPS, and
-    the value of rank r <= (>=) the largest (smallest) of any r + 1 (C - r) of the row's values,
-    such as the groups' smallest (largest) ones: a bound that outliers in a few groups do not
-    move."""
-    if ONE_CHUNK:
-        largest, smallest = _group_extremes(keys, mask, BR, BC, GROUPS)
-    else:
-        largest = tl.full([BR, GROUPS], INT32_MIN, tl.int32)
-        smallest = tl.full([BR, GROUPS], INT32_MAX, tl.int32)
-        for start in range(0, C, BC):
-            offsets, chunk_mask = block_at(first_row, start, R, C, BR, BC)
-            x = tl.load(x_ptr + offsets, mask=chunk_mask, other=0.0).to(tl.float32)
-            chunk_keys = sort_keys(x, chunk_mask, ZERO_BITS)
-            chunk_largest, chunk_smallest = _group_extremes(chunk_keys, chunk_mask, BR, BC, GROUPS)
-            largest = tl.maximum(largest, chunk_largest)
-            smallest = tl.minimum(smallest, chunk_smallest)
-    row_max, row_min = tl.max(largest, axis=1), tl.min(smallest, axis=1)
-    low_upper, high_lower = row_max, row_min
-    if GROUP_BOUNDS:
-        filled = (tl.arange(0, GROUPS) < C)[None, :]
-        low_upper = tl.max(tl.where(filled, smallest, INT32_MIN), axis=1)
-        high_lower = tl.min(tl.where(filled, largest, INT32_MAX), axis=1)
-    return row_min, low_upper, high_lower, row_max
-
-
-@triton.jit
-def row_thresholds(keys, mask, x_ptr, first_row, R, C, low_rank, high_rank,
-                   BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                   ZERO_BITS: tl.constexpr, GROUPS: tl.constexpr,
-                   GROUP_BOUNDS: tl.constexpr):  # fmt: skip
+                   ZERO_BITS: tl.constexpr):  # fmt: skip
     """The values of 0-based ascending ranks low_rank and high_rank of each row ([BR] float32).
 
-    The value of rank r is the largest key t with at most r keys below it. Both are found by
-    bisection between bounds (`_search_bounds`), keeping lower <= t <= upper with at most r keys
-    below lower; one counting pass per halving, both ranks' counts in one reduction. Keys are
-    shifted right by the ZERO_BITS the input's dtype leaves zero (16 for bf16, 13 for fp16), so
-    a bf16 row takes at most 16 passes, usually far fewer; t shifted back is some value's key, or
-    for the NaN rank bits that decode to NaN. Exact, with no sort."""
-    row_min, low_upper, high_lower, row_max = _search_bounds(
-        keys, mask, x_ptr, first_row, R, C, BR, BC, ONE_CHUNK, ZERO_BITS, GROUPS, GROUP_BOUNDS
+    The value of rank r is the largest key t with fewer than r + 1 keys below it; t is built bit
+    by bit from the top (the sign first, as int32 keys are signed), keeping each bit whose
+    trial still has at most r keys below. Exact, with no sort: 32 - ZERO_BITS counting passes,
+    where the input's dtype leaves the low ZERO_BITS bits of every key zero (16 for bf16, 13 for
+    fp16), so of t too: t is some value's key, or for the NaN rank bits that decode to NaN."""
+    zero = tl.zeros([BR], tl.int32)
+    below_low, below_high = _counts_below(
+        keys, x_ptr, first_row, R, C, zero, zero, BR, BC, ONE_CHUNK
     )
-    low, low_top = row_min.to(tl.int64), low_upper.to(tl.int64)
-    high, high_top = high_lower.to(tl.int64), row_max.to(tl.int64)
-    width = tl.max(tl.maximum(low_top - low, high_top - high), axis=0)
-    while width > 0:
-        trial_low = low + (low_top - low + 1) // 2
-        trial_high = high + (high_top - high + 1) // 2
+    low = tl.where(below_low <= low_rank, zero, INT32_MIN)
+    high = tl.where(below_high <= high_rank, zero, INT32_MIN)
+    for step in tl.static_range(31 - ZERO_BITS):
+        trial_low = low | (1 << (30 - step))
+        trial_high = high | (1 << (30 - step))
         below_low, below_high = _counts_below(
-            keys, x_ptr, first_row, R, C, trial_low.to(tl.int32), trial_high.to(tl.int32),
-            BR, BC, ONE_CHUNK, ZERO_BITS,
-        )  # fmt: skip
-        keep_low, keep_high = below_low <= low_rank, below_high <= high_rank
-        low, low_top = (
-            tl.where(keep_low, trial_low, low),
-            tl.where(keep_low, low_top, trial_low - 1),
+            keys, x_ptr, first_row, R, C, trial_low, trial_high, BR, BC, ONE_CHUNK
         )
-        high = tl.where(keep_high, trial_high, high)
-        high_top = tl.where(keep_high, high_top, trial_high - 1)
-        width = tl.max(tl.maximum(low_top - low, high_top - high), axis=0)
-    return key_value(low.to(tl.int32) << ZERO_BITS), key_value(high.to(tl.int32) << ZERO_BITS)
+        low = tl.where(below_low <= low_rank, trial_low, low)
+        high = tl.where(below_high <= high_rank, trial_high, high)
+    return key_value(low), key_value(high)
 
 
 @triton.jit
@@ -253,8 +192,7 @@ def rows_kernel(
     x_ptr, out_ptr, scales_ptr, amax_out_ptr,
     R, C, low_rank, high_rank,
     BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    CLAMP: tl.constexpr, ZERO_BITS: tl.constexpr, GROUPS: tl.constexpr,
-    GROUP_BOUNDS: tl.constexpr, RESIDUAL: tl.constexpr,
+    CLAMP: tl.constexpr, ZERO_BITS: tl.constexpr, RESIDUAL: tl.constexpr,
     WRITE_CODES: tl.constexpr,
     WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
     MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
@@ -274,11 +212,10 @@ def rows_kernel(
         offsets, mask = block_at(first_row, 0, R, C, BR, BC)
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         if CLAMP:
-            keys = sort_keys(x, mask, ZERO_BITS)
+            keys = tl.where(mask, order_key(x), INT32_MAX)
             low, high = row_thresholds(
-                keys, mask, x_ptr, first_row, R, C, low_rank, high_rank,
-                BR, BC, True, ZERO_BITS, GROUPS, GROUP_BOUNDS,
-            )  # fmt: skip
+                keys, x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, True, ZERO_BITS
+            )
             amax_bits = tl.max(magnitude_bits(clamp_rows(x, low, high), mask), axis=1)
         else:
             amax_bits = tl.max(magnitude_bits(x, mask), axis=1)
@@ -290,9 +227,8 @@ def rows_kernel(
     else:
         if CLAMP:
             low, high = row_thresholds(
-                low, rows_ok, x_ptr, first_row, R, C, low_rank, high_rank,
-                BR, BC, False, ZERO_BITS, GROUPS, GROUP_BOUNDS,
-            )  # fmt: skip
+                low, x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, False, ZERO_BITS
+            )
         amax_bits = tl.zeros([BR], tl.int32)
         for start in range(0, C, BC):
             offsets, mask = block_at(first_row, start, R, C, BR, BC)

@@ -91,8 +91,8 @@ def test_long_rows_are_read_in_chunks(monkeypatch):
     x = _edge_tensor(9, 45, seed=2)
     for spec in (SPECS["fp4-row"], SPECS["e4m3-row-floor"]):
         _check(x, spec, 1)
-    _check_clamp(x, 0.9)  # the ranks' groups (8) fit a chunk: bounds from the groups
-    _check_clamp(x, 0.6)  # they do not (32): bounds from the rows' extremes
+    _check_clamp(x, 0.9)
+    _check_clamp(x, 0.6)
 
 
 def _check_clamp(x, quantile, residual=False):
@@ -117,7 +117,7 @@ def test_clamp_equals_the_reference_quantiles(quantile):
     x[10, :2] = torch.tensor([INF, -INF])  # clamped away: one value beyond each rank
     x[11, :] = INF
     x[12, :] = torch.linspace(-1e-40, 1e-40, 150)
-    x[13, ::16] = torch.tensor([1e30, -1e30] * 5)  # outliers in a few column groups
+    x[13, ::16] = torch.tensor([1e30, -1e30] * 5)  # a few outlier columns
     x[14, :] = torch.linspace(-1.0, 1.0, 150)
     x[14, 3] = NAN  # one NaN among ordered values
     _check_clamp(x, quantile)
