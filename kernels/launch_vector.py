@@ -79,6 +79,17 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _row_split(cols: int) -> tuple[int, int]:
+    """(BC, TAIL) of the rows kernel: a row of up to ROW_CHUNK values is held in registers as
+    the largest power of two of columns it holds, then a power-of-two tail for the rest (768 =
+    512 + 256: no masked lanes to count in each pass of the clamp search; TAIL 0 when none);
+    a longer row is read in chunks of ROW_CHUNK."""
+    if cols > ROW_CHUNK:
+        return ROW_CHUNK, 0
+    head = 1 << (cols.bit_length() - 1)
+    return head, _pow2_at_least(cols - head) if cols > head else 0
+
+
 @dataclass(frozen=True)
 class Clamp:
     """Per-row clamping to the values of 0-based ascending ranks low and high, with the
@@ -147,15 +158,15 @@ def _launch_rows(
     flags: dict[str, object],
 ) -> None:
     rows, cols = x.shape
-    bc = min(_pow2_at_least(cols), ROW_CHUNK)
-    br = max(1, min(_pow2_at_least(rows), ROW_CHUNK // bc))
-    warps = 8 if br * bc >= 4096 else 4
+    bc, tail = _row_split(cols)
+    br = max(1, min(_pow2_at_least(rows), ROW_CHUNK // _pow2_at_least(bc + tail)))
+    warps = 8 if br * (bc + tail) >= 4096 else 4
     if clamp is not None and x.is_cuda:  # compute-bound: a row a program, 2-8 warps (fastest)
-        br, warps = 1, max(2, min(8, bc // 512))
+        br, warps = 1, max(2, min(8, _pow2_at_least(cols) // 512))
     rows_kernel[(-(-rows // br),)](
         x, out, scale_out, amax_out, rows, cols,
         clamp.low if clamp else 0, clamp.high if clamp else 0,
-        BR=br, BC=bc, ONE_CHUNK=cols <= bc, CLAMP=clamp is not None,
+        BR=br, BC=bc, ONE_CHUNK=cols <= bc + tail, TAIL=tail, CLAMP=clamp is not None,
         ZERO_BITS=KEY_ZERO_BITS.get(x.dtype, 0),
         RESIDUAL=clamp is not None and clamp.residual, **flags, num_warps=warps,
     )  # fmt: skip

@@ -69,14 +69,25 @@ def block_at(first_row, first_col, R, C, BR: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def _counts_below(keys, x_ptr, first_row, R, C, trial_low, trial_high,
-                  BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr):  # fmt: skip
+def _packed_counts(keys, trial_low, trial_high):
+    """Per row, (keys below trial_low) + (keys below trial_high) << 16: one reduction for both
+    counts (a row in registers holds fewer than 2^16 values)."""
+    packed = (keys < trial_low[:, None]).to(tl.int32)
+    packed += (keys < trial_high[:, None]).to(tl.int32) << 16
+    return tl.sum(packed, axis=1)
+
+
+@triton.jit
+def _counts_below(keys, tail_keys, x_ptr, first_row, R, C, trial_low, trial_high,
+                  BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                  TAIL: tl.constexpr):  # fmt: skip
     """How many keys of each row lie below trial_low and below trial_high ([BR] each): from
-    the register tile `keys`, or by reading the rows chunk by chunk."""
-    if ONE_CHUNK:  # one reduction for both counts: a row holds fewer than 2^16 values here
-        packed = (keys < trial_low[:, None]).to(tl.int32)
-        packed += (keys < trial_high[:, None]).to(tl.int32) << 16
-        both = tl.sum(packed, axis=1)
+    the register tiles `keys` and (TAIL > 0) `tail_keys`, or by reading the rows chunk by
+    chunk."""
+    if ONE_CHUNK:
+        both = _packed_counts(keys, trial_low, trial_high)
+        if TAIL > 0:
+            both += _packed_counts(tail_keys, trial_low, trial_high)
         below_low, below_high = both & 0xFFFF, both >> 16
     else:
         below_low = tl.zeros([BR], tl.int32)
@@ -91,9 +102,9 @@ def _counts_below(keys, x_ptr, first_row, R, C, trial_low, trial_high,
 
 
 @triton.jit
-def row_thresholds(keys, x_ptr, first_row, R, C, low_rank, high_rank,
+def row_thresholds(keys, tail_keys, x_ptr, first_row, R, C, low_rank, high_rank,
                    BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                   ZERO_BITS: tl.constexpr):  # fmt: skip
+                   TAIL: tl.constexpr, ZERO_BITS: tl.constexpr):  # fmt: skip
     """The values of 0-based ascending ranks low_rank and high_rank of each row ([BR] float32).
 
     The value of rank r is the largest key t with fewer than r + 1 keys below it; t is built bit
@@ -103,7 +114,7 @@ def row_thresholds(keys, x_ptr, first_row, R, C, low_rank, high_rank,
     fp16), so of t too: t is some value's key, or for the NaN rank bits that decode to NaN."""
     zero = tl.zeros([BR], tl.int32)
     below_low, below_high = _counts_below(
-        keys, x_ptr, first_row, R, C, zero, zero, BR, BC, ONE_CHUNK
+        keys, tail_keys, x_ptr, first_row, R, C, zero, zero, BR, BC, ONE_CHUNK, TAIL
     )
     low = tl.where(below_low <= low_rank, zero, INT32_MIN)
     high = tl.where(below_high <= high_rank, zero, INT32_MIN)
@@ -111,8 +122,9 @@ def row_thresholds(keys, x_ptr, first_row, R, C, low_rank, high_rank,
         trial_low = low | (1 << (30 - step))
         trial_high = high | (1 << (30 - step))
         below_low, below_high = _counts_below(
-            keys, x_ptr, first_row, R, C, trial_low, trial_high, BR, BC, ONE_CHUNK
-        )
+            keys, tail_keys, x_ptr, first_row, R, C, trial_low, trial_high,
+            BR, BC, ONE_CHUNK, TAIL,
+        )  # fmt: skip
         low = tl.where(below_low <= low_rank, trial_low, low)
         high = tl.where(below_high <= high_rank, trial_high, high)
     return key_value(low), key_value(high)
@@ -191,7 +203,7 @@ def _finish_rows(x_ptr, out_ptr, offsets, mask, x, low, high, exponent, finite,
 def rows_kernel(
     x_ptr, out_ptr, scales_ptr, amax_out_ptr,
     R, C, low_rank, high_rank,
-    BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr, TAIL: tl.constexpr,
     CLAMP: tl.constexpr, ZERO_BITS: tl.constexpr, RESIDUAL: tl.constexpr,
     WRITE_CODES: tl.constexpr,
     WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
@@ -208,27 +220,42 @@ def rows_kernel(
     rows_ok = (first_row + tl.arange(0, BR)) < R
     low = tl.zeros([BR], tl.float32)
     high = low
-    if ONE_CHUNK:
+    if ONE_CHUNK:  # the row in registers: BC columns, then TAIL more (when TAIL > 0)
         offsets, mask = block_at(first_row, 0, R, C, BR, BC)
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        tail_x, tail_mask = x, mask  # no tail: unused
+        if TAIL > 0:
+            tail_offsets, tail_mask = block_at(first_row, BC, R, C, BR, TAIL)
+            tail_x = tl.load(x_ptr + tail_offsets, mask=tail_mask, other=0.0).to(tl.float32)
         if CLAMP:
             keys = tl.where(mask, order_key(x), INT32_MAX)
+            tail_keys = tl.where(tail_mask, order_key(tail_x), INT32_MAX)
             low, high = row_thresholds(
-                keys, x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, True, ZERO_BITS
-            )
-            amax_bits = tl.max(magnitude_bits(clamp_rows(x, low, high), mask), axis=1)
-        else:
-            amax_bits = tl.max(magnitude_bits(x, mask), axis=1)
+                keys, tail_keys, x_ptr, first_row, R, C, low_rank, high_rank,
+                BR, BC, True, TAIL, ZERO_BITS,
+            )  # fmt: skip
+        amax_bits = tl.max(magnitude_bits(clamp_rows(x, low, high) if CLAMP else x, mask), axis=1)
+        if TAIL > 0:
+            tail_clamped = clamp_rows(tail_x, low, high) if CLAMP else tail_x
+            tail_amax = tl.max(magnitude_bits(tail_clamped, tail_mask), axis=1)
+            amax_bits = tl.maximum(amax_bits, tail_amax)
         exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
         written = _finish_rows(
             x_ptr, out_ptr, offsets, mask, x, low, high, exponent, finite, CLAMP, RESIDUAL,
             MBITS, MIN_EXP, ELEM_MAX, SIGN_BIT, WRITE_CODES,
         )  # fmt: skip
+        if TAIL > 0:
+            tail_written = _finish_rows(
+                x_ptr, out_ptr, tail_offsets, tail_mask, tail_x, low, high, exponent, finite,
+                CLAMP, RESIDUAL, MBITS, MIN_EXP, ELEM_MAX, SIGN_BIT, WRITE_CODES,
+            )  # fmt: skip
+            written = tl.maximum(written, tail_written)
     else:
         if CLAMP:
             low, high = row_thresholds(
-                low, x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, False, ZERO_BITS
-            )
+                low, low, x_ptr, first_row, R, C, low_rank, high_rank,
+                BR, BC, False, 0, ZERO_BITS,
+            )  # fmt: skip
         amax_bits = tl.zeros([BR], tl.int32)
         for start in range(0, C, BC):
             offsets, mask = block_at(first_row, start, R, C, BR, BC)
