@@ -1,5 +1,6 @@
 """A tiny GPT on the GPU for the executor tests of tests/gpu/: the model, its loss, fixed
-batches, and one forward and backward under bf16 autocast."""
+batches, one forward and backward under bf16 autocast, and training steps (eager or from a CUDA
+graph)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,19 @@ def autocast_gradients(recipe: str, backend: str, executor: str) -> list[torch.T
             loss = gpt_loss(model, batch)
         loss.backward()
     return [loss.detach(), *(p.grad for p in model.parameters())]
+
+
+def train_steps(recipe: str, cuda_graph: bool, steps: int = 8):
+    """(losses, parameters after, runner) of `steps` training steps of the tiny GPT, eager or
+    replayed from a CUDA graph with one eager step between replays (Q-EMA updated after each)."""
+    from fp4cli.train.step import StepRunner, device_learning_rates
+
+    model = tiny_gpt(recipe, "auto")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True, capturable=True)
+    device_learning_rates(optimizer, torch.device("cuda"))
+    fp4cli.attach_qema(model, optimizer)
+    runner = StepRunner(
+        model, optimizer, gpt_loss, 1.0, torch.device("cuda"), cuda_graph=cuda_graph
+    )
+    losses = [runner(batch, eager=index == 5)[0] for index, batch in enumerate(gpt_batches(steps))]
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], runner

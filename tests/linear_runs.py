@@ -43,3 +43,16 @@ def linear_inputs(shape=(2, 37, 96), out_features=70, seed=0, outlier=False):
         x.view(-1, shape[-1])[5, 7] = 40.0
     grad_y = torch.randn(*shape[:-1], out_features, generator=generator)
     return x.to(DEVICE).requires_grad_(), grad_y.to(DEVICE)
+
+
+def saved_tensors(layer, x) -> list[torch.Tensor]:
+    """The tensors autograd saves for the backward pass of layer(x)."""
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        layer(x)
+    return saved

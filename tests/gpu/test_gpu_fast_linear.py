@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import fp4cli
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.store import RunStore
 from fp4cli.train import run_training
 from fp4cli.train.progress import SilentReporter
-from tests.gpu_gpt import autocast_gradients, gpt_batches, gpt_loss, tiny_gpt
+from tests.gpu_gpt import autocast_gradients, train_steps
 from tests.kernel_checks import COMPILED_ON_GPU, assert_bits
 
 pytestmark = COMPILED_ON_GPU
@@ -71,26 +70,10 @@ def test_fast_executor_equals_reference_under_autocast(recipe):
         assert_bits(got, want, recipe)
 
 
-def _train_steps(recipe: str, cuda_graph: bool, steps: int = 8):
-    from fp4cli.train.step import StepRunner, device_learning_rates
-
-    model = tiny_gpt(recipe, "auto")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True, capturable=True)
-    device_learning_rates(optimizer, torch.device("cuda"))
-    fp4cli.attach_qema(model, optimizer)
-    runner = StepRunner(
-        model, optimizer, gpt_loss, 1.0, torch.device("cuda"), cuda_graph=cuda_graph
-    )
-    losses = []
-    for index, batch in enumerate(gpt_batches(steps)):
-        losses.append(runner(batch, eager=index == 5)[0])  # one eager step between replays
-    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], runner
-
-
 @pytest.mark.parametrize("recipe", ["bf16", "tetrajet-qema", "tseng-rht-sr"])
 def test_cuda_graph_steps_equal_eager_steps(recipe):
-    eager_losses, eager_params, _ = _train_steps(recipe, cuda_graph=False)
-    graph_losses, graph_params, runner = _train_steps(recipe, cuda_graph=True)
+    eager_losses, eager_params, _ = train_steps(recipe, cuda_graph=False)
+    graph_losses, graph_params, runner = train_steps(recipe, cuda_graph=True)
     assert runner.graph is not None
     assert_bits(graph_losses, eager_losses, "losses")
     for got, want in zip(graph_params, eager_params, strict=True):

@@ -10,7 +10,13 @@ from fp4cli.linear.fast import fast_gap
 from fp4cli.recipes import load_recipe
 from fp4cli.techniques import DGEConfig, HadamardConfig
 from tests.kernel_cases import DEVICE
-from tests.linear_runs import assert_same_passes, linear_inputs, seeded_layer, training_passes
+from tests.linear_runs import (
+    assert_same_passes,
+    linear_inputs,
+    saved_tensors,
+    seeded_layer,
+    training_passes,
+)
 
 CEIL = QuantSpec.preset("mxfp4-ceil")
 CEIL_SR = CEIL.replace(rounding="sr")
@@ -115,29 +121,17 @@ def test_statistics_steps_take_the_reference_and_agree():
     assert fast.stats.keys() == reference.stats.keys() and len(fast.stats) > 0
 
 
-def _saved_tensors(layer, x):
-    saved = []
-
-    def pack(tensor):
-        saved.append(tensor)
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        layer(x)
-    return saved
-
-
 @pytest.mark.parametrize("name", ["mxfp4", "tetrajet"])
 def test_backward_operands_are_saved_packed(name):
     """X is kept as 4-bit codes and scale codes, not as a copy in its own dtype."""
     x, _ = linear_inputs(seed=6)
-    saved = _saved_tensors(seeded_layer(CONFIGS[name], "triton"), x)
+    saved = saved_tensors(seeded_layer(CONFIGS[name], "triton"), x)
     # (in, tokens / 2) codes and (in, tokens / 32) scales for X (74 tokens padded to 96), and
     # W's grad_input operand (out, in) in the compute dtype
     assert sorted((tuple(t.shape), t.dtype) for t in saved) == sorted(
         [((96, 3), torch.uint8), ((96, 48), torch.uint8), ((70, 96), torch.float32)]
     )
-    reference_saved = _saved_tensors(seeded_layer(CONFIGS[name], "torch"), x)
+    reference_saved = saved_tensors(seeded_layer(CONFIGS[name], "torch"), x)
     assert any(t.is_floating_point() and t.numel() == x.numel() for t in reference_saved)
 
 
@@ -184,7 +178,7 @@ def test_nvfp4_saves_x_packed_with_its_tensor_amax():
     """NVFP4's X operand for grad_weight: codes, one E4M3 scale per 16 tokens (after RHT-16)
     and the tensor amax its decoding needs."""
     x, _ = linear_inputs(seed=6)
-    saved = _saved_tensors(seeded_layer(CONFIGS["nvfp4"], "triton"), x)
+    saved = saved_tensors(seeded_layer(CONFIGS["nvfp4"], "triton"), x)
     assert sorted((tuple(t.shape), t.dtype) for t in saved) == sorted(
         [
             ((96, 40), torch.uint8),  # 74 tokens padded to 80 by the RHT-16

@@ -17,7 +17,13 @@ from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConf
 from fp4cli.train import run_training
 from fp4cli.train.progress import SilentReporter
 from tests.kernel_cases import DEVICE
-from tests.linear_runs import assert_same_passes, linear_inputs, seeded_layer, training_passes
+from tests.linear_runs import (
+    assert_same_passes,
+    linear_inputs,
+    saved_tensors,
+    seeded_layer,
+    training_passes,
+)
 
 WANG = load_recipe("wang-fp4").linear
 DIRECT = load_recipe("wang-direct").linear
@@ -77,15 +83,7 @@ def test_ragged_shapes_frozen_weights_and_no_bias():
 
 
 def _saved(layer, x):
-    saved = []
-
-    def pack(tensor):
-        saved.append(tensor)
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        layer(x)
-    return sorted((tuple(t.shape), t.dtype) for t in saved)
+    return sorted((tuple(t.shape), t.dtype) for t in saved_tensors(layer, x))
 
 
 def test_x_is_kept_as_fp8_codes():
