@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.tile_ops import pow2
-from fp4cli.kernels.vector_wise import block_at, expand_line, line_index, line_ok
+from fp4cli.kernels.vector_wise import expand_line, line_index, line_ok, program_tile
 
 
 @triton.jit
@@ -45,9 +45,7 @@ def dge_position_kernel(
 ):  # fmt: skip
     """t (float32, NaN beyond the grid) of a contiguous (R, C) weight over its float32 scales
     (one per row, column or the tensor: BY as in `kernels.vector_wise`)."""
-    pid = tl.program_id(0)
-    first_row, first_col = (pid // tiles_c) * BR, (pid % tiles_c) * BC
-    offsets, mask = block_at(first_row, first_col, R, C, BR, BC)
+    first_row, first_col, offsets, mask = program_tile(R, C, tiles_c, BR, BC)
     w = tl.load(w_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     index = line_index(first_row, first_col, BR, BC, BY)
     scale = tl.load(scales_ptr + index, mask=line_ok(index, R, C, BY), other=1.0)
@@ -63,9 +61,7 @@ def dge_apply_kernel(
 ):  # fmt: skip
     """grad *= min(power * inv_k, cap) (0 where power is NaN), the factor rounded to grad's
     dtype first; grad (R, C) with any strides, power contiguous."""
-    pid = tl.program_id(0)
-    first_row, first_col = (pid // tiles_c) * BR, (pid % tiles_c) * BC
-    offsets, mask = block_at(first_row, first_col, R, C, BR, BC)
+    first_row, first_col, offsets, mask = program_tile(R, C, tiles_c, BR, BC)
     power = tl.load(power_ptr + offsets, mask=mask, other=0.0)
     factor = tl.where(power != power, 0.0, tl.minimum(power * inv_k, cap))
     dtype = grad_ptr.dtype.element_ty

@@ -69,6 +69,16 @@ def block_at(first_row, first_col, R, C, BR: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
+def program_tile(R, C, tiles_c, BR: tl.constexpr, BC: tl.constexpr):
+    """(first_row, first_col, offsets, mask) of this program's [BR, BC] tile of a contiguous
+    (R, C) tensor, tiles numbered row of tiles by row of tiles, tiles_c to a row."""
+    pid = tl.program_id(0)
+    first_row, first_col = (pid // tiles_c) * BR, (pid % tiles_c) * BC
+    offsets, mask = block_at(first_row, first_col, R, C, BR, BC)
+    return first_row, first_col, offsets, mask
+
+
+@triton.jit
 def _packed_counts(keys, trial_low, trial_high):
     """Per row, (keys below trial_low) + (keys below trial_high) << 16: one reduction for both
     counts (a row in registers holds fewer than 2^16 values)."""
@@ -321,9 +331,7 @@ def amax_kernel(
 ):  # fmt: skip
     """Atomically max the |x| bits of each column (BY_COLUMN) or of the whole tensor
     (BY_TENSOR) of a contiguous (R, C) tensor into the int32 buffer at amax_ptr (zeroed)."""
-    pid = tl.program_id(0)
-    first_row, first_col = (pid // tiles_c) * BR, (pid % tiles_c) * BC
-    offsets, mask = block_at(first_row, first_col, R, C, BR, BC)
+    first_row, first_col, offsets, mask = program_tile(R, C, tiles_c, BR, BC)
     bits = magnitude_bits(tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32), mask)
     if BY == BY_COLUMN:
         cols = first_col + tl.arange(0, BC)
@@ -346,9 +354,7 @@ def scaled_kernel(
     `amax_kernel` reduced (per column or per tensor). The programs of the first row of tiles
     write the scales (float32, NaN where not finite) when WRITE_SCALES; AMAX_OUT as in
     `rows_kernel`."""
-    pid = tl.program_id(0)
-    first_row, first_col = (pid // tiles_c) * BR, (pid % tiles_c) * BC
-    offsets, mask = block_at(first_row, first_col, R, C, BR, BC)
+    first_row, first_col, offsets, mask = program_tile(R, C, tiles_c, BR, BC)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     index = line_index(first_row, first_col, BR, BC, BY)
     index_ok = line_ok(index, R, C, BY)
@@ -379,9 +385,7 @@ def decode_kernel(
 ):  # fmt: skip
     """Values (out's dtype) of the codes and float32 scales (per row, column or tensor) that
     `rows_kernel` or `scaled_kernel` wrote: magnitude * scale, signed."""
-    pid = tl.program_id(0)
-    first_row, first_col = (pid // tiles_c) * BR, (pid % tiles_c) * BC
-    offsets, mask = block_at(first_row, first_col, R, C, BR, BC)
+    first_row, first_col, offsets, mask = program_tile(R, C, tiles_c, BR, BC)
     code = tl.load(codes_ptr + offsets, mask=mask, other=0).to(tl.int32)
     index = line_index(first_row, first_col, BR, BC, BY)
     index_ok = line_ok(index, R, C, BY)
