@@ -8,10 +8,12 @@ padded layout, or the dequantized values in the (transformed) input's layout.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
+from fp4cli.kernels.amax import amax_pair_kernel, amax_rht16_cols_kernel
 from fp4cli.kernels.launch import (
     SeedOffset,
     _hadamard_constants,
@@ -20,7 +22,7 @@ from fp4cli.kernels.launch import (
     _seed_args,
     two_level_constants,
 )
-from fp4cli.kernels.quantize_pair import amax_pair_kernel, quantize_pair_kernel
+from fp4cli.kernels.quantize_pair import quantize_pair_kernel
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
 
@@ -137,6 +139,11 @@ def pair_amax(
     """[row direction's, column direction's] largest finite |value| quantized (after each
     direction's Hadamard transform), float32, from one read of x (rows, cols)."""
     amax = torch.zeros(2, dtype=torch.float32, device=x.device)
+    row_on = row is not None and row.spec.tensor_scale
+    row_rht = row is not None and row_on and bool(row.hadamard)
+    if col is not None and col.spec.tensor_scale and col.hadamard == 16 and not row_rht:
+        _amax_rht16_cols(x, amax, col, plain=row_on)
+        return amax
     rows, cols = x.shape
     br, bc = tile
     row_length = _round_up(cols, row.hadamard) if row is not None and row.hadamard else cols
@@ -157,6 +164,33 @@ def pair_amax(
         num_warps=4 if br * bc <= 4096 else 8,
     )  # fmt: skip
     return amax
+
+
+AMAX_SLAB_LINES, AMAX_SLAB_COLS = 4, 128  # a tile of the RHT-16 amax: 64 rows x 128
+AMAX_PROGRAMS_PER_SM = 4  # measured best of 4, 8, 16 and one program per tile
+
+
+@functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """The GPU's streaming multiprocessors; 1 for the interpreter's CPU tensors."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _amax_rht16_cols(x: torch.Tensor, amax: torch.Tensor, col: Direction, plain: bool) -> None:
+    """amax[1]: the column direction's amax after its 16-point transform; with `plain`,
+    amax[0]: x's own (a row direction without a transform)."""
+    rows, cols = x.shape
+    tiles_c = -(-cols // AMAX_SLAB_COLS)
+    tiles = -(-rows // (16 * AMAX_SLAB_LINES)) * tiles_c
+    programs = min(tiles, AMAX_PROGRAMS_PER_SM * multiprocessors(x.device))
+    rht_ptr, rht_value, rht_from_ptr = _seed_args(col.hadamard_seed, x.device)
+    amax_rht16_cols_kernel[(programs,)](
+        x, amax, rht_ptr, rht_value, rows, cols, tiles, tiles_c,
+        G=AMAX_SLAB_LINES, BC=AMAX_SLAB_COLS, PLAIN=plain, RHT_SEED_FROM_PTR=rht_from_ptr,
+        NORM=_hadamard_constants(16)["HADAMARD_NORM"], num_warps=4,
+    )  # fmt: skip
 
 
 @torch.compiler.disable

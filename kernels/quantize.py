@@ -401,8 +401,13 @@ def amax_kernel(
 
 
 @triton.jit
+def finite_magnitude(values):
+    """|values|, with NaN and Inf as 0."""
+    magnitude = tl.abs(values)
+    return tl.where(magnitude <= FLOAT32_MAX, magnitude, 0.0)
+
+
+@triton.jit
 def finite_amax(tile):
     """The largest finite |value| of a 2-D tile (NaN and Inf count as 0)."""
-    magnitude = tl.abs(tile)
-    magnitude = tl.where(magnitude <= FLOAT32_MAX, magnitude, 0.0)
-    return tl.max(tl.max(magnitude, axis=1), axis=0)
+    return tl.max(tl.max(finite_magnitude(tile), axis=1), axis=0)

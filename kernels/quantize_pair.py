@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.dequantize import dequantize_tile
-from fp4cli.kernels.quantize import finite_amax, quantize_tile
+from fp4cli.kernels.quantize import quantize_tile
 from fp4cli.kernels.tile_io import (
     load_tile,
     seed_of,
@@ -176,36 +176,3 @@ def quantize_pair_kernel(
             COL_LOG2_HADAMARD, COL_HADAMARD_NORM, COL_WRITE_VALUES, False, False,
             COL_TENSOR_SCALE, COL_TWO_LEVEL_TARGET, COL_ELEM_INV, COL_DECODE_INV, COL_TILE2D,
         )  # fmt: skip
-
-
-@triton.jit(do_not_specialize=["row_rht_seed_value", "col_rht_seed_value"])
-def amax_pair_kernel(
-    x_ptr, amax_ptr, row_rht_seed_ptr, row_rht_seed_value, col_rht_seed_ptr, col_rht_seed_value,
-    rows, cols, tiles_c,
-    BR: tl.constexpr, BC: tl.constexpr,
-    ROW_ON: tl.constexpr, ROW_RHT_SEED_FROM_PTR: tl.constexpr, ROW_HADAMARD: tl.constexpr,
-    ROW_LOG2_HADAMARD: tl.constexpr, ROW_HADAMARD_NORM: tl.constexpr,
-    COL_ON: tl.constexpr, COL_RHT_SEED_FROM_PTR: tl.constexpr, COL_HADAMARD: tl.constexpr,
-    COL_LOG2_HADAMARD: tl.constexpr, COL_HADAMARD_NORM: tl.constexpr,
-):  # fmt: skip
-    """The largest finite |value| each direction quantizes, from one read of x (rows, cols):
-    of x, or of its Hadamard transform along that direction's axis, into amax_ptr[0] (row
-    direction) and amax_ptr[1] (column direction)."""
-    pid = tl.program_id(0)
-    row0 = ((pid // tiles_c) * BR).to(tl.int64)
-    col0 = ((pid % tiles_c) * BC).to(tl.int64)
-    x = load_tile(x_ptr, row0, col0, 0, 0, rows, cols, 1, BR, BC, False)
-    if ROW_ON:
-        row_tile = x
-        if ROW_HADAMARD > 0:
-            seed = seed_of(row_rht_seed_ptr, row_rht_seed_value, ROW_RHT_SEED_FROM_PTR)
-            row_tile = hadamard_rows(x, seed, BR, BC, ROW_HADAMARD, ROW_LOG2_HADAMARD,
-                                     ROW_HADAMARD_NORM)  # fmt: skip
-        tl.atomic_max(amax_ptr, finite_amax(row_tile))
-    if COL_ON:
-        col_tile = x
-        if COL_HADAMARD > 0:
-            seed = seed_of(col_rht_seed_ptr, col_rht_seed_value, COL_RHT_SEED_FROM_PTR)
-            col_tile = hadamard_cols(x, seed, BR, BC, COL_HADAMARD, COL_LOG2_HADAMARD,
-                                     COL_HADAMARD_NORM)  # fmt: skip
-        tl.atomic_max(amax_ptr + 1, finite_amax(col_tile))

@@ -179,6 +179,7 @@ if __name__ == "__main__":
     kernels = [
         (launch_pair, "quantize_pair_kernel"),
         (launch_pair, "amax_pair_kernel"),
+        (launch_pair, "amax_rht16_cols_kernel"),
         (launch, "quantize_kernel"),
         (launch, "dequantize_kernel"),
     ]

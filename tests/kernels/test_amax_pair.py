@@ -1,0 +1,114 @@
+"""The tensor amax pass of two-level pairs (`pair_amax`) against the reference quantizer's
+tensor amax, bit for bit: the 16-slab kernel of a 16-point transform down the columns, and the
+tile kernel of every other pair (interpreter on the CPU, or a GPU)."""
+
+import pytest
+import torch
+
+from fp4cli.quant import quantize
+from fp4cli.techniques.hadamard import rht_matrix
+from tests.kernel_cases import (  # skips this module where the kernels cannot run
+    DEVICE,
+    FP32_MAX,
+    INF,
+    MXFP4,
+    NAN,
+    NVFP4,
+    NVFP4_SR,
+    assert_bits,
+    on_device,
+    seeded_normal,
+)
+
+launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+Direction, pair_amax, pair_tile = (
+    launch_pair.Direction,
+    launch_pair.pair_amax,
+    launch_pair.pair_tile,
+)
+
+
+def _input(rows, cols, seed=0):
+    x = seeded_normal((rows, cols), seed) * torch.exp2(seeded_normal((1, cols), seed + 1) * 6)
+    return on_device(x)
+
+
+def _seed(seed):
+    """The reference's seed for a kernel seed (a (tensor, offset) pair is their sum)."""
+    return seed[0] + seed[1] if isinstance(seed, tuple) else seed
+
+
+def _reference_amax(x, d, axis):
+    args = dict(hadamard=d.hadamard, hadamard_seed=_seed(d.hadamard_seed), backend="torch")
+    return quantize(x, d.spec, axis, _seed(d.seed), **args).tensor_amax
+
+
+def _check(x, row, col):
+    amax = pair_amax(x, row, col, pair_tile(row, col))
+    for d, axis in ((row, 1), (col, 0)):
+        if d is None or not d.spec.tensor_scale:
+            assert amax[1 - axis].item() == 0.0
+        else:
+            assert_bits(amax[1 - axis], _reference_amax(x, d, axis), f"amax along axis {axis}")
+
+
+@pytest.fixture
+def slab_kernel_only(monkeypatch):
+    """Fails a test whose pairs reach the tile kernel."""
+
+    class Refused:
+        def __getitem__(self, grid):
+            raise AssertionError("the tile kernel ran where the 16-slab kernel should")
+
+    monkeypatch.setattr(launch_pair, "amax_pair_kernel", Refused())
+
+
+ROWS = {  # the row direction beside a 16-point transform down the columns
+    "two-level": Direction(NVFP4, None),
+    "one-level": Direction(MXFP4, None),
+    "none": None,
+}
+
+
+@pytest.mark.parametrize("row", ROWS)
+@pytest.mark.parametrize("shape", [(64, 128), (70, 100), (7, 33), (200, 300)])
+def test_the_16_slab_kernel_gives_the_reference_amax(slab_kernel_only, row, shape):
+    x = _input(*shape, seed=shape[0])
+    _check(x, ROWS[row], Direction(NVFP4_SR, 3, 16, 41))
+
+
+def test_the_16_slab_kernel_on_zeros_non_finite_and_overflowing_sums(slab_kernel_only):
+    col = Direction(NVFP4, None, 16, 5)
+    x = _input(96, 160, seed=3)
+    x[0:16, 7] = FP32_MAX  # sums of 16 overflow: Inf, which the amax leaves out
+    x[40, 9], x[41, 150], x[95, 0] = NAN, INF, -INF
+    x[50, 20] = -3e38
+    _check(x, ROWS["two-level"], col)
+    _check(on_device(torch.zeros(33, 17)), ROWS["two-level"], col)
+    _check(on_device(torch.full((16, 16), NAN)), ROWS["two-level"], col)
+    tiny = _input(48, 48, seed=4) * 1e-42  # subnormal values and sums
+    _check(tiny, ROWS["two-level"], col)
+
+
+def test_the_16_slab_kernel_on_bfloat16_and_tensor_seeds(slab_kernel_only):
+    x = _input(80, 96, seed=6).to(torch.bfloat16)
+    base = torch.tensor(2**62 + 9, dtype=torch.int64, device=DEVICE)
+    _check(x, ROWS["two-level"], Direction(NVFP4_SR, (base, 1), 16, (base, 2)))
+    _check(x, None, Direction(NVFP4, None, 16, base))
+
+
+@pytest.mark.parametrize("position", range(16))
+def test_each_transformed_position_can_hold_the_amax(slab_kernel_only, position):
+    """x = R y for y peaked at one position of its 16-block: after the transform the amax is
+    at that position, so every butterfly output is checked."""
+    y = seeded_normal((16, 24), position) * 0.1
+    y[position] = 100.0 + seeded_normal((24,), position + 16)
+    x = rht_matrix(16, 29).to(torch.float64) @ y.to(torch.float64)
+    _check(on_device(x.to(torch.float32)), None, Direction(NVFP4, None, 16, 29))
+
+
+@pytest.mark.parametrize("row_h,col_h", [(None, None), (16, None), (32, 16), (None, 32)])
+def test_the_tile_kernel_gives_the_reference_amax(row_h, col_h):
+    x = _input(70, 100, seed=8)
+    x[3, 4] = NAN
+    _check(x, Direction(NVFP4, None, row_h, 7), Direction(NVFP4_SR, 2, col_h, 9))
