@@ -55,10 +55,12 @@ def _finished(store: RunStore) -> list[dict]:
     return store.list_runs(status="finished")
 
 
-def _seconds_per_step(store: RunStore, run_id: str) -> float:
-    """The time between a finished run's first and last checkpoints, per step."""
+def _timings(store: RunStore, run_id: str, wall_s: float) -> tuple[float, float]:
+    """(start-up seconds, seconds per step) of a finished run that took wall_s in all: the
+    time between its first and last checkpoints is its steps'."""
     rows = store.checkpoints(run_id)
-    return (epoch(rows[-1]["created_at"]) - epoch(rows[0]["created_at"])) / (len(rows) - 1)
+    training_s = epoch(rows[-1]["created_at"]) - epoch(rows[0]["created_at"])
+    return max(wall_s - training_s, 0.1), training_s / (len(rows) - 1)
 
 
 def _checkpointed_step(db: Path, run_id: str | None) -> int:
@@ -69,14 +71,15 @@ def _checkpointed_step(db: Path, run_id: str | None) -> int:
     return -1 if latest is None else latest["step"]
 
 
-def _kill_at_a_random_moment(process, db: Path, run_id, rng, step_s: float) -> None:
+def _kill_at_a_random_moment(process, db: Path, run_id, rng, timings) -> None:
     """SIGKILL during start-up (a third of kills) or a few steps after training goes on.
 
-    Kills in training wait for a new checkpoint first, so the number of kills that land in
-    training does not depend on how fast the machine starts Python.
+    Both are timed from the machine's own reference run, and kills in training wait for a new
+    checkpoint first: how many kills land in training does not depend on the machine's speed.
     """
+    startup_s, step_s = timings
     if rng.random() < 1 / 3:
-        time.sleep(rng.uniform(0.2, 1.0))
+        time.sleep(rng.uniform(0.1, 0.9) * startup_s)
     else:
         start, deadline = _checkpointed_step(db, run_id), time.time() + 60
         while process.poll() is None and time.time() < deadline:
@@ -91,10 +94,11 @@ def _kill_at_a_random_moment(process, db: Path, run_id, rng, step_s: float) -> N
 
 def test_a_run_killed_at_random_moments_resumes_to_the_same_metrics(tmp_path):
     reference_db, db = tmp_path / "reference.db", tmp_path / "fp4.db"
+    started = time.time()
     subprocess.run([*FP4, *TRAIN, "--store", str(reference_db)], check=True, cwd=tmp_path)
     reference = RunStore(reference_db)
     (expected_run,) = _finished(reference)
-    step_s = _seconds_per_step(reference, expected_run["id"])
+    timings = _timings(reference, expected_run["id"], time.time() - started)
     rng = random.Random(SEED)
     run_id, killed_in_training = None, 0
     for _ in range(KILLS):
@@ -106,7 +110,7 @@ def test_a_run_killed_at_random_moments_resumes_to_the_same_metrics(tmp_path):
             command = [*FP4, *TRAIN, "--store", str(db)]
         before = _checkpointed_step(db, run_id)
         process = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE)
-        _kill_at_a_random_moment(process, db, run_id, rng, step_s)
+        _kill_at_a_random_moment(process, db, run_id, rng, timings)
         runs = RunStore(db).list_runs() if db.exists() else []
         run_id = runs[0]["id"] if runs else None
         if runs and runs[0]["status"] == "finished":
