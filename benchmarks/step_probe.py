@@ -15,11 +15,12 @@ import torch
 import torch.nn.functional as F
 
 import fp4cli
-from fp4cli.kernels.launch_pair import Direction, quantize_pair
+from fp4cli.kernels.launch_pair import Direction, pair_amax, quantize_pair
 from fp4cli.quant import QuantSpec, fake_quantize
 
 CEIL = QuantSpec.preset("mxfp4-ceil")
 CEIL_SR = CEIL.replace(rounding="sr")
+NVFP4 = QuantSpec.preset("nvfp4")
 
 
 def graph_us(fn, calls: int = 20) -> float:
@@ -41,7 +42,8 @@ def graph_us(fn, calls: int = 20) -> float:
 
 
 def kernel_cases(x: torch.Tensor, seed: torch.Tensor) -> dict:
-    """The quantizations one tetrajet layer runs on a tensor like x, and a copy of x."""
+    """The quantizations one tetrajet layer runs on a tensor like x, nvfp4's tensor amax pass,
+    and a copy of x."""
     row_v = Direction(CEIL, None, values_dtype=torch.bfloat16)
     row_sr = Direction(CEIL_SR, (seed, 2), values_dtype=torch.bfloat16)
     col_p = Direction(CEIL_SR, (seed, 5))
@@ -55,6 +57,12 @@ def kernel_cases(x: torch.Tensor, seed: torch.Tensor) -> dict:
         "col values only": lambda: quantize_pair(x, None, col_v),
         "old: fake rows": lambda: fake_quantize(x, CEIL, 1, out_dtype=torch.bfloat16),
         "old: fake cols sr": lambda: fake_quantize(x, CEIL_SR, 0, seed=seed),
+        "nvfp4 amax: plain + RHT-16 cols": lambda: pair_amax(
+            x, Direction(NVFP4), Direction(NVFP4, None, 16, (seed, 9)), (64, 64)
+        ),
+        "nvfp4 amax: plain, both ways": lambda: pair_amax(
+            x, Direction(NVFP4), Direction(NVFP4), (64, 64)
+        ),
     }
 
 
