@@ -36,13 +36,10 @@ PREP_WARPS = 4
 
 
 @dataclass(frozen=True)
-class Operand:
-    """One GEMM operand blocked along K: (rows, K_padded / 2) packed E2M1 codes and
-    (rows, K_padded / block) E8M0 scale codes, both contiguous."""
+class PackedRows:
+    """(rows, K_padded / 2) packed E2M1 codes, two to a byte, blocked along K."""
 
     codes: torch.Tensor
-    scales: torch.Tensor
-    block: int
 
     @property
     def rows(self) -> int:
@@ -51,6 +48,15 @@ class Operand:
     @property
     def k_padded(self) -> int:
         return self.codes.shape[1] * 2
+
+
+@dataclass(frozen=True)
+class Operand(PackedRows):
+    """One GEMM operand blocked along K: packed codes and (rows, K_padded / block) E8M0 scale
+    codes, both contiguous."""
+
+    scales: torch.Tensor
+    block: int
 
 
 @dataclass(frozen=True)

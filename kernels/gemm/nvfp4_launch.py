@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import triton
 
-from fp4cli.kernels.gemm.launch import GemmTile
+from fp4cli.kernels.gemm.launch import GemmTile, PackedRows
 from fp4cli.kernels.gemm.nvfp4 import nvfp4_fused_kernel
 from fp4cli.kernels.gemm.nvfp4_decoded import nvfp4_alpha_kernel, nvfp4_decode_kernel
 from fp4cli.quant import QuantizedTensor
@@ -46,21 +46,12 @@ ALPHA_BM, ALPHA_BN, ALPHA_WARPS = 32, 128, 4
 
 
 @dataclass(frozen=True)
-class NvOperand:
-    """One NVFP4 operand blocked along K: (rows, K_padded / 2) packed E2M1 codes, (rows,
-    K_padded / 16) E4M3 scale codes, and the tensor amax (1,) float32, all contiguous."""
+class NvOperand(PackedRows):
+    """One NVFP4 operand blocked along K: packed codes, (rows, K_padded / 16) E4M3 scale
+    codes, and the tensor amax (1,) float32, all contiguous."""
 
-    codes: torch.Tensor
     scales: torch.Tensor
     amax: torch.Tensor
-
-    @property
-    def rows(self) -> int:
-        return self.codes.shape[0]
-
-    @property
-    def k_padded(self) -> int:
-        return self.codes.shape[1] * 2
 
 
 def operand(q: QuantizedTensor) -> NvOperand:
