@@ -90,17 +90,18 @@ def step_command(
 def _check_names(tasks: list[str], recipes: list[str], size: str | None) -> None:
     """One-line errors for unknown tasks, sizes and recipes, before anything runs."""
     from fp4cli.bench.configs import BenchError
+    from fp4cli.bench.step import BENCH_SIZES
     from fp4cli.recipes import load_recipe
-    from fp4cli.tasks.base import task_defaults
+    from fp4cli.tasks.base import task_defaults, task_names
 
     if not tasks:
         raise BenchError("tasks: give at least one, e.g. gpt")
     for task in tasks:
-        from fp4cli.bench.step import BENCH_SIZES
-
+        if task not in task_names():
+            raise BenchError(f"unknown task {task!r}; known: {', '.join(task_names())}")
         task_size = size or BENCH_SIZES.get(task, ("default", 8))[0]
         if task_defaults(task, task_size) is None:
-            raise BenchError(f"task {task!r} has no size {task_size!r} (or is not a task)")
+            raise BenchError(f"task {task!r} has no size {task_size!r}")
     for recipe in recipes:
         load_recipe(recipe)  # RecipeError names what is wrong
 

@@ -100,7 +100,7 @@ def test_max_batch_reports_a_start_that_does_not_fit(monkeypatch) -> None:
         (["--modes", "graph", "--device", "cpu"], "CUDA graphs need a CUDA device"),
         (["--modes", "jit"], "modes: 'jit' is not one of"),
         (["--backends", "cuda"], "backends: 'cuda' is not one of"),
-        (["--tasks", "chess", "--modes", "eager"], "task 'chess'"),
+        (["--tasks", "chess", "--modes", "eager"], "unknown task 'chess'; known: "),
         (["--tasks", "gpt", "--size", "huge", "--modes", "eager"], "has no size 'huge'"),
         (["--recipes", "no-such-recipe", "--modes", "eager"], "no-such-recipe"),
         (["--steps", "0"], "--steps"),
