@@ -8,10 +8,25 @@ into Python functions) compiles the launches the quantized Linear makes and prin
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+
+
+def run_compiler_module(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m module args` from the project root with TRITON_INTERPRET unset, so that the
+    kernels go through Triton's compiler, not the interpreter (stdout and stderr captured)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=Path(__file__).parents[1], env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
 
 TRITON_TYPES = {
     torch.float32: "fp32",

@@ -2,11 +2,6 @@
 quantizer: one E8M0 scale per row, column or tensor, E2M1 / E4M3 / E5M2 elements, the fused
 per-row outlier clamp, bit for bit (signs of zero included) on ragged shapes and edge values."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -14,6 +9,7 @@ import fp4cli.kernels.launch_vector as launch_vector
 from fp4cli.kernels.launch_vector import Clamp, decode_vector, quantize_vector
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.techniques.outliers import OutlierConfig, clamp_outliers, nearest_ranks
+from tests.hopper_compile import run_compiler_module
 from tests.kernel_cases import DEVICE, FP32_MAX, INF, NAN, assert_bits, assert_same_up_to_zero_sign
 
 SPECS = {
@@ -180,10 +176,6 @@ def test_specs_the_kernels_refuse_are_named():
 
 def test_the_vector_wise_launches_compile_for_hopper():
     pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.hopper_compile_vector"],
-        cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    done = run_compiler_module("tests.hopper_compile_vector")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-1] == "17"
