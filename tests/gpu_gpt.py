@@ -1,6 +1,6 @@
 """A tiny GPT on the GPU for the executor tests of tests/gpu/: the model, its loss, fixed
-batches, one forward and backward under bf16 autocast, and training steps (eager or from a CUDA
-graph)."""
+batches, one forward and backward under bf16 autocast, training steps (eager or from a CUDA
+graph), and the two checks every executor takes on them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import fp4cli
+from tests.kernel_checks import assert_bits
 
 
 def tiny_gpt(recipe: str, backend: str):
@@ -60,3 +61,24 @@ def train_steps(recipe: str, cuda_graph: bool, steps: int = 8):
     )
     losses = [runner(batch, eager=index == 5)[0] for index, batch in enumerate(gpt_batches(steps))]
     return torch.stack(losses), [p.detach().clone() for p in model.parameters()], runner
+
+
+def check_executor_gives_the_reference_bits(recipe: str, backend: str, executor: str) -> None:
+    """The loss and every gradient of `executor` (under `backend`) under bf16 autocast are the
+    reference executor's, bit for bit."""
+    results = [
+        autocast_gradients(recipe, "torch", "reference"),
+        autocast_gradients(recipe, backend, executor),
+    ]
+    for got, want in zip(results[1], results[0], strict=True):
+        assert_bits(got, want, recipe)
+
+
+def check_graph_steps_equal_eager_steps(recipe: str) -> None:
+    """Steps replayed from a CUDA graph give the eager steps' losses and parameters."""
+    eager_losses, eager_params, _ = train_steps(recipe, cuda_graph=False)
+    graph_losses, graph_params, runner = train_steps(recipe, cuda_graph=True)
+    assert runner.graph is not None
+    assert_bits(graph_losses, eager_losses, "losses")
+    for got, want in zip(graph_params, eager_params, strict=True):
+        assert_bits(got, want, "parameters")

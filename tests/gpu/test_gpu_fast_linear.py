@@ -11,7 +11,10 @@ from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.store import RunStore
 from fp4cli.train import run_training
 from fp4cli.train.progress import SilentReporter
-from tests.gpu_gpt import autocast_gradients, train_steps
+from tests.gpu_gpt import (
+    check_executor_gives_the_reference_bits,
+    check_graph_steps_equal_eager_steps,
+)
 from tests.kernel_checks import COMPILED_ON_GPU, assert_bits
 
 pytestmark = COMPILED_ON_GPU
@@ -62,22 +65,12 @@ def test_pair_on_large_bf16_matches_the_reference(double, col_h):
 @pytest.mark.parametrize("recipe", FAST_RECIPES)
 def test_fast_executor_equals_reference_under_autocast(recipe):
     """A GPT's forward and backward under bf16 autocast: every gradient the same bits."""
-    results = [
-        autocast_gradients(recipe, "torch", "reference"),
-        autocast_gradients(recipe, "triton", "fast"),
-    ]
-    for got, want in zip(results[1], results[0], strict=True):
-        assert_bits(got, want, recipe)
+    check_executor_gives_the_reference_bits(recipe, "triton", "fast")
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "tetrajet-qema", "tseng-rht-sr"])
 def test_cuda_graph_steps_equal_eager_steps(recipe):
-    eager_losses, eager_params, _ = train_steps(recipe, cuda_graph=False)
-    graph_losses, graph_params, runner = train_steps(recipe, cuda_graph=True)
-    assert runner.graph is not None
-    assert_bits(graph_losses, eager_losses, "losses")
-    for got, want in zip(graph_params, eager_params, strict=True):
-        assert_bits(got, want, "parameters")
+    check_graph_steps_equal_eager_steps(recipe)
 
 
 def test_trainer_with_cuda_graph_logs_what_eager_logs(tmp_path):

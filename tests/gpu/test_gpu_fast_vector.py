@@ -9,7 +9,10 @@ import torch
 
 from fp4cli.quant import QuantSpec, fake_quantize
 from fp4cli.techniques.outliers import OutlierConfig, clamp_outliers, nearest_ranks
-from tests.gpu_gpt import autocast_gradients, train_steps
+from tests.gpu_gpt import (
+    check_executor_gives_the_reference_bits,
+    check_graph_steps_equal_eager_steps,
+)
 from tests.kernel_checks import COMPILED_ON_GPU, assert_bits, assert_same_up_to_zero_sign
 
 pytestmark = COMPILED_ON_GPU
@@ -72,22 +75,12 @@ def test_fused_clamp_matches_the_reference_quantiles(shape):
 @pytest.mark.parametrize("recipe", VECTOR_RECIPES)
 def test_vector_executor_equals_reference_under_autocast(recipe):
     """A GPT's forward and backward under bf16 autocast: every gradient the same bits."""
-    results = [
-        autocast_gradients(recipe, "torch", "reference"),
-        autocast_gradients(recipe, "auto", "vector"),
-    ]
-    for got, want in zip(results[1], results[0], strict=True):
-        assert_bits(got, want, recipe)
+    check_executor_gives_the_reference_bits(recipe, "auto", "vector")
 
 
 @pytest.mark.parametrize("recipe", VECTOR_RECIPES)
 def test_cuda_graph_steps_equal_eager_steps(recipe):
-    eager_losses, eager_params, _ = train_steps(recipe, cuda_graph=False)
-    graph_losses, graph_params, runner = train_steps(recipe, cuda_graph=True)
-    assert runner.graph is not None
-    assert_bits(graph_losses, eager_losses, "losses")
-    for got, want in zip(graph_params, eager_params, strict=True):
-        assert_bits(got, want, "parameters")
+    check_graph_steps_equal_eager_steps(recipe)
 
 
 @pytest.mark.parametrize("shape", [(768, 3072), (3072, 768)])
