@@ -11,11 +11,11 @@ pass, the kernels gave wrong gradients, while eager calls match the reference bi
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 
 import torch
 
+from fp4cli.formats import float32
 from fp4cli.kernels.dequantize import dequantize_kernel
 from fp4cli.kernels.quantize import amax_kernel, quantize_kernel
 from fp4cli.kernels.tile_io import GRID_Y
@@ -121,15 +121,10 @@ def two_level_constants(spec: QuantSpec) -> dict[str, float]:
     (1 / target), each a float32 value: `fp4cli.quant.two_level.constants`."""
     target, element_inverse, decode_inverse = two_level.constants(spec)
     return dict(
-        TWO_LEVEL_TARGET=_float32(target),
-        ELEM_INV=_float32(element_inverse),
-        DECODE_INV=_float32(decode_inverse),
+        TWO_LEVEL_TARGET=float32(target),
+        ELEM_INV=float32(element_inverse),
+        DECODE_INV=float32(decode_inverse),
     )
-
-
-def _float32(value: float) -> float:
-    """`value` rounded to the nearest float32 (a C cast), on the host without a tensor."""
-    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def _hadamard_constants(hadamard: int | None) -> dict[str, object]:

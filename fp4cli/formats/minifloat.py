@@ -9,12 +9,22 @@ spacing (a power of two), split into integer and fraction, and the fraction deci
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+
+def float32(value: float) -> float:
+    """`value` rounded to the nearest float32 (ties to even, as torch's cast), on the host;
+    beyond float32's range, infinity of its sign."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:  # rounded past FLT_MAX
+        return math.copysign(math.inf, value)
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,10 @@ interval's value applies (1/k: 0.2 for k = 5 at |x| = 6), as Wang et al.'s kerne
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fp4cli.formats import Minifloat, grid_interval
+from fp4cli.formats import Minifloat, float32, grid_interval
 from fp4cli.quant.spec import SpecError
 
 if TYPE_CHECKING:
@@ -44,8 +43,7 @@ class DGEConfig:
     def inverse_k(self) -> float:
         """1 / k as float32 divides (1.0f / k): f' multiplies by it, which is also what a CUDA
         tensor divided by the number k computes, so every device gives the same bits."""
-        k32 = struct.unpack("f", struct.pack("f", self.k))[0]
-        return struct.unpack("f", struct.pack("f", 1.0 / k32))[0]  # double, then float: exact
+        return float32(1.0 / float32(self.k))  # in double, then rounded: the float32 quotient
 
 
 K_MAX = 100.0  # Wang et al. use 3 to 5; beyond 100 the surrogate is the straight step

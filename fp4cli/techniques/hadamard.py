@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
 
+from fp4cli.formats import float32
 from fp4cli.quant.spec import SpecError
 
 if TYPE_CHECKING:
@@ -75,9 +76,7 @@ def rht_matrix(n: int, seed: Seed, device: torch.device | str = "cpu") -> torch.
 
 def normalization(n: int) -> float:
     """1/sqrt(n) rounded to float32 (exact for n = 16, 64, 256)."""
-    import torch
-
-    return float(torch.tensor(1.0 / n**0.5, dtype=torch.float32))
+    return float32(1.0 / n**0.5)
 
 
 def fwht(blocks: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from fp4cli.formats import (
     UE5M3,
     decode,
     encode,
+    float32,
     pack_nibbles,
     round_to_grid,
     unpack_nibbles,
@@ -202,3 +203,17 @@ def test_round_to_grid_sr_brackets(name):
     got = round_to_grid(x, ELEMENT_FORMATS[name], "sr", uniform=u)
     expected = oracle.round_to_grid(x.double().numpy(), oracle.GRIDS[name], "sr", u.numpy())
     assert_same(got, torch.from_numpy(expected).float())
+
+
+def test_float32_rounds_host_numbers_as_torch_casts_them():
+    """Ties to even, subnormals, the last finite value, overflow and NaN, as a float32 cast."""
+    largest = float(torch.finfo(torch.float32).max)
+    half_ulp_above = largest + 2.0**103  # the tie between FLT_MAX and the next power of two
+    values = [1 / 3, 1 / 16**0.5, 1 / 6, 1 + 2**-24, 1 + 3 * 2**-24, -(1 + 2**-24), 2**-149 * 0.6,
+              2**-150, 1e-50, largest, largest + 2.0**102, half_ulp_above, 1e39, -1e39, 0.0, -0.0,
+              float("inf"), float("nan")]  # fmt: skip
+    for value in values:
+        expected = torch.tensor(value, dtype=torch.float64).to(torch.float32).item()
+        got = float32(value)
+        assert got == expected or (got != got and expected != expected), value
+        assert np.signbit(got) == np.signbit(expected), value
