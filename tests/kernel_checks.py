@@ -19,6 +19,18 @@ COMPILED_ON_GPU = [
     ),
 ]
 
+
+def bf16_gpu_input(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """A bf16 CUDA tensor (rows >= 101) whose rows span many binades, with a NaN, an Inf and a
+    zero, for the GPU tests of the executors' kernels."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, cols, generator=generator, device="cuda")
+    scales = torch.exp2(torch.randn(rows, 1, generator=generator, device="cuda") * 8)
+    x = (x * scales).to(torch.bfloat16)
+    x[5, 7], x[100, 33], x[-1, -1] = float("nan"), float("inf"), 0.0
+    return x
+
+
 _SAME_WIDTH_INT = {
     torch.float64: torch.int64,
     torch.float32: torch.int32,

@@ -15,7 +15,7 @@ from tests.gpu_gpt import (
     check_executor_gives_the_reference_bits,
     check_graph_steps_equal_eager_steps,
 )
-from tests.kernel_checks import COMPILED_ON_GPU, assert_bits
+from tests.kernel_checks import COMPILED_ON_GPU, assert_bits, bf16_gpu_input
 
 pytestmark = COMPILED_ON_GPU
 
@@ -33,21 +33,12 @@ FAST_RECIPES = [
 ]
 
 
-def _bf16_input(rows: int, cols: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(rows, cols, generator=generator, device="cuda")
-    scales = torch.exp2(torch.randn(rows, 1, generator=generator, device="cuda") * 8)
-    x = (x * scales).to(torch.bfloat16)
-    x[5, 7], x[100, 33], x[-1, -1] = float("nan"), float("inf"), 0.0
-    return x
-
-
 @pytest.mark.parametrize("col_h", [None, 64])
 @pytest.mark.parametrize("double", [False, True])
 def test_pair_on_large_bf16_matches_the_reference(double, col_h):
     from fp4cli.kernels.launch_pair import Direction, quantize_pair
 
-    x = _bf16_input(8192, 3072, seed=1)
+    x = bf16_gpu_input(8192, 3072, seed=1)
     seed = torch.tensor(1234, device="cuda")
     row = Direction(CEIL, None, values_dtype=torch.bfloat16)
     col = Direction(PRESCALE_SR if col_h else CEIL_SR, (seed, 5), col_h, (seed, 8))

@@ -13,7 +13,12 @@ from tests.gpu_gpt import (
     check_executor_gives_the_reference_bits,
     check_graph_steps_equal_eager_steps,
 )
-from tests.kernel_checks import COMPILED_ON_GPU, assert_bits, assert_same_up_to_zero_sign
+from tests.kernel_checks import (
+    COMPILED_ON_GPU,
+    assert_bits,
+    assert_same_up_to_zero_sign,
+    bf16_gpu_input,
+)
 
 pytestmark = COMPILED_ON_GPU
 
@@ -27,22 +32,13 @@ SPECS = [
 ]
 
 
-def _bf16_input(rows: int, cols: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(rows, cols, generator=generator, device="cuda")
-    scales = torch.exp2(torch.randn(rows, 1, generator=generator, device="cuda") * 8)
-    x = (x * scales).to(torch.bfloat16)
-    x[5, 7], x[100, 33], x[-1, -1] = float("nan"), float("inf"), 0.0
-    return x
-
-
 @pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.short())
 @pytest.mark.parametrize("shape", [(8192, 768), (1000, 20000)])
 def test_vector_kernels_match_the_reference_on_large_bf16_tensors(spec, shape):
     """Both axes, values in bf16 and codes decoded; rows of 20,000 are read in chunks."""
     from fp4cli.kernels.launch_vector import decode_vector, quantize_vector
 
-    x = _bf16_input(*shape, seed=1)
+    x = bf16_gpu_input(*shape, seed=1)
     for axis in (0, 1):
         expected = fake_quantize(x, spec, axis=axis, backend="torch")
         values, _ = quantize_vector(x, spec, axis, torch.bfloat16)
@@ -58,7 +54,7 @@ def test_fused_clamp_matches_the_reference_quantiles(shape):
     from fp4cli.kernels.launch_vector import Clamp, quantize_vector
 
     spec, config = QuantSpec.preset("fp4-row"), OutlierConfig(0.99, compensate=True)
-    x = _bf16_input(*shape, seed=2)
+    x = bf16_gpu_input(*shape, seed=2)
     x[200, :] = 0.0
     x[201, : shape[1] // 2] = 3.0  # ties
     clamped, residual = clamp_outliers(x, config)
