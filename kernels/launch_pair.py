@@ -26,8 +26,11 @@ from fp4cli.kernels.quantize_pair import quantize_pair_kernel
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
 
-PAIR_MIN_SIDE = 32  # a tile side holds whole blocks of 32 in the other direction
-PAIR_TILE_SIDE = 64
+# The smallest tile: whole blocks of 32 down its 32 rows, and 64 positions (128 bytes of a 16-bit
+# input) along each row; a direction's block or Hadamard size, or a 2-D square, can widen it.
+# On an H100, 32 x 64 was the fastest of 32 or 64 rows by 64 or 128 columns, at 2, 4 or 8 warps
+# (and with programs looping over several tiles), over the pairs of the GPT-2-small layers.
+PAIR_TILE_ROWS, PAIR_TILE_COLS = 32, 64
 PAIR_MAX_ELEMENTS = 16384  # larger tiles (RHT-256 in both directions) take two launches
 
 
@@ -44,8 +47,13 @@ class Direction:
     values_dtype: torch.dtype | None = None
 
     def side(self) -> int:
-        """The tile side along this direction's blocks."""
-        return max(PAIR_TILE_SIDE, int(self.spec.block), self.hadamard or 0)
+        """The tile side along this direction's blocks: whole blocks and transforms."""
+        return max(int(self.spec.block), self.hadamard or 0)
+
+    def drawing(self) -> bool:
+        """Whether it computes more per value than rounding to nearest: random bits for
+        stochastic rounding, or a Hadamard transform."""
+        return self.spec.rounding == "sr" or bool(self.hadamard)
 
 
 @dataclass(frozen=True)
@@ -60,16 +68,24 @@ class Quantized:
 
 def pair_tile(row: Direction | None, col: Direction | None) -> tuple[int, int] | None:
     """(BR, BC) of the one-launch tile for these directions, or None when it would not fit."""
-    br = max(col.side() if col is not None else PAIR_MIN_SIDE, _square(row))
-    bc = max(row.side() if row is not None else PAIR_MIN_SIDE, _square(col))
+    br = max(PAIR_TILE_ROWS, col.side() if col is not None else 0, _square(row))
+    bc = max(PAIR_TILE_COLS, row.side() if row is not None else 0, _square(col))
     if br * bc > PAIR_MAX_ELEMENTS:
         if row is None or col is None:
             return None
-        br = max(PAIR_MIN_SIDE, int(col.spec.block), col.hadamard or 0, _square(row))
-        bc = max(PAIR_MIN_SIDE, int(row.spec.block), row.hadamard or 0, _square(col))
+        bc = max(PAIR_TILE_ROWS, row.side(), _square(col))
         if br * bc > PAIR_MAX_ELEMENTS:
             return None
     return br, bc
+
+
+def pair_warps(br: int, bc: int, row: Direction | None, col: Direction | None) -> int:
+    """Warps for a [br, bc] tile: 2 for the smallest tile when both directions only round to
+    nearest (the fastest there), 4 when either draws random bits or transforms; larger tiles
+    4, or 8 beyond 4096 values."""
+    if br * bc <= PAIR_TILE_ROWS * PAIR_TILE_COLS:
+        return 4 if any(d is not None and d.drawing() for d in (row, col)) else 2
+    return 4 if br * bc <= 4096 else 8
 
 
 def _square(d: Direction | None) -> int:
@@ -246,6 +262,6 @@ def quantize_pair(
         SOURCE_BF16=double == torch.bfloat16, SOURCE_F16=double == torch.float16,
         ROW_GUIDED=guide is not None,
         **row_constants, **col_constants,
-        num_warps=4 if br * bc <= 4096 else 8,
+        num_warps=pair_warps(br, bc, row, col),
     )  # fmt: skip
     return row_out, col_out

@@ -234,8 +234,11 @@ def test_bfloat16_input_and_values():
 
 
 def test_tiles_and_errors():
-    assert pair_tile(Direction(MXFP4), Direction(MXFP4)) == (64, 64)
-    assert pair_tile(Direction(MXFP4, hadamard=256), Direction(MXFP4)) == (64, 256)
+    assert pair_tile(Direction(MXFP4), Direction(MXFP4)) == (32, 64)
+    assert pair_tile(None, Direction(MXFP4)) == (32, 64)
+    assert pair_tile(Direction(NVFP4), Direction(NVFP4, hadamard=16)) == (32, 64)
+    assert pair_tile(Direction(MXFP4, hadamard=256), Direction(MXFP4)) == (32, 256)
+    assert pair_tile(Direction(MXFP4), Direction(MXFP4, hadamard=128)) == (128, 64)
     assert pair_tile(Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=64)) == (64, 256)
     assert pair_tile(Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=128)) is None
     x = _input(32, 32)
