@@ -217,12 +217,15 @@ def quantize_pair(
     double: torch.dtype | None = None,
     tile: tuple[int, int] | None = None,
     guide: torch.Tensor | None = None,
+    column_sums: torch.Tensor | None = None,
 ) -> tuple[Quantized | None, Quantized | None]:
     """x (rows, cols) quantized along axis 1 (`row`) and along axis 0 (`col`), in one launch.
 
     double: the column direction quantizes the row direction's dequantized values rounded to
     this dtype (TetraJet's double quantization) instead of x. guide (x's shape): the row
-    direction rounds toward it (Q-EMA). The caller checks `pair_tile` first: a pair it refuses
+    direction rounds toward it (Q-EMA). column_sums (cols,) float32: filled with the sums of
+    x's columns (a linear layer's bias gradient, from dY's read), summed in float32 over each
+    tile's rows, then over the tiles. The caller checks `pair_tile` first: a pair it refuses
     must be quantized one direction at a time."""
     if x.dim() != 2:
         raise ValueError(f"quantize_pair takes a 2-D tensor (got shape {tuple(x.shape)})")
@@ -233,6 +236,10 @@ def quantize_pair(
     if guide is not None and (row is None or guide.shape != x.shape):
         raise ValueError("a guide needs the row direction and the input's shape")
     _check_directions(row, col, double is not None)
+    if column_sums is not None and (
+        column_sums.shape != x.shape[1:] or column_sums.dtype != torch.float32
+    ):
+        raise ValueError(f"column_sums must be float32 of shape ({x.shape[1]},)")
     x = x.contiguous()
     guide = guide.contiguous() if guide is not None else None
     rows, cols = x.shape
@@ -255,13 +262,18 @@ def quantize_pair(
     col_constants["COL_GROUPED"] = col is not None and cols % 4 == 0
     tiles_r = -(-max(rows, col_length) // br)
     tiles_c = -(-max(cols, row_length) // bc)
+    partial_sums = None
+    if column_sums is not None:
+        partial_sums = torch.empty((tiles_r, cols), dtype=torch.float32, device=x.device)
     quantize_pair_kernel[(tiles_r * tiles_c,)](
-        x, guide, *row_args, *col_args,
+        x, guide, partial_sums, *row_args, *col_args,
         rows, cols, row_length, row_padded, col_length, col_padded, tiles_c,
         BR=br, BC=bc, DOUBLE=double is not None,
         SOURCE_BF16=double == torch.bfloat16, SOURCE_F16=double == torch.float16,
-        ROW_GUIDED=guide is not None,
+        ROW_GUIDED=guide is not None, COLUMN_SUMS=column_sums is not None,
         **row_constants, **col_constants,
         num_warps=pair_warps(br, bc, row, col),
     )  # fmt: skip
+    if partial_sums is not None:
+        torch.sum(partial_sums, 0, out=column_sums)
     return row_out, col_out

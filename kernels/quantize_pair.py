@@ -108,14 +108,14 @@ def quantize_direction(
                        "col_rht_seed_value"]
 )  # fmt: skip
 def quantize_pair_kernel(
-    x_ptr, guide_ptr,
+    x_ptr, guide_ptr, sums_ptr,
     row_codes_ptr, row_scales_ptr, row_values_ptr,
     row_seed_ptr, row_seed_value, row_rht_seed_ptr, row_rht_seed_value, row_amax_ptr,
     col_codes_ptr, col_scales_ptr, col_values_ptr,
     col_seed_ptr, col_seed_value, col_rht_seed_ptr, col_rht_seed_value, col_amax_ptr,
     rows, cols, row_out_length, row_padded_length, col_out_length, col_padded_length, tiles_c,
     BR: tl.constexpr, BC: tl.constexpr, DOUBLE: tl.constexpr, SOURCE_BF16: tl.constexpr,
-    SOURCE_F16: tl.constexpr, ROW_GUIDED: tl.constexpr,
+    SOURCE_F16: tl.constexpr, ROW_GUIDED: tl.constexpr, COLUMN_SUMS: tl.constexpr,
     ROW_ON: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_POW2_SCALE: tl.constexpr,
     ROW_CEIL: tl.constexpr, ROW_SCALE_MBITS: tl.constexpr, ROW_SCALE_MIN_EXP: tl.constexpr,
     ROW_SCALE_MAX: tl.constexpr, ROW_SCALE_NAN: tl.constexpr, ROW_SR: tl.constexpr,
@@ -138,11 +138,15 @@ def quantize_pair_kernel(
     """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
     (rows, row_padded_length / 2) codes; column direction: (col_out_length, cols) values or
     (cols, col_padded_length / 2) codes. ROW_GUIDED: the row direction rounds toward guide
-    (rows, cols), Q-EMA's."""
+    (rows, cols), Q-EMA's. COLUMN_SUMS: each tile's float32 column sums of x into row
+    (row tile) of sums (row tiles, cols), the bias gradient's partial sums."""
     pid = tl.program_id(0)
     row0 = ((pid // tiles_c) * BR).to(tl.int64)
     col0 = ((pid % tiles_c) * BC).to(tl.int64)
     x = load_tile(x_ptr, row0, col0, 0, 0, rows, cols, 1, BR, BC, False)
+    if COLUMN_SUMS:
+        col_ids = col0 + tl.arange(0, BC)
+        tl.store(sums_ptr + (row0 // BR) * cols + col_ids, tl.sum(x, axis=0), mask=col_ids < cols)
     source = x
     if ROW_ON:
         guide = x

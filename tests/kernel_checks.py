@@ -68,6 +68,15 @@ def assert_bits(actual: torch.Tensor, expected: torch.Tensor, what: str = "value
         )
 
 
+def assert_same_sum(actual: torch.Tensor, expected: torch.Tensor, what: str = "sums") -> None:
+    """The same sums added in another order: equal up to one unit in the last place of the
+    dtype, or 1e-5 of the largest sum where terms cancel (float32 sums of up to ~10^4 terms)."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, what
+    largest = float(expected.abs().max()) if expected.numel() else 0.0
+    eps = torch.finfo(expected.dtype).eps
+    torch.testing.assert_close(actual, expected, rtol=eps, atol=1e-5 * largest, msg=what)
+
+
 def assert_same_up_to_zero_sign(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     """As assert_bits, except that 0.0 and -0.0 count as equal (as test_quantize's assert_same:
     the reference's fake_quantize keeps the sign of a value that rounds to zero, its codes and

@@ -155,11 +155,14 @@ def quantize_both(
     dtype: torch.dtype,
     double: bool = False,
     guide: torch.Tensor | None = None,
+    column_sums: torch.Tensor | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """`tensor` (rows, cols) quantized along axis 1 (`row`) and axis 0 (`col`): each result is
     (values in `dtype`, the GEMM's compute dtype) or, for a packed request, (codes, scales); ()
     where not requested. With `double`, the column direction quantizes the row direction's
-    values (TetraJet's double quantization), as the reference does."""
+    values (TetraJet's double quantization), as the reference does. column_sums (cols,)
+    float32: filled with the sums of `tensor`'s columns (from the same read when both
+    directions take one launch)."""
     from fp4cli.kernels.launch_pair import pair_tile, quantize_pair
 
     double = double and row is not None and row.spec is not None
@@ -169,9 +172,12 @@ def quantize_both(
     fused = row_dir is not None and col_dir is not None and pair_tile(row_dir, col_dir) is not None
     if fused:
         row_out, col_out = quantize_pair(
-            tensor, row_dir, col_dir, dtype if double else None, guide=guide
-        )
+            tensor, row_dir, col_dir, dtype if double else None, guide=guide,
+            column_sums=column_sums,
+        )  # fmt: skip
         return _result(row_out), _result(col_out)
+    if column_sums is not None:
+        torch.sum(tensor, 0, dtype=torch.float32, out=column_sums)
     row_result: tuple[torch.Tensor, ...] = ()
     if row_dir is not None:
         row_result = _result(quantize_pair(tensor, row_dir, None, guide=guide)[0])
@@ -254,17 +260,21 @@ class FastQuantLinearFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         x_tensors, w_tensors = saved[: ctx.split], saved[ctx.split :]
         call_seed, rank = ctx.call_seed, ctx.rank
+        bias_sums = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            bias_sums = torch.empty(grad_y.shape[1], dtype=torch.float32, device=grad_y.device)
         dy_rows, dy_cols = quantize_both(
             grad_y.contiguous(),
             _request(config, "grad_input", 0, call_seed, rank) if needs_dx else None,
             _request(config, "grad_weight", 0, call_seed, rank) if needs_dw else None,
             grad_y.dtype,
+            column_sums=bias_sums,
         )
         grad_x = grad_w = grad_b = None
         if needs_dx:
             grad_x = dy_rows[0].mm(ctx.w_saved.values(w_tensors))
         if needs_dw:
             grad_w = ctx.x_saved.values(x_tensors).t().mm(dy_cols[0]).t()
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = grad_y.sum(0)
+        if bias_sums is not None:  # grad_y.sum(0), summed in another order
+            grad_b = bias_sums.to(grad_y.dtype)
         return grad_x, grad_w, grad_b, None, None, None, None

@@ -15,7 +15,12 @@ import torch.nn as nn
 import fp4cli
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.techniques.hadamard import rht
-from tests.kernel_checks import COMPILED_ON_GPU, assert_bits, check_backends_agree
+from tests.kernel_checks import (
+    COMPILED_ON_GPU,
+    assert_bits,
+    assert_same_sum,
+    check_backends_agree,
+)
 
 pytestmark = COMPILED_ON_GPU
 
@@ -193,7 +198,10 @@ def test_quant_linear_bf16_autocast_triton_equals_torch(recipe):
     assert reference[0].dtype == torch.bfloat16
     names = ["y", "x.grad", "w1.grad", "b1.grad", "w2.grad", "b2.grad"]
     for name, got, expected in zip(names, kernel, reference, strict=True):
-        assert_bits(got, expected, f"{recipe}: {name}")
+        if name.startswith("b"):  # dY's column sums, added in the fast executor's order
+            assert_same_sum(got, expected, f"{recipe}: {name}")
+        else:
+            assert_bits(got, expected, f"{recipe}: {name}")
 
 
 @pytest.mark.parametrize("spec", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4"])

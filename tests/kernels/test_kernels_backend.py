@@ -34,6 +34,7 @@ from tests.kernel_cases import (
     seeded_normal,
     tensor_amax,
 )
+from tests.kernel_checks import assert_same_sum
 
 # numpy warns about the Inf and NaN that non-finite blocks and saturating lanes compute in the
 # interpreter, and that the kernels then discard.
@@ -286,7 +287,10 @@ def test_quant_linear_triton_equals_torch(recipe, monkeypatch):
     for name, kernel_result, reference_result in zip(
         names, kernel_results, reference_results, strict=True
     ):
-        assert_bits(kernel_result, reference_result, f"{recipe}: {name}")
+        if name == "bias.grad":  # dY's column sums, added in the fast executor's order
+            assert_same_sum(kernel_result, reference_result, f"{recipe}: {name}")
+        else:
+            assert_bits(kernel_result, reference_result, f"{recipe}: {name}")
 
 
 # the vector-wise executor runs wang-fp4 and wang-direct on its own kernels

@@ -254,3 +254,33 @@ def test_tiles_and_errors():
         quantize_pair(x, Direction(MXFP4, None, values_dtype=x.dtype), Direction(NVFP4), x.dtype)
     with pytest.raises(ValueError, match="one at a time"):
         quantize_pair(x, Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=256))
+
+
+@pytest.mark.parametrize(
+    "rows, cols, col_hadamard", [(96, 128, None), (37, 70, None), (70, 45, 64), (19, 33, 16)]
+)
+def test_column_sums_from_the_same_read(rows, cols, col_hadamard):
+    """column_sums: x's column sums, float32, beside both directions' unchanged outputs; exact
+    on integer values (any order gives the same float32 sum), close to float64 otherwise."""
+    row, col = Direction(MXFP4_SR, 3), Direction(CEIL, None, col_hadamard, 4, torch.float32)
+    integers = on_device(torch.randint(-512, 513, (rows, cols), generator=torch.Generator()
+                                       .manual_seed(rows)).float())  # fmt: skip
+    for x in (integers, _input(rows, cols, seed=rows)):
+        sums = torch.full((cols,), float("nan"), device=x.device)
+        row_out, col_out = quantize_pair(x, row, col, column_sums=sums)
+        plain_row, plain_col = quantize_pair(x, row, col)
+        assert_bits(row_out.codes, plain_row.codes, "row codes")
+        assert_bits(col_out.values, plain_col.values, "column values")
+        exact = x.double().sum(0)
+        if x is integers:
+            assert_bits(sums, exact.float(), "column sums")
+        else:
+            torch.testing.assert_close(sums.double(), exact, rtol=1e-6, atol=1e-6 * float(
+                x.abs().sum(0).max()))  # fmt: skip
+
+
+def test_column_sums_must_be_float32_columns():
+    x = _input(32, 64)
+    for wrong in (torch.empty(63), torch.empty(64, dtype=torch.float16)):
+        with pytest.raises(ValueError, match="column_sums must be float32 of shape"):
+            quantize_pair(x, Direction(MXFP4), None, column_sums=on_device(wrong))

@@ -10,6 +10,7 @@ from fp4cli.linear.fast import fast_gap
 from fp4cli.recipes import load_recipe
 from fp4cli.techniques import DGEConfig, HadamardConfig
 from tests.kernel_cases import DEVICE
+from tests.kernel_checks import assert_bits
 from tests.linear_runs import (
     assert_same_passes,
     linear_inputs,
@@ -68,7 +69,9 @@ def test_fast_executor_matches_the_reference_bit_for_bit(name):
     fast, reference = seeded_layer(CONFIGS[name], "triton"), seeded_layer(CONFIGS[name], "torch")
     assert fast.executor() == ("fast", "")
     x, grad_y = linear_inputs()
-    assert_same_passes(training_passes(fast, x, grad_y), training_passes(reference, x, grad_y))
+    assert_same_passes(
+        training_passes(fast, x, grad_y), training_passes(reference, x, grad_y), summed_bias=True
+    )
 
 
 @pytest.mark.parametrize("name", ["tetrajet", "tseng-rht-sr", "nvfp4"])
@@ -76,7 +79,23 @@ def test_ragged_tokens_and_features(name):
     fast = seeded_layer(CONFIGS[name], "triton", in_features=45, out_features=33)
     reference = seeded_layer(CONFIGS[name], "torch", in_features=45, out_features=33)
     x, grad_y = linear_inputs((19, 45), 33, seed=2)
-    assert_same_passes(training_passes(fast, x, grad_y), training_passes(reference, x, grad_y))
+    assert_same_passes(
+        training_passes(fast, x, grad_y), training_passes(reference, x, grad_y), summed_bias=True
+    )
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "wide-rht"])
+def test_bias_gradient_is_the_column_sum_of_grad_y(name):
+    """On integer gradients every order of summation gives the same float32 sums, so the fast
+    executor's bias gradient (summed in the quantize kernel's read of dY, or by torch where the
+    directions take two launches) must equal the reference's bit for bit; ragged tokens."""
+    fast, reference = seeded_layer(CONFIGS[name], "triton"), seeded_layer(CONFIGS[name], "torch")
+    x, _ = linear_inputs((3, 41, 96), seed=6)
+    grad_y = torch.randint(-64, 65, (3, 41, 70), generator=torch.Generator().manual_seed(6))
+    passes = [training_passes(layer, x, grad_y.float().to(x.device), calls=1)[0]
+              for layer in (fast, reference)]  # fmt: skip
+    assert_bits(passes[0][-1], passes[1][-1], "bias gradient")
+    assert_bits(passes[0][-1], grad_y.sum((0, 1)).float().to(x.device), "bias gradient")
 
 
 def test_frozen_weight_input_without_grad_and_no_bias():
@@ -89,14 +108,20 @@ def test_frozen_weight_input_without_grad_and_no_bias():
         )
         for layer in (fast, reference):
             layer.weight.requires_grad_(False)
-        assert_same_passes(training_passes(fast, x, grad_y), training_passes(reference, x, grad_y))
+        assert_same_passes(
+            training_passes(fast, x, grad_y),
+            training_passes(reference, x, grad_y),
+            summed_bias=bias,
+        )
         fast, reference = (
             seeded_layer(config, "triton", bias=bias),
             seeded_layer(config, "torch", bias=bias),
         )
         x_const = x.detach()
         assert_same_passes(
-            training_passes(fast, x_const, grad_y), training_passes(reference, x_const, grad_y)
+            training_passes(fast, x_const, grad_y),
+            training_passes(reference, x_const, grad_y),
+            summed_bias=bias,
         )
 
 
@@ -106,7 +131,9 @@ def test_rank_offsets_match_the_reference():
     fast.rank = reference.rank = 3
     x, grad_y = linear_inputs(seed=4)
     assert_same_passes(
-        training_passes(fast, x, grad_y, calls=1), training_passes(reference, x, grad_y, calls=1)
+        training_passes(fast, x, grad_y, calls=1),
+        training_passes(reference, x, grad_y, calls=1),
+        summed_bias=True,
     )
 
 
@@ -116,7 +143,9 @@ def test_statistics_steps_take_the_reference_and_agree():
     fast.stats, reference.stats = {}, {}
     x, grad_y = linear_inputs(seed=5)
     assert_same_passes(
-        training_passes(fast, x, grad_y, calls=1), training_passes(reference, x, grad_y, calls=1)
+        training_passes(fast, x, grad_y, calls=1),
+        training_passes(reference, x, grad_y, calls=1),
+        summed_bias=True,
     )
     assert fast.stats.keys() == reference.stats.keys() and len(fast.stats) > 0
 
