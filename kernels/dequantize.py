@@ -23,11 +23,30 @@ def dequantize_tile(
 ):
     """Float32 values of signed E2M1 codes in blocks (`quantize.block_view`: [ROWS, BLOCKS,
     BLOCK] for BLOCK_AXIS 1, [BLOCKS, BLOCK, COLS] for 0; scales and finite_blocks without the
-    BLOCK axis): q * scale (two-level: q * ((scale * tensor amax) * DECODE_INV)), then over the
-    pre-scale; NaN in non-finite blocks."""
+    BLOCK axis); see `scaled_grid`."""
+    return scaled_grid(
+        signed_e2m1_value(code), scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
+        DECODE_INV, BLOCK_AXIS,
+    )  # fmt: skip
+
+
+@triton.jit
+def scaled_grid(
+    grid,
+    scale,
+    finite_blocks,
+    tensor_amax,
+    PRESCALE: tl.constexpr,
+    TENSOR_SCALE: tl.constexpr,
+    DECODE_INV: tl.constexpr,
+    BLOCK_AXIS: tl.constexpr,
+):
+    """Signed E2M1 grid values q in blocks, dequantized: q * scale (two-level:
+    q * ((scale * tensor amax) * DECODE_INV)), then over the pre-scale; NaN in non-finite
+    blocks."""
     if TENSOR_SCALE:
         scale = (scale * tensor_amax) * DECODE_INV
-    values = signed_e2m1_value(code) * tl.expand_dims(scale, BLOCK_AXIS + 1)
+    values = grid * tl.expand_dims(scale, BLOCK_AXIS + 1)
     if PRESCALE != 1.0:
         values = tl.div_rn(values, tl.full(values.shape, PRESCALE, tl.float32))
     return tl.where(tl.expand_dims(finite_blocks, BLOCK_AXIS + 1), values, float("nan"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.dequantize import dequantize_tile
+from fp4cli.kernels.dequantize import scaled_grid
 from fp4cli.kernels.tile_io import (
     line_mask,
     load_tile,
@@ -31,10 +31,13 @@ from fp4cli.kernels.tile_ops import (
     e2m1_code_guided,
     e2m1_code_rne,
     e2m1_code_sr,
+    e2m1_rne_grid,
+    e2m1_sr_grid,
     e8m0_exponent,
     hadamard_rows,
     pow2,
     round_unsigned_minifloat,
+    signed_e2m1_value,
 )
 
 
@@ -158,6 +161,7 @@ def quantize_tile(
     BLOCK_AXIS: tl.constexpr,
     TILE2D: tl.constexpr,
     RAW_SIGN: tl.constexpr,
+    GRID: tl.constexpr = False,
 ):
     """E2M1 codes (sign included, int32; meaningless in non-finite blocks), scale values and
     scale codes, and which blocks are finite, for a float32 [ROWS, COLS] tile whose blocks run
@@ -172,7 +176,8 @@ def quantize_tile(
     TILE2D: each block's scale is its BLOCK x BLOCK square's (the tile's origin and sides are
     multiples of BLOCK). RAW_SIGN: a negative value's sign joins its code even where the code
     is 0 (code 8, which `store_codes` turns back into 0 eight codes at a time); else a value
-    rounded to zero has code 0."""
+    rounded to zero has code 0. GRID (round to nearest even or SR, for the dequantized values):
+    the signed grid values `signed_e2m1_value(code)` (float32) in place of the codes."""
     # On the bits of |x|, one integer max per block gives both the amax and whether the block is
     # finite (NaN and Inf have the largest magnitude bits). A non-finite block's codes are
     # discarded on storing, so its values need no cleaning.
@@ -215,19 +220,29 @@ def quantize_tile(
             guide_units = tl.div_rn(guide_units, per_value)
     if PRESCALE != 1.0:
         magnitude = magnitude * PRESCALE
-    if GUIDED:  # the guide on x's side of zero
-        code = e2m1_code_guided(magnitude, tl.where(bits < 0, -guide_units, guide_units))
-    elif SR:
-        code = e2m1_code_sr(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS))
-    elif AWAY:
-        code = e2m1_code_away(magnitude)
-    else:
-        code = e2m1_code_rne(magnitude)
-    sign = (bits >> 28) & 8
-    if not RAW_SIGN:  # the sign bit joins a non-zero code: (code + 7) & 8 is 8 for codes 1..7
-        sign = sign & (code + 7)
-    code = code | sign
     scale_code = tl.where(finite_blocks, scale_code, SCALE_NAN)
+    if GRID:
+        tl.static_assert(not (GUIDED or AWAY))
+        if SR:
+            grid = e2m1_sr_grid(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS))
+        else:
+            grid = e2m1_rne_grid(magnitude)
+        # x's sign on a non-zero value, as `signed_e2m1_value` of the code
+        signed_bits = grid.to(tl.int32, bitcast=True) | (bits & -2147483648)
+        code = tl.where(grid > 0.0, signed_bits.to(tl.float32, bitcast=True), 0.0)
+    else:
+        if GUIDED:  # the guide on x's side of zero
+            code = e2m1_code_guided(magnitude, tl.where(bits < 0, -guide_units, guide_units))
+        elif SR:
+            code = e2m1_code_sr(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS))
+        elif AWAY:
+            code = e2m1_code_away(magnitude)
+        else:
+            code = e2m1_code_rne(magnitude)
+        sign = (bits >> 28) & 8
+        if not RAW_SIGN:  # the sign bit joins a non-zero code: (code + 7) & 8 is 8 for 1..7
+            sign = sign & (code + 7)
+        code = code | sign
     return code, scale, scale_code, finite_blocks
 
 
@@ -334,9 +349,12 @@ def quantize_kernel(
         1,
         False,
         not WRITE_VALUES,
+        WRITE_VALUES and not (GUIDED or AWAY),
     )
     if WRITE_VALUES:
-        values = dequantize_tile(
+        if GUIDED or AWAY:
+            code = signed_e2m1_value(code)
+        values = scaled_grid(
             code, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE, DECODE_INV, 1
         )
         store_values(

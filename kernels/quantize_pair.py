@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.dequantize import dequantize_tile
+from fp4cli.kernels.dequantize import scaled_grid
 from fp4cli.kernels.quantize import quantize_tile
 from fp4cli.kernels.tile_io import (
     load_tile,
@@ -29,7 +29,7 @@ from fp4cli.kernels.tile_io import (
     store_codes_down,
     store_values,
 )
-from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows
+from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows, signed_e2m1_value
 
 
 @triton.jit
@@ -75,17 +75,22 @@ def quantize_direction(
     tensor_amax = 0.0
     if TENSOR_SCALE:
         tensor_amax = tl.load(amax_ptr)
+    # values written and no codes: the grid values straight from the rounding (RNE, SR)
     code, scale, scale_code, finite_blocks = quantize_tile(
         tile, random_bits, guide, tensor_amax, ROWS, COLS, BLOCK, POW2_SCALE, CEIL,
         SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, SCALE_NAN, SR, AWAY, PRESCALE, TENSOR_SCALE,
         TWO_LEVEL_TARGET, ELEM_INV, GUIDED, BLOCK_AXIS, TILE2D,
         BLOCK_AXIS == 1 and not (WRITE_VALUES or RETURN_VALUES),
+        WRITE_VALUES and not (GUIDED or AWAY),
     )  # fmt: skip
     values = tile
     if WRITE_VALUES or RETURN_VALUES:
+        signed_grid = code
+        if not WRITE_VALUES or GUIDED or AWAY:
+            signed_grid = signed_e2m1_value(code)
         values = tl.reshape(
-            dequantize_tile(code, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
-                            DECODE_INV, BLOCK_AXIS),
+            scaled_grid(signed_grid, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
+                        DECODE_INV, BLOCK_AXIS),
             (ROWS, COLS),
         )  # fmt: skip
     row_ids = row0 + tl.arange(0, ROWS)

@@ -119,6 +119,34 @@ def e2m1_code_rne(magnitude):
 
 
 @triton.jit
+def e2m1_rne_grid(magnitude):
+    """`e2m1_value(e2m1_code_rne(magnitude))` without the code, for the dequantized values.
+
+    Below 1, adding 1.5 * 2^22 (float32 spacing 0.5 there, its last bit even) rounds |v| to the
+    grid 0, 0.5, 1 with ties to the even code; from 1 up the bits are rounded to one mantissa
+    bit as in `e2m1_code_rne` and read as a float; 6 is the largest."""
+    low = (magnitude + 6291456.0) - 6291456.0
+    bits = magnitude.to(tl.int32, bitcast=True)
+    kept = (bits + 0x1FFFFF + ((bits >> 22) & 1)) & -0x400000
+    return tl.where(magnitude < 1.0, low, tl.minimum(kept.to(tl.float32, bitcast=True), 6.0))
+
+
+@triton.jit
+def e2m1_sr_grid(magnitude, bits):
+    """`e2m1_value(e2m1_code_sr(magnitude, bits))` without the code: the same comparisons of
+    the random bits, then the lower grid point plus one step where they round up."""
+    random24 = (bits >> 8).to(tl.int32)
+    twice = magnitude * 2.0
+    floor_twice = tl.floor(twice)
+    up_low = random24.to(tl.float32) * 5.9604644775390625e-08 < twice - floor_twice
+    low = floor_twice * 0.5 + tl.where(up_low, 0.5, 0.0)
+    value_bits = magnitude.to(tl.int32, bitcast=True)
+    up_high = random24 < ((value_bits & 0x3FFFFF) << 2)
+    high = ((value_bits & -0x400000) + tl.where(up_high, 0x400000, 0)).to(tl.float32, bitcast=True)
+    return tl.where(magnitude < 1.0, low, tl.minimum(high, 6.0))
+
+
+@triton.jit
 def e2m1_code_away(magnitude):
     """E2M1 magnitude code (0..7) of |v| rounded to nearest, ties away from zero, saturating.
 
