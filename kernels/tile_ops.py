@@ -122,10 +122,11 @@ def e2m1_code_rne(magnitude):
 def e2m1_rne_grid(magnitude):
     """`e2m1_value(e2m1_code_rne(magnitude))` without the code, for the dequantized values.
 
-    Below 1, adding 1.5 * 2^22 (float32 spacing 0.5 there, its last bit even) rounds |v| to the
-    grid 0, 0.5, 1 with ties to the even code; from 1 up the bits are rounded to one mantissa
-    bit as in `e2m1_code_rne` and read as a float; 6 is the largest."""
-    low = (magnitude + 6291456.0) - 6291456.0
+    Below 1, 2|v| + 1.5 * 2^23 rounds 2|v| to an integer (ties to even) as in `e2m1_code_rne`,
+    and the integer is halved back; from 1 up the bits are rounded to one mantissa bit as there
+    and read as a float; 6 is the largest. (Not |v| + 1.5 * 2^22: the GPU compiler fuses the
+    product that made |v| into that addition, skipping its rounding; the doubling is exact.)"""
+    low = ((magnitude * 2.0 + 12582912.0) - 12582912.0) * 0.5
     bits = magnitude.to(tl.int32, bitcast=True)
     kept = (bits + 0x1FFFFF + ((bits >> 22) & 1)) & -0x400000
     return tl.where(magnitude < 1.0, low, tl.minimum(kept.to(tl.float32, bitcast=True), 6.0))
