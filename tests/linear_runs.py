@@ -3,7 +3,9 @@ vector-wise, reference) bit for bit."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.nn.functional as F
 
 from fp4cli import QuantLinear
 from tests.kernel_cases import DEVICE
@@ -62,3 +64,27 @@ def saved_tensors(layer, x) -> list[torch.Tensor]:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         layer(x)
     return saved
+
+
+def gemm_layouts(layer, x, grad_y) -> list[tuple]:
+    """(shape, strides) of both operands of every matrix product of one training pass: cuBLAS
+    picks its kernel, and so its summation order, by them."""
+    layouts = []
+    real_mm, real_linear = torch.Tensor.mm, F.linear
+
+    def record(*operands):
+        layouts.append(tuple((tuple(t.shape), t.stride()) for t in operands))
+
+    def mm(a, b):
+        record(a, b)
+        return real_mm(a, b)
+
+    def linear(a, w, bias=None):
+        record(a, w)
+        return real_linear(a, w, bias)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.Tensor, "mm", mm)
+        patch.setattr(F, "linear", linear)
+        training_passes(layer, x, grad_y, calls=1)
+    return layouts

@@ -97,8 +97,10 @@ def gemm_operands(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both operands of one GEMM, transformed (RHT) and fake-quantized along their reduction
-    dims `dims`, in a's dtype (the GEMM's compute dtype). With `stats` = (sink, operand a's
-    name, operand b's name), each quantized operand's error statistics go to sink."""
+    dims `dims`, in a's dtype (the GEMM's compute dtype), contiguous: the layout the fast
+    executors hand cuBLAS, which picks its kernel, and so its float32 summation order, by the
+    operands' strides. With `stats` = (sink, operand a's name, operand b's name), each quantized
+    operand's error statistics go to sink."""
     compute_dtype = a.dtype
     rht_args: tuple[int, torch.Tensor | None] | None = None
     if hadamard is not None:
@@ -111,7 +113,7 @@ def gemm_operands(
     b_q = _quantize_operand(
         b, specs[1], dims[1], seeds[1], rht_args, compute_dtype, backend, guide_b, stats_b
     )
-    return a_q, b_q
+    return a_q.contiguous(), b_q.contiguous()
 
 
 def seed_offsets(gemm: str, operands: tuple[str, str], rank: int = 0) -> tuple[int, int, int]:
