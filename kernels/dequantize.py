@@ -11,26 +11,6 @@ from fp4cli.kernels.tile_ops import e8m0_scale, signed_e2m1_value, unsigned_mini
 
 
 @triton.jit
-def dequantize_tile(
-    code,
-    scale,
-    finite_blocks,
-    tensor_amax,
-    PRESCALE: tl.constexpr,
-    TENSOR_SCALE: tl.constexpr,
-    DECODE_INV: tl.constexpr,
-    BLOCK_AXIS: tl.constexpr,
-):
-    """Float32 values of signed E2M1 codes in blocks (`quantize.block_view`: [ROWS, BLOCKS,
-    BLOCK] for BLOCK_AXIS 1, [BLOCKS, BLOCK, COLS] for 0; scales and finite_blocks without the
-    BLOCK axis); see `scaled_grid`."""
-    return scaled_grid(
-        signed_e2m1_value(code), scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
-        DECODE_INV, BLOCK_AXIS,
-    )  # fmt: skip
-
-
-@triton.jit
 def scaled_grid(
     grid,
     scale,
@@ -41,7 +21,9 @@ def scaled_grid(
     DECODE_INV: tl.constexpr,
     BLOCK_AXIS: tl.constexpr,
 ):
-    """Signed E2M1 grid values q in blocks, dequantized: q * scale (two-level:
+    """Signed E2M1 grid values q (`signed_e2m1_value` of the codes, or the rounding's own) in
+    blocks (`quantize.block_view`: [ROWS, BLOCKS, BLOCK] for BLOCK_AXIS 1, [BLOCKS, BLOCK, COLS]
+    for 0; scales and finite_blocks without the BLOCK axis), dequantized: q * scale (two-level:
     q * ((scale * tensor amax) * DECODE_INV)), then over the pre-scale; NaN in non-finite
     blocks."""
     if TENSOR_SCALE:
@@ -104,9 +86,10 @@ def dequantize_kernel(
     tensor_amax = 0.0
     if TENSOR_SCALE:
         tensor_amax = tl.load(tensor_amax_ptr)
-    values = dequantize_tile(
-        code, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE, DECODE_INV, 1
-    )
+    values = scaled_grid(
+        signed_e2m1_value(code), scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
+        DECODE_INV, 1,
+    )  # fmt: skip
     store_values(
         out_ptr,
         tl.reshape(values, (ROWS, COLS)),
