@@ -102,15 +102,11 @@ def _direction_args(
     prefix: str,
 ) -> tuple[list[object], dict[str, object], Quantized | None, int, int]:
     """(pointer/seed arguments, constexprs, outputs, out_length, padded_length) of a direction
-    quantizing `lines` lines of `length` positions; `amax`: its tensor amax (two-level)."""
+    quantizing `lines` lines of `length` positions; `amax`: its tensor amax (two-level). The
+    constexprs are shared between calls: not to be changed."""
     if d is None:
         args: list[object] = [None, None, None, None, 0, None, 0, None]
-        constants = dict(ON=False, BLOCK=32, SR=False, AWAY=False, GROUPED=False,
-                         SEED_FROM_PTR=False,
-                         RHT_SEED_FROM_PTR=False, PRESCALE=1.0, WRITE_VALUES=False,
-                         CEIL=False, TENSOR_SCALE=False, TILE2D=False)  # fmt: skip
-        constants |= _spec_constants(QuantSpec()) | _hadamard_constants(None)
-        return args, {f"{prefix}_{k}": v for k, v in constants.items()}, None, 1, 1
+        return args, _direction_constants(None, None, False, False, False, prefix), None, 1, 1
     block = int(d.spec.block)
     out_length = _round_up(length, d.hadamard) if d.hadamard else length
     padded = _round_up(out_length, block)
@@ -125,15 +121,38 @@ def _direction_args(
     seed_ptr, seed_value, seed_from_ptr = _seed_args(d.seed, device)
     rht_ptr, rht_value, rht_from_ptr = _seed_args(d.hadamard_seed, device)
     args = [out.codes, out.scales, out.values, seed_ptr, seed_value, rht_ptr, rht_value, amax]
-    constants = dict(
-        ON=True, BLOCK=block, CEIL=d.spec.scale_rule == "ceil", SR=d.spec.rounding == "sr",
-        AWAY=d.spec.rounding == "away",
-        SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
-        PRESCALE=float(d.spec.sr_prescale), WRITE_VALUES=d.values_dtype is not None,
-        TENSOR_SCALE=d.spec.tensor_scale, TILE2D=d.spec.tile2d,
-    )  # fmt: skip
-    constants |= _spec_constants(d.spec) | _hadamard_constants(d.hadamard)
-    return args, {f"{prefix}_{k}": v for k, v in constants.items()}, out, out_length, padded
+    constants = _direction_constants(
+        d.spec, d.hadamard, d.values_dtype is not None, seed_from_ptr, rht_from_ptr, prefix
+    )
+    return args, constants, out, out_length, padded
+
+
+@functools.lru_cache(maxsize=512)
+def _direction_constants(
+    spec: QuantSpec | None,
+    hadamard: int | None,
+    write_values: bool,
+    seed_from_ptr: bool,
+    rht_from_ptr: bool,
+    prefix: str,
+) -> dict[str, object]:
+    """A direction's constexprs, named PREFIX_NAME (computed once per combination: a launch's
+    host time counts in every eager step)."""
+    if spec is None:
+        constants = dict(ON=False, BLOCK=32, SR=False, AWAY=False, SEED_FROM_PTR=False,
+                         RHT_SEED_FROM_PTR=False, PRESCALE=1.0, WRITE_VALUES=False,
+                         CEIL=False, TENSOR_SCALE=False, TILE2D=False)  # fmt: skip
+        constants |= _spec_constants(QuantSpec()) | _hadamard_constants(None)
+    else:
+        constants = dict(
+            ON=True, BLOCK=int(spec.block), CEIL=spec.scale_rule == "ceil",
+            SR=spec.rounding == "sr", AWAY=spec.rounding == "away",
+            SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
+            PRESCALE=float(spec.sr_prescale), WRITE_VALUES=write_values,
+            TENSOR_SCALE=spec.tensor_scale, TILE2D=spec.tile2d,
+        )  # fmt: skip
+        constants |= _spec_constants(spec) | _hadamard_constants(hadamard)
+    return {f"{prefix}_{k}": v for k, v in constants.items()}
 
 
 def _spec_constants(spec: QuantSpec) -> dict[str, object]:
@@ -257,9 +276,6 @@ def quantize_pair(
     col_args, col_constants, col_out, col_length, col_padded = _direction_args(
         col, rows, cols, col_amax, x.device, "COL"
     )
-    # One Philox call per four elements along each direction's contiguous dimension.
-    row_constants["ROW_GROUPED"] = row is not None and row_length % 4 == 0
-    col_constants["COL_GROUPED"] = col is not None and cols % 4 == 0
     tiles_r = -(-max(rows, col_length) // br)
     tiles_c = -(-max(cols, row_length) // bc)
     partial_sums = None
@@ -272,6 +288,9 @@ def quantize_pair(
         SOURCE_BF16=double == torch.bfloat16, SOURCE_F16=double == torch.float16,
         ROW_GUIDED=guide is not None, COLUMN_SUMS=column_sums is not None,
         **row_constants, **col_constants,
+        # one Philox call per four elements along each direction's contiguous dimension
+        ROW_GROUPED=row is not None and row_length % 4 == 0,
+        COL_GROUPED=col is not None and cols % 4 == 0,
         num_warps=pair_warps(br, bc, row, col),
     )  # fmt: skip
     if partial_sums is not None:
