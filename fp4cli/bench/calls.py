@@ -32,6 +32,8 @@ def kernel_call(
     spec, hadamard = config.spec, config.hadamard
     if kernel in ("tensor-amax", "quantize-given-amax"):
         return _two_level_pass(kernel, x, config, axis)
+    if kernel == "quantize-pair":
+        return _pair(x, config)
     if kernel == "quantize":
         return lambda: quantize(x, spec, axis, SEED, hadamard=hadamard, backend=backend)
     if kernel == "fake-quantize":
@@ -53,6 +55,16 @@ def _two_level_pass(
     if kernel == "tensor-amax":
         return lambda: tensor_amax(x, axis, config.hadamard, 0)
     return lambda: quantize_e2m1(x, config.spec, axis, SEED, config.hadamard, 0, t_amax=amax[0])
+
+
+def _pair(x: torch.Tensor, config: BenchConfig) -> Callable[[], object]:
+    """x (2-D) quantized to packed codes along its rows and down its columns in one launch (a
+    two-level spec's amax pass first), as the quantized Linear quantizes its operands (the
+    Triton backend only)."""
+    from fp4cli.kernels.launch_pair import Direction, quantize_pair
+
+    direction = Direction(config.spec, SEED, config.hadamard, SEED)
+    return lambda: quantize_pair(x, direction, direction)
 
 
 def _reference_function(

@@ -21,7 +21,7 @@ from fp4cli.bench.calls import SEED, kernel_call
 from fp4cli.bench.configs import BenchConfig, BenchError, bench_configs
 from fp4cli.bench.parsing import check_device, dtype_name
 from fp4cli.bench.timing import TimeLimitExceeded, median_ms, time_limit
-from fp4cli.bench.traffic import KERNELS, TWO_LEVEL_KERNELS, quant_traffic
+from fp4cli.bench.traffic import KERNELS, PAIR_KERNEL, TWO_LEVEL_KERNELS, quant_traffic
 from fp4cli.quant.backend import interpreter_on, kernel_gap, triton_available
 
 BACKENDS = ("triton", "torch", "compile")
@@ -192,6 +192,8 @@ class _Runner:
         kernels: tuple[str, ...] = KERNELS[1:]
         if case.config.spec.tensor_scale:
             kernels += TWO_LEVEL_KERNELS
+        if len(case.shape) == 2:
+            kernels += (PAIR_KERNEL,)
         for kernel in kernels:
             kernel_rows = [
                 BenchRow(case, kernel, backend, traffic.kernel_bytes(kernel), self.iters)

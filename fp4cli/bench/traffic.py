@@ -18,6 +18,9 @@ KERNELS = ("copy", "quantize", "fake-quantize", "dequantize")
 # a two-level spec's two passes, timed apart on the kernels: the tensor amax (one read), and
 # the quantization given the amax
 TWO_LEVEL_KERNELS = ("tensor-amax", "quantize-given-amax")
+# a 2-D tensor quantized along its rows and down its columns from one read (the quantized
+# Linear's operand pairs), both directions packed
+PAIR_KERNEL = "quantize-pair"
 
 
 @dataclass(frozen=True)
@@ -27,12 +30,14 @@ class QuantTraffic:
     input: x in its dtype. codes: the element codes (two per byte for 4-bit elements) in the
     padded axis-last layout. scales: the block scales plus the tensor scale, if any. values: the
     dequantized tensor in x's dtype (the Hadamard-padded length when there is a transform).
+    across: for a 2-D x, the codes and scales of x quantized along its other axis.
     """
 
     input: int
     codes: int
     scales: int
     values: int
+    across: int = 0
 
     def kernel_bytes(self, kernel: str) -> int:
         """Bytes `kernel` reads plus bytes it writes."""
@@ -43,6 +48,7 @@ class QuantTraffic:
             "dequantize": self.codes + self.scales + self.values,
             "tensor-amax": self.input,
             "quantize-given-amax": self.input + self.codes + self.scales,
+            PAIR_KERNEL: self.input + self.codes + self.scales + self.across,
         }
         return moved[kernel]
 
@@ -51,16 +57,26 @@ def quant_traffic(
     shape: tuple[int, ...], dtype: torch.dtype, axis: int, config: BenchConfig
 ) -> QuantTraffic:
     """The operand sizes of `shape` in `dtype` quantized along `axis` with `config`."""
-    spec = config.spec
     axis = axis % len(shape)
-    length = shape[axis]
-    if config.hadamard:
-        length = -(-length // config.hadamard) * config.hadamard
-    moved_shape = (*shape[:axis], *shape[axis + 1 :], length)
-    codes, scales = BlockLayout.for_tensor(moved_shape, spec).stored_bytes(spec)
+    codes, scales, moved_shape = _stored(shape, axis, config)
+    across = sum(_stored(shape, 1 - axis, config)[:2]) if len(shape) == 2 else 0
     return QuantTraffic(
         input=math.prod(shape) * dtype.itemsize,
         codes=codes,
         scales=scales,
         values=math.prod(moved_shape) * dtype.itemsize,
+        across=across,
     )
+
+
+def _stored(
+    shape: tuple[int, ...], axis: int, config: BenchConfig
+) -> tuple[int, int, tuple[int, ...]]:
+    """(code bytes, scale bytes, the axis-last shape) of `shape` quantized along `axis`."""
+    spec = config.spec
+    length = shape[axis]
+    if config.hadamard:
+        length = -(-length // config.hadamard) * config.hadamard
+    moved_shape = (*shape[:axis], *shape[axis + 1 :], length)
+    codes, scales = BlockLayout.for_tensor(moved_shape, spec).stored_bytes(spec)
+    return codes, scales, moved_shape

@@ -184,7 +184,9 @@ def _table(rows: list[Any], device: Any, dtype: str, axis: int, iters: int) -> A
 def _caption(rows: list[Any]) -> str:
     caption = (
         "GB/s: bytes read + written once per call (quantize: input + codes + scales; "
-        "fake-quantize: input + output; dequantize: codes + scales + output; copy: 2 x input)."
+        "fake-quantize: input + output; dequantize: codes + scales + output; copy: 2 x input;"
+        " quantize-pair, a 2-D input quantized along its rows and down its columns from one"
+        " read: input + both directions' codes + scales)."
     )
     scaled = sorted({row.case.config.name for row in rows if row.case.config.spec.tensor_scale})
     if scaled:

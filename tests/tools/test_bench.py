@@ -57,6 +57,8 @@ def test_quantize_command_prints_and_stores(tmp_path: Path) -> None:
     expected = [(c, k, b) for c in ("mxfp4", "nvfp4") for k, b in ROWS_PER_CASE]
     # a two-level spec's passes timed apart: the amax, and the quantization given it
     expected += [("nvfp4", "tensor-amax", "triton"), ("nvfp4", "quantize-given-amax", "triton")]
+    # a 2-D tensor quantized along its rows and down its columns from one read
+    expected += [(c, "quantize-pair", "triton") for c in ("mxfp4", "nvfp4")]
     if not TRITON_RUNS:
         assert "needs CUDA or TRITON_INTERPRET=1" in result.stdout
         expected = [key for key in expected if key[2] != "triton"]
@@ -141,6 +143,40 @@ def test_traffic_of_a_hand_computed_case() -> None:
     assert (rht.input, rht.codes, rht.scales, rht.values) == (3840, 1536, 96, 6144)
     columns = quant_traffic((64, 48), torch.float32, 0, CONFIGS["mxfp4"])
     assert (columns.input, columns.codes, columns.scales) == (12288, 1536, 96)
+    # the pair adds the other direction: 64 rows of 48 values padded to 64 (32 bytes, 2 scales)
+    assert columns.across == 64 * 32 + 64 * 2
+    assert columns.kernel_bytes("quantize-pair") == 12288 + 1536 + 96 + 64 * 34
+    assert rht.across == 40 * 32 + 40 * 2  # 40 columns of 48 rows, transformed to 64
+    assert quant_traffic((4, 64, 64), torch.float32, -1, CONFIGS["mxfp4"]).across == 0
+
+
+@pytest.mark.skipif(not TRITON_RUNS, reason="runs the kernels under TRITON_INTERPRET=1")
+def test_pair_row_is_both_directions_of_the_kernels() -> None:
+    """The quantize-pair call gives each direction's codes of `quantize` along that axis, and
+    only 2-D shapes get the row."""
+    from fp4cli.bench.calls import SEED, kernel_call
+    from fp4cli.kernels.launch_pair import quantize_pair
+    from fp4cli.quant import quantize
+
+    config = CONFIGS["mxfp4-rht32-sr"]
+    x = torch.randn(40, 72, generator=torch.Generator().manual_seed(3))
+    real = quantize_pair
+    results = []
+
+    def keep(*args, **kwargs):
+        results.append(real(*args, **kwargs))
+        return results[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("fp4cli.kernels.launch_pair.quantize_pair", keep)
+        kernel_call("quantize-pair", "triton", x, config, -1)()
+    ((row, col),) = results
+    for axis, out in ((1, row), (0, col)):
+        want = quantize(x, config.spec, axis, SEED, hadamard=config.hadamard, backend="torch")
+        assert torch.equal(out.codes, want.codes) and torch.equal(out.scales, want.scales)
+    rows = run_quantize_bench([(2, 32, 32)], ["mxfp4"], backends=["triton"], iters=1,
+                              device="cpu", warmup=0, repeats=1)  # fmt: skip
+    assert "quantize-pair" not in {r.kernel for r in rows}
 
 
 def test_row_arithmetic() -> None:
