@@ -176,8 +176,9 @@ def quantize_tile(
     TILE2D: each block's scale is its BLOCK x BLOCK square's (the tile's origin and sides are
     multiples of BLOCK). RAW_SIGN: a negative value's sign joins its code even where the code
     is 0 (code 8, which `store_codes` turns back into 0 eight codes at a time); else a value
-    rounded to zero has code 0. GRID (round to nearest even or SR, for the dequantized values):
-    the signed grid values `signed_e2m1_value(code)` (float32) in place of the codes."""
+    rounded to zero has code 0. GRID (for the dequantized values): the signed grid values
+    `signed_e2m1_value(code)` (float32) in place of the codes, straight from the rounding for
+    RNE and SR."""
     # On the bits of |x|, one integer max per block gives both the amax and whether the block is
     # finite (NaN and Inf have the largest magnitude bits). A non-finite block's codes are
     # discarded on storing, so its values need no cleaning.
@@ -221,8 +222,7 @@ def quantize_tile(
     if PRESCALE != 1.0:
         magnitude = magnitude * PRESCALE
     scale_code = tl.where(finite_blocks, scale_code, SCALE_NAN)
-    if GRID:
-        tl.static_assert(not (GUIDED or AWAY))
+    if GRID and not (GUIDED or AWAY):
         if SR:
             grid = e2m1_sr_grid(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS))
         else:
@@ -243,6 +243,8 @@ def quantize_tile(
         if not RAW_SIGN:  # the sign bit joins a non-zero code: (code + 7) & 8 is 8 for 1..7
             sign = sign & (code + 7)
         code = code | sign
+        if GRID:
+            code = signed_e2m1_value(code)
     return code, scale, scale_code, finite_blocks
 
 
@@ -349,11 +351,9 @@ def quantize_kernel(
         1,
         False,
         not WRITE_VALUES,
-        WRITE_VALUES and not (GUIDED or AWAY),
+        WRITE_VALUES,
     )
     if WRITE_VALUES:
-        if GUIDED or AWAY:
-            code = signed_e2m1_value(code)
         values = scaled_grid(
             code, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE, DECODE_INV, 1
         )

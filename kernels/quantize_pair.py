@@ -75,18 +75,17 @@ def quantize_direction(
     tensor_amax = 0.0
     if TENSOR_SCALE:
         tensor_amax = tl.load(amax_ptr)
-    # values written and no codes: the grid values straight from the rounding (RNE, SR)
+    # values written and no codes: grid values in place of the codes
     code, scale, scale_code, finite_blocks = quantize_tile(
         tile, random_bits, guide, tensor_amax, ROWS, COLS, BLOCK, POW2_SCALE, CEIL,
         SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, SCALE_NAN, SR, AWAY, PRESCALE, TENSOR_SCALE,
         TWO_LEVEL_TARGET, ELEM_INV, GUIDED, BLOCK_AXIS, TILE2D,
-        BLOCK_AXIS == 1 and not (WRITE_VALUES or RETURN_VALUES),
-        WRITE_VALUES and not (GUIDED or AWAY),
+        BLOCK_AXIS == 1 and not (WRITE_VALUES or RETURN_VALUES), WRITE_VALUES,
     )  # fmt: skip
     values = tile
     if WRITE_VALUES or RETURN_VALUES:
         signed_grid = code
-        if not WRITE_VALUES or GUIDED or AWAY:
+        if not WRITE_VALUES:  # codes kept for the store, values for double quantization
             signed_grid = signed_e2m1_value(code)
         values = tl.reshape(
             scaled_grid(signed_grid, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
