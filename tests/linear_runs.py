@@ -88,3 +88,15 @@ def gemm_layouts(layer, x, grad_y) -> list[tuple]:
         patch.setattr(F, "linear", linear)
         training_passes(layer, x, grad_y, calls=1)
     return layouts
+
+
+def assert_same_gemm_layouts(config, outlier=False):
+    """Every GEMM of one training pass gets operands of the same shapes and strides on the
+    layer's kernel executor (backend "triton") as on the reference: cuBLAS chooses its kernel,
+    and so the float32 summation order, by them."""
+    x, grad_y = linear_inputs((19, 45), 33, seed=2, outlier=outlier)
+    layouts = [
+        gemm_layouts(seeded_layer(config, backend, 45, 33), x, grad_y)
+        for backend in ("triton", "torch")
+    ]
+    assert len(layouts[0]) == 3 and layouts[0] == layouts[1]

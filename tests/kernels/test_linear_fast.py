@@ -12,8 +12,8 @@ from fp4cli.techniques import DGEConfig, HadamardConfig
 from tests.kernel_cases import DEVICE
 from tests.kernel_checks import assert_bits
 from tests.linear_runs import (
+    assert_same_gemm_layouts,
     assert_same_passes,
-    gemm_layouts,
     linear_inputs,
     saved_tensors,
     seeded_layer,
@@ -89,12 +89,7 @@ def test_ragged_tokens_and_features(name):
 def test_gemms_see_the_same_operand_layouts(name):
     """cuBLAS chooses its kernel by the operands' strides, so the executors give float32 GEMMs
     the same bits only if each GEMM gets operands of the same shapes and strides."""
-    x, grad_y = linear_inputs((19, 45), 33, seed=2)
-    layouts = [
-        gemm_layouts(seeded_layer(CONFIGS[name], backend, 45, 33), x, grad_y)
-        for backend in ("triton", "torch")
-    ]
-    assert len(layouts[0]) == 3 and layouts[0] == layouts[1]
+    assert_same_gemm_layouts(CONFIGS[name])
 
 
 @pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "wide-rht"])

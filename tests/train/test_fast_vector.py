@@ -18,8 +18,8 @@ from fp4cli.train import run_training
 from fp4cli.train.progress import SilentReporter
 from tests.kernel_cases import DEVICE
 from tests.linear_runs import (
+    assert_same_gemm_layouts,
     assert_same_passes,
-    gemm_layouts,
     linear_inputs,
     saved_tensors,
     seeded_layer,
@@ -57,12 +57,7 @@ CONFIGS = {
 @pytest.mark.parametrize("name", ["wang-fp4", "wang-direct", "fp8-lines"])
 def test_gemms_see_the_same_operand_layouts(name):
     """As the fast executor's test: the same shapes and strides for every GEMM operand."""
-    x, grad_y = linear_inputs((19, 45), 33, seed=2, outlier=True)
-    layouts = [
-        gemm_layouts(seeded_layer(CONFIGS[name], backend, 45, 33), x, grad_y)
-        for backend in ("triton", "torch")
-    ]
-    assert len(layouts[0]) == 3 and layouts[0] == layouts[1]
+    assert_same_gemm_layouts(CONFIGS[name], outlier=True)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
