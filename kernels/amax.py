@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.quantize import finite_amax, finite_magnitude
-from fp4cli.kernels.tile_io import load_tile, seed_of
+from fp4cli.kernels.tile_io import load_program_tile, seed_of
 from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows, random_bits_at
 
 
@@ -36,10 +36,7 @@ def amax_pair_kernel(
     """The largest finite |value| each direction quantizes, from one read of x (rows, cols):
     of x, or of its Hadamard transform along that direction's axis, into amax_ptr[0] (row
     direction) and amax_ptr[1] (column direction)."""
-    pid = tl.program_id(0)
-    row0 = ((pid // tiles_c) * BR).to(tl.int64)
-    col0 = ((pid % tiles_c) * BC).to(tl.int64)
-    x = load_tile(x_ptr, row0, col0, 0, 0, rows, cols, 1, BR, BC, False)
+    row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
     if ROW_ON:
         row_tile = x
         if ROW_HADAMARD > 0:

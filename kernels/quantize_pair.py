@@ -22,6 +22,7 @@ import triton.language as tl
 from fp4cli.kernels.dequantize import scaled_grid
 from fp4cli.kernels.quantize import quantize_tile
 from fp4cli.kernels.tile_io import (
+    load_program_tile,
     load_tile,
     seed_of,
     sr_bits,
@@ -144,10 +145,7 @@ def quantize_pair_kernel(
     (cols, col_padded_length / 2) codes. ROW_GUIDED: the row direction rounds toward guide
     (rows, cols), Q-EMA's. COLUMN_SUMS: each tile's float32 column sums of x into row
     (row tile) of sums (row tiles, cols), the bias gradient's partial sums."""
-    pid = tl.program_id(0)
-    row0 = ((pid // tiles_c) * BR).to(tl.int64)
-    col0 = ((pid % tiles_c) * BC).to(tl.int64)
-    x = load_tile(x_ptr, row0, col0, 0, 0, rows, cols, 1, BR, BC, False)
+    row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
     if COLUMN_SUMS:
         col_ids = col0 + tl.arange(0, BC)
         tl.store(sums_ptr + (row0 // BR) * cols + col_ids, tl.sum(x, axis=0), mask=col_ids < cols)

@@ -75,6 +75,16 @@ def load_tile(
 
 
 @triton.jit
+def load_program_tile(x_ptr, rows, cols, tiles_c, BR: tl.constexpr, BC: tl.constexpr):
+    """(first row, first column, float32 tile) of this program's [BR, BC] tile of a contiguous
+    (rows, cols) x, tiles numbered row of tiles by row of tiles, tiles_c to a row."""
+    pid = tl.program_id(0)
+    row0 = ((pid // tiles_c) * BR).to(tl.int64)
+    col0 = ((pid % tiles_c) * BC).to(tl.int64)
+    return row0, col0, load_tile(x_ptr, row0, col0, 0, 0, rows, cols, 1, BR, BC, False)
+
+
+@triton.jit
 def seed_of(seed_ptr, seed_value, FROM_PTR: tl.constexpr):
     """The seed (int64): a 1-element tensor's value plus the scalar argument (an offset), or
     the scalar argument alone. The sum wraps around as int64, like torch's."""
