@@ -365,7 +365,7 @@ def test_bench_gemm_measures_the_nvfp4_impls(tmp_path: Path) -> None:
 
     path = tmp_path / "fp4.db"
     args = ["bench", "gemm", "--shapes", "40x24x96", "--impls", "cublas-bf16,nvfp4,nvfp4-decoded",
-            "--device", "cpu", "--store", str(path)]  # fmt: skip
+            "--device", DEVICE, "--store", str(path)]  # fmt: skip
     result = CliRunner().invoke(app, args, env={"COLUMNS": "220"})
     assert result.exit_code == 0, result.output
     assert "NVFP4 GEMM on" in result.stdout and "max err" in result.stdout
