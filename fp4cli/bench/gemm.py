@@ -4,7 +4,8 @@ For each shape, in one process: random normal A (M, K) and B (N, K), quantized t
 K, and to NVFP4 when an `nvfp4` implementation is asked; the reference of each format in
 float64 (MXFP4: the product of the dequantized operands; NVFP4: `nvfp4_matmul_reference`'s
 formula before its rounding); then each implementation,
-timed (the median of `triton.testing.do_bench` on a GPU, of timed loops on the CPU) and checked:
+timed (the median of `triton.testing.do_bench` on a GPU, or of replays of a CUDA graph of 20
+calls with timing "graph"; of timed loops on the CPU) and checked:
 cuBLAS bf16 is timed first and again last, and the faster time counts (the ratios to it stay
 conservative if the GPU's clock drifts during the shape);
 its relative error against its format's reference (Frobenius norms), its largest error over
@@ -25,13 +26,15 @@ import torch
 
 from fp4cli.bench.configs import BenchError
 from fp4cli.bench.gemm_cases import BASELINE, IMPLS, NVFP4_IMPLS, GemmShape
-from fp4cli.bench.timing import median_ms
+from fp4cli.bench.timing import check_timing, median_ms
 from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
 
 SEED = 0
 MXFP4 = QuantSpec.preset("mxfp4")
 NVFP4 = QuantSpec.preset("nvfp4")
 CPU_MAX_FLOP = 2 * 1024**3  # larger shapes would take minutes on a CPU (float64 reference first)
+GEMM_TIMINGS = ("do-bench", "graph")
+GRAPH_CALLS = 20
 
 
 @dataclass
@@ -49,6 +52,7 @@ class GemmRow:
     first_ms: float | None = None  # the baseline's: its first of two timings
     baseline_ms: float | None = None  # cuBLAS bf16 on the same shape, same run
     dot_scaled_ms: float | None = None
+    timing: str = "do-bench"  # or "graph": the GPU's time alone, without launching
 
     @property
     def tflops(self) -> float | None:
@@ -66,7 +70,8 @@ class GemmRow:
     def stored_config(self) -> dict[str, Any]:
         shape = self.shape
         return {"m": shape.m, "n": shape.n, "k": shape.k, "shape": shape.name or shape.text,
-                "impl": self.impl, "format": self.format, "out_dtype": "bf16"}  # fmt: skip
+                "impl": self.impl, "format": self.format, "out_dtype": "bf16",
+                "timing": self.timing}  # fmt: skip
 
     def measurements(self) -> list[tuple[str, float, str]]:
         """(name, value, unit) of what the store keeps for this row."""
@@ -82,8 +87,14 @@ class GemmRow:
         return [(name, value, unit) for name, value, unit in named if value is not None]
 
 
-def check_gemm_request(shapes: Sequence[GemmShape], device: torch.device) -> None:
-    """Refuse, in one line, shapes too large to measure on a CPU."""
+def check_gemm_request(
+    shapes: Sequence[GemmShape], device: torch.device, timing: str = "do-bench"
+) -> None:
+    """Refuse, in one line, an unknown timing and shapes too large to measure on a CPU."""
+    if timing not in GEMM_TIMINGS:
+        raise BenchError(f"timing: {timing!r} is not one of {', '.join(GEMM_TIMINGS)}")
+    if timing == "graph":
+        check_timing(timing, device)
     if device.type == "cuda":
         return
     for shape in shapes:
@@ -100,16 +111,17 @@ def run_gemm_bench(
     device: torch.device,
     *,
     rep_ms: int = 100,
+    timing: str = "do-bench",
     on_case: Callable[[int, GemmShape], None] | None = None,
     on_rows: Callable[[list[GemmRow]], None] | None = None,
 ) -> list[GemmRow]:
     """Measure every shape x implementation; `on_rows` gets each shape's rows when measured."""
-    check_gemm_request(shapes, device)
+    check_gemm_request(shapes, device, timing)
     rows: list[GemmRow] = []
     for index, shape in enumerate(shapes):
         if on_case is not None:
             on_case(index, shape)
-        shape_rows = _shape_rows(shape, impls, device, rep_ms)
+        shape_rows = _shape_rows(shape, impls, device, rep_ms, timing)
         if on_rows is not None:
             on_rows(shape_rows)
         rows += shape_rows
@@ -118,10 +130,10 @@ def run_gemm_bench(
 
 
 def _shape_rows(
-    shape: GemmShape, impls: Sequence[str], device: torch.device, rep_ms: int
+    shape: GemmShape, impls: Sequence[str], device: torch.device, rep_ms: int, timing: str
 ) -> list[GemmRow]:
     formats = operand_formats(impls)
-    rows = [GemmRow(shape, impl, format=formats[impl]) for impl in impls]
+    rows = [GemmRow(shape, impl, format=formats[impl], timing=timing) for impl in impls]
     kept = None  # the baseline's operands and reference, to time it again last
     for name in dict.fromkeys(formats.values()):
         a, b = _operands(shape, device, NVFP4 if name == "nvfp4" else MXFP4)
@@ -185,7 +197,7 @@ def _measure(
         call, out = _call(row.impl, a, b, device)
         call()
         row.rel_error, row.beyond_rounding, row.max_error = _errors(out, reference)
-        row.ms = _time_ms(call, device, rep_ms)
+        row.ms = _time_ms(call, device, rep_ms, row.timing)
     except (torch.OutOfMemoryError, MemoryError):
         row.note = "out of memory"
     except _Unavailable as why:
@@ -279,7 +291,9 @@ def _errors(out: torch.Tensor, reference: torch.Tensor) -> tuple[float, float, f
     )
 
 
-def _time_ms(call: Callable[[], object], device: torch.device, rep_ms: int) -> float:
+def _time_ms(call: Callable[[], object], device: torch.device, rep_ms: int, timing: str) -> float:
+    if timing == "graph":
+        return median_ms(call, device, GRAPH_CALLS, timing="graph")
     if device.type == "cuda":
         from triton.testing import do_bench
 

@@ -20,7 +20,7 @@ import torch
 from fp4cli.bench.calls import SEED, kernel_call
 from fp4cli.bench.configs import BenchConfig, BenchError, bench_configs
 from fp4cli.bench.parsing import check_device, dtype_name
-from fp4cli.bench.timing import TimeLimitExceeded, median_ms, time_limit
+from fp4cli.bench.timing import TimeLimitExceeded, check_timing, median_ms, time_limit
 from fp4cli.bench.traffic import KERNELS, PAIR_KERNEL, TWO_LEVEL_KERNELS, quant_traffic
 from fp4cli.quant.backend import interpreter_on, kernel_gap, triton_available
 
@@ -61,6 +61,7 @@ class BenchRow:
     backend: str
     bytes_moved: int
     iters: int
+    timing: str = "loop"  # calls issued from Python, or replayed from a CUDA graph
     ms: float | None = None
     note: str | None = None
     copy_gbps: float | None = None  # the copy bandwidth of the same case
@@ -83,7 +84,8 @@ class BenchRow:
         return None if self.ms is None or not self.triton_ms else self.ms / self.triton_ms
 
     def stored_config(self) -> dict[str, Any]:
-        row = {"kernel": self.kernel, "backend": self.backend, "iters": self.iters}
+        row = {"kernel": self.kernel, "backend": self.backend, "iters": self.iters,
+               "timing": self.timing}  # fmt: skip
         return {**self.case.describe(), **row, "bytes": self.bytes_moved}
 
     def measurements(self) -> list[tuple[str, float, str]]:
@@ -107,6 +109,7 @@ def run_quantize_bench(
     *,
     warmup: int = 2,
     repeats: int = 5,
+    timing: str = "loop",
     compile_timeout_s: float = COMPILE_TIMEOUT_S,
     on_case: Callable[[int, Case], None] | None = None,
     on_rows: Callable[[list[BenchRow]], None] | None = None,
@@ -115,9 +118,12 @@ def run_quantize_bench(
     `on_rows(rows)` with each case's rows as soon as they are measured (to store them then).
 
     A torch.compile that takes longer than `compile_timeout_s` (warm-up and timing included) is
-    given up, and that config's kernel is not compiled again at the later shapes."""
-    check_request(shapes, axis, backends, iters)
-    runner = _Runner(bench_device(device), iters, warmup, repeats, backends, compile_timeout_s)
+    given up, and that config's kernel is not compiled again at the later shapes. timing
+    "graph" times each call from a CUDA graph of `iters` calls (the GPU's time, without the
+    Python dispatch that "loop" includes); a call that cannot be captured gets a note."""
+    torch_device = bench_device(device)
+    check_request(shapes, axis, backends, iters, torch_device, timing)
+    runner = _Runner(torch_device, iters, warmup, repeats, backends, compile_timeout_s, timing)
     cases = [Case(shape, dtype, axis, c) for shape in shapes for c in bench_configs(configs)]
     rows: list[BenchRow] = []
     for index, case in enumerate(cases):
@@ -148,11 +154,13 @@ def check_request(
     backends: Sequence[str],
     iters: int,
     device: torch.device | None = None,
+    timing: str = "loop",
 ) -> None:
     """Raise BenchError for a request that cannot run (or would run for many minutes on a
     CPU)."""
     if iters < 1:
         raise BenchError(f"iters: must be at least 1 (got {iters})")
+    check_timing(timing, device)
     if device is not None and device.type != "cuda":
         for shape in shapes:
             if math.prod(shape) > CPU_MAX_ELEMENTS:
@@ -178,6 +186,7 @@ class _Runner:
     repeats: int
     backends: Sequence[str]
     compile_timeout_s: float
+    timing: str
     gave_up: dict[tuple[str, str], str] = field(default_factory=dict)  # (config, kernel): why
 
     def case_rows(self, case: Case) -> list[BenchRow]:
@@ -185,7 +194,7 @@ class _Runner:
         traffic = quant_traffic(case.shape, case.dtype, case.axis, case.config)
         generator = torch.Generator(device=self.device).manual_seed(SEED)
         x = torch.randn(case.shape, generator=generator, device=self.device, dtype=case.dtype)
-        copy = BenchRow(case, "copy", "torch", traffic.kernel_bytes("copy"), self.iters)
+        copy = self.row(case, "copy", "torch", traffic.kernel_bytes("copy"))
         self.measure(copy, x)
         copy.copy_gbps = copy.gbps
         rows = [copy]
@@ -196,7 +205,7 @@ class _Runner:
             kernels += (PAIR_KERNEL,)
         for kernel in kernels:
             kernel_rows = [
-                BenchRow(case, kernel, backend, traffic.kernel_bytes(kernel), self.iters)
+                self.row(case, kernel, backend, traffic.kernel_bytes(kernel))
                 for backend in self.backends
                 if backend == "triton" or kernel in REFERENCE_KERNELS
             ]
@@ -211,6 +220,9 @@ class _Runner:
         _free_memory(self.device, compiled="compile" in self.backends)
         return rows
 
+    def row(self, case: Case, kernel: str, backend: str, bytes_moved: int) -> BenchRow:
+        return BenchRow(case, kernel, backend, bytes_moved, self.iters, self.timing)
+
     def measure(self, row: BenchRow, x: torch.Tensor) -> None:
         """Time the row's call, or note why it cannot run."""
         row.note = self._skip_reason(row)
@@ -219,7 +231,7 @@ class _Runner:
         try:
             row.ms = self._time_ms(row, x)
         except (Exception, TimeLimitExceeded) as error:
-            note = _failure_note(row.backend, error)
+            note = _failure_note(row.backend, error, self.timing)
             if note is None:
                 raise
             row.note = note
@@ -239,7 +251,7 @@ class _Runner:
         call = kernel_call(row.kernel, row.backend, x, row.case.config, row.case.axis)
         limit = self.compile_timeout_s if row.backend == "compile" else 0.0
         with time_limit(limit):
-            return median_ms(call, self.device, self.iters, self.warmup, self.repeats)
+            return median_ms(call, self.device, self.iters, self.warmup, self.repeats, self.timing)
 
 
 def _triton_gap(case: Case, device: torch.device) -> str | None:
@@ -251,15 +263,18 @@ def _triton_gap(case: Case, device: torch.device) -> str | None:
     return None if gap is None else f"kernels do not cover {gap}"
 
 
-def _failure_note(backend: str, error: BaseException) -> str | None:
+def _failure_note(backend: str, error: BaseException, timing: str = "loop") -> str | None:
     """The note for a failed measurement that is recorded rather than raised, else None."""
     if _caused_by(error, TimeLimitExceeded):
         return f"compile timed out ({_caused_by(error, TimeLimitExceeded)})"
     if _caused_by(error, torch.OutOfMemoryError) or _caused_by(error, MemoryError):
         return "out of memory"
+    lines = str(error).strip().splitlines()
+    why = f"{type(error).__name__}" + (f": {lines[0][:120]}" if lines else "")
     if backend == "compile":
-        lines = str(error).strip().splitlines()
-        return f"compile failed: {type(error).__name__}" + (f": {lines[0]}" if lines else "")
+        return f"compile failed: {why}"
+    if timing == "graph" and "captur" in str(error).lower():
+        return f"cannot be captured in a CUDA graph ({why})"
     return None
 
 

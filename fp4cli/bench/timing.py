@@ -1,4 +1,5 @@
-"""Wall time of a call: CUDA events around a loop of calls on a GPU, perf_counter on the CPU;
+"""Time of a call: CUDA events around a loop of calls on a GPU, perf_counter on the CPU, or the
+replay of a CUDA graph holding the calls (the GPU's time alone, without Python or launches);
 and a limit on the wall time of a block (for a compiler that may not finish)."""
 
 from __future__ import annotations
@@ -34,18 +35,52 @@ def _loop_ms(call: Callable[[], object], iters: int, device: torch.device) -> fl
     return (time.perf_counter() - began) * 1e3 / iters
 
 
+def _graph_ms(graph: torch.cuda.CUDAGraph, iters: int) -> float:
+    """Milliseconds per call over one replay of a graph holding `iters` calls."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+TIMINGS = ("loop", "graph")  # calls issued from Python; replayed from a CUDA graph
+
+
+def check_timing(timing: str, device: torch.device | None) -> None:
+    """Raise BenchError for an unknown timing, or "graph" off a CUDA device."""
+    from fp4cli.bench.configs import BenchError
+
+    if timing not in TIMINGS:
+        raise BenchError(f"timing: {timing!r} is not one of {', '.join(TIMINGS)}")
+    if timing == "graph" and device is not None and device.type != "cuda":
+        raise BenchError("timing graph: CUDA graphs need a CUDA device; use --timing loop")
+
+
 def median_ms(
     call: Callable[[], object],
     device: torch.device,
     iters: int,
     warmup: int = 2,
     repeats: int = 5,
+    timing: str = "loop",
 ) -> float:
-    """The median over `repeats` loops of milliseconds per call, after `warmup` calls."""
+    """The median over `repeats` loops of milliseconds per call, after `warmup` calls. timing
+    "graph" (CUDA only) captures the loop's `iters` calls in one CUDA graph and times its
+    replays, so that the host's cost of issuing the calls does not count."""
     for _ in range(warmup):
         call()
     synchronize(device)
-    return statistics.median(_loop_ms(call, iters, device) for _ in range(repeats))
+    if timing == "loop":
+        return statistics.median(_loop_ms(call, iters, device) for _ in range(repeats))
+    check_timing(timing, device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            call()
+    graph.replay()  # the first replay uploads the graph
+    return statistics.median(_graph_ms(graph, iters) for _ in range(repeats))
 
 
 class TimeLimitExceeded(BaseException):

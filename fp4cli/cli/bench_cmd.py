@@ -45,6 +45,13 @@ def quantize_command(
     iters: Annotated[
         int, Opt(min=1, help="Calls per timed loop; the time is the median of 5 loops.")
     ] = 20,
+    timing: Annotated[
+        str,
+        Opt(
+            help="loop: the calls issued from Python (their dispatch counts); graph: replayed "
+            "from a CUDA graph (the GPU's time alone)."
+        ),
+    ] = "loop",
     device: DeviceOption = "auto",
     compile_timeout: Annotated[
         float,
@@ -69,17 +76,18 @@ def quantize_command(
     config_names = [config.name for config in bench_configs(split_list(configs))]
     backend_list = parse_choices("backends", backends, BACKENDS)
     torch_dtype, torch_device = parse_dtype(dtype), bench_device(device)
-    check_request(shape_list, axis, backend_list, iters, torch_device)
+    check_request(shape_list, axis, backend_list, iters, torch_device, timing)
     recorder = _Recorder("quantize", store, no_store, torch_device)
     try:
         with _CaseProgress(len(shape_list) * len(config_names), "quantize") as progress:
             rows = run_quantize_bench(
                 shape_list, config_names, torch_dtype, axis, backend_list, iters, torch_device,
-                compile_timeout_s=compile_timeout, on_case=progress.case, on_rows=recorder.record,
+                timing=timing, compile_timeout_s=compile_timeout, on_case=progress.case,
+                on_rows=recorder.record,
             )  # fmt: skip
     finally:
         recorder.close()
-    table = _table(rows, torch_device, dtype, axis, iters)
+    table = _table(rows, torch_device, dtype, axis, iters, timing)
     console_for(table).print(table)
     typer.echo(recorder.summary())
 
@@ -155,14 +163,15 @@ class _Recorder:
         return f"{self.logged} measurements stored in {self.store.path}"
 
 
-def _table(rows: list[Any], device: Any, dtype: str, axis: int, iters: int) -> Any:
+def _table(rows: list[Any], device: Any, dtype: str, axis: int, iters: int, timing: str) -> Any:
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     from fp4cli.train.loop import device_name
 
-    title = f"quantize on {device_name(device)}: {dtype}, axis {axis}, {iters} calls per loop"
+    calls = f"{iters} calls per CUDA graph" if timing == "graph" else f"{iters} calls per loop"
+    title = f"quantize on {device_name(device)}: {dtype}, axis {axis}, {calls}"
     table = Table(title=title, box=box.SIMPLE_HEAD, caption=_caption(rows))
     for column in COLUMNS:
         table.add_column(column, justify="right" if column in COLUMNS[4:] else "left")
@@ -225,6 +234,14 @@ def gemm_command(
     rep_ms: Annotated[
         int, Opt(min=1, help="Milliseconds of timed calls per measurement (the median counts).")
     ] = 100,
+    timing: Annotated[
+        str,
+        Opt(
+            help="do-bench: each call launched and timed by triton.testing.do_bench (launch "
+            "costs count where they exceed the GPU's); graph: 20 calls replayed from a CUDA "
+            "graph (the GPU's time alone)."
+        ),
+    ] = "do-bench",
     device: DeviceOption = "auto",
     store: StoreOption = None,
     no_store: NoStoreOption = False,
@@ -244,22 +261,22 @@ def gemm_command(
 
     shape_list, impl_list = parse_gemm_shapes(shapes), parse_impls(impls)
     torch_device = bench_device(device)
-    check_gemm_request(shape_list, torch_device)
+    check_gemm_request(shape_list, torch_device, timing)
     recorder = _Recorder("gemm", store, no_store, torch_device)
     try:
         with _CaseProgress(len(shape_list), "gemm") as progress:
             rows = run_gemm_bench(
-                shape_list, impl_list, torch_device, rep_ms=rep_ms,
+                shape_list, impl_list, torch_device, rep_ms=rep_ms, timing=timing,
                 on_case=progress.gemm_case, on_rows=recorder.record,
             )  # fmt: skip
     finally:
         recorder.close()
-    table = _gemm_table(rows, torch_device)
+    table = _gemm_table(rows, torch_device, timing)
     console_for(table).print(table)
     typer.echo(recorder.summary())
 
 
-def _gemm_table(rows: list[Any], device: Any) -> Any:
+def _gemm_table(rows: list[Any], device: Any, timing: str) -> Any:
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -274,6 +291,8 @@ def _gemm_table(rows: list[Any], device: Any) -> Any:
         "|C64|; beyond bf16: against C64 rounded to bf16 (what the output rounding alone leaves "
         "is 0). fp4cli times include preparing the operands."
     )
+    if timing == "graph":
+        caption += " Times: 20 calls replayed from a CUDA graph (no launch costs)."
     table = Table(
         title=f"{_formats(rows)} GEMM on {device_name(device)}, bf16 output",
         box=box.SIMPLE_HEAD,

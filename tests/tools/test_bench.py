@@ -76,6 +76,7 @@ def test_quantize_command_prints_and_stores(tmp_path: Path) -> None:
         assert (config["shape"], config["dtype"], config["axis"], config["iters"]) == (
             [64, 64], "bf16", -1, 1,
         )  # fmt: skip
+        assert config["timing"] == "loop"
 
 
 def test_no_store_writes_nothing(tmp_path: Path) -> None:
@@ -99,13 +100,15 @@ def test_no_store_writes_nothing(tmp_path: Path) -> None:
         ("--backends", "triton,cuda", "backends"),
         ("--axis", "2", "axis 2 is out of range"),
         ("--device", "gpu", "device"),
+        ("--timing", "wall", "'wall' is not one of loop, graph"),
+        ("--timing", "graph", "CUDA graphs need a CUDA device"),
     ],
 )
 def test_bad_requests_are_one_line_exit_2(
     tmp_path: Path, option: str, value: str, fragment: str
 ) -> None:
     path = tmp_path / "fp4.db"
-    result = bench("--shapes", "8x32", option, value, "--store", str(path))
+    result = bench("--shapes", "8x32", "--device", "cpu", option, value, "--store", str(path))
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1

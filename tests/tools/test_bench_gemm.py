@@ -48,6 +48,7 @@ def test_gemm_command_prints_and_stores(tmp_path: Path) -> None:
             assert (impl, name) in measured
     assert not any(impl == "cublas-fp8" for impl, _ in measured)
     assert all(row["config"]["m"] == 40 and row["config"]["k"] == 64 for row in rows)
+    assert all(row["config"]["timing"] == "do-bench" for row in rows)
     if not KERNELS:
         assert "needs triton and CUDA" in result.stdout
 
@@ -69,6 +70,8 @@ def test_no_store_writes_nothing(tmp_path: Path) -> None:
         ("--impls", "cublas-bf16,cutlass", "'cutlass' is not one of"),
         ("--device", "gpu", "device"),
         ("--shapes", "square", "too large to measure on the CPU"),
+        ("--timing", "loop", "'loop' is not one of do-bench, graph"),
+        ("--timing", "graph", "CUDA graphs need a CUDA device"),
     ],
 )
 def test_bad_requests_are_one_line_exit_2(tmp_path: Path, option, value, fragment) -> None:

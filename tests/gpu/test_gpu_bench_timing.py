@@ -1,0 +1,54 @@
+"""On a CUDA GPU: `--timing graph` of `fp4 bench quantize` and `fp4 bench gemm` times the calls
+replayed from a CUDA graph, so the host's cost of issuing them does not count."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from fp4cli.bench.gemm import run_gemm_bench
+from fp4cli.bench.gemm_cases import GemmShape
+from fp4cli.bench.quantize import run_quantize_bench
+from fp4cli.bench.timing import median_ms
+from tests.kernel_checks import COMPILED_ON_GPU
+
+pytestmark = COMPILED_ON_GPU
+CUDA = torch.device("cuda")
+
+
+def test_graph_timing_leaves_out_the_host() -> None:
+    x = torch.ones(1024, device=CUDA)
+
+    def slow_to_issue() -> None:
+        time.sleep(2e-3)  # host work, which a CUDA graph does not capture
+        x.add_(1)
+
+    loop_ms = median_ms(slow_to_issue, CUDA, iters=5, warmup=1, repeats=3)
+    graph_ms = median_ms(slow_to_issue, CUDA, iters=5, warmup=1, repeats=3, timing="graph")
+    assert loop_ms >= 2.0 and 0 < graph_ms < 0.5
+    # loop: a warm-up, 3 loops of 5; graph: a warm-up, the capture (runs nothing), the
+    # uploading replay and 3 timed replays of 5 each
+    assert x[0].item() == 1 + (1 + 3 * 5) + (1 + (1 + 3) * 5)
+
+
+def test_quantize_bench_graph_rows() -> None:
+    rows = run_quantize_bench([(512, 256)], ["mxfp4", "nvfp4"], backends=("triton", "torch"),
+                              iters=4, device=CUDA, timing="graph")  # fmt: skip
+    assert {(row.kernel, row.backend) for row in rows} >= {
+        ("copy", "torch"), ("quantize", "triton"), ("quantize-pair", "triton"),
+        ("tensor-amax", "triton"), ("quantize", "torch"),
+    }  # fmt: skip
+    for row in rows:
+        assert row.stored_config()["timing"] == "graph"
+        assert row.ms is not None and row.ms > 0, (row.kernel, row.backend, row.note)
+
+
+def test_gemm_bench_graph_rows() -> None:
+    impls = ["cublas-bf16", "exact", "fast"]
+    rows = run_gemm_bench([GemmShape(1024, 768, 512)], impls, CUDA, timing="graph")
+    assert [row.impl for row in rows] == impls
+    for row in rows:
+        assert row.note is None and row.ms is not None and row.ms > 0
+        assert row.stored_config()["timing"] == "graph"
+        assert row.rel_error is not None and row.rel_error < 2**-8
