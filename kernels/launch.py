@@ -61,16 +61,22 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def choose_tile(view: AxisView, padded_length: int, block: int, hadamard: int | None) -> Tile:
-    """A tile holding whole blocks and whole Hadamard blocks, about 4K elements."""
+def choose_tile(
+    view: AxisView, padded_length: int, block: int, hadamard: int | None, row_warps: int = 4
+) -> Tile:
+    """A tile holding whole blocks and whole Hadamard blocks: about 4K elements, or along the
+    last axis 1K per warp of `row_warps`."""
     least = max(block, hadamard or 1, 8)
     if view.transposed:
         cols = max(least, min(64, _pow2_at_least(padded_length)))
         rows = max(4, min(64, _pow2_at_least(view.inner), 4096 // cols))
         return Tile(rows, cols, 4)
     cols = max(least, min(1024, _pow2_at_least(padded_length)))
-    rows = max(1, min(_pow2_at_least(view.outer), 4096 // cols))
-    return Tile(rows, cols, 4)
+    rows = max(1, min(_pow2_at_least(view.outer), 1024 * row_warps // cols))
+    return Tile(rows, cols, row_warps)
+
+
+QUANTIZE_ROW_WARPS = 2  # rows of 2 x 1024 (bf16 on an H100: 0.855x the copy, 4 warps 0.831x)
 
 
 def _grid(view: AxisView, tile: Tile, padded_length: int) -> tuple[tuple[int, ...], int]:
@@ -185,7 +191,7 @@ def quantize_e2m1(
     block = int(spec.block)
     out_length = _round_up(view.length, hadamard) if hadamard else view.length
     padded = _round_up(out_length, block)
-    tile = tile or choose_tile(view, padded, block, hadamard)
+    tile = tile or choose_tile(view, padded, block, hadamard, QUANTIZE_ROW_WARPS)
     grid, along = _grid(view, tile, padded)
     if not spec.tensor_scale:
         t_amax = None
