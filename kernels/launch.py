@@ -100,10 +100,18 @@ def _seed_args(
     (tensor, offset) pair is the seed tensor + offset, added in the kernel."""
     if isinstance(seed, tuple):
         tensor, offset = seed
-        return tensor.to(device=device, dtype=torch.int64).reshape(1), _signed64(offset), True
+        return _seed_pointer(tensor, device), _signed64(offset), True
     if isinstance(seed, torch.Tensor):
-        return seed.to(device=device, dtype=torch.int64).reshape(1), 0, True
+        return _seed_pointer(seed, device), 0, True
     return None, _signed64(int(seed or 0)), False
+
+
+def _seed_pointer(seed: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A one-element int64 seed tensor on `device` (the kernels read its first element): the
+    seed itself when it already is one, as a training step's is (no launch, no host time)."""
+    if seed.dtype == torch.int64 and seed.device == device and seed.numel() == 1:
+        return seed
+    return seed.to(device=device, dtype=torch.int64).reshape(1)
 
 
 def _scale_constants(spec: QuantSpec) -> dict[str, object]:
