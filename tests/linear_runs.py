@@ -100,3 +100,18 @@ def assert_same_gemm_layouts(config, outlier=False):
         for backend in ("triton", "torch")
     ]
     assert len(layouts[0]) == 3 and layouts[0] == layouts[1]
+    for backend in ("triton", "torch"):
+        grad = arriving_weight_grad(seeded_layer(config, backend, 45, 33), x, grad_y)
+        # in the parameter's layout, autograd keeps it; transposed, it copies it every step
+        assert grad.shape == (33, 45) and grad.is_contiguous(), backend
+
+
+def arriving_weight_grad(layer, x, grad_y) -> torch.Tensor:
+    """The weight gradient as the layer's backward returns it, before autograd accumulates it."""
+    arrived = []
+    handle = layer.weight.register_hook(arrived.append)
+    try:
+        training_passes(layer, x, grad_y, calls=1)
+    finally:
+        handle.remove()
+    return arrived[0]

@@ -274,7 +274,7 @@ class FastQuantLinearFunction(torch.autograd.Function):
         if needs_dx:
             grad_x = dy_rows[0].mm(ctx.w_saved.values(w_tensors))
         if needs_dw:
-            grad_w = ctx.x_saved.values(x_tensors).t().mm(dy_cols[0]).t()
+            grad_w = dy_cols[0].t().mm(ctx.x_saved.values(x_tensors))
         if bias_sums is not None:  # grad_y.sum(0), summed in another order
             grad_b = bias_sums.to(grad_y.dtype)
         return grad_x, grad_w, grad_b, None, None, None, None

@@ -267,7 +267,7 @@ class VectorQuantLinearFunction(torch.autograd.Function):
             grad_x = dy_rows.mm(ctx.w_kept.values(w_kept))
         if needs_dw:
             assert dy_cols is not None
-            grad_w = ctx.x_kept.values(x_kept).t().mm(dy_cols).t()
+            grad_w = dy_cols.t().mm(ctx.x_kept.values(x_kept))
             if dge_tensors:
                 weight, scales = dge_tensors
                 assert config.forward_w is not None and config.dge is not None

@@ -210,7 +210,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 stats=_names(ctx.stats, "grad_weight_dy", "grad_weight_x"),
                 backend=ctx.backend,
             )
-            grad_w = x_q.t().mm(dy_q).t()
+            grad_w = dy_q.t().mm(x_q)  # (out, in) contiguous: autograd keeps it, no copy
             if config.dge is not None:
                 grad_w = grad_w * _dge_factor(weight, config, ctx.backend).to(grad_w.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
