@@ -280,7 +280,8 @@ def quantize_pair(
     tiles_c = -(-max(cols, row_length) // bc)
     partial_sums = None
     if column_sums is not None:
-        partial_sums = torch.empty((tiles_r, cols), dtype=torch.float32, device=x.device)
+        # (cols, tiles): each column's partial sums contiguous, summed along the last axis
+        partial_sums = torch.empty((cols, tiles_r), dtype=torch.float32, device=x.device)
     quantize_pair_kernel[(tiles_r * tiles_c,)](
         x, guide, partial_sums, *row_args, *col_args,
         rows, cols, row_length, row_padded, col_length, col_padded, tiles_c,
@@ -294,5 +295,5 @@ def quantize_pair(
         num_warps=pair_warps(br, bc, row, col),
     )  # fmt: skip
     if partial_sums is not None:
-        torch.sum(partial_sums, 0, out=column_sums)
+        torch.sum(partial_sums, 1, out=column_sums)
     return row_out, col_out

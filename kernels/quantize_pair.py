@@ -143,12 +143,14 @@ def quantize_pair_kernel(
     """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
     (rows, row_padded_length / 2) codes; column direction: (col_out_length, cols) values or
     (cols, col_padded_length / 2) codes. ROW_GUIDED: the row direction rounds toward guide
-    (rows, cols), Q-EMA's. COLUMN_SUMS: each tile's float32 column sums of x into row
-    (row tile) of sums (row tiles, cols), the bias gradient's partial sums."""
+    (rows, cols), Q-EMA's. COLUMN_SUMS: each tile's float32 column sums of x into column
+    (row tile) of sums (cols, row tiles), the bias gradient's partial sums."""
     row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
     if COLUMN_SUMS:
         col_ids = col0 + tl.arange(0, BC)
-        tl.store(sums_ptr + (row0 // BR) * cols + col_ids, tl.sum(x, axis=0), mask=col_ids < cols)
+        tiles_r = tl.num_programs(0) // tiles_c
+        sums = tl.sum(x, axis=0)
+        tl.store(sums_ptr + col_ids * tiles_r + row0 // BR, sums, mask=col_ids < cols)
     source = x
     if ROW_ON:
         guide = x
