@@ -20,6 +20,7 @@ from fp4cli.kernels.launch import (
     _round_up,
     _scale_constants,
     _seed_args,
+    launch,
     two_level_constants,
 )
 from fp4cli.kernels.quantize_pair import quantize_pair_kernel
@@ -194,9 +195,9 @@ def pair_amax(
         constants |= {f"{prefix}_{k}": v for k, v in hadamard.items()}
         constants[f"{prefix}_ON"] = d is not None and d.spec.tensor_scale
         constants[f"{prefix}_RHT_SEED_FROM_PTR"] = rht_from_ptr
-    amax_pair_kernel[(programs,)](
-        x, amax, *seeds, rows, cols, tiles_c, BR=br, BC=bc, **constants,
-        num_warps=4 if br * bc <= 4096 else 8,
+    launch(
+        amax_pair_kernel, (programs,), (x, amax, *seeds, rows, cols, tiles_c),
+        dict(BR=br, BC=bc, **constants), 4 if br * bc <= 4096 else 8,
     )  # fmt: skip
     return amax
 
@@ -221,10 +222,12 @@ def _amax_rht16_cols(x: torch.Tensor, amax: torch.Tensor, col: Direction, plain:
     tiles = -(-rows // (16 * AMAX_SLAB_LINES)) * tiles_c
     programs = min(tiles, AMAX_PROGRAMS_PER_SM * multiprocessors(x.device))
     rht_ptr, rht_value, rht_from_ptr = _seed_args(col.hadamard_seed, x.device)
-    amax_rht16_cols_kernel[(programs,)](
-        x, amax, rht_ptr, rht_value, rows, cols, tiles, tiles_c,
-        G=AMAX_SLAB_LINES, BC=AMAX_SLAB_COLS, PLAIN=plain, RHT_SEED_FROM_PTR=rht_from_ptr,
-        NORM=_hadamard_constants(16)["HADAMARD_NORM"], num_warps=4,
+    launch(
+        amax_rht16_cols_kernel, (programs,),
+        (x, amax, rht_ptr, rht_value, rows, cols, tiles, tiles_c),
+        dict(G=AMAX_SLAB_LINES, BC=AMAX_SLAB_COLS, PLAIN=plain, RHT_SEED_FROM_PTR=rht_from_ptr,
+             NORM=_hadamard_constants(16)["HADAMARD_NORM"]),
+        4,
     )  # fmt: skip
 
 
@@ -282,17 +285,18 @@ def quantize_pair(
     if column_sums is not None:
         # (cols, tiles): each column's partial sums contiguous, summed along the last axis
         partial_sums = torch.empty((cols, tiles_r), dtype=torch.float32, device=x.device)
-    quantize_pair_kernel[(tiles_r * tiles_c,)](
-        x, guide, partial_sums, *row_args, *col_args,
-        rows, cols, row_length, row_padded, col_length, col_padded, tiles_c,
-        BR=br, BC=bc, DOUBLE=double is not None,
-        SOURCE_BF16=double == torch.bfloat16, SOURCE_F16=double == torch.float16,
-        ROW_GUIDED=guide is not None, COLUMN_SUMS=column_sums is not None,
-        **row_constants, **col_constants,
-        # one Philox call per four elements along each direction's contiguous dimension
-        ROW_GROUPED=row is not None and row_length % 4 == 0,
-        COL_GROUPED=col is not None and cols % 4 == 0,
-        num_warps=pair_warps(br, bc, row, col),
+    launch(
+        quantize_pair_kernel, (tiles_r * tiles_c,),
+        (x, guide, partial_sums, *row_args, *col_args,
+         rows, cols, row_length, row_padded, col_length, col_padded, tiles_c),
+        dict(BR=br, BC=bc, DOUBLE=double is not None,
+             SOURCE_BF16=double == torch.bfloat16, SOURCE_F16=double == torch.float16,
+             ROW_GUIDED=guide is not None, COLUMN_SUMS=column_sums is not None,
+             **row_constants, **col_constants,
+             # one Philox call per four elements along each direction's contiguous dimension
+             ROW_GROUPED=row is not None and row_length % 4 == 0,
+             COL_GROUPED=col is not None and cols % 4 == 0),
+        pair_warps(br, bc, row, col),
     )  # fmt: skip
     if partial_sums is not None:
         torch.sum(partial_sums, 1, out=column_sums)
