@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from fp4cli.kernels.dge import dge_apply_kernel, dge_position_kernel
+from fp4cli.kernels.launch import launch
 from fp4cli.kernels.vector_wise import amax_kernel, decode_kernel, rows_kernel, scaled_kernel
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.techniques.dge import DGEConfig
@@ -142,9 +143,10 @@ def quantize_vector(
         amax = line_amax(x, by, workspace)
     br, bc = TILE
     tiles_c = -(-cols // bc)
-    scaled_kernel[(-(-rows // br) * tiles_c,)](
-        x, amax, out, scale_out, amax_out, rows, cols, tiles_c,
-        BR=br, BC=bc, BY=BY_CODE[by], **flags, num_warps=4,
+    launch(
+        scaled_kernel, (-(-rows // br) * tiles_c,),
+        (x, amax, out, scale_out, amax_out, rows, cols, tiles_c),
+        dict(BR=br, BC=bc, BY=BY_CODE[by], **flags), 4,
     )  # fmt: skip
     return out, scale_out
 
@@ -163,12 +165,14 @@ def _launch_rows(
     warps = 8 if br * (bc + tail) >= 4096 else 4
     if clamp is not None and x.is_cuda:  # compute-bound: a row a program, 2-8 warps (fastest)
         br, warps = 1, max(2, min(8, _pow2_at_least(cols) // 512))
-    rows_kernel[(-(-rows // br),)](
-        x, out, scale_out, amax_out, rows, cols,
-        clamp.low if clamp else 0, clamp.high if clamp else 0,
-        BR=br, BC=bc, ONE_CHUNK=cols <= bc + tail, TAIL=tail, CLAMP=clamp is not None,
-        ZERO_BITS=KEY_ZERO_BITS.get(x.dtype, 0),
-        RESIDUAL=clamp is not None and clamp.residual, **flags, num_warps=warps,
+    launch(
+        rows_kernel, (-(-rows // br),),
+        (x, out, scale_out, amax_out, rows, cols,
+         clamp.low if clamp else 0, clamp.high if clamp else 0),
+        dict(BR=br, BC=bc, ONE_CHUNK=cols <= bc + tail, TAIL=tail, CLAMP=clamp is not None,
+             ZERO_BITS=KEY_ZERO_BITS.get(x.dtype, 0),
+             RESIDUAL=clamp is not None and clamp.residual, **flags),
+        warps,
     )  # fmt: skip
 
 
@@ -181,9 +185,10 @@ def line_amax(x: torch.Tensor, by: str, out: torch.Tensor | None = None) -> torc
         out = torch.zeros(cols if by == "column" else 1, dtype=torch.int32, device=x.device)
     br, bc = TILE
     tiles_c = -(-cols // bc)
-    amax_kernel[(-(-rows // br) * tiles_c,)](
-        x, out, rows, cols, tiles_c, BR=br, BC=bc, BY=BY_CODE[by], num_warps=4
-    )
+    launch(
+        amax_kernel, (-(-rows // br) * tiles_c,), (x, out, rows, cols, tiles_c),
+        dict(BR=br, BC=bc, BY=BY_CODE[by]), 4,
+    )  # fmt: skip
     return out
 
 
@@ -197,10 +202,11 @@ def decode_vector(
     fmt = spec.element_format
     br, bc = TILE
     tiles_c = -(-cols // bc)
-    decode_kernel[(-(-rows // br) * tiles_c,)](
-        codes, scales, out, rows, cols, tiles_c,
-        BR=br, BC=bc, BY=BY_CODE[scaled_by(spec, axis)], MBITS=fmt.mbits,
-        MIN_EXP=fmt.min_exponent, MAX_CODE=fmt.max_code, SIGN_BIT=fmt.sign_bit, num_warps=4,
+    launch(
+        decode_kernel, (-(-rows // br) * tiles_c,), (codes, scales, out, rows, cols, tiles_c),
+        dict(BR=br, BC=bc, BY=BY_CODE[scaled_by(spec, axis)], MBITS=fmt.mbits,
+             MIN_EXP=fmt.min_exponent, MAX_CODE=fmt.max_code, SIGN_BIT=fmt.sign_bit),
+        4,
     )  # fmt: skip
     return out
 
@@ -222,14 +228,17 @@ def dge_scale_gradient(
     tiles_c = -(-cols // bc)
     grid = (-(-rows // br) * tiles_c,)
     power = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
-    dge_position_kernel[grid](
-        weight, scales, power, rows, cols, tiles_c, BR=br, BC=bc,
-        BY=BY_CODE[scaled_by(spec, 1)], MBITS=fmt.mbits, MIN_EXP=fmt.min_exponent,
-        ELEM_MAX=fmt.max_value, num_warps=4,
+    launch(
+        dge_position_kernel, grid, (weight, scales, power, rows, cols, tiles_c),
+        dict(BR=br, BC=bc, BY=BY_CODE[scaled_by(spec, 1)], MBITS=fmt.mbits,
+             MIN_EXP=fmt.min_exponent, ELEM_MAX=fmt.max_value),
+        4,
     )  # fmt: skip
     power.pow_(config.exponent)  # torch's pow: the reference's bits
-    dge_apply_kernel[grid](
-        grad_w, power, rows, cols, tiles_c, grad_w.stride(0), grad_w.stride(1),
-        config.inverse_k, float(config.cap), BR=br, BC=bc, num_warps=4,
+    launch(
+        dge_apply_kernel, grid,
+        (grad_w, power, rows, cols, tiles_c, grad_w.stride(0), grad_w.stride(1),
+         config.inverse_k, float(config.cap)),
+        dict(BR=br, BC=bc), 4,
     )  # fmt: skip
     return grad_w
