@@ -1,0 +1,47 @@
+"""kernels/launch.launch: every argument by position, in the kernel's parameter order."""
+
+from __future__ import annotations
+
+import pytest
+
+from fp4cli.kernels.launch import launch
+
+
+def kernel_body(x_ptr, rows, BLOCK, SR, HADAMARD):  # a kernel's parameter list
+    raise AssertionError("never run")
+
+
+class Recorder:
+    """A kernel stand-in: its function's parameters, and the launches it was given."""
+
+    def __init__(self, fn=kernel_body) -> None:
+        if fn is not None:
+            self.fn = fn
+        self.launches: list[tuple] = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, args, kwargs))
+
+
+def test_constexprs_go_by_position_in_parameter_order() -> None:
+    kernel = Recorder()
+    launch(kernel, (3,), ("x", 7), {"HADAMARD": 0, "BLOCK": 32, "SR": True}, 4)
+    assert kernel.launches == [((3,), ("x", 7, 32, True, 0), {"num_warps": 4})]
+
+
+@pytest.mark.parametrize(
+    "constexprs",
+    [
+        {"BLOCK": 32, "SR": True},  # one missing
+        {"BLOCK": 32, "SR": True, "HADAMARD": 0, "EXTRA": 1},  # one the kernel lacks
+    ],
+)
+def test_constexprs_must_be_the_kernels(constexprs) -> None:
+    with pytest.raises((TypeError, KeyError)):
+        launch(Recorder(), (1,), ("x", 7), constexprs, 4)
+
+
+def test_a_stand_in_without_the_function_gets_keywords() -> None:
+    kernel = Recorder(fn=None)
+    launch(kernel, (2, 1), ("x",), {"BLOCK": 16}, 8)
+    assert kernel.launches == [((2, 1), ("x",), {"BLOCK": 16, "num_warps": 8})]
