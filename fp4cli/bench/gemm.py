@@ -26,7 +26,7 @@ import torch
 
 from fp4cli.bench.configs import BenchError
 from fp4cli.bench.gemm_cases import BASELINE, IMPLS, NVFP4_IMPLS, GemmShape
-from fp4cli.bench.timing import check_timing, median_ms
+from fp4cli.bench.timing import capture_note, check_timing, median_ms
 from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
 
 SEED = 0
@@ -198,8 +198,13 @@ def _measure(
         call()
         row.rel_error, row.beyond_rounding, row.max_error = _errors(out, reference)
         row.ms = _time_ms(call, device, rep_ms, row.timing)
-    except (torch.OutOfMemoryError, MemoryError):
+    except (torch.OutOfMemoryError, MemoryError):  # before RuntimeError, its base
         row.note = "out of memory"
+    except RuntimeError as error:
+        note = capture_note(error) if row.timing == "graph" else None
+        if note is None:
+            raise
+        row.note = note
     except _Unavailable as why:
         row.note = str(why)
     finally:

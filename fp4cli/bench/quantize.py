@@ -20,7 +20,13 @@ import torch
 from fp4cli.bench.calls import SEED, kernel_call
 from fp4cli.bench.configs import BenchConfig, BenchError, bench_configs
 from fp4cli.bench.parsing import check_device, dtype_name
-from fp4cli.bench.timing import TimeLimitExceeded, check_timing, median_ms, time_limit
+from fp4cli.bench.timing import (
+    TimeLimitExceeded,
+    capture_note,
+    check_timing,
+    median_ms,
+    time_limit,
+)
 from fp4cli.bench.traffic import KERNELS, PAIR_KERNEL, TWO_LEVEL_KERNELS, quant_traffic
 from fp4cli.quant.backend import interpreter_on, kernel_gap, triton_available
 
@@ -269,12 +275,11 @@ def _failure_note(backend: str, error: BaseException, timing: str = "loop") -> s
         return f"compile timed out ({_caused_by(error, TimeLimitExceeded)})"
     if _caused_by(error, torch.OutOfMemoryError) or _caused_by(error, MemoryError):
         return "out of memory"
-    lines = str(error).strip().splitlines()
-    why = f"{type(error).__name__}" + (f": {lines[0][:120]}" if lines else "")
+    if timing == "graph" and capture_note(error) is not None:
+        return capture_note(error)
     if backend == "compile":
-        return f"compile failed: {why}"
-    if timing == "graph" and "captur" in str(error).lower():
-        return f"cannot be captured in a CUDA graph ({why})"
+        lines = str(error).strip().splitlines()
+        return f"compile failed: {type(error).__name__}" + (f": {lines[0]}" if lines else "")
     return None
 
 

@@ -58,6 +58,17 @@ def check_timing(timing: str, device: torch.device | None) -> None:
         raise BenchError("timing graph: CUDA graphs need a CUDA device; use --timing loop")
 
 
+def capture_note(error: BaseException) -> str | None:
+    """The note of a call that CUDA graph capture refused (torch names the capture in its
+    error), else None."""
+    text = str(error).strip()
+    if "captur" not in text.lower():
+        return None
+    return (
+        f"cannot be captured in a CUDA graph ({type(error).__name__}: {text.splitlines()[0][:120]})"
+    )
+
+
 def median_ms(
     call: Callable[[], object],
     device: torch.device,

@@ -258,3 +258,16 @@ def test_an_interrupted_bench_keeps_the_cases_it_measured(tmp_path: Path, monkey
     with RunStore(path) as store:
         rows = store.benchmarks("quantize")
     assert rows and {row["config"]["config"] for row in rows} == {"mxfp4"}
+
+
+def test_a_call_graph_capture_refuses_gets_a_note() -> None:
+    from fp4cli.bench.quantize import _failure_note
+
+    refused = RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+    assert _failure_note("torch", refused, "graph") == (
+        "cannot be captured in a CUDA graph (RuntimeError: CUDA error: operation not permitted"
+        " when stream is capturing)"
+    )
+    assert _failure_note("torch", refused, "loop") is None  # raised: not a graph's refusal
+    assert _failure_note("torch", RuntimeError("bad shape"), "graph") is None
+    assert _failure_note("torch", torch.OutOfMemoryError("capturing"), "graph") == "out of memory"

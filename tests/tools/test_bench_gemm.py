@@ -127,3 +127,18 @@ def test_baseline_is_timed_first_and_last_and_the_faster_counts(monkeypatch) -> 
     assert (baseline.first_ms, baseline.ms) == (5.0, 4.0)
     assert ("first_ms", 5.0, "ms") in baseline.measurements()
     assert rows[1].note == "needs a GPU with FP8 tensor cores"
+
+
+def test_a_call_graph_capture_refuses_gets_a_note(monkeypatch) -> None:
+    import fp4cli.bench.gemm as gemm_bench
+
+    def refuse(*args):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(gemm_bench, "_time_ms", refuse)
+    rows = gemm_bench._shape_rows(GemmShape(16, 16, 32), ["cublas-bf16"], torch.device("cpu"),
+                                  1, "graph")  # fmt: skip
+    assert rows[0].ms is None and rows[0].note.startswith("cannot be captured in a CUDA graph")
+    with pytest.raises(RuntimeError, match="capturing"):  # timed another way: an error
+        gemm_bench._shape_rows(GemmShape(16, 16, 32), ["cublas-bf16"], torch.device("cpu"),
+                               1, "do-bench")  # fmt: skip
