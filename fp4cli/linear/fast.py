@@ -169,12 +169,11 @@ def quantize_both(
     row_dir = _direction(row, dtype) if row is not None and row.spec is not None else None
     col_dir = _direction(col, dtype) if col is not None and col.spec is not None else None
     guide = guide if row_dir is not None else None
-    fused = row_dir is not None and col_dir is not None and pair_tile(row_dir, col_dir) is not None
-    if fused:
+    tile = pair_tile(row_dir, col_dir) if row_dir is not None and col_dir is not None else None
+    if tile is not None:
         row_out, col_out = quantize_pair(
-            tensor, row_dir, col_dir, dtype if double else None, guide=guide,
-            column_sums=column_sums,
-        )  # fmt: skip
+            tensor, row_dir, col_dir, dtype if double else None, tile, guide, column_sums
+        )
         return _result(row_out), _result(col_out)
     if column_sums is not None:
         torch.sum(tensor, 0, dtype=torch.float32, out=column_sums)
