@@ -104,21 +104,16 @@ def launch(
 
     Triton binds keyword arguments on every launch: for the pair kernel's 53 constexprs that
     took as long as the rest of its dispatch (H100 host: 104-112 us a launch with keywords, 54
-    by position). A stand-in without the kernel's function (a test's) gets the keywords."""
-    names = _parameter_names(kernel)
-    if names is None:
-        kernel[grid](*args, **constexprs, num_warps=num_warps)
-        return
-    rest = names[len(args) :]
+    by position). A stand-in for a kernel (a test's) carries the kernel's `fn`."""
+    rest = _parameter_names(kernel)[len(args) :]
     if len(rest) != len(constexprs):
         raise TypeError(f"{kernel}: constexprs {sorted(constexprs)} are not its {list(rest)}")
     kernel[grid](*args, *[constexprs[name] for name in rest], num_warps=num_warps)
 
 
 @functools.cache
-def _parameter_names(kernel: Any) -> tuple[str, ...] | None:
-    function = getattr(kernel, "fn", None)
-    return None if function is None else tuple(inspect.signature(function).parameters)
+def _parameter_names(kernel: Any) -> tuple[str, ...]:
+    return tuple(inspect.signature(kernel.fn).parameters)
 
 
 def _signed64(value: int) -> int:

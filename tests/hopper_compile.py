@@ -40,12 +40,19 @@ TRITON_TYPES = {
 OPTIONS = ("num_warps", "num_stages")
 
 
+def named_arguments(kernel: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """An intercepted launch's arguments by the kernel's parameter names (launch options left
+    out): positional ones, then keywords."""
+    names = [param.name for param in kernel.params]
+    return dict(zip(names, args, strict=False)) | {
+        k: v for k, v in kwargs.items() if k not in OPTIONS
+    }
+
+
 def _signature(kernel: Any, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
     names = [param.name for param in kernel.params]
     constexpr_names = {param.name for param in kernel.params if param.is_constexpr}
-    values = dict(zip(names, args, strict=False)) | {
-        k: v for k, v in kwargs.items() if k not in OPTIONS
-    }
+    values = named_arguments(kernel, args, kwargs)
     signature, constexprs = {}, {}
     for name in names:
         value = values[name]
@@ -70,9 +77,7 @@ def _gpu_signature(kernel: Any, args: tuple, kwargs: dict) -> tuple[dict, dict, 
     from triton.backends.compiler import BaseBackend
 
     options = {k: v for k, v in kwargs.items() if k in OPTIONS}
-    values = dict(zip([p.name for p in kernel.params], args, strict=False)) | {
-        k: v for k, v in kwargs.items() if k not in OPTIONS
-    }
+    values = named_arguments(kernel, args, kwargs)
     signature, constexprs, attrs = {}, {}, {}
     for i, param in enumerate(kernel.params):
         value = values[param.name]
@@ -118,6 +123,7 @@ def intercepted_launches(
     class Intercept:
         def __init__(self, kernel: Any) -> None:
             self.kernel = kernel
+            self.fn = kernel.fn  # its parameters, for `launch`
 
         def __getitem__(self, grid: Any) -> Callable[..., None]:
             return lambda *args, **kwargs: launches.append((self.kernel, args, kwargs))

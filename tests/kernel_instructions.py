@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from tests.hopper_compile import compile_launch, intercepted_launches
+from tests.hopper_compile import compile_launch, intercepted_launches, named_arguments
 
 CONFIGS = {
     "nvfp4": ("nvfp4", {}),
@@ -60,7 +60,8 @@ def counts(config: str) -> dict[str, float]:
     )
     kernel, args, kwargs = launches[0]
     compiled = compile_launch(kernel, args, kwargs, gpu_specialization=True)
-    per_thread = kwargs["ROWS"] * kwargs["COLS"] / (32 * kwargs["num_warps"])
+    named = named_arguments(kernel, args, kwargs)
+    per_thread = named["ROWS"] * named["COLS"] / (32 * kwargs["num_warps"])
     ptx = compiled.asm["ptx"]
     ptx_lines = [
         line.strip()

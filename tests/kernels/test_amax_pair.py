@@ -57,6 +57,8 @@ def slab_kernel_only(monkeypatch):
     """Fails a test whose pairs reach the tile kernel."""
 
     class Refused:
+        fn = staticmethod(launch_pair.amax_pair_kernel.fn)  # its parameters, for `launch`
+
         def __getitem__(self, grid):
             raise AssertionError("the tile kernel ran where the 16-slab kernel should")
 
