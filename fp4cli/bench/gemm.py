@@ -91,10 +91,7 @@ def check_gemm_request(
     shapes: Sequence[GemmShape], device: torch.device, timing: str = "do-bench"
 ) -> None:
     """Refuse, in one line, an unknown timing and shapes too large to measure on a CPU."""
-    if timing not in GEMM_TIMINGS:
-        raise BenchError(f"timing: {timing!r} is not one of {', '.join(GEMM_TIMINGS)}")
-    if timing == "graph":
-        check_timing(timing, device)
+    check_timing(timing, device, GEMM_TIMINGS)
     if device.type == "cuda":
         return
     for shape in shapes:

@@ -275,8 +275,8 @@ def _failure_note(backend: str, error: BaseException, timing: str = "loop") -> s
         return f"compile timed out ({_caused_by(error, TimeLimitExceeded)})"
     if _caused_by(error, torch.OutOfMemoryError) or _caused_by(error, MemoryError):
         return "out of memory"
-    if timing == "graph" and capture_note(error) is not None:
-        return capture_note(error)
+    if timing == "graph" and (refused := capture_note(error)) is not None:
+        return refused
     if backend == "compile":
         lines = str(error).strip().splitlines()
         return f"compile failed: {type(error).__name__}" + (f": {lines[0]}" if lines else "")

@@ -48,14 +48,17 @@ def _graph_ms(graph: torch.cuda.CUDAGraph, iters: int) -> float:
 TIMINGS = ("loop", "graph")  # calls issued from Python; replayed from a CUDA graph
 
 
-def check_timing(timing: str, device: torch.device | None) -> None:
-    """Raise BenchError for an unknown timing, or "graph" off a CUDA device."""
+def check_timing(
+    timing: str, device: torch.device | None, choices: tuple[str, ...] = TIMINGS
+) -> None:
+    """Raise BenchError for a timing not in `choices` (the first: the one without a graph), or
+    "graph" off a CUDA device."""
     from fp4cli.bench.configs import BenchError
 
-    if timing not in TIMINGS:
-        raise BenchError(f"timing: {timing!r} is not one of {', '.join(TIMINGS)}")
+    if timing not in choices:
+        raise BenchError(f"timing: {timing!r} is not one of {', '.join(choices)}")
     if timing == "graph" and device is not None and device.type != "cuda":
-        raise BenchError("timing graph: CUDA graphs need a CUDA device; use --timing loop")
+        raise BenchError(f"timing graph: CUDA graphs need a CUDA device; use --timing {choices[0]}")
 
 
 def capture_note(error: BaseException) -> str | None:

@@ -71,7 +71,7 @@ def test_no_store_writes_nothing(tmp_path: Path) -> None:
         ("--device", "gpu", "device"),
         ("--shapes", "square", "too large to measure on the CPU"),
         ("--timing", "loop", "'loop' is not one of do-bench, graph"),
-        ("--timing", "graph", "CUDA graphs need a CUDA device"),
+        ("--timing", "graph", "CUDA graphs need a CUDA device; use --timing do-bench"),
     ],
 )
 def test_bad_requests_are_one_line_exit_2(tmp_path: Path, option, value, fragment) -> None:
