@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from fp4cli.kernels.dge import dge_apply_kernel, dge_position_kernel
-from fp4cli.kernels.launch import launch
+from fp4cli.kernels.launch import _pow2_at_least, launch
 from fp4cli.kernels.vector_wise import amax_kernel, decode_kernel, rows_kernel, scaled_kernel
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.techniques.dge import DGEConfig
@@ -74,10 +74,6 @@ def element_constants(spec: QuantSpec) -> dict[str, object]:
         CEIL=spec.scale_rule == "ceil",
         SIGN_BIT=fmt.sign_bit,
     )
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _row_split(cols: int) -> tuple[int, int]:
