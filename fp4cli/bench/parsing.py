@@ -60,3 +60,17 @@ def check_device(name: str) -> str:
     if not DEVICE_PATTERN.fullmatch(name):
         raise BenchError(f"device: must be auto, cpu, cuda or cuda:N (got {name!r})")
     return name
+
+
+def check_kernel_backends(backends: list[str], device: torch.device) -> None:
+    """Refuse backend "triton" where the kernels cannot run (no triton; a CPU without the
+    interpreter) before any case is built."""
+    from fp4cli.quant.backend import interpreter_on, triton_available
+
+    if "triton" not in backends:
+        return
+    if not triton_available() or (device.type != "cuda" and not interpreter_on()):
+        raise BenchError(
+            "backends: triton needs triton and a CUDA device (or TRITON_INTERPRET=1 on the "
+            "CPU); use --backends torch"
+        )

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from fp4cli.cli.bench_layer_cmd import layer_command
 from fp4cli.cli.bench_step_cmd import step_command
 
 Opt = typer.Option
@@ -128,6 +129,10 @@ class _CaseProgress:
 
     def gemm_case(self, index: int, shape: Any) -> None:
         description = f"gemm {shape.name or shape.text}"
+        self.progress.update(self.task, completed=index, description=description)
+
+    def layer_case(self, index: int, case: Any) -> None:
+        description = f"layer {case.shape_text} {case.recipe} {case.backend}"
         self.progress.update(self.task, completed=index, description=description)
 
     def step_case(self, index: int, case: Any) -> None:
@@ -327,3 +332,4 @@ def _error(value: float | None) -> str:
 
 
 app.command("step")(step_command)
+app.command("layer")(layer_command)

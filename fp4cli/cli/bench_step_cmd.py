@@ -47,7 +47,7 @@ def step_command(
     backward and optimizer, eager or from a CUDA graph, with or without torch.compile. Each
     number also goes to the run store (kind `step`)."""
     from fp4cli.bench import step as bench
-    from fp4cli.bench.parsing import parse_choices, split_list
+    from fp4cli.bench.parsing import check_kernel_backends, parse_choices, split_list
     from fp4cli.bench.quantize import bench_device
     from fp4cli.cli.bench_cmd import _CaseProgress, _Recorder, quiet_compiler_warnings
     from fp4cli.cli.output import console_for
@@ -59,6 +59,7 @@ def step_command(
     recipe_list, task_list = split_list(recipes), split_list(tasks)
     bench.check_step_request(mode_list, steps, torch_device)
     _check_names(task_list, recipe_list + split_list(max_batch or ""), size)
+    check_kernel_backends(backend_list, torch_device)
     case_list = bench.cases(task_list, size, batch_size, recipe_list, backend_list, mode_list)
     recorder = _Recorder("step", store, no_store, torch_device)
     batch_rows = []

@@ -1,4 +1,4 @@
-"""On a CUDA GPU: `--timing graph` of `fp4 bench quantize` and `fp4 bench gemm` times the calls
+"""On a CUDA GPU: `--timing graph` of `fp4 bench quantize`, `gemm` and `layer` times the calls
 replayed from a CUDA graph, so the host's cost of issuing them does not count."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import torch
 
 from fp4cli.bench.gemm import run_gemm_bench
 from fp4cli.bench.gemm_cases import GemmShape
+from fp4cli.bench.layer import cases, run_layer_bench
 from fp4cli.bench.quantize import run_quantize_bench
 from fp4cli.bench.timing import median_ms
 from tests.kernel_checks import COMPILED_ON_GPU
@@ -52,3 +53,17 @@ def test_gemm_bench_graph_rows() -> None:
         assert row.note is None and row.ms is not None and row.ms > 0
         assert row.stored_config()["timing"] == "graph"
         assert row.rel_error is not None and row.rel_error < 2**-8
+
+
+def test_layer_bench_rows_in_both_timings() -> None:
+    """A whole forward + backward (autograd included) replays from a CUDA graph, on every
+    executor; the fast one saves less for the backward than nn.Linear."""
+    case_list = cases([(1024, 256, 384)], ["mxfp4", "nvfp4", "wang-fp4"], ["triton"])
+    for timing in ("loop", "graph"):
+        rows = run_layer_bench(case_list, CUDA, iters=3, timing=timing)
+        executors = [row.executor for row in rows]
+        assert executors == ["nn.Linear", "fast", "fast", "vector"]
+        for row in rows:
+            assert row.note is None and row.ms is not None and row.ms > 0, row.note
+            assert row.stored_config()["timing"] == timing
+        assert rows[1].saved_vs_baseline is not None and rows[1].saved_vs_baseline < 0.5

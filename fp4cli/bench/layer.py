@@ -1,0 +1,223 @@
+"""One linear layer's forward and backward, per recipe and backend, side by side with
+`nn.Linear` under BF16 autocast.
+
+A case is a shape (tokens x in_features x out_features), a recipe and a quantizer backend. The
+layer has fp32 parameters and a bias, as in training; its input and output gradient are bf16.
+One call is the forward under BF16 autocast and the gradients of the input, weight and bias:
+what a training step asks of the layer, without the optimizer. The recipe's skip patterns do
+not apply (the one layer is always quantized; a high-precision recipe runs `nn.Linear`).
+
+Each case reports milliseconds per call (a loop of calls, or their replay from a CUDA graph)
+and the bytes the forward keeps for the backward, both as ratios to `bf16` at the same shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from fp4cli.bench.configs import BenchError
+from fp4cli.bench.gemm import CPU_MAX_FLOP
+from fp4cli.bench.parsing import parse_shapes
+from fp4cli.bench.timing import check_timing
+
+BACKENDS = ("triton", "torch")
+BASELINE = "bf16"
+DEFAULT_SHAPES = "8192x768x3072,8192x4096x11008"
+
+
+@dataclass(frozen=True)
+class LayerCase:
+    tokens: int
+    in_features: int
+    out_features: int
+    recipe: str
+    backend: str
+
+    @property
+    def shape_text(self) -> str:
+        return f"{self.tokens}x{self.in_features}x{self.out_features}"
+
+    @property
+    def flop(self) -> int:
+        """The three GEMMs' multiply-adds, counted twice."""
+        return 3 * 2 * self.tokens * self.in_features * self.out_features
+
+
+@dataclass
+class LayerRow:
+    """One case's time and saved bytes, or why there are none."""
+
+    case: LayerCase
+    timing: str
+    ms: float | None = None
+    saved_mib: float | None = None
+    executor: str = ""
+    note: str | None = None
+    baseline: LayerRow | None = field(default=None, repr=False)
+
+    @property
+    def vs_baseline(self) -> float | None:
+        return _ratio(self.ms, self.baseline.ms if self.baseline else None)
+
+    @property
+    def saved_vs_baseline(self) -> float | None:
+        return _ratio(self.saved_mib, self.baseline.saved_mib if self.baseline else None)
+
+    @property
+    def tflops(self) -> float | None:
+        return None if not self.ms else self.case.flop / (self.ms * 1e9)
+
+    def stored_config(self) -> dict[str, Any]:
+        return {**self.case.__dict__, "executor": self.executor, "timing": self.timing}
+
+    def measurements(self) -> list[tuple[str, float, str]]:
+        values = [
+            ("layer_ms", self.ms, "ms"),
+            ("saved_memory", self.saved_mib, "MiB"),
+            ("vs_bf16", self.vs_baseline, "x"),
+            ("saved_vs_bf16", self.saved_vs_baseline, "x"),
+        ]
+        return [(name, value, unit) for name, value, unit in values if value is not None]
+
+
+def _ratio(value: float | None, baseline: float | None) -> float | None:
+    return None if value is None or not baseline else value / baseline
+
+
+def parse_layer_shapes(text: str) -> list[tuple[int, int, int]]:
+    """'8192x768x3072,...' -> [(tokens, in_features, out_features), ...]."""
+    shapes = parse_shapes(text)
+    for shape in shapes:
+        if len(shape) != 3:
+            raise BenchError(
+                f"shape {'x'.join(map(str, shape))}: expected tokens x in_features x "
+                "out_features, e.g. 8192x768x3072"
+            )
+    return [(shape[0], shape[1], shape[2]) for shape in shapes]
+
+
+def cases(
+    shapes: Sequence[tuple[int, int, int]], recipes: Sequence[str], backends: Sequence[str]
+) -> list[LayerCase]:
+    """Every case, bf16 first at each shape (the baseline, on one backend)."""
+    ordered = [BASELINE, *(r for r in recipes if r != BASELINE)]
+    return [
+        LayerCase(*shape, recipe, backend)
+        for shape in shapes
+        for recipe in ordered
+        for backend in (backends[:1] if recipe == BASELINE else backends)
+    ]
+
+
+def check_layer_request(
+    shapes: Sequence[tuple[int, int, int]], iters: int, timing: str, device: torch.device
+) -> None:
+    """Raise BenchError for a request that cannot run (or would take minutes on a CPU)."""
+    if iters < 1:
+        raise BenchError(f"iters: must be at least 1 (got {iters})")
+    check_timing(timing, device)
+    if device.type == "cuda":
+        return
+    for tokens, in_features, out_features in shapes:
+        if 2 * tokens * in_features * out_features > CPU_MAX_FLOP:
+            raise BenchError(
+                f"shape {tokens}x{in_features}x{out_features} is too large to measure on the "
+                "CPU (up to 1024^3 here); give smaller --shapes or run on a GPU"
+            )
+
+
+def run_layer_bench(
+    case_list: Sequence[LayerCase],
+    device: torch.device,
+    iters: int,
+    timing: str = "loop",
+    on_case: Callable[[int, LayerCase], None] | None = None,
+    on_rows: Callable[[list[LayerRow]], None] | None = None,
+) -> list[LayerRow]:
+    """Measure every case in order; each row's baseline is the bf16 case of its shape."""
+    rows: list[LayerRow] = []
+    baselines: dict[tuple[int, int, int], LayerRow] = {}
+    for index, case in enumerate(case_list):
+        if on_case is not None:
+            on_case(index, case)
+        row = measure_case(case, device, iters, timing)
+        shape = (case.tokens, case.in_features, case.out_features)
+        if case.recipe == BASELINE:
+            baselines[shape] = row
+        row.baseline = baselines.get(shape)
+        rows.append(row)
+        if on_rows is not None:
+            on_rows([row])
+    return rows
+
+
+def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str) -> LayerRow:
+    """Milliseconds per forward + backward (median of 5 timed loops) and saved MiB of a case."""
+    from fp4cli.bench.step import release
+    from fp4cli.bench.timing import median_ms
+
+    row = LayerRow(case, timing)
+    try:
+        layer, executor = build_layer(case, device)
+        row.executor = executor
+        call = layer_call(layer, case, device)
+        row.saved_mib = saved_bytes(call) / 2**20
+        row.ms = median_ms(call, device, iters, warmup=3, repeats=5, timing=timing)
+    except torch.OutOfMemoryError:
+        row.note = "out of memory"
+    except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
+        row.note = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    finally:
+        release(device)
+    return row
+
+
+def build_layer(case: LayerCase, device: torch.device) -> tuple[nn.Module, str]:
+    """The case's layer (fp32 parameters, seeded) and the executor its calls run."""
+    from fp4cli.linear import QuantLinear
+    from fp4cli.recipes import load_recipe
+
+    torch.manual_seed(0)
+    linear = nn.Linear(case.in_features, case.out_features, device=device)
+    config = load_recipe(case.recipe).linear
+    if config.is_high_precision:
+        return linear, "nn.Linear"
+    layer = QuantLinear.from_linear(linear, config, seed=0, backend=case.backend)
+    name, why = layer.executor(torch.empty(0, device=device))
+    return layer, f"{name} ({why})" if why else name
+
+
+def layer_call(layer: nn.Module, case: LayerCase, device: torch.device) -> Callable[[], Any]:
+    """One forward under BF16 autocast and the gradients of input, weight and bias."""
+    generator = torch.Generator(device).manual_seed(1)
+    x = torch.randn(case.tokens, case.in_features, device=device, generator=generator)
+    x = x.to(torch.bfloat16).requires_grad_()
+    grad_y = torch.randn(case.tokens, case.out_features, device=device, generator=generator)
+    grad_y = grad_y.to(torch.bfloat16)
+    wanted = [x, *layer.parameters()]
+
+    def call() -> Any:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            y = layer(x)
+        return torch.autograd.grad(y, wanted, grad_y)
+
+    return call
+
+
+def saved_bytes(call: Callable[[], Any]) -> int:
+    """Bytes of the distinct tensors one call's forward saves for its backward."""
+    seen: dict[tuple[int, int], int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nbytes = tensor.numel() * tensor.element_size()
+        seen[(tensor.data_ptr(), nbytes)] = nbytes
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        call()
+    return sum(seen.values())

@@ -1,0 +1,128 @@
+"""`fp4 bench layer` and fp4cli.bench.layer on the CPU: cases, rows, ratios, the bytes saved for
+the backward, errors and the store. Nothing here asserts on a measured time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fp4cli.bench import layer as bench
+from fp4cli.cli.main import app
+from fp4cli.quant.backend import interpreter_on, triton_available
+from fp4cli.store import RunStore
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "200"}
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+KERNELS_RUN = pytest.mark.skipif(
+    not (triton_available() and interpreter_on()), reason="needs TRITON_INTERPRET=1 and triton"
+)
+
+
+def run(*args: str) -> Any:
+    return runner.invoke(app, ["bench", "layer", *args], env=WIDE)
+
+
+def test_layer_command_prints_and_stores(tmp_path: Path) -> None:
+    path = tmp_path / "fp4.db"
+    result = run("--shapes", "64x32x48", "--recipes", "mxfp4", "--backends", "torch",
+                 "--device", "cpu", "--iters", "1", "--store", str(path))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    for text in ("64x32x48", "nn.Linear", "reference (backend torch)", "saved MiB", "x bf16"):
+        assert text in result.stdout
+    with RunStore(path) as store:
+        rows = store.benchmarks("layer")
+    measured = {(row["config"]["recipe"], row["name"]) for row in rows}
+    assert measured == {
+        (recipe, name)
+        for recipe in ("bf16", "mxfp4")
+        for name in ("layer_ms", "saved_memory", "vs_bf16", "saved_vs_bf16")
+    }
+    configs = {row["config"]["recipe"]: row["config"] for row in rows}
+    assert configs["mxfp4"]["timing"] == "loop" and configs["mxfp4"]["tokens"] == 64
+    assert configs["bf16"]["executor"] == "nn.Linear"
+
+
+def test_cases_put_bf16_first_on_one_backend() -> None:
+    found = bench.cases([(64, 32, 48), (8, 16, 16)], ["mxfp4", "bf16"], ["triton", "torch"])
+    assert [(c.recipe, c.backend) for c in found[:3]] == [
+        ("bf16", "triton"), ("mxfp4", "triton"), ("mxfp4", "torch"),
+    ]  # fmt: skip
+    assert [c.shape_text for c in found] == ["64x32x48"] * 3 + ["8x16x16"] * 3
+
+
+def test_ratios_to_the_baseline() -> None:
+    case = bench.LayerCase(64, 32, 48, "bf16", "triton")
+    baseline = bench.LayerRow(case, "loop", ms=2.0, saved_mib=4.0)
+    row = bench.LayerRow(case, "loop", ms=3.0, saved_mib=1.0, baseline=baseline)
+    assert row.vs_baseline == pytest.approx(1.5) and row.saved_vs_baseline == pytest.approx(0.25)
+    assert row.tflops == pytest.approx(3 * 2 * 64 * 32 * 48 / 3e9)
+    assert bench.LayerRow(case, "loop", note="out of memory").measurements() == []
+
+
+def test_a_failed_case_gets_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(case: Any, device: Any) -> Any:
+        raise RuntimeError("no kernel for this\nsecond line")
+
+    monkeypatch.setattr(bench, "build_layer", broken)
+    row = bench.measure_case(bench.LayerCase(64, 32, 48, "mxfp4", "torch"), CPU, 1, "loop")
+    assert row.ms is None and row.note == "RuntimeError: no kernel for this"
+
+
+def _saved(recipe: str, backend: str, shape: tuple[int, int, int]) -> tuple[int, str]:
+    case = bench.LayerCase(*shape, recipe, backend)
+    layer, executor = bench.build_layer(case, CPU)
+    return bench.saved_bytes(bench.layer_call(layer, case, CPU)), executor
+
+
+def test_bf16_and_the_reference_save_the_bf16_input_and_weight() -> None:
+    tokens, in_features, out_features = 96, 64, 32
+    expected = 2 * (tokens * in_features + out_features * in_features)
+    assert _saved("bf16", "torch", (tokens, in_features, out_features)) == (expected, "nn.Linear")
+    saved, executor = _saved("mxfp4", "torch", (tokens, in_features, out_features))
+    assert (saved, executor) == (expected, "reference (backend torch)")
+
+
+@KERNELS_RUN
+def test_the_fast_executor_saves_the_input_packed() -> None:
+    """X kept as E2M1 codes (half a byte) and E8M0 scales (a byte per 32) instead of bf16; W's
+    grad_input operand as bf16 values."""
+    tokens, in_features, out_features = 256, 64, 32
+    baseline, _ = _saved("bf16", "torch", (tokens, in_features, out_features))
+    saved, executor = _saved("mxfp4", "triton", (tokens, in_features, out_features))
+    assert executor == "fast"
+    packed_x = tokens * in_features // 2 + tokens * in_features // 32
+    assert saved == packed_x + 2 * out_features * in_features
+    assert saved < 0.35 * baseline
+
+
+def test_the_triton_backend_needs_kernels_that_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    result = run("--shapes", "64x32x48", "--device", "cpu", "--no-store")
+    assert result.exit_code == 2, result.output
+    assert "backends: triton needs triton and a CUDA device" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--shapes", "64x32"], "expected tokens x in_features x out_features"),
+        (["--shapes", "64x0x32"], "every dimension must be at least 1"),
+        (["--shapes", "8192x4096x11008"], "too large to measure on the CPU"),
+        (["--timing", "graph"], "CUDA graphs need a CUDA device"),
+        (["--timing", "wall"], "timing: 'wall' is not one of loop, graph"),
+        (["--backends", "cuda"], "backends: 'cuda' is not one of"),
+        (["--recipes", "no-such-recipe"], "no-such-recipe"),
+    ],
+)
+def test_bad_requests_fail_in_one_line(args: list[str], message: str) -> None:
+    shapes = [] if "--shapes" in args else ["--shapes", "64x32x48"]
+    result = run(*args, *shapes, "--device", "cpu", "--no-store")
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert len(result.output.strip().splitlines()) == 1
