@@ -69,12 +69,37 @@ def _print_error(message: str) -> None:
     console.print("error: " + text, style="red", markup=False)
 
 
+def _usage_error_class() -> type[Exception]:
+    """The UsageError of the click that typer runs on (typer 0.29 vendors its own copy, older
+    typers use click's): found through typer's own BadParameter, which derives from it."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _usage_message(error: Any) -> str:
+    """A usage error (a bad option value, an unknown option or command) with the command it
+    was for and where to look: `fp4 bench step: Invalid value for '--steps': ...`."""
+    ctx = getattr(error, "ctx", None)
+    path = getattr(ctx, "command_path", "") or "fp4"
+    return f"{path}: {error.format_message()} (see {path} --help)"
+
+
 class _Group(TyperGroup):
-    """The root group: every command runs inside its invoke, so domain errors are caught here."""
+    """The root group: every command is parsed and runs inside its invoke, so domain errors and
+    usage errors are caught here and become one line."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except _usage_error_class() as error:
+            _print_error(_usage_message(error))
+            raise typer.Exit(USER_ERROR_EXIT) from None
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
+        except _usage_error_class() as error:
+            _print_error(_usage_message(error))
+            raise typer.Exit(USER_ERROR_EXIT) from None
         except Exception as error:
             if not _is_domain_error(error):
                 raise

@@ -89,6 +89,27 @@ def test_domain_errors_are_one_line_exit_2(args: list[str], fragment: str) -> No
     assert fragment in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["bench", "step", "--steps", "0"], "fp4 bench step: Invalid value for '--steps'"),
+        (["bench", "layer", "--iters", "x"], "fp4 bench layer: Invalid value for '--iters'"),
+        (["train", "--bogus"], "fp4 train: No such option: --bogus"),
+        (["--bogus"], "fp4: No such option: --bogus (see fp4 --help)"),
+        (["nosuch"], "fp4: No such command 'nosuch'"),
+        (["runs", "show"], "fp4 runs show: Missing argument"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args: list[str], fragment: str) -> None:
+    """Typer's own checks (option types and bounds, unknown options and commands, missing
+    arguments) print one line like the domain errors, not a usage box."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert fragment in result.stderr
+
+
 def test_cli_import_does_not_import_torch() -> None:
     code = "import sys, fp4cli.cli.main; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
