@@ -1,13 +1,15 @@
-"""Instructions per element of the quantize kernel, compiled for Hopper (sm_90) on a machine
+"""Instructions per element of the quantize kernels, compiled for Hopper (sm_90) on a machine
 without a GPU: what `fp4 bench quantize` times, counted instead of timed.
 
-`python -m tests.kernel_instructions [CONFIG ...]` (without TRITON_INTERPRET) compiles the
-launch `quantize_e2m1` makes for a bf16 tensor of 8192-wide rows along its last axis (a
-two-level spec given its tensor amax, as `fp4 bench quantize`'s quantize-given-amax row), with
-the argument specialization a GPU launch gets (pointers and sizes divisible by 16), and prints
-per config: PTX instructions, SASS instructions up to the kernel's exit (division slow paths
-left out), float<->int conversions and registers per thread, each per element where it says so.
-Needs triton's bundled cuobjdump (triton.backends.nvidia)."""
+`python -m tests.kernel_instructions [CONFIG ...]` (without TRITON_INTERPRET) compiles, per
+config, either the launch `quantize_e2m1` makes for a bf16 tensor of 8192-wide rows along its
+last axis (a two-level spec given its tensor amax, as `fp4 bench quantize`'s
+quantize-given-amax row), or, for a `pair:` config, the `quantize_pair` launch the fast
+executor makes for one operand of a layer (a bf16 256 x 768 tensor), with the argument
+specialization a GPU launch gets (pointers and sizes divisible by 16), and prints per config:
+PTX instructions, SASS instructions up to the kernel's exit (division slow paths left out),
+float<->int conversions and registers per thread, each per element where it says so. Needs
+triton's bundled cuobjdump (triton.backends.nvidia)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,11 +49,57 @@ def _opcode(line: str) -> str:
     return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
 
 
-def counts(config: str) -> dict[str, float]:
-    """Per-element instruction counts of the quantize launch of `config` (see module doc)."""
-    import fp4cli.kernels.launch as launch
+def _pair_directions(config: str) -> tuple[Any, Any]:
+    """(row, column) directions of a `pair:` config: X's (forward values, weight-gradient
+    operand packed) or dY's (both as values) of a recipe."""
+    from fp4cli.kernels.launch_pair import Direction
     from fp4cli.quant import QuantSpec
 
+    seed, bf16 = torch.tensor(3), torch.bfloat16
+    plain, nvfp4 = QuantSpec.preset("mxfp4"), QuantSpec.preset("nvfp4")
+    tseng = QuantSpec.preset("mxfp4-sr", sr_prescale=0.75)
+    nvfp4_sr = nvfp4.replace(rounding="sr")
+    pairs = {
+        "mxfp4-x": (Direction(plain, values_dtype=bf16), Direction(plain)),
+        "mxfp4-dy": (Direction(plain, values_dtype=bf16), Direction(plain, values_dtype=bf16)),
+        "tseng-x": (
+            Direction(tseng, (seed, 1), 64, (seed, 2), values_dtype=bf16),
+            Direction(tseng, (seed, 3), 64, (seed, 4)),
+        ),
+        "tseng-x-no-rht": (
+            Direction(tseng, (seed, 1), values_dtype=bf16),
+            Direction(tseng, (seed, 3)),
+        ),
+        "nvfp4-x": (Direction(nvfp4, values_dtype=bf16), Direction(nvfp4, None, 16, (seed, 4))),
+        "nvfp4-dy": (
+            Direction(nvfp4_sr, (seed, 1), values_dtype=bf16),
+            Direction(nvfp4_sr, (seed, 3), 16, (seed, 4), values_dtype=bf16),
+        ),
+    }
+    return pairs[config.removeprefix("pair:")]
+
+
+PAIR_NAMES = ("mxfp4-x", "mxfp4-dy", "tseng-x", "tseng-x-no-rht", "nvfp4-x", "nvfp4-dy")
+PAIR_CONFIGS = tuple(f"pair:{name}" for name in PAIR_NAMES)
+
+
+def _launch(config: str) -> tuple[Any, tuple, dict, float]:
+    """(kernel, args, kwargs, elements per thread) of a config's launch."""
+    import fp4cli.kernels.launch as launch
+    import fp4cli.kernels.launch_pair as launch_pair
+    from fp4cli.quant import QuantSpec
+
+    if config.startswith("pair:"):
+        row, col = _pair_directions(config)
+        x = torch.zeros(256, 768, dtype=torch.bfloat16)
+        found = intercepted_launches(
+            lambda: launch_pair.quantize_pair(x, row, col),
+            [(launch_pair, "quantize_pair_kernel"), (launch_pair, "amax_pair_kernel"),
+             (launch_pair, "amax_rht16_cols_kernel")],
+        )  # fmt: skip
+        kernel, args, kwargs = next(f for f in found if f[0].fn.__name__ == "quantize_pair_kernel")
+        named = named_arguments(kernel, args, kwargs)
+        return kernel, args, kwargs, named["BR"] * named["BC"] / (32 * kwargs["num_warps"])
     preset, overrides = CONFIGS[config]
     spec = QuantSpec.preset(preset, **overrides)
     x = torch.zeros(8, 8192, dtype=torch.bfloat16)
@@ -59,16 +108,21 @@ def counts(config: str) -> dict[str, float]:
         lambda: launch.quantize_e2m1(x, spec, 1, 0, t_amax=amax), [(launch, "quantize_kernel")]
     )
     kernel, args, kwargs = launches[0]
-    compiled = compile_launch(kernel, args, kwargs, gpu_specialization=True)
     named = named_arguments(kernel, args, kwargs)
-    per_thread = named["ROWS"] * named["COLS"] / (32 * kwargs["num_warps"])
+    return kernel, args, kwargs, named["ROWS"] * named["COLS"] / (32 * kwargs["num_warps"])
+
+
+def counts(config: str) -> dict[str, float]:
+    """Per-element instruction counts of the launch of `config` (see module doc)."""
+    kernel, args, kwargs, per_thread = _launch(config)
+    compiled = compile_launch(kernel, args, kwargs, gpu_specialization=True)
     ptx = compiled.asm["ptx"]
     ptx_lines = [
         line.strip()
         for line in ptx[ptx.index("{", ptx.index(".entry")) :].splitlines()
         if line.strip() and not line.strip().startswith(("//", ".", "$", "{", "}"))
     ]
-    sass = re.findall(r"/\*[0-9a-f]{4}\*/\s+(.*?);", _cuobjdump(compiled.asm["cubin"], "-sass"))
+    sass = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", _cuobjdump(compiled.asm["cubin"], "-sass"))
     exits = [i for i, line in enumerate(sass) if _opcode(line) == "EXIT"]
     main = [line for line in sass[: max(exits) + 1] if _opcode(line) != "NOP"]
     registers = re.search(r"REG:(\d+)", _cuobjdump(compiled.asm["cubin"], "-res-usage"))
@@ -81,10 +135,10 @@ def counts(config: str) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    print("config        PTX/elem  SASS/elem  conversions/elem  registers")
-    for name in sys.argv[1:] or list(CONFIGS):
+    print("config                PTX/elem  SASS/elem  conversions/elem  registers")
+    for name in sys.argv[1:] or [*CONFIGS, *PAIR_CONFIGS]:
         c = counts(name)
         print(
-            f"{name:12s}  {c['ptx']:8.1f}  {c['sass']:9.1f}  {c['conversions']:16.2f}"
+            f"{name:20s}  {c['ptx']:8.1f}  {c['sass']:9.1f}  {c['conversions']:16.2f}"
             f"  {c['registers']:9.0f}"
         )

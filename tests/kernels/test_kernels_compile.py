@@ -25,3 +25,14 @@ def test_rounding_to_nearest_converts_nothing_between_float_and_int():
     for name, ptx, sass, conversions, _registers in rows:
         assert float(ptx) > 10 and float(sass) > 10, name
         assert float(conversions) == 0.0, name
+
+
+def test_pair_launches_are_counted():
+    """`python -m tests.kernel_instructions pair:...` counts the fast executor's pair launches
+    (docs/fast-linear.md quotes them): stochastic rounding adds instructions to every value."""
+    done = run_compiler_module("tests.kernel_instructions", "pair:mxfp4-x", "pair:tseng-x-no-rht")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()[1:]}
+    assert list(rows) == ["pair:mxfp4-x", "pair:tseng-x-no-rht"]
+    plain, rounded = float(rows["pair:mxfp4-x"][1]), float(rows["pair:tseng-x-no-rht"][1])
+    assert 10 < plain < rounded
