@@ -250,12 +250,12 @@ def random_bits_rows(seed, first_index, row_stride, ROWS: tl.constexpr, COLS: tl
 
 @triton.jit
 def hadamard_signs(seed, COLS: tl.constexpr, SIZE: tl.constexpr):
-    """+-1 for each column of a tile: the sign of position (column mod SIZE) in the transform,
-    the top bit of the random bits at that offset."""
-    offsets = (tl.arange(0, COLS) % SIZE).to(tl.int64)
-    w0, w1, w2, w3 = tl.randint4x(seed, offsets >> 2)
-    bits = word_of(w0, w1, w2, w3, (offsets & 3).to(tl.int32))
-    return 1.0 - 2.0 * (bits >> 31).to(tl.float32)
+    """+-1 for each column of a tile (COLS a multiple of SIZE): the sign of position (column
+    mod SIZE) in the transform, the top bit of the random bits at that offset. The SIZE signs
+    are drawn once (one Philox call per four) and repeated across the tile."""
+    bits = random_bits_rows(seed, 0, 0, 1, SIZE)  # offsets 0 .. SIZE - 1
+    signs = 1.0 - 2.0 * (bits >> 31).to(tl.float32)
+    return tl.reshape(tl.broadcast_to(signs, (COLS // SIZE, SIZE)), (COLS,))
 
 
 @triton.jit

@@ -22,12 +22,20 @@ import torch.nn as nn
 
 from fp4cli.bench.configs import BenchError
 from fp4cli.bench.gemm import CPU_MAX_FLOP
-from fp4cli.bench.parsing import parse_shapes
+from fp4cli.bench.gemm_cases import SHAPE_SETS
+from fp4cli.bench.parsing import parse_shape, split_list
 from fp4cli.bench.timing import check_timing
 
 BACKENDS = ("triton", "torch")
 BASELINE = "bf16"
-DEFAULT_SHAPES = "8192x768x3072,8192x4096x11008"
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    tokens: int
+    in_features: int
+    out_features: int
+    name: str = ""  # e.g. "gpt2 qkv", for a shape from a named set
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class LayerCase:
     out_features: int
     recipe: str
     backend: str
+    name: str = ""
 
     @property
     def shape_text(self) -> str:
@@ -89,25 +98,35 @@ def _ratio(value: float | None, baseline: float | None) -> float | None:
     return None if value is None or not baseline else value / baseline
 
 
-def parse_layer_shapes(text: str) -> list[tuple[int, int, int]]:
-    """'8192x768x3072,...' -> [(tokens, in_features, out_features), ...]."""
-    shapes = parse_shapes(text)
-    for shape in shapes:
-        if len(shape) != 3:
+def parse_layer_shapes(text: str) -> list[LayerShape]:
+    """'8192x768x3072,llama-7b' -> the shapes in order: tokens x in_features x out_features,
+    or a named set of `fp4 bench gemm` (its GEMM M x N x K as the layer K -> N on M tokens)."""
+    shapes: list[LayerShape] = []
+    for item in split_list(text):
+        if item in SHAPE_SETS:
+            shapes += [LayerShape(g.m, g.k, g.n, g.name) for g in SHAPE_SETS[item]]
+            continue
+        dims = parse_shape(item)
+        if len(dims) != 3:
             raise BenchError(
-                f"shape {'x'.join(map(str, shape))}: expected tokens x in_features x "
-                "out_features, e.g. 8192x768x3072"
+                f"shape {item!r}: expected tokens x in_features x out_features, e.g. "
+                f"8192x768x3072, or one of {', '.join(SHAPE_SETS)}"
             )
-    return [(shape[0], shape[1], shape[2]) for shape in shapes]
+        shapes.append(LayerShape(*dims))
+    if not shapes:
+        raise BenchError(
+            f"shapes: give at least one, e.g. 8192x768x3072 or {', '.join(SHAPE_SETS)}"
+        )
+    return shapes
 
 
 def cases(
-    shapes: Sequence[tuple[int, int, int]], recipes: Sequence[str], backends: Sequence[str]
+    shapes: Sequence[LayerShape], recipes: Sequence[str], backends: Sequence[str]
 ) -> list[LayerCase]:
     """Every case, bf16 first at each shape (the baseline, on one backend)."""
     ordered = [BASELINE, *(r for r in recipes if r != BASELINE)]
     return [
-        LayerCase(*shape, recipe, backend)
+        LayerCase(shape.tokens, shape.in_features, shape.out_features, recipe, backend, shape.name)
         for shape in shapes
         for recipe in ordered
         for backend in (backends[:1] if recipe == BASELINE else backends)
@@ -115,7 +134,7 @@ def cases(
 
 
 def check_layer_request(
-    shapes: Sequence[tuple[int, int, int]], iters: int, timing: str, device: torch.device
+    shapes: Sequence[LayerShape], iters: int, timing: str, device: torch.device
 ) -> None:
     """Raise BenchError for a request that cannot run (or would take minutes on a CPU)."""
     if iters < 1:
@@ -123,11 +142,11 @@ def check_layer_request(
     check_timing(timing, device)
     if device.type == "cuda":
         return
-    for tokens, in_features, out_features in shapes:
-        if 2 * tokens * in_features * out_features > CPU_MAX_FLOP:
+    for shape in shapes:
+        if 2 * shape.tokens * shape.in_features * shape.out_features > CPU_MAX_FLOP:
             raise BenchError(
-                f"shape {tokens}x{in_features}x{out_features} is too large to measure on the "
-                "CPU (up to 1024^3 here); give smaller --shapes or run on a GPU"
+                f"shape {shape.tokens}x{shape.in_features}x{shape.out_features} is too large to "
+                "measure on the CPU (up to 1024^3 here); give smaller --shapes or run on a GPU"
             )
 
 
@@ -141,7 +160,7 @@ def run_layer_bench(
 ) -> list[LayerRow]:
     """Measure every case in order; each row's baseline is the bf16 case of its shape."""
     rows: list[LayerRow] = []
-    baselines: dict[tuple[int, int, int], LayerRow] = {}
+    baselines: dict[tuple[int, int, int], LayerRow] = {}  # by shape
     for index, case in enumerate(case_list):
         if on_case is not None:
             on_case(index, case)

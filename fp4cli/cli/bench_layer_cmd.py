@@ -16,7 +16,10 @@ LAYER_COLUMNS = ("shape", "recipe", "backend", "ms", "TFLOP/s", "x bf16", "saved
 def layer_command(
     shapes: Annotated[
         str,
-        Opt(help="Comma-separated tokens x in_features x out_features."),
+        Opt(
+            help="Comma-separated tokens x in_features x out_features, or named sets: "
+            "gpt2-small, llama-7b (a block's four layers at 8192 tokens), square."
+        ),
     ] = "8192x768x3072,8192x4096x11008",
     recipes: Annotated[
         str, Opt(help="Comma-separated recipes (names or YAML paths); bf16 is always measured.")
@@ -95,8 +98,9 @@ def _layer_table(rows: list[Any], device: Any, timing: str, iters: int) -> Any:
         case = row.case
         if index and case.shape_text != rows[index - 1].case.shape_text:
             table.add_section()
+        shape = f"{case.shape_text} {case.name}".strip()
         cells = [
-            case.shape_text, case.recipe, case.backend, _significant(row.ms),
+            shape, case.recipe, case.backend, _significant(row.ms),
             _significant(row.tflops), _times(row.vs_baseline), _significant(row.saved_mib),
             _times(row.saved_vs_baseline), row.note or row.executor,
         ]  # fmt: skip

@@ -9,7 +9,7 @@ import torch
 
 from fp4cli.bench.gemm import run_gemm_bench
 from fp4cli.bench.gemm_cases import GemmShape
-from fp4cli.bench.layer import cases, run_layer_bench
+from fp4cli.bench.layer import LayerShape, cases, run_layer_bench
 from fp4cli.bench.quantize import run_quantize_bench
 from fp4cli.bench.timing import median_ms
 from tests.kernel_checks import COMPILED_ON_GPU
@@ -58,7 +58,7 @@ def test_gemm_bench_graph_rows() -> None:
 def test_layer_bench_rows_in_both_timings() -> None:
     """A whole forward + backward (autograd included) replays from a CUDA graph, on every
     executor; the fast one saves less for the backward than nn.Linear."""
-    case_list = cases([(1024, 256, 384)], ["mxfp4", "nvfp4", "wang-fp4"], ["triton"])
+    case_list = cases([LayerShape(1024, 256, 384)], ["mxfp4", "nvfp4", "wang-fp4"], ["triton"])
     for timing in ("loop", "graph"):
         rows = run_layer_bench(case_list, CUDA, iters=3, timing=timing)
         executors = [row.executor for row in rows]

@@ -49,11 +49,23 @@ def test_layer_command_prints_and_stores(tmp_path: Path) -> None:
 
 
 def test_cases_put_bf16_first_on_one_backend() -> None:
-    found = bench.cases([(64, 32, 48), (8, 16, 16)], ["mxfp4", "bf16"], ["triton", "torch"])
+    shapes = [bench.LayerShape(64, 32, 48), bench.LayerShape(8, 16, 16)]
+    found = bench.cases(shapes, ["mxfp4", "bf16"], ["triton", "torch"])
     assert [(c.recipe, c.backend) for c in found[:3]] == [
         ("bf16", "triton"), ("mxfp4", "triton"), ("mxfp4", "torch"),
     ]  # fmt: skip
     assert [c.shape_text for c in found] == ["64x32x48"] * 3 + ["8x16x16"] * 3
+
+
+def test_named_sets_are_the_gemm_benchmarks_layers() -> None:
+    """A GEMM set's M x N x K is the layer K -> N on M tokens, named."""
+    shapes = bench.parse_layer_shapes("gpt2-small, 64x32x48")
+    assert [(s.tokens, s.in_features, s.out_features) for s in shapes] == [
+        (8192, 768, 2304), (8192, 768, 768), (8192, 768, 3072), (8192, 3072, 768), (64, 32, 48),
+    ]  # fmt: skip
+    assert shapes[0].name == "gpt2 qkv" and shapes[-1].name == ""
+    case = bench.cases(shapes[:1], ["bf16"], ["triton"])[0]
+    assert case.name == "gpt2 qkv" and case.shape_text == "8192x768x2304"
 
 
 def test_ratios_to_the_baseline() -> None:
@@ -112,6 +124,7 @@ def test_the_triton_backend_needs_kernels_that_run(monkeypatch: pytest.MonkeyPat
     ("args", "message"),
     [
         (["--shapes", "64x32"], "expected tokens x in_features x out_features"),
+        (["--shapes", "gpt3"], "shape 'gpt3': expected positive integers"),
         (["--shapes", "64x0x32"], "every dimension must be at least 1"),
         (["--shapes", "8192x4096x11008"], "too large to measure on the CPU"),
         (["--timing", "graph"], "CUDA graphs need a CUDA device"),
