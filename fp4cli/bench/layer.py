@@ -24,6 +24,7 @@ from fp4cli.bench.configs import BenchError
 from fp4cli.bench.gemm import CPU_MAX_FLOP
 from fp4cli.bench.gemm_cases import SHAPE_SETS
 from fp4cli.bench.parsing import parse_shape, split_list
+from fp4cli.bench.saved import saved_bytes
 from fp4cli.bench.timing import check_timing
 
 BACKENDS = ("triton", "torch")
@@ -226,17 +227,3 @@ def layer_call(layer: nn.Module, case: LayerCase, device: torch.device) -> Calla
         return torch.autograd.grad(y, wanted, grad_y)
 
     return call
-
-
-def saved_bytes(call: Callable[[], Any]) -> int:
-    """Bytes of the distinct tensors one call's forward saves for its backward."""
-    seen: dict[tuple[int, int], int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        nbytes = tensor.numel() * tensor.element_size()
-        seen[(tensor.data_ptr(), nbytes)] = nbytes
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        call()
-    return sum(seen.values())

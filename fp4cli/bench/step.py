@@ -5,8 +5,9 @@ A case builds the task's model at a named size, converts it with the recipe (qua
 clipping, fused AdamW) after warm-up, with `fp4cli.train.step.StepRunner`, the trainer's own
 step: eager, replayed from a CUDA graph ("graph"), torch.compile'd ("compile"), or both
 ("compile-graph"). Each case reports milliseconds per step, the peak memory of the timed steps,
-and both as ratios to the `bf16` recipe in the same mode; `max_batch` finds the largest batch
-that fits in memory.
+the bytes one forward pass keeps for the backward (not under torch.compile), and each as a
+ratio to the `bf16` recipe in the same mode; `max_batch` finds the largest batch that fits in
+memory.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class StepRow:
     case: StepCase
     ms: float | None = None
     peak_gib: float | None = None
+    saved_gib: float | None = None  # what one forward keeps for the backward
     executors: str = ""  # how many quantized layers run which executor
     note: str | None = None
     baseline: StepRow | None = field(default=None, repr=False)
@@ -59,6 +61,12 @@ class StepRow:
             return None
         return self.peak_gib / self.baseline.peak_gib
 
+    @property
+    def saved_vs_baseline(self) -> float | None:
+        if self.saved_gib is None or self.baseline is None or not self.baseline.saved_gib:
+            return None
+        return self.saved_gib / self.baseline.saved_gib
+
     def stored_config(self) -> dict[str, Any]:
         return {**self.case.__dict__, "executors": self.executors}
 
@@ -66,8 +74,10 @@ class StepRow:
         values = [
             ("step_ms", self.ms, "ms"),
             ("peak_memory", self.peak_gib, "GiB"),
+            ("saved_memory", self.saved_gib, "GiB"),
             ("vs_bf16", self.vs_baseline, "x"),
             ("memory_vs_bf16", self.memory_vs_baseline, "x"),
+            ("saved_vs_bf16", self.saved_vs_baseline, "x"),
         ]
         return [(name, value, unit) for name, value, unit in values if value is not None]
 
@@ -133,6 +143,8 @@ def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
     try:
         runner, batches, executors = build_step(case, device)
         row.executors = executors
+        if not case.mode.startswith("compile"):
+            row.saved_gib = forward_saved_bytes(runner, batches[0]) / 2**30
         calls = iter(range(1 << 62))
 
         def step() -> None:
@@ -184,6 +196,18 @@ def build_step(case: StepCase, device: torch.device) -> tuple[Any, list[Any], st
         counts[executor] = counts.get(executor, 0) + 1
     summary = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
     return runner, batches, summary
+
+
+def forward_saved_bytes(runner: Any, batch: Any) -> int:
+    """Bytes one forward of the step (its loss, cast as the step casts) keeps for the backward."""
+    from fp4cli.bench.saved import saved_bytes
+
+    def forward() -> Any:
+        device_type = "cuda" if runner.autocast else "cpu"
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=runner.autocast):
+            return runner.loss_of(runner.model, batch)
+
+    return saved_bytes(forward)
 
 
 def release(device: torch.device) -> None:

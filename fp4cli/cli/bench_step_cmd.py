@@ -9,7 +9,8 @@ import typer
 
 Opt = typer.Option
 
-STEP_COLUMNS = ("task", "recipe", "backend", "mode", "ms/step", "x bf16", "peak GiB", "x bf16 mem")
+STEP_COLUMNS = ("task", "recipe", "backend", "mode", "ms/step", "x bf16", "peak GiB", "x bf16 mem",
+                "saved GiB", "x bf16 saved")  # fmt: skip
 
 
 def step_command(
@@ -117,7 +118,8 @@ def _step_table(rows: list[Any], device: Any) -> Any:
 
     caption = (
         "ms/step: the median of 3 timed loops (forward, backward, clipping, AdamW); x bf16: over "
-        "the bf16 recipe in the same mode; peak GiB: the largest allocation of the timed steps."
+        "the bf16 recipe in the same mode; peak GiB: the largest allocation of the timed steps; "
+        "saved GiB: the distinct tensors one forward keeps for the backward (not compiled)."
     )
     table = Table(title=f"training step on {device_name(device)}", box=box.SIMPLE_HEAD,
                   caption=caption)  # fmt: skip
@@ -132,8 +134,10 @@ def _step_table(rows: list[Any], device: Any) -> Any:
         task = f"{case.task} {case.size} x{case.batch}"
         ratio = _significant(row.vs_baseline, 3) + ("x" if row.vs_baseline else "")
         memory = _significant(row.memory_vs_baseline, 3) + ("x" if row.memory_vs_baseline else "")
+        saved = _significant(row.saved_vs_baseline, 3) + ("x" if row.saved_vs_baseline else "")
         cells = [task, case.recipe, case.backend, case.mode, _significant(row.ms), ratio,
-                 _significant(row.peak_gib), memory, row.note or row.executors]  # fmt: skip
+                 _significant(row.peak_gib), memory, _significant(row.saved_gib), saved,
+                 row.note or row.executors]  # fmt: skip
         table.add_row(*map(Text, cells))
     return table
 

@@ -67,3 +67,21 @@ def test_layer_bench_rows_in_both_timings() -> None:
             assert row.note is None and row.ms is not None and row.ms > 0, row.note
             assert row.stored_config()["timing"] == timing
         assert rows[1].saved_vs_baseline is not None and rows[1].saved_vs_baseline < 0.5
+
+
+def test_step_bench_rows_eager_and_graph() -> None:
+    """Eager and CUDA-graph steps of a small GPT: time, peak memory and the bytes a forward
+    saves (packed activations: fewer than bf16's), each against bf16 in its mode."""
+    from fp4cli.bench.step import cases as step_cases
+    from fp4cli.bench.step import run_step_bench
+
+    case_list = step_cases(["gpt"], "debug", 4, ["mxfp4"], ["triton"], ["eager", "graph"])
+    rows = run_step_bench(case_list, CUDA, steps=2)
+    assert [(row.case.recipe, row.case.mode) for row in rows] == [
+        ("bf16", "eager"), ("mxfp4", "eager"), ("bf16", "graph"), ("mxfp4", "graph"),
+    ]  # fmt: skip
+    for row in rows:
+        assert row.note is None, row.note
+        assert row.ms and row.peak_gib and row.saved_gib, row
+    for row in rows[1::2]:
+        assert row.saved_vs_baseline is not None and row.saved_vs_baseline < 0.95

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from fp4cli.bench import step as bench
 from fp4cli.cli.main import app
+from fp4cli.quant.backend import interpreter_on
 from fp4cli.store import RunStore
 
 runner = CliRunner()
@@ -35,6 +36,7 @@ def test_step_command_prints_and_stores(tmp_path: Path) -> None:
         rows = store.benchmarks("step")
     measured = {(row["config"]["recipe"], row["name"]) for row in rows}
     assert {("bf16", "step_ms"), ("mxfp4", "step_ms"), ("mxfp4", "vs_bf16")} <= measured
+    assert {("bf16", "saved_memory"), ("mxfp4", "saved_vs_bf16")} <= measured
     assert ("bf16", "peak_memory") not in measured  # no CUDA: no peak memory
     assert all(row["config"]["size"] == "debug" for row in rows)
 
@@ -52,9 +54,25 @@ def test_cases_put_bf16_first_on_one_backend() -> None:
 def test_ratios_to_the_baseline() -> None:
     case = bench.StepCase("gpt", "debug", 8, "bf16", "triton", "eager")
     baseline = bench.StepRow(case, ms=10.0, peak_gib=2.0)
-    row = bench.StepRow(case, ms=13.0, peak_gib=1.5, baseline=baseline)
+    row = bench.StepRow(case, ms=13.0, peak_gib=1.5, saved_gib=0.5, baseline=baseline)
     assert row.vs_baseline == pytest.approx(1.3) and row.memory_vs_baseline == pytest.approx(0.75)
+    assert row.saved_vs_baseline is None  # the baseline has no saved bytes
+    baseline.saved_gib = 2.0
+    assert row.saved_vs_baseline == pytest.approx(0.25)
     assert bench.StepRow(case, note="out of memory", baseline=baseline).measurements() == []
+
+
+@pytest.mark.skipif(not interpreter_on(), reason="the fast executor needs TRITON_INTERPRET=1 here")
+def test_saved_bytes_show_the_packed_activations() -> None:
+    """One forward's saved tensors: the fast executor keeps X packed, the reference (torch
+    backend) keeps what bf16 keeps."""
+    saved = {}
+    for recipe, backend in (("bf16", "torch"), ("mxfp4", "torch"), ("mxfp4", "triton")):
+        case = bench.StepCase("gpt", "debug", 8, recipe, backend, "eager")
+        runner, batches, _ = bench.build_step(case, torch.device("cpu"))
+        saved[recipe, backend] = bench.forward_saved_bytes(runner, batches[0])
+    assert saved["mxfp4", "torch"] == saved["bf16", "torch"]
+    assert saved["mxfp4", "triton"] < 0.85 * saved["bf16", "torch"]
 
 
 def test_failed_cases_get_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
