@@ -8,7 +8,8 @@ what a training step asks of the layer, without the optimizer. The recipe's skip
 not apply (the one layer is always quantized; a high-precision recipe runs `nn.Linear`).
 
 Each case reports milliseconds per call (a loop of calls, or their replay from a CUDA graph)
-and the bytes the forward keeps for the backward, both as ratios to `bf16` at the same shape.
+and the bytes the forward keeps for the backward (`fp4cli.train.memory`), both as ratios to
+`bf16` at the same shape.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from fp4cli.bench.configs import BenchError
 from fp4cli.bench.gemm import CPU_MAX_FLOP
 from fp4cli.bench.gemm_cases import SHAPE_SETS
 from fp4cli.bench.parsing import parse_shape, split_list
-from fp4cli.bench.saved import saved_bytes
 from fp4cli.bench.timing import check_timing
 
 BACKENDS = ("triton", "torch")
@@ -180,13 +180,14 @@ def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str)
     """Milliseconds per forward + backward (median of 5 timed loops) and saved MiB of a case."""
     from fp4cli.bench.step import release
     from fp4cli.bench.timing import median_ms
+    from fp4cli.train.memory import forward_saved_bytes
 
     row = LayerRow(case, timing)
     try:
         layer, executor = build_layer(case, device)
         row.executor = executor
         call = layer_call(layer, case, device)
-        row.saved_mib = saved_bytes(call) / 2**20
+        row.saved_mib = forward_saved_bytes(layer_forward(layer, case, device)) / 2**20
         row.ms = median_ms(call, device, iters, warmup=3, repeats=5, timing=timing)
     except torch.OutOfMemoryError:
         row.note = "out of memory"
@@ -212,13 +213,28 @@ def build_layer(case: LayerCase, device: torch.device) -> tuple[nn.Module, str]:
     return layer, f"{name} ({why})" if why else name
 
 
-def layer_call(layer: nn.Module, case: LayerCase, device: torch.device) -> Callable[[], Any]:
-    """One forward under BF16 autocast and the gradients of input, weight and bias."""
+def _layer_data(case: LayerCase, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The case's input (bf16, requiring its gradient) and output gradient (bf16), seeded."""
     generator = torch.Generator(device).manual_seed(1)
     x = torch.randn(case.tokens, case.in_features, device=device, generator=generator)
-    x = x.to(torch.bfloat16).requires_grad_()
     grad_y = torch.randn(case.tokens, case.out_features, device=device, generator=generator)
-    grad_y = grad_y.to(torch.bfloat16)
+    return x.to(torch.bfloat16).requires_grad_(), grad_y.to(torch.bfloat16)
+
+
+def layer_forward(layer: nn.Module, case: LayerCase, device: torch.device) -> Callable[[], Any]:
+    """The forward alone, under BF16 autocast."""
+    x, _ = _layer_data(case, device)
+
+    def forward() -> Any:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return layer(x)
+
+    return forward
+
+
+def layer_call(layer: nn.Module, case: LayerCase, device: torch.device) -> Callable[[], Any]:
+    """One forward under BF16 autocast and the gradients of input, weight and bias."""
+    x, grad_y = _layer_data(case, device)
     wanted = [x, *layer.parameters()]
 
     def call() -> Any:

@@ -143,8 +143,6 @@ def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
     try:
         runner, batches, executors = build_step(case, device)
         row.executors = executors
-        if not case.mode.startswith("compile"):
-            row.saved_gib = forward_saved_bytes(runner, batches[0]) / 2**30
         calls = iter(range(1 << 62))
 
         def step() -> None:
@@ -158,6 +156,8 @@ def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
         row.ms = median_ms(step, device, steps, warmup=0, repeats=3)
         if device.type == "cuda":
             row.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
+        if not case.mode.startswith("compile"):  # after the timed steps, which it cannot touch
+            row.saved_gib = forward_saved_bytes(runner, batches[0], device) / 2**30
     except torch.OutOfMemoryError:
         row.note = "out of memory"
     except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
@@ -198,16 +198,11 @@ def build_step(case: StepCase, device: torch.device) -> tuple[Any, list[Any], st
     return runner, batches, summary
 
 
-def forward_saved_bytes(runner: Any, batch: Any) -> int:
-    """Bytes one forward of the step (its loss, cast as the step casts) keeps for the backward."""
-    from fp4cli.bench.saved import saved_bytes
+def forward_saved_bytes(runner: Any, batch: Any, device: torch.device) -> int:
+    """Bytes one forward of the step's model keeps for the backward (`fp4cli.train.memory`)."""
+    from fp4cli.train.memory import saved_bytes
 
-    def forward() -> Any:
-        device_type = "cuda" if runner.autocast else "cpu"
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=runner.autocast):
-            return runner.loss_of(runner.model, batch)
-
-    return saved_bytes(forward)
+    return saved_bytes(runner.model, runner.loss_of, batch, device)
 
 
 def release(device: torch.device) -> None:

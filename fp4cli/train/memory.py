@@ -10,6 +10,7 @@ state, is the estimate, compared with the memory the device has free.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -23,29 +24,37 @@ HEADROOM = 0.9  # of the free memory an estimate may use
 GIB = 2**30
 
 
-def saved_bytes(model: nn.Module, loss_of: Any, batch: Any, device: torch.device) -> int:
-    """Bytes of the tensors autograd keeps for the backward pass of one forward (each storage
-    once), with the model in evaluation mode for the pass."""
-    seen: dict[tuple[int, int], int] = {}
+def forward_saved_bytes(forward: Callable[[], Any]) -> int:
+    """Bytes of the tensors autograd keeps for the backward pass of `forward()` (each storage
+    once). The pass cannot be differentiated: the graph keeps nothing saved."""
+    storages: dict[int, torch.UntypedStorage] = {}
 
     def pack(tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
-        seen[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
-        # Keep nothing: the pass is never differentiated, and a saved output kept as itself
-        # would hold its own graph in a cycle Python cannot free (and with it each parameter's
+        storages[storage.data_ptr()] = storage
+        # The storage is held here until the pass ends, so that no later tensor reuses its
+        # memory (and address); the graph keeps nothing: a saved output kept as itself would
+        # hold its own graph in a cycle Python cannot free (and with it each parameter's
         # gradient accumulator, made on this stream, which a later CUDA-graph capture reuses).
 
+    with torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked):
+        forward()
+    return sum(storage.nbytes() for storage in storages.values())
+
+
+def saved_bytes(model: nn.Module, loss_of: Any, batch: Any, device: torch.device) -> int:
+    """`forward_saved_bytes` of the loss of one batch, with the model in evaluation mode for the
+    pass (no layer advances its random streams) and BF16 autocast on CUDA, as training casts."""
     was_training = model.training
     model.eval()
     autocast = (
         torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     )
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked), autocast:
-            loss_of(model, batch)
+        with autocast:
+            return forward_saved_bytes(lambda: loss_of(model, batch))
     finally:
         model.train(was_training)
-    return sum(seen.values())
 
 
 def _never_unpacked(_: None) -> torch.Tensor:

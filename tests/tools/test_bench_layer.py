@@ -14,6 +14,7 @@ from fp4cli.bench import layer as bench
 from fp4cli.cli.main import app
 from fp4cli.quant.backend import interpreter_on, triton_available
 from fp4cli.store import RunStore
+from fp4cli.train.memory import forward_saved_bytes
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
@@ -89,7 +90,7 @@ def test_a_failed_case_gets_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
 def _saved(recipe: str, backend: str, shape: tuple[int, int, int]) -> tuple[int, str]:
     case = bench.LayerCase(*shape, recipe, backend)
     layer, executor = bench.build_layer(case, CPU)
-    return bench.saved_bytes(bench.layer_call(layer, case, CPU)), executor
+    return forward_saved_bytes(bench.layer_forward(layer, case, CPU)), executor
 
 
 def test_bf16_and_the_reference_save_the_bf16_input_and_weight() -> None:

@@ -70,7 +70,7 @@ def test_saved_bytes_show_the_packed_activations() -> None:
     for recipe, backend in (("bf16", "torch"), ("mxfp4", "torch"), ("mxfp4", "triton")):
         case = bench.StepCase("gpt", "debug", 8, recipe, backend, "eager")
         runner, batches, _ = bench.build_step(case, torch.device("cpu"))
-        saved[recipe, backend] = bench.forward_saved_bytes(runner, batches[0])
+        saved[recipe, backend] = bench.forward_saved_bytes(runner, batches[0], torch.device("cpu"))
     assert saved["mxfp4", "torch"] == saved["bf16", "torch"]
     assert saved["mxfp4", "triton"] < 0.85 * saved["bf16", "torch"]
 

@@ -180,6 +180,24 @@ def test_the_estimate_keeps_no_graph_alive():
     assert graphs == []
 
 
+def test_the_estimate_counts_saved_tensors_whose_memory_would_be_reused():
+    """Each saved tensor counts, also one whose memory a later tensor of the pass would reuse
+    once nothing held it: four inputs of sin, each freed when its term is summed."""
+    import torch
+
+    from fp4cli.train.memory import forward_saved_bytes
+
+    x = torch.randn(1000, requires_grad=True)
+
+    def forward():
+        total = torch.zeros(())
+        for shift in range(4):
+            total = total + (x + shift).sin().sum()  # sin saves its input, 4000 bytes
+        return total
+
+    assert forward_saved_bytes(forward) == 4 * 4000
+
+
 @pytest.mark.parametrize("task", ["gpt", "vit"])
 def test_a_data_path_in_a_symlink_loop(tmp_path, task):
     (tmp_path / "a").symlink_to(tmp_path / "b")
