@@ -1,9 +1,10 @@
 """FP4 GEMMs measured side by side: cuBLAS bf16 and FP8, Triton's tl.dot_scaled, fp4cli.
 
-For each shape, in one process: random normal A (M, K) and B (N, K), quantized to MXFP4 along
-K, and to NVFP4 when an `nvfp4` implementation is asked; the reference of each format in
-float64 (MXFP4: the product of the dequantized operands; NVFP4: `nvfp4_matmul_reference`'s
-formula before its rounding); then each implementation,
+For each shape, in one process: random normal A (M, K) and B (N, K) (with `Outliers`, some of
+A's K channels scaled up, as real activations have them), quantized to MXFP4 along K, and to
+NVFP4 when an `nvfp4` implementation is asked; the reference of each format in float64 (MXFP4:
+the product of the dequantized operands; NVFP4: `nvfp4_matmul_reference`'s formula before its
+rounding); then each implementation,
 timed (the median of `triton.testing.do_bench` on a GPU, or of replays of a CUDA graph of 20
 calls with timing "graph"; of timed loops on the CPU) and checked:
 cuBLAS bf16 is timed first and again last, and the faster time counts (the ratios to it stay
@@ -18,6 +19,7 @@ include preparing the operands. An implementation that cannot run gets a row wit
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +39,19 @@ GEMM_TIMINGS = ("do-bench", "graph")
 GRAPH_CALLS = 20
 
 
+@dataclass(frozen=True)
+class Outliers:
+    """`channels` of A's K columns (drawn by the seed) multiplied by `scale`: activation
+    outliers, which widen every row's range of block scales."""
+
+    channels: int
+    scale: float
+
+    @property
+    def text(self) -> str:
+        return f"{self.channels} channels x{self.scale:g}"
+
+
 @dataclass
 class GemmRow:
     """One implementation on one shape: its time and errors, or why there are none."""
@@ -53,6 +68,7 @@ class GemmRow:
     baseline_ms: float | None = None  # cuBLAS bf16 on the same shape, same run
     dot_scaled_ms: float | None = None
     timing: str = "do-bench"  # or "graph": the GPU's time alone, without launching
+    outliers: Outliers | None = None
 
     @property
     def tflops(self) -> float | None:
@@ -71,7 +87,8 @@ class GemmRow:
         shape = self.shape
         return {"m": shape.m, "n": shape.n, "k": shape.k, "shape": shape.name or shape.text,
                 "impl": self.impl, "format": self.format, "out_dtype": "bf16",
-                "timing": self.timing}  # fmt: skip
+                "timing": self.timing,
+                "outliers": self.outliers.text if self.outliers else None}  # fmt: skip
 
     def measurements(self) -> list[tuple[str, float, str]]:
         """(name, value, unit) of what the store keeps for this row."""
@@ -88,10 +105,25 @@ class GemmRow:
 
 
 def check_gemm_request(
-    shapes: Sequence[GemmShape], device: torch.device, timing: str = "do-bench"
+    shapes: Sequence[GemmShape],
+    device: torch.device,
+    timing: str = "do-bench",
+    outliers: Outliers | None = None,
 ) -> None:
-    """Refuse, in one line, an unknown timing and shapes too large to measure on a CPU."""
+    """Refuse, in one line, an unknown timing, outliers that do not fit, and shapes too large to
+    measure on a CPU."""
     check_timing(timing, device, GEMM_TIMINGS)
+    if outliers is not None:
+        if outliers.channels < 1 or not math.isfinite(outliers.scale) or outliers.scale <= 0:
+            raise BenchError(
+                f"outliers: {outliers.text}: give at least one channel and a positive finite scale"
+            )
+        for shape in shapes:
+            if outliers.channels > shape.k:
+                raise BenchError(
+                    f"outliers: {outliers.channels} channels, but shape {shape.text} has K = "
+                    f"{shape.k}"
+                )
     if device.type == "cuda":
         return
     for shape in shapes:
@@ -109,16 +141,17 @@ def run_gemm_bench(
     *,
     rep_ms: int = 100,
     timing: str = "do-bench",
+    outliers: Outliers | None = None,
     on_case: Callable[[int, GemmShape], None] | None = None,
     on_rows: Callable[[list[GemmRow]], None] | None = None,
 ) -> list[GemmRow]:
     """Measure every shape x implementation; `on_rows` gets each shape's rows when measured."""
-    check_gemm_request(shapes, device, timing)
+    check_gemm_request(shapes, device, timing, outliers)
     rows: list[GemmRow] = []
     for index, shape in enumerate(shapes):
         if on_case is not None:
             on_case(index, shape)
-        shape_rows = _shape_rows(shape, impls, device, rep_ms, timing)
+        shape_rows = _shape_rows(shape, impls, device, rep_ms, timing, outliers)
         if on_rows is not None:
             on_rows(shape_rows)
         rows += shape_rows
@@ -127,13 +160,19 @@ def run_gemm_bench(
 
 
 def _shape_rows(
-    shape: GemmShape, impls: Sequence[str], device: torch.device, rep_ms: int, timing: str
+    shape: GemmShape,
+    impls: Sequence[str],
+    device: torch.device,
+    rep_ms: int,
+    timing: str,
+    outliers: Outliers | None = None,
 ) -> list[GemmRow]:
     formats = operand_formats(impls)
-    rows = [GemmRow(shape, impl, format=formats[impl], timing=timing) for impl in impls]
+    rows = [GemmRow(shape, impl, format=formats[impl], timing=timing, outliers=outliers)
+            for impl in impls]  # fmt: skip
     kept = None  # the baseline's operands and reference, to time it again last
     for name in dict.fromkeys(formats.values()):
-        a, b = _operands(shape, device, NVFP4 if name == "nvfp4" else MXFP4)
+        a, b = _operands(shape, device, NVFP4 if name == "nvfp4" else MXFP4, outliers)
         reference = _reference(a, b, name)
         for row in rows:
             if row.format == name:
@@ -164,12 +203,21 @@ def operand_formats(impls: Sequence[str]) -> dict[str, str]:
 
 
 def _operands(
-    shape: GemmShape, device: torch.device, spec: QuantSpec
+    shape: GemmShape, device: torch.device, spec: QuantSpec, outliers: Outliers | None = None
 ) -> tuple[QuantizedTensor, QuantizedTensor]:
     generator = torch.Generator(device=device).manual_seed(SEED)
     x = torch.randn(shape.m, shape.k, generator=generator, device=device, dtype=torch.bfloat16)
     w = torch.randn(shape.n, shape.k, generator=generator, device=device, dtype=torch.bfloat16)
+    if outliers is not None:
+        channels = outlier_channels(shape.k, outliers.channels, device)
+        x[:, channels] *= outliers.scale
     return quantize(x, spec), quantize(w, spec)
+
+
+def outlier_channels(k: int, count: int, device: torch.device) -> torch.Tensor:
+    """`count` distinct channels of K, drawn by the benchmark's seed."""
+    generator = torch.Generator(device=device).manual_seed(SEED + 1)
+    return torch.randperm(k, generator=generator, device=device)[:count]
 
 
 def _reference(a: QuantizedTensor, b: QuantizedTensor, name: str) -> torch.Tensor:

@@ -247,6 +247,13 @@ def gemm_command(
             "graph (the GPU's time alone)."
         ),
     ] = "do-bench",
+    outlier_channels: Annotated[
+        int,
+        Opt(min=0, help="Scale this many of A's K channels (activation outliers; 0: none)."),
+    ] = 0,
+    outlier_scale: Annotated[
+        float, Opt(help="How many times larger the outlier channels are.")
+    ] = 200.0,
     device: DeviceOption = "auto",
     store: StoreOption = None,
     no_store: NoStoreOption = False,
@@ -254,25 +261,27 @@ def gemm_command(
     """FP4 GEMM throughput and error: cuBLAS bf16 and FP8, Triton's tl.dot_scaled, fp4cli.
 
     Each shape's operands are random normal matrices quantized along K to MXFP4, and to NVFP4
-    for the nvfp4 implementations. Every implementation of a format multiplies the same
+    for the nvfp4 implementations; with --outlier-channels, that many of A's channels are
+    --outlier-scale times larger. Every implementation of a format multiplies the same
     operands, in one process: TFLOP/s, the ratio to cuBLAS bf16 (on the dequantized operands),
     and the error against the format's float64 reference (relative, largest, and beyond the
     bf16 output's rounding). Each number also goes to the run store.
     """
-    from fp4cli.bench.gemm import check_gemm_request, run_gemm_bench
+    from fp4cli.bench.gemm import Outliers, check_gemm_request, run_gemm_bench
     from fp4cli.bench.gemm_cases import parse_gemm_shapes, parse_impls
     from fp4cli.bench.quantize import bench_device
     from fp4cli.cli.output import console_for
 
     shape_list, impl_list = parse_gemm_shapes(shapes), parse_impls(impls)
     torch_device = bench_device(device)
-    check_gemm_request(shape_list, torch_device, timing)
+    outliers = Outliers(outlier_channels, outlier_scale) if outlier_channels else None
+    check_gemm_request(shape_list, torch_device, timing, outliers)
     recorder = _Recorder("gemm", store, no_store, torch_device)
     try:
         with _CaseProgress(len(shape_list), "gemm") as progress:
             rows = run_gemm_bench(
                 shape_list, impl_list, torch_device, rep_ms=rep_ms, timing=timing,
-                on_case=progress.gemm_case, on_rows=recorder.record,
+                outliers=outliers, on_case=progress.gemm_case, on_rows=recorder.record,
             )  # fmt: skip
     finally:
         recorder.close()
@@ -298,8 +307,10 @@ def _gemm_table(rows: list[Any], device: Any, timing: str) -> Any:
     )
     if timing == "graph":
         caption += " Times: 20 calls replayed from a CUDA graph (no launch costs)."
+    outliers = rows[0].outliers if rows else None
+    with_outliers = f", A with outliers ({outliers.text})" if outliers else ""
     table = Table(
-        title=f"{_formats(rows)} GEMM on {device_name(device)}, bf16 output",
+        title=f"{_formats(rows)} GEMM on {device_name(device)}, bf16 output{with_outliers}",
         box=box.SIMPLE_HEAD,
         caption=caption,
     )

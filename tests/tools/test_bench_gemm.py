@@ -72,6 +72,8 @@ def test_no_store_writes_nothing(tmp_path: Path) -> None:
         ("--shapes", "square", "too large to measure on the CPU"),
         ("--timing", "loop", "'loop' is not one of do-bench, graph"),
         ("--timing", "graph", "CUDA graphs need a CUDA device; use --timing do-bench"),
+        ("--outlier-channels", "33", "outliers: 33 channels, but shape 8x8x32 has K = 32"),
+        ("--outlier-channels", "-1", "--outlier-channels"),
     ],
 )
 def test_bad_requests_are_one_line_exit_2(tmp_path: Path, option, value, fragment) -> None:
@@ -113,6 +115,27 @@ def test_errors_are_measured_against_float64() -> None:
     assert baseline.beyond_rounding == 0.0
     assert exact.rel_error is not None and 0 < exact.rel_error < 1e-2
     assert exact.baseline_ms == baseline.ms
+
+
+def test_outlier_channels_widen_the_rows_of_a() -> None:
+    """The chosen channels of A are the scale times larger; B and the other channels are as
+    without outliers, and the rows record it."""
+    import fp4cli.bench.gemm as gemm_bench
+
+    shape, cpu = GemmShape(16, 8, 256), torch.device("cpu")
+    plain_a, plain_b = gemm_bench._operands(shape, cpu, gemm_bench.MXFP4)
+    outliers = gemm_bench.Outliers(4, 256.0)
+    a, b = gemm_bench._operands(shape, cpu, gemm_bench.MXFP4, outliers)
+    channels = gemm_bench.outlier_channels(256, 4, cpu)
+    assert channels.unique().numel() == 4
+    assert torch.equal(b.dequantize(), plain_b.dequantize())
+    wide = a.dequantize()[:, channels].abs().amax()
+    assert wide > 50 * plain_a.dequantize()[:, channels].abs().amax()
+    rows = run_gemm_bench([shape], ["cublas-bf16"], cpu, outliers=outliers)
+    assert rows[0].stored_config()["outliers"] == "4 channels x256"
+    assert rows[0].rel_error is not None and rows[0].rel_error < 1e-2
+    with pytest.raises(BenchError, match="positive finite scale"):
+        run_gemm_bench([shape], ["cublas-bf16"], cpu, outliers=gemm_bench.Outliers(4, 0.0))
 
 
 def test_baseline_is_timed_first_and_last_and_the_faster_counts(monkeypatch) -> None:
