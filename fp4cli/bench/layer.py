@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from fp4cli.bench.baseline import failure_note, measure_in_order, ratio, recipe_backends
 from fp4cli.bench.configs import BenchError
 from fp4cli.bench.gemm import CPU_MAX_FLOP
 from fp4cli.bench.gemm_cases import SHAPE_SETS
@@ -28,7 +29,6 @@ from fp4cli.bench.parsing import parse_shape, split_list
 from fp4cli.bench.timing import check_timing
 
 BACKENDS = ("triton", "torch")
-BASELINE = "bf16"
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,11 @@ class LayerRow:
 
     @property
     def vs_baseline(self) -> float | None:
-        return _ratio(self.ms, self.baseline.ms if self.baseline else None)
+        return ratio(self.ms, self.baseline.ms if self.baseline else None)
 
     @property
     def saved_vs_baseline(self) -> float | None:
-        return _ratio(self.saved_mib, self.baseline.saved_mib if self.baseline else None)
+        return ratio(self.saved_mib, self.baseline.saved_mib if self.baseline else None)
 
     @property
     def tflops(self) -> float | None:
@@ -93,10 +93,6 @@ class LayerRow:
             ("saved_vs_bf16", self.saved_vs_baseline, "x"),
         ]
         return [(name, value, unit) for name, value, unit in values if value is not None]
-
-
-def _ratio(value: float | None, baseline: float | None) -> float | None:
-    return None if value is None or not baseline else value / baseline
 
 
 def parse_layer_shapes(text: str) -> list[LayerShape]:
@@ -125,12 +121,10 @@ def cases(
     shapes: Sequence[LayerShape], recipes: Sequence[str], backends: Sequence[str]
 ) -> list[LayerCase]:
     """Every case, bf16 first at each shape (the baseline, on one backend)."""
-    ordered = [BASELINE, *(r for r in recipes if r != BASELINE)]
     return [
         LayerCase(shape.tokens, shape.in_features, shape.out_features, recipe, backend, shape.name)
         for shape in shapes
-        for recipe in ordered
-        for backend in (backends[:1] if recipe == BASELINE else backends)
+        for recipe, backend in recipe_backends(recipes, backends)
     ]
 
 
@@ -160,20 +154,13 @@ def run_layer_bench(
     on_rows: Callable[[list[LayerRow]], None] | None = None,
 ) -> list[LayerRow]:
     """Measure every case in order; each row's baseline is the bf16 case of its shape."""
-    rows: list[LayerRow] = []
-    baselines: dict[tuple[int, int, int], LayerRow] = {}  # by shape
-    for index, case in enumerate(case_list):
-        if on_case is not None:
-            on_case(index, case)
-        row = measure_case(case, device, iters, timing)
-        shape = (case.tokens, case.in_features, case.out_features)
-        if case.recipe == BASELINE:
-            baselines[shape] = row
-        row.baseline = baselines.get(shape)
-        rows.append(row)
-        if on_rows is not None:
-            on_rows([row])
-    return rows
+    return measure_in_order(
+        case_list,
+        lambda case: measure_case(case, device, iters, timing),
+        lambda case: (case.tokens, case.in_features, case.out_features),
+        on_case,
+        on_rows,
+    )
 
 
 def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str) -> LayerRow:
@@ -189,10 +176,8 @@ def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str)
         call = layer_call(layer, case, device)
         row.saved_mib = forward_saved_bytes(layer_forward(layer, case, device)) / 2**20
         row.ms = median_ms(call, device, iters, warmup=3, repeats=5, timing=timing)
-    except torch.OutOfMemoryError:
-        row.note = "out of memory"
     except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
-        row.note = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        row.note = failure_note(error)
     finally:
         release(device)
     return row

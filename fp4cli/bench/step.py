@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
+from fp4cli.bench.baseline import failure_note, measure_in_order, ratio, recipe_backends
 from fp4cli.bench.configs import BenchError
 
 MODES = ("eager", "graph", "compile", "compile-graph")
 BACKENDS = ("triton", "torch")
 BENCH_SIZES = {"gpt": ("gpt2-small", 8), "vit": ("deit-small", 128)}  # size, batch
-BASELINE = "bf16"
 
 
 @dataclass(frozen=True)
@@ -51,21 +51,15 @@ class StepRow:
 
     @property
     def vs_baseline(self) -> float | None:
-        if self.ms is None or self.baseline is None or not self.baseline.ms:
-            return None
-        return self.ms / self.baseline.ms
+        return ratio(self.ms, self.baseline.ms if self.baseline else None)
 
     @property
     def memory_vs_baseline(self) -> float | None:
-        if self.peak_gib is None or self.baseline is None or not self.baseline.peak_gib:
-            return None
-        return self.peak_gib / self.baseline.peak_gib
+        return ratio(self.peak_gib, self.baseline.peak_gib if self.baseline else None)
 
     @property
     def saved_vs_baseline(self) -> float | None:
-        if self.saved_gib is None or self.baseline is None or not self.baseline.saved_gib:
-            return None
-        return self.saved_gib / self.baseline.saved_gib
+        return ratio(self.saved_gib, self.baseline.saved_gib if self.baseline else None)
 
     def stored_config(self) -> dict[str, Any]:
         return {**self.case.__dict__, "executors": self.executors}
@@ -91,15 +85,13 @@ def cases(
     modes: Sequence[str],
 ) -> list[StepCase]:
     """Every case, bf16 first in each task and mode (it is the baseline, on one backend)."""
-    ordered = [BASELINE, *(r for r in recipes if r != BASELINE)]
     found = []
     for task in tasks:
         task_size, task_batch = BENCH_SIZES.get(task, ("default", 8))
         shape = (task, size or task_size, batch or task_batch)
         for mode in modes:
-            for recipe in ordered:
-                for backend in backends[:1] if recipe == BASELINE else backends:
-                    found.append(StepCase(*shape, recipe, backend, mode))
+            for recipe, backend in recipe_backends(recipes, backends):
+                found.append(StepCase(*shape, recipe, backend, mode))
     return found
 
 
@@ -119,20 +111,13 @@ def run_step_bench(
     on_rows: Callable[[list[StepRow]], None] | None = None,
 ) -> list[StepRow]:
     """Measure every case in order; each row's baseline is the bf16 case of its task and mode."""
-    rows: list[StepRow] = []
-    baselines: dict[tuple[str, str, int, str], StepRow] = {}
-    for index, case in enumerate(case_list):
-        if on_case is not None:
-            on_case(index, case)
-        row = measure_case(case, device, steps)
-        key = (case.task, case.size, case.batch, case.mode)
-        if case.recipe == BASELINE:
-            baselines[key] = row
-        row.baseline = baselines.get(key)
-        rows.append(row)
-        if on_rows is not None:
-            on_rows([row])
-    return rows
+    return measure_in_order(
+        case_list,
+        lambda case: measure_case(case, device, steps),
+        lambda case: (case.task, case.size, case.batch, case.mode),
+        on_case,
+        on_rows,
+    )
 
 
 def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
@@ -158,10 +143,8 @@ def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
             row.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
         if not case.mode.startswith("compile"):  # after the timed steps, which it cannot touch
             row.saved_gib = forward_saved_bytes(runner, batches[0], device) / 2**30
-    except torch.OutOfMemoryError:
-        row.note = "out of memory"
     except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
-        row.note = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        row.note = failure_note(error)
     finally:
         release(device)
     return row

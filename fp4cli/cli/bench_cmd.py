@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from fp4cli.cli.bench_layer_cmd import layer_command
+from fp4cli.cli.bench_options import DeviceOption, NoStoreOption, StoreOption
 from fp4cli.cli.bench_step_cmd import step_command
 
 Opt = typer.Option
@@ -17,11 +18,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-DeviceOption = Annotated[str, Opt(help="auto, cuda, cuda:N or cpu.")]
-StoreOption = Annotated[
-    Path | None, Opt(help="Run store (default $FP4_STORE or runs/fp4.db).", show_default=False)
-]
-NoStoreOption = Annotated[bool, Opt("--no-store", help="Print only; store nothing.")]
 
 DEFAULT_SHAPES = "4096x4096,16384x8192,8192x28672"
 DEFAULT_CONFIGS = "mxfp4,mxfp4-rht32-sr,nvfp4"

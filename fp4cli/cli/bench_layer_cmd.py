@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from fp4cli.cli.bench_options import DeviceOption, NoStoreOption, StoreOption
 
 Opt = typer.Option
 
@@ -35,11 +36,9 @@ def layer_command(
         ),
     ] = "loop",
     iters: Annotated[int, Opt(min=1, help="Calls per timed loop; the median of 5 loops.")] = 20,
-    device: Annotated[str, Opt(help="auto, cuda, cuda:N or cpu.")] = "auto",
-    store: Annotated[
-        Path | None, Opt(help="Run store (default $FP4_STORE or runs/fp4.db).", show_default=False)
-    ] = None,
-    no_store: Annotated[bool, Opt("--no-store", help="Print only; store nothing.")] = False,
+    device: DeviceOption = "auto",
+    store: StoreOption = None,
+    no_store: NoStoreOption = False,
 ) -> None:
     """One quantized linear layer's forward and backward (input, weight and bias gradients)
     per recipe, as a ratio to nn.Linear under BF16 autocast at the same shape, measured side by

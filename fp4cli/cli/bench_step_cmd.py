@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from fp4cli.cli.bench_options import DeviceOption, NoStoreOption, StoreOption
 
 Opt = typer.Option
 
@@ -37,11 +38,9 @@ def step_command(
         Opt(help="Also find the largest batch that fits for these recipes, e.g. bf16,mxfp4."),
     ] = None,
     max_batch_limit: Annotated[int, Opt(min=1, help="Stop the batch search here.")] = 1024,
-    device: Annotated[str, Opt(help="auto, cuda, cuda:N or cpu.")] = "auto",
-    store: Annotated[
-        Path | None, Opt(help="Run store (default $FP4_STORE or runs/fp4.db).", show_default=False)
-    ] = None,
-    no_store: Annotated[bool, Opt("--no-store", help="Print only; store nothing.")] = False,
+    device: DeviceOption = "auto",
+    store: StoreOption = None,
+    no_store: NoStoreOption = False,
 ) -> None:
     """Training-step time and peak memory of FP4 recipes as ratios to BF16, measured side by
     side in one process: each task's model at a named size (GPT-2 small, DeiT-Small), forward,

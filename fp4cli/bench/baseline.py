@@ -1,0 +1,59 @@
+"""What the layer and step benchmarks share: cases measured in order, each against the `bf16`
+case of its group, and a note for a case that cannot run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+BASELINE = "bf16"
+Case = TypeVar("Case")
+
+
+def recipe_backends(recipes: Sequence[str], backends: Sequence[str]) -> list[tuple[str, str]]:
+    """(recipe, backend) pairs with bf16 first, on the first backend only (it quantizes
+    nothing), then every other recipe on every backend."""
+    ordered = [BASELINE, *(r for r in recipes if r != BASELINE)]
+    return [
+        (recipe, backend)
+        for recipe in ordered
+        for backend in (backends[:1] if recipe == BASELINE else backends)
+    ]
+
+
+def ratio(value: float | None, baseline: float | None) -> float | None:
+    """value / baseline, or None where either is missing (or the baseline is 0)."""
+    return None if value is None or not baseline else value / baseline
+
+
+def measure_in_order(
+    case_list: Sequence[Case],
+    measure: Callable[[Case], Any],
+    group: Callable[[Case], Hashable],
+    on_case: Callable[[int, Case], None] | None = None,
+    on_rows: Callable[[list[Any]], None] | None = None,
+) -> list[Any]:
+    """`measure(case)` of every case in order; each row's `baseline` is the row of the bf16 case
+    (`case.recipe`) of its group, measured before it. `on_rows` gets each row when measured."""
+    rows: list[Any] = []
+    baselines: dict[Hashable, Any] = {}
+    for index, case in enumerate(case_list):
+        if on_case is not None:
+            on_case(index, case)
+        row = measure(case)
+        if case.recipe == BASELINE:  # type: ignore[attr-defined]
+            baselines[group(case)] = row
+        row.baseline = baselines.get(group(case))
+        rows.append(row)
+        if on_rows is not None:
+            on_rows([row])
+    return rows
+
+
+def failure_note(error: Exception) -> str:
+    """A case's note for an error that stopped it: out of memory, or the error's first line."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return "out of memory"
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"

@@ -1,0 +1,15 @@
+"""The options every `fp4 bench` command takes: the device, the run store, and not storing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+DeviceOption = Annotated[str, typer.Option(help="auto, cuda, cuda:N or cpu.")]
+StoreOption = Annotated[
+    Path | None,
+    typer.Option(help="Run store (default $FP4_STORE or runs/fp4.db).", show_default=False),
+]
+NoStoreOption = Annotated[bool, typer.Option("--no-store", help="Print only; store nothing.")]
