@@ -6,7 +6,13 @@ from typing import Annotated, Any
 
 import typer
 
-from fp4cli.cli.bench_options import DeviceOption, NoStoreOption, StoreOption
+from fp4cli.cli.bench_options import (
+    BackendsOption,
+    DeviceOption,
+    NoStoreOption,
+    RecipesOption,
+    StoreOption,
+)
 
 Opt = typer.Option
 
@@ -22,12 +28,8 @@ def layer_command(
             "gpt2-small, llama-7b (a block's four layers at 8192 tokens), square."
         ),
     ] = "8192x768x3072,8192x4096x11008",
-    recipes: Annotated[
-        str, Opt(help="Comma-separated recipes (names or YAML paths); bf16 is always measured.")
-    ] = "bf16,mxfp4,tetrajet,tseng-rht-sr,nvfp4",
-    backends: Annotated[str, Opt(help="Comma-separated quantizer backends: triton, torch.")] = (
-        "triton"
-    ),
+    recipes: RecipesOption = "bf16,mxfp4,tetrajet,tseng-rht-sr,nvfp4",
+    backends: BackendsOption = "triton",
     timing: Annotated[
         str,
         Opt(

@@ -13,3 +13,10 @@ StoreOption = Annotated[
     typer.Option(help="Run store (default $FP4_STORE or runs/fp4.db).", show_default=False),
 ]
 NoStoreOption = Annotated[bool, typer.Option("--no-store", help="Print only; store nothing.")]
+RecipesOption = Annotated[
+    str,
+    typer.Option(help="Comma-separated recipes (names or YAML paths); bf16 is always measured."),
+]
+BackendsOption = Annotated[
+    str, typer.Option(help="Comma-separated quantizer backends: triton, torch.")
+]

@@ -6,7 +6,13 @@ from typing import Annotated, Any
 
 import typer
 
-from fp4cli.cli.bench_options import DeviceOption, NoStoreOption, StoreOption
+from fp4cli.cli.bench_options import (
+    BackendsOption,
+    DeviceOption,
+    NoStoreOption,
+    RecipesOption,
+    StoreOption,
+)
 
 Opt = typer.Option
 
@@ -16,12 +22,8 @@ STEP_COLUMNS = ("task", "recipe", "backend", "mode", "ms/step", "x bf16", "peak 
 
 def step_command(
     tasks: Annotated[str, Opt(help="Comma-separated: gpt, vit (or any task).")] = "gpt,vit",
-    recipes: Annotated[
-        str, Opt(help="Comma-separated recipes (names or YAML paths); bf16 is always measured.")
-    ] = "bf16,mxfp4,tetrajet,tetrajet-qema,tseng-rht-sr",
-    backends: Annotated[str, Opt(help="Comma-separated quantizer backends: triton, torch.")] = (
-        "triton"
-    ),
+    recipes: RecipesOption = "bf16,mxfp4,tetrajet,tetrajet-qema,tseng-rht-sr",
+    backends: BackendsOption = "triton",
     modes: Annotated[
         str, Opt(help="Comma-separated: eager, graph (CUDA graph), compile, compile-graph.")
     ] = "eager,graph",
@@ -42,10 +44,10 @@ def step_command(
     store: StoreOption = None,
     no_store: NoStoreOption = False,
 ) -> None:
-    """Training-step time and peak memory of FP4 recipes as ratios to BF16, measured side by
-    side in one process: each task's model at a named size (GPT-2 small, DeiT-Small), forward,
-    backward and optimizer, eager or from a CUDA graph, with or without torch.compile. Each
-    number also goes to the run store (kind `step`)."""
+    """Training-step time, peak memory and saved activations of FP4 recipes as ratios to BF16,
+    measured side by side in one process: each task's model at a named size (GPT-2 small,
+    DeiT-Small), forward, backward and optimizer, eager or from a CUDA graph, with or without
+    torch.compile. Each number also goes to the run store (kind `step`)."""
     from fp4cli.bench import step as bench
     from fp4cli.bench.parsing import check_kernel_backends, parse_choices, split_list
     from fp4cli.bench.quantize import bench_device
