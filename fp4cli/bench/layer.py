@@ -103,6 +103,11 @@ def parse_layer_shapes(text: str) -> list[LayerShape]:
         if item in SHAPE_SETS:
             shapes += [LayerShape(g.m, g.k, g.n, g.name) for g in SHAPE_SETS[item]]
             continue
+        if not all(dim.strip().isdigit() for dim in item.lower().split("x")):
+            raise BenchError(
+                f"shape {item!r}: expected tokens x in_features x out_features, e.g. "
+                f"8192x768x3072, or one of {', '.join(SHAPE_SETS)}"
+            )
         dims = parse_shape(item)
         if len(dims) != 3:
             raise BenchError(

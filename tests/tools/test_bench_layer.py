@@ -125,7 +125,8 @@ def test_the_triton_backend_needs_kernels_that_run(monkeypatch: pytest.MonkeyPat
     ("args", "message"),
     [
         (["--shapes", "64x32"], "expected tokens x in_features x out_features"),
-        (["--shapes", "gpt3"], "shape 'gpt3': expected positive integers"),
+        (["--shapes", "gpt3"], "shape 'gpt3': expected tokens x in_features x out_features"),
+        (["--shapes", "gpt3"], "or one of square, gpt2-small, llama-7b"),
         (["--shapes", "64x0x32"], "every dimension must be at least 1"),
         (["--shapes", "8192x4096x11008"], "too large to measure on the CPU"),
         (["--timing", "graph"], "CUDA graphs need a CUDA device"),
