@@ -14,6 +14,7 @@ the graph on the same parameters, gradients and optimizer state.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,19 @@ import torch
 WARMUP_STEPS = 3
 
 LossFn = Callable[[Any, Any], torch.Tensor]  # (model, batch) -> loss
+
+
+@functools.cache
+def _warmup_stream(device_index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device=device_index)
+
+
+def warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream of every warm-up step on `device`, one for the process: cuBLAS gives each
+    stream it runs on a workspace it keeps for the process's life, so a new stream per step
+    held about 0.19 GiB more after every captured run (a sweep or benchmark runs many)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _warmup_stream(index)
 
 
 def plain_step(
@@ -76,6 +90,7 @@ class StepRunner:
         cuda_graph: bool = False,
     ) -> None:
         self.model, self.optimizer, self.loss_of = model, optimizer, loss_of
+        self.device = device
         self.grad_clip = grad_clip
         self.autocast = device.type == "cuda"
         self.cuda_graph = cuda_graph
@@ -89,7 +104,7 @@ class StepRunner:
         if not self.cuda_graph or eager:
             return self._eager(batch)
         if self.graph is None and self.eager_steps < WARMUP_STEPS:
-            side = torch.cuda.Stream()
+            side = warmup_stream(self.device)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 out = self._eager(batch)

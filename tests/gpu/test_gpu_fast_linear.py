@@ -91,3 +91,21 @@ def test_trainer_with_cuda_graph_logs_what_eager_logs(tmp_path):
     assert cut.status == "interrupted"
     resumed, _ = run_training({}, [], store, resume=cut.run_id, reporter=SilentReporter())
     assert resumed.status == "finished" and series(resumed.run_id) == series(eager.run_id)
+
+
+def test_captured_runs_leave_no_memory_behind():
+    """Run after captured run in one process (a sweep, a benchmark) holds no more memory: the
+    warm-up steps share one side stream, so cuBLAS makes no new workspace for each run."""
+    import gc
+
+    from fp4cli.bench.step import StepCase, measure_case
+
+    cuda = torch.device("cuda")
+    allocated = []
+    for _ in range(3):
+        row = measure_case(StepCase("gpt", "debug", 4, "mxfp4", "triton", "graph"), cuda, 2)
+        assert row.note is None, row.note
+        gc.collect()
+        torch.cuda.synchronize()
+        allocated.append(torch.cuda.memory_allocated(cuda))
+    assert allocated[2] == allocated[1], allocated
