@@ -175,10 +175,13 @@ def _train_args(
     """fp4 train's options that make the same run in another process."""
     args: list[str] = []
     for name, value in flags.items():
+        option = name.replace("_", "-")
         if name == "tags":
             args += [f"--tag={item}" for item in value or ()]
+        elif isinstance(value, bool):  # a flag takes no value: --compile / --no-compile
+            args.append(f"--{option}" if value else f"--no-{option}")
         elif value is not None:
-            args.append(f"--{name.replace('_', '-')}={value}")
+            args.append(f"--{option}={value}")
     args += [f"--set={item}" for item in overrides or ()]
     args += [f"--{name}={value}" for name, value in (("resume", resume), ("store", store)) if value]
     return args + (["--quiet"] if quiet else [])

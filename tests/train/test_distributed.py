@@ -130,6 +130,21 @@ def test_activations_and_gradients_round_per_rank_weights_alike():
     assert not torch.equal(dx0, dx1) and not torch.equal(dw0, dw1)
 
 
+def test_the_worker_processes_get_flags_they_parse(tmp_path):
+    """Each process under torchrun (and each Slurm task) runs `fp4 train` with the options of
+    the first: a flag goes as --compile / --no-compile, never --compile=True."""
+    from typer.main import get_command
+
+    from fp4cli.cli.train_cmd import _train_args
+
+    flags = {"task": "gpt", "compile": True, "cuda_graph": False, "steps": 3, "tags": ("a",)}
+    args = _train_args(flags, ["lr=0.1"], None, str(tmp_path / "s.db"), quiet=True)
+    assert args == ["--task=gpt", "--compile", "--no-cuda-graph", "--steps=3", "--tag=a",
+                    "--set=lr=0.1", f"--store={tmp_path / 's.db'}", "--quiet"]  # fmt: skip
+    context = get_command(app).commands["train"].make_context("train", list(args))
+    assert context.params["compile"] is True and context.params["cuda_graph"] is False
+
+
 def test_the_launcher_command_and_its_errors(tmp_path):
     command = torchrun_command(["--task=gpt"], 2)
     assert command[1:5] == ["-m", "fp4cli.train.torchrun", "--nproc-per-node=2", "--standalone"]
