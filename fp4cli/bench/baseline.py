@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from fp4cli.bench.configs import error_line
+
 BASELINE = "bf16"
 Case = TypeVar("Case")
 
@@ -56,4 +58,4 @@ def failure_note(error: Exception) -> str:
     """A case's note for an error that stopped it: out of memory, or the error's first line."""
     if isinstance(error, torch.OutOfMemoryError):
         return "out of memory"
-    return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    return error_line(error, 160)

@@ -12,6 +12,13 @@ class BenchError(ValueError):
     """An impossible benchmark request (unknown config, malformed shape, bad option)."""
 
 
+def error_line(error: BaseException, limit: int | None = None) -> str:
+    """`Type: first line of the message` (at most `limit` characters of it), or `Type` alone:
+    how a benchmark row names the error that stopped it."""
+    lines = str(error).strip().splitlines()
+    return type(error).__name__ + (f": {lines[0][:limit]}" if lines else "")
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """A named quantizer configuration: `spec`, after a random Hadamard transform of size

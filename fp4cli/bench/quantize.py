@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from fp4cli.bench.calls import SEED, kernel_call
-from fp4cli.bench.configs import BenchConfig, BenchError, bench_configs
+from fp4cli.bench.configs import BenchConfig, BenchError, bench_configs, error_line
 from fp4cli.bench.parsing import check_device, dtype_name
 from fp4cli.bench.timing import (
     TimeLimitExceeded,
@@ -278,8 +278,7 @@ def _failure_note(backend: str, error: BaseException, timing: str = "loop") -> s
     if timing == "graph" and (refused := capture_note(error)) is not None:
         return refused
     if backend == "compile":
-        lines = str(error).strip().splitlines()
-        return f"compile failed: {type(error).__name__}" + (f": {lines[0]}" if lines else "")
+        return f"compile failed: {error_line(error)}"
     return None
 
 

@@ -64,12 +64,11 @@ def check_timing(
 def capture_note(error: BaseException) -> str | None:
     """The note of a call that CUDA graph capture refused (torch names the capture in its
     error), else None."""
-    text = str(error).strip()
-    if "captur" not in text.lower():
+    from fp4cli.bench.configs import error_line
+
+    if "captur" not in str(error).lower():
         return None
-    return (
-        f"cannot be captured in a CUDA graph ({type(error).__name__}: {text.splitlines()[0][:120]})"
-    )
+    return f"cannot be captured in a CUDA graph ({error_line(error, 120)})"
 
 
 def median_ms(

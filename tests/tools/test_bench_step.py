@@ -84,6 +84,12 @@ def test_failed_cases_get_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
     row = bench.measure_case(case, torch.device("cpu"), 1)
     assert row.ms is None and row.note == "RuntimeError: no kernel for this"
 
+    def silent(case: Any, device: Any) -> Any:
+        raise RuntimeError()  # no message: the note is the error's type
+
+    monkeypatch.setattr(bench, "build_step", silent)
+    assert bench.measure_case(case, torch.device("cpu"), 1).note == "RuntimeError"
+
 
 @pytest.mark.parametrize(("fits_below", "limit", "expected"), [(100, 1024, 96), (20, 1024, 20),
                                                                (5000, 64, 64)])  # fmt: skip
