@@ -1,8 +1,10 @@
-"""What the layer and step benchmarks share: cases measured in order, each against the `bf16`
-case of its group, and a note for a case that cannot run."""
+"""What the layer and step benchmarks share: the backends, cases measured in order, each
+against the `bf16` case of its group, a note for a case that cannot run, and the clean-up
+after each."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
@@ -11,6 +13,7 @@ import torch
 from fp4cli.bench.configs import error_line
 
 BASELINE = "bf16"
+BACKENDS = ("triton", "torch")  # the quantizers' (fp4cli.quant.backend), as a benchmark names them
 Case = TypeVar("Case")
 
 
@@ -59,3 +62,11 @@ def failure_note(error: Exception) -> str:
     if isinstance(error, torch.OutOfMemoryError):
         return "out of memory"
     return error_line(error, 160)
+
+
+def release(device: torch.device) -> None:
+    """Free what a case left: Python's cycles, the device's cached blocks, compiled graphs."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    torch._dynamo.reset()

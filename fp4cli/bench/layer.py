@@ -21,41 +21,37 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from fp4cli.bench.baseline import failure_note, measure_in_order, ratio, recipe_backends
+from fp4cli.bench.baseline import (
+    failure_note,
+    measure_in_order,
+    ratio,
+    recipe_backends,
+    release,
+)
 from fp4cli.bench.configs import BenchError
 from fp4cli.bench.gemm import CPU_MAX_FLOP
 from fp4cli.bench.gemm_cases import SHAPE_SETS
-from fp4cli.bench.parsing import parse_shape, split_list
+from fp4cli.bench.parsing import split_list
 from fp4cli.bench.timing import check_timing
-
-BACKENDS = ("triton", "torch")
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    tokens: int
-    in_features: int
-    out_features: int
-    name: str = ""  # e.g. "gpt2 qkv", for a shape from a named set
+from fp4cli.cost.errors import CostError
+from fp4cli.cost.shapes import LayerShape, parse_shape
 
 
 @dataclass(frozen=True)
 class LayerCase:
-    tokens: int
-    in_features: int
-    out_features: int
+    shape: LayerShape  # fp4 cost's: tokens x in_features x out_features
     recipe: str
     backend: str
-    name: str = ""
+    name: str = ""  # e.g. "gpt2 qkv", for a shape from a named set
 
     @property
     def shape_text(self) -> str:
-        return f"{self.tokens}x{self.in_features}x{self.out_features}"
+        return self.shape.label()
 
     @property
     def flop(self) -> int:
         """The three GEMMs' multiply-adds, counted twice."""
-        return 3 * 2 * self.tokens * self.in_features * self.out_features
+        return 3 * self.shape.gemm_flops
 
 
 @dataclass
@@ -83,7 +79,11 @@ class LayerRow:
         return None if not self.ms else self.case.flop / (self.ms * 1e9)
 
     def stored_config(self) -> dict[str, Any]:
-        return {**self.case.__dict__, "executor": self.executor, "timing": self.timing}
+        case, shape = self.case, self.case.shape
+        return {"tokens": shape.tokens, "in_features": shape.in_features,
+                "out_features": shape.out_features, "recipe": case.recipe,
+                "backend": case.backend, "name": case.name, "executor": self.executor,
+                "timing": self.timing}  # fmt: skip
 
     def measurements(self) -> list[tuple[str, float, str]]:
         values = [
@@ -95,26 +95,22 @@ class LayerRow:
         return [(name, value, unit) for name, value, unit in values if value is not None]
 
 
-def parse_layer_shapes(text: str) -> list[LayerShape]:
-    """'8192x768x3072,llama-7b' -> the shapes in order: tokens x in_features x out_features,
+def parse_layer_shapes(text: str) -> list[tuple[LayerShape, str]]:
+    """'8192x768x3072,llama-7b' -> (shape, name) in order: tokens x in_features x out_features,
     or a named set of `fp4 bench gemm` (its GEMM M x N x K as the layer K -> N on M tokens)."""
-    shapes: list[LayerShape] = []
+    shapes: list[tuple[LayerShape, str]] = []
     for item in split_list(text):
         if item in SHAPE_SETS:
-            shapes += [LayerShape(g.m, g.k, g.n, g.name) for g in SHAPE_SETS[item]]
+            shapes += [(LayerShape(g.m, g.k, g.n), g.name) for g in SHAPE_SETS[item]]
             continue
-        if not all(dim.strip().isdigit() for dim in item.lower().split("x")):
+        shape = _cost_shape(item)
+        if shape is None or not shape.quantized:
             raise BenchError(
                 f"shape {item!r}: expected tokens x in_features x out_features, e.g. "
-                f"8192x768x3072, or one of {', '.join(SHAPE_SETS)}"
+                "8192x768x3072 (every dimension must be at least 1), or one of "
+                f"{', '.join(SHAPE_SETS)}"
             )
-        dims = parse_shape(item)
-        if len(dims) != 3:
-            raise BenchError(
-                f"shape {item!r}: expected tokens x in_features x out_features, e.g. "
-                f"8192x768x3072, or one of {', '.join(SHAPE_SETS)}"
-            )
-        shapes.append(LayerShape(*dims))
+        shapes.append((shape, ""))
     if not shapes:
         raise BenchError(
             f"shapes: give at least one, e.g. 8192x768x3072 or {', '.join(SHAPE_SETS)}"
@@ -122,19 +118,26 @@ def parse_layer_shapes(text: str) -> list[LayerShape]:
     return shapes
 
 
+def _cost_shape(text: str) -> LayerShape | None:
+    try:
+        return parse_shape(text)
+    except CostError:
+        return None
+
+
 def cases(
-    shapes: Sequence[LayerShape], recipes: Sequence[str], backends: Sequence[str]
+    shapes: Sequence[tuple[LayerShape, str]], recipes: Sequence[str], backends: Sequence[str]
 ) -> list[LayerCase]:
     """Every case, bf16 first at each shape (the baseline, on one backend)."""
     return [
-        LayerCase(shape.tokens, shape.in_features, shape.out_features, recipe, backend, shape.name)
-        for shape in shapes
+        LayerCase(shape, recipe, backend, name)
+        for shape, name in shapes
         for recipe, backend in recipe_backends(recipes, backends)
     ]
 
 
 def check_layer_request(
-    shapes: Sequence[LayerShape], iters: int, timing: str, device: torch.device
+    shapes: Sequence[tuple[LayerShape, str]], iters: int, timing: str, device: torch.device
 ) -> None:
     """Raise BenchError for a request that cannot run (or would take minutes on a CPU)."""
     if iters < 1:
@@ -142,11 +145,11 @@ def check_layer_request(
     check_timing(timing, device)
     if device.type == "cuda":
         return
-    for shape in shapes:
-        if 2 * shape.tokens * shape.in_features * shape.out_features > CPU_MAX_FLOP:
+    for shape, _ in shapes:
+        if shape.gemm_flops > CPU_MAX_FLOP:
             raise BenchError(
-                f"shape {shape.tokens}x{shape.in_features}x{shape.out_features} is too large to "
-                "measure on the CPU (up to 1024^3 here); give smaller --shapes or run on a GPU"
+                f"shape {shape.label()} is too large to measure on the CPU (up to 1024^3 "
+                "here); give smaller --shapes or run on a GPU"
             )
 
 
@@ -162,7 +165,7 @@ def run_layer_bench(
     return measure_in_order(
         case_list,
         lambda case: measure_case(case, device, iters, timing),
-        lambda case: (case.tokens, case.in_features, case.out_features),
+        lambda case: case.shape,
         on_case,
         on_rows,
     )
@@ -170,7 +173,6 @@ def run_layer_bench(
 
 def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str) -> LayerRow:
     """Milliseconds per forward + backward (median of 5 timed loops) and saved MiB of a case."""
-    from fp4cli.bench.step import release
     from fp4cli.bench.timing import median_ms
     from fp4cli.train.memory import forward_saved_bytes
 
@@ -178,8 +180,9 @@ def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str)
     try:
         layer, executor = build_layer(case, device)
         row.executor = executor
-        call = layer_call(layer, case, device)
-        row.saved_mib = forward_saved_bytes(layer_forward(layer, case, device)) / 2**20
+        x, grad_y = layer_data(case.shape, device)
+        row.saved_mib = forward_saved_bytes(lambda: layer_forward(layer, x)) / 2**20
+        call = layer_call(layer, x, grad_y)
         row.ms = median_ms(call, device, iters, warmup=3, repeats=5, timing=timing)
     except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
         row.note = failure_note(error)
@@ -194,7 +197,7 @@ def build_layer(case: LayerCase, device: torch.device) -> tuple[nn.Module, str]:
     from fp4cli.recipes import load_recipe
 
     torch.manual_seed(0)
-    linear = nn.Linear(case.in_features, case.out_features, device=device)
+    linear = nn.Linear(case.shape.in_features, case.shape.out_features, device=device)
     config = load_recipe(case.recipe).linear
     if config.is_high_precision:
         return linear, "nn.Linear"
@@ -203,33 +206,25 @@ def build_layer(case: LayerCase, device: torch.device) -> tuple[nn.Module, str]:
     return layer, f"{name} ({why})" if why else name
 
 
-def _layer_data(case: LayerCase, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The case's input (bf16, requiring its gradient) and output gradient (bf16), seeded."""
+def layer_data(shape: LayerShape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input (bf16, requiring its gradient) and output gradient (bf16), seeded."""
     generator = torch.Generator(device).manual_seed(1)
-    x = torch.randn(case.tokens, case.in_features, device=device, generator=generator)
-    grad_y = torch.randn(case.tokens, case.out_features, device=device, generator=generator)
+    x = torch.randn(shape.tokens, shape.in_features, device=device, generator=generator)
+    grad_y = torch.randn(shape.tokens, shape.out_features, device=device, generator=generator)
     return x.to(torch.bfloat16).requires_grad_(), grad_y.to(torch.bfloat16)
 
 
-def layer_forward(layer: nn.Module, case: LayerCase, device: torch.device) -> Callable[[], Any]:
+def layer_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The forward alone, under BF16 autocast."""
-    x, _ = _layer_data(case, device)
-
-    def forward() -> Any:
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            return layer(x)
-
-    return forward
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        return layer(x)
 
 
-def layer_call(layer: nn.Module, case: LayerCase, device: torch.device) -> Callable[[], Any]:
+def layer_call(layer: nn.Module, x: torch.Tensor, grad_y: torch.Tensor) -> Callable[[], Any]:
     """One forward under BF16 autocast and the gradients of input, weight and bias."""
-    x, grad_y = _layer_data(case, device)
     wanted = [x, *layer.parameters()]
 
     def call() -> Any:
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            y = layer(x)
-        return torch.autograd.grad(y, wanted, grad_y)
+        return torch.autograd.grad(layer_forward(layer, x), wanted, grad_y)
 
     return call

@@ -12,18 +12,22 @@ memory.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from fp4cli.bench.baseline import failure_note, measure_in_order, ratio, recipe_backends
+from fp4cli.bench.baseline import (
+    failure_note,
+    measure_in_order,
+    ratio,
+    recipe_backends,
+    release,
+)
 from fp4cli.bench.configs import BenchError
 
 MODES = ("eager", "graph", "compile", "compile-graph")
-BACKENDS = ("triton", "torch")
 BENCH_SIZES = {"gpt": ("gpt2-small", 8), "vit": ("deit-small", 128)}  # size, batch
 
 
@@ -121,8 +125,10 @@ def run_step_bench(
 
 
 def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
-    """Milliseconds per step (median of 3 timed loops of `steps`) and peak GiB of one case."""
+    """Milliseconds per step (median of 3 timed loops of `steps`), peak GiB and saved GiB of
+    one case."""
     from fp4cli.bench.timing import median_ms, synchronize
+    from fp4cli.train.memory import saved_bytes
 
     row = StepRow(case)
     try:
@@ -142,7 +148,8 @@ def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
         if device.type == "cuda":
             row.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
         if not case.mode.startswith("compile"):  # after the timed steps, which it cannot touch
-            row.saved_gib = forward_saved_bytes(runner, batches[0], device) / 2**30
+            saved = saved_bytes(runner.model, runner.loss_of, batches[0], device)
+            row.saved_gib = saved / 2**30
     except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
         row.note = failure_note(error)
     finally:
@@ -179,20 +186,6 @@ def build_step(case: StepCase, device: torch.device) -> tuple[Any, list[Any], st
         counts[executor] = counts.get(executor, 0) + 1
     summary = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
     return runner, batches, summary
-
-
-def forward_saved_bytes(runner: Any, batch: Any, device: torch.device) -> int:
-    """Bytes one forward of the step's model keeps for the backward (`fp4cli.train.memory`)."""
-    from fp4cli.train.memory import saved_bytes
-
-    return saved_bytes(runner.model, runner.loss_of, batch, device)
-
-
-def release(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    torch._dynamo.reset()
 
 
 @dataclass

@@ -47,6 +47,7 @@ def layer_command(
     side in one process; and the bytes the forward keeps for the backward. Each number also
     goes to the run store (kind `layer`)."""
     from fp4cli.bench import layer as bench
+    from fp4cli.bench.baseline import BACKENDS
     from fp4cli.bench.parsing import check_kernel_backends, parse_choices, split_list
     from fp4cli.bench.quantize import bench_device
     from fp4cli.cli.bench_cmd import _CaseProgress, _Recorder
@@ -55,7 +56,7 @@ def layer_command(
 
     torch_device = bench_device(device)
     shape_list = bench.parse_layer_shapes(shapes)
-    backend_list = parse_choices("backends", backends, bench.BACKENDS)
+    backend_list = parse_choices("backends", backends, BACKENDS)
     recipe_list = split_list(recipes)
     bench.check_layer_request(shape_list, iters, timing, torch_device)
     for recipe in recipe_list:

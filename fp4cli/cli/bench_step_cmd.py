@@ -49,6 +49,7 @@ def step_command(
     DeiT-Small), forward, backward and optimizer, eager or from a CUDA graph, with or without
     torch.compile. Each number also goes to the run store (kind `step`)."""
     from fp4cli.bench import step as bench
+    from fp4cli.bench.baseline import BACKENDS
     from fp4cli.bench.parsing import check_kernel_backends, parse_choices, split_list
     from fp4cli.bench.quantize import bench_device
     from fp4cli.cli.bench_cmd import _CaseProgress, _Recorder, quiet_compiler_warnings
@@ -57,7 +58,7 @@ def step_command(
     quiet_compiler_warnings()
     torch_device = bench_device(device)
     mode_list = parse_choices("modes", modes, bench.MODES)
-    backend_list = parse_choices("backends", backends, bench.BACKENDS)
+    backend_list = parse_choices("backends", backends, BACKENDS)
     recipe_list, task_list = split_list(recipes), split_list(tasks)
     bench.check_step_request(mode_list, steps, torch_device)
     _check_names(task_list, recipe_list + split_list(max_batch or ""), size)

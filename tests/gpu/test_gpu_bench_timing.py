@@ -58,7 +58,9 @@ def test_gemm_bench_graph_rows() -> None:
 def test_layer_bench_rows_in_both_timings() -> None:
     """A whole forward + backward (autograd included) replays from a CUDA graph, on every
     executor; the fast one saves less for the backward than nn.Linear."""
-    case_list = cases([LayerShape(1024, 256, 384)], ["mxfp4", "nvfp4", "wang-fp4"], ["triton"])
+    case_list = cases(
+        [(LayerShape(1024, 256, 384), "")], ["mxfp4", "nvfp4", "wang-fp4"], ["triton"]
+    )
     for timing in ("loop", "graph"):
         rows = run_layer_bench(case_list, CUDA, iters=3, timing=timing)
         executors = [row.executor for row in rows]

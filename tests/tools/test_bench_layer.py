@@ -50,7 +50,7 @@ def test_layer_command_prints_and_stores(tmp_path: Path) -> None:
 
 
 def test_cases_put_bf16_first_on_one_backend() -> None:
-    shapes = [bench.LayerShape(64, 32, 48), bench.LayerShape(8, 16, 16)]
+    shapes = [(bench.LayerShape(64, 32, 48), ""), (bench.LayerShape(8, 16, 16), "")]
     found = bench.cases(shapes, ["mxfp4", "bf16"], ["triton", "torch"])
     assert [(c.recipe, c.backend) for c in found[:3]] == [
         ("bf16", "triton"), ("mxfp4", "triton"), ("mxfp4", "torch"),
@@ -61,16 +61,16 @@ def test_cases_put_bf16_first_on_one_backend() -> None:
 def test_named_sets_are_the_gemm_benchmarks_layers() -> None:
     """A GEMM set's M x N x K is the layer K -> N on M tokens, named."""
     shapes = bench.parse_layer_shapes("gpt2-small, 64x32x48")
-    assert [(s.tokens, s.in_features, s.out_features) for s in shapes] == [
+    assert [(s.tokens, s.in_features, s.out_features) for s, _ in shapes] == [
         (8192, 768, 2304), (8192, 768, 768), (8192, 768, 3072), (8192, 3072, 768), (64, 32, 48),
     ]  # fmt: skip
-    assert shapes[0].name == "gpt2 qkv" and shapes[-1].name == ""
+    assert shapes[0][1] == "gpt2 qkv" and shapes[-1][1] == ""
     case = bench.cases(shapes[:1], ["bf16"], ["triton"])[0]
     assert case.name == "gpt2 qkv" and case.shape_text == "8192x768x2304"
 
 
 def test_ratios_to_the_baseline() -> None:
-    case = bench.LayerCase(64, 32, 48, "bf16", "triton")
+    case = bench.LayerCase(bench.LayerShape(64, 32, 48), "bf16", "triton")
     baseline = bench.LayerRow(case, "loop", ms=2.0, saved_mib=4.0)
     row = bench.LayerRow(case, "loop", ms=3.0, saved_mib=1.0, baseline=baseline)
     assert row.vs_baseline == pytest.approx(1.5) and row.saved_vs_baseline == pytest.approx(0.25)
@@ -83,14 +83,17 @@ def test_a_failed_case_gets_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RuntimeError("no kernel for this\nsecond line")
 
     monkeypatch.setattr(bench, "build_layer", broken)
-    row = bench.measure_case(bench.LayerCase(64, 32, 48, "mxfp4", "torch"), CPU, 1, "loop")
+    row = bench.measure_case(
+        bench.LayerCase(bench.LayerShape(64, 32, 48), "mxfp4", "torch"), CPU, 1, "loop"
+    )
     assert row.ms is None and row.note == "RuntimeError: no kernel for this"
 
 
 def _saved(recipe: str, backend: str, shape: tuple[int, int, int]) -> tuple[int, str]:
-    case = bench.LayerCase(*shape, recipe, backend)
+    case = bench.LayerCase(bench.LayerShape(*shape), recipe, backend)
     layer, executor = bench.build_layer(case, CPU)
-    return forward_saved_bytes(bench.layer_forward(layer, case, CPU)), executor
+    x, _ = bench.layer_data(case.shape, CPU)
+    return forward_saved_bytes(lambda: bench.layer_forward(layer, x)), executor
 
 
 def test_bf16_and_the_reference_save_the_bf16_input_and_weight() -> None:

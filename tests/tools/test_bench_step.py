@@ -14,6 +14,7 @@ from fp4cli.bench import step as bench
 from fp4cli.cli.main import app
 from fp4cli.quant.backend import interpreter_on
 from fp4cli.store import RunStore
+from fp4cli.train.memory import saved_bytes
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
@@ -70,7 +71,8 @@ def test_saved_bytes_show_the_packed_activations() -> None:
     for recipe, backend in (("bf16", "torch"), ("mxfp4", "torch"), ("mxfp4", "triton")):
         case = bench.StepCase("gpt", "debug", 8, recipe, backend, "eager")
         runner, batches, _ = bench.build_step(case, torch.device("cpu"))
-        saved[recipe, backend] = bench.forward_saved_bytes(runner, batches[0], torch.device("cpu"))
+        model, loss_of = runner.model, runner.loss_of
+        saved[recipe, backend] = saved_bytes(model, loss_of, batches[0], torch.device("cpu"))
     assert saved["mxfp4", "torch"] == saved["bf16", "torch"]
     assert saved["mxfp4", "triton"] < 0.85 * saved["bf16", "torch"]
 
