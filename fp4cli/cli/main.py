@@ -8,7 +8,7 @@ impossible recipe or spec, a missing file) becomes one red `error: ...` line and
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -91,20 +91,23 @@ class _Group(TyperGroup):
         try:
             return super().make_context(*args, **kwargs)
         except _usage_error_class() as error:
-            _print_error(_usage_message(error))
-            raise typer.Exit(USER_ERROR_EXIT) from None
+            _exit_with(_usage_message(error))
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except _usage_error_class() as error:
-            _print_error(_usage_message(error))
-            raise typer.Exit(USER_ERROR_EXIT) from None
+            _exit_with(_usage_message(error))
         except Exception as error:
             if not _is_domain_error(error):
                 raise
-            _print_error(str(error))
-            raise typer.Exit(USER_ERROR_EXIT) from None
+            _exit_with(str(error))
+
+
+def _exit_with(message: str) -> NoReturn:
+    """The one `error: ...` line, then exit code 2."""
+    _print_error(message)
+    raise typer.Exit(USER_ERROR_EXIT) from None
 
 
 def _hide_flag_types() -> None:
