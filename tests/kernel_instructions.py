@@ -49,9 +49,9 @@ def _opcode(line: str) -> str:
     return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
 
 
-def _pair_directions(config: str) -> tuple[Any, Any]:
-    """(row, column) directions of a `pair:` config: X's (forward values, weight-gradient
-    operand packed) or dY's (both as values) of a recipe."""
+def pair_directions() -> dict[str, tuple[Any, Any]]:
+    """(row, column) directions of each `pair:` config by name: X's (forward values,
+    weight-gradient operand packed) or dY's (both as values) of a recipe."""
     from fp4cli.kernels.launch_pair import Direction
     from fp4cli.quant import QuantSpec
 
@@ -76,11 +76,7 @@ def _pair_directions(config: str) -> tuple[Any, Any]:
             Direction(nvfp4_sr, (seed, 3), 16, (seed, 4), values_dtype=bf16),
         ),
     }
-    return pairs[config.removeprefix("pair:")]
-
-
-PAIR_NAMES = ("mxfp4-x", "mxfp4-dy", "tseng-x", "tseng-x-no-rht", "nvfp4-x", "nvfp4-dy")
-PAIR_CONFIGS = tuple(f"pair:{name}" for name in PAIR_NAMES)
+    return pairs
 
 
 def _launch(config: str) -> tuple[Any, tuple, dict, float]:
@@ -90,7 +86,7 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
     from fp4cli.quant import QuantSpec
 
     if config.startswith("pair:"):
-        row, col = _pair_directions(config)
+        row, col = pair_directions()[config.removeprefix("pair:")]
         x = torch.zeros(256, 768, dtype=torch.bfloat16)
         found = intercepted_launches(
             lambda: launch_pair.quantize_pair(x, row, col),
@@ -136,7 +132,7 @@ def counts(config: str) -> dict[str, float]:
 
 if __name__ == "__main__":
     print("config                PTX/elem  SASS/elem  conversions/elem  registers")
-    for name in sys.argv[1:] or [*CONFIGS, *PAIR_CONFIGS]:
+    for name in sys.argv[1:] or [*CONFIGS, *(f"pair:{pair}" for pair in pair_directions())]:
         c = counts(name)
         print(
             f"{name:20s}  {c['ptx']:8.1f}  {c['sass']:9.1f}  {c['conversions']:16.2f}"
