@@ -135,12 +135,16 @@ def train(
     main_rank = not under_torchrun() or os.environ.get("RANK") == "0"
     # only rank 0 writes the store: the others open it only to read the run they resume (on
     # several nodes the file may be on a filesystem that SQLite's locks do not cover)
-    run_store = RunStore(store) if main_rank or resume else RankStore(str(store_path(store)))
+    def open_store() -> Any:
+        if main_rank or resume:
+            return RunStore(store, create=resume is None)
+        return RankStore(str(store_path(store)))
+
     reporter = RichReporter() if main_rank and not quiet else SilentReporter()
-    result, trainer = run_training(flags, set_ or [], run_store, resume, reporter)
+    result, trainer = run_training(flags, set_ or [], open_store, resume, reporter)
     if not main_rank:
         return
-    Console().print(_summary(result, trainer, run_store.path), highlight=False)
+    Console().print(_summary(result, trainer, store_path(store)), highlight=False)
     if result.status not in ("finished",):
         raise typer.Exit(1)
 

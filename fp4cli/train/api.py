@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fp4cli.train import distributed
@@ -23,22 +23,27 @@ def run_training(
 ) -> tuple[RunResult, Trainer]:
     """Train a new run (flags > --set overrides > recipe > task defaults), or continue `resume`
     from its newest checkpoint with its stored config (flags may only extend `steps`). A
-    `recipe` object given is trained as is (flags' "recipe" then only names it)."""
+    `recipe` object given is trained as is (flags' "recipe" then only names it). `store`: a
+    store, or a function opening one, called only once a new run's config and recipe are
+    known to be good (a refused run then leaves no store file behind)."""
     from fp4cli.recipes import apply_overrides, load_recipe
     from fp4cli.store import RunStore
     from fp4cli.tasks.base import create_task
     from fp4cli.track.store import tracked
 
     flags = flags or {}
-    store = store if store is not None else RunStore()
-    run = store.get_run(resume) if resume is not None else None
-    if run is not None:
+    opener = _store_opener(store, RunStore)
+    run = None
+    if resume is not None:
+        store = opener()
+        run = store.get_run(resume)
         config, recipe = _resumed(run, flags, overrides)
     else:
         config, recipe_overrides = resolve_config(flags, overrides)
         base = recipe if recipe is not None else load_recipe(config.recipe)
         recipe = apply_overrides(base, recipe_overrides)
         config = for_recipe(config, recipe)
+        store = opener()
     if run is not None and run["world_size"] != distributed.world_size():
         raise ConfigError(
             f"run {run['id']} trained on {run['world_size']} process(es); resume it on as many "
@@ -63,6 +68,13 @@ def run_training(
         return trainer.run(reporter), trainer
     finally:
         distributed.leave(dist)
+
+
+def _store_opener(store: Any, store_class: Any) -> Callable[[], Any]:
+    """A function giving `store`: the store itself, its opener, or the default store."""
+    if callable(store):
+        return store
+    return lambda: store if store is not None else store_class()
 
 
 def _resumed(
