@@ -20,6 +20,7 @@ from fp4cli.gemm.operands import kernel_operand
 from fp4cli.kernels.gemm import launch as gemm_launch
 from fp4cli.kernels.gemm.fp8 import mxfp4_fp8_gemm_kernel
 from fp4cli.kernels.gemm.int8 import mxfp4_int8_gemm_kernel
+from fp4cli.kernels.gemm.split import k_split
 from fp4cli.quant import QuantSpec, quantize
 
 
@@ -49,7 +50,8 @@ def breakdown(m: int, n: int, k: int) -> None:
     a, b = quantize(x, spec), quantize(w, spec)
     a_op, b_op = kernel_operand(a), kernel_operand(b)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    prepared = gemm_launch.prepare(a_op, b_op, int8=True, e5m2=True, tier_flags=True)
+    split = k_split(a_op.scales, b_op.scales, a_op.block)
+    prepared = gemm_launch.prepare(a_op, b_op, int8=True, e5m2=True, tier_flags=True, split=split)
     flop = 2 * m * n * k
     print(f"{m}x{n}x{k}")
     a_bf16, b_bf16 = a.dequantize(torch.bfloat16), b.dequantize(torch.bfloat16)
@@ -62,9 +64,10 @@ def breakdown(m: int, n: int, k: int) -> None:
     report("cuBLAS int8 (torch._int_mm)", lambda: torch._int_mm(ai, bi.T), flop)
     report("fp4cli exact (end to end)", lambda: mxfp4_matmul(a, b, mode="exact", out=out), flop)
     report("fp4cli fast (end to end)", lambda: mxfp4_matmul(a, b, mode="fast", out=out), flop)
+    report("  K split (outlier windows)", lambda: k_split(a_op.scales, b_op.scales, 32), flop)
     report(
         "  prepare: INT8 + E5M2",
-        lambda: gemm_launch.prepare(a_op, b_op, True, True, tier_flags=True),
+        lambda: gemm_launch.prepare(a_op, b_op, True, True, tier_flags=True, split=split),
         flop,
     )
     report("  prepare: E4M3", lambda: gemm_launch.prepare(a_op, b_op, e4m3=True), flop)

@@ -4,7 +4,9 @@ kernel's Python, not Triton's compiler, which refuses some programs the interpre
 `compile_launches(call, kernels)` runs `call` with every launch of the given kernels
 intercepted, and compiles each intercepted launch (its argument types, constexprs and warps) to
 a cubin. `python -m tests.hopper_compile` (without TRITON_INTERPRET, which turns the kernels
-into Python functions) compiles the launches the quantized Linear makes and prints how many."""
+into Python functions) compiles the launches the quantized Linear makes and prints how many;
+`python -m tests.hopper_compile gemm` those of the MXFP4 GEMM, as a GPU launch specializes
+them."""
 
 from __future__ import annotations
 
@@ -138,13 +140,31 @@ def intercepted_launches(
     return launches
 
 
-def compile_launches(call: Callable[[], Any], kernels: list[tuple[Any, str]]) -> int:
+def compile_launches(
+    call: Callable[[], Any], kernels: list[tuple[Any, str]], gpu_specialization: bool = False
+) -> int:
     """Run `call` with the launches of each (module, kernel name) intercepted; compile every
     intercepted launch for sm_90. Returns how many were compiled."""
     launches = intercepted_launches(call, kernels)
     for kernel, args, kwargs in launches:
-        compile_launch(kernel, args, kwargs)
+        compile_launch(kernel, args, kwargs, gpu_specialization)
     return len(launches)
+
+
+def gemm_launches() -> None:
+    """The MXFP4 GEMM's launches, exact (with a K split) and fast on the FP8 kernel, at a shape
+    whose sizes of 1 a GPU launch makes constants and at an ordinary one (never run)."""
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm import launch
+    from tests.gemm_cases import quantized
+
+    for m, n, k in ((1, 1, 32), (64, 48, 256)):
+        a, b = (
+            kernel_operand(quantized((m, k), 1, "cpu")),
+            kernel_operand(quantized((n, k), 2, "cpu")),
+        )
+        launch.exact_matmul(a, b, torch.empty(m, n))
+    launch.fast_fp8_matmul(a, b, torch.empty(m, n))
 
 
 def quantized_linear_launches() -> None:
@@ -193,7 +213,15 @@ def quantized_linear_launches() -> None:
     quantize_e2m1(x, nvfp4.replace(rounding="away"), 0, None, t_amax=torch.ones(1))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:] == ["gemm"]:
+    import fp4cli.kernels.gemm.launch as gemm_launch
+    import fp4cli.kernels.gemm.split as gemm_split
+
+    names = ("operand_prep_kernel", "mxfp4_int8_gemm_kernel", "mxfp4_fp8_gemm_kernel")
+    kernels = [(gemm_launch, name) for name in names]
+    kernels += [(gemm_split, "column_sums_kernel"), (gemm_split, "split_order_kernel")]
+    print(compile_launches(gemm_launches, kernels, True))
+elif __name__ == "__main__":
     import fp4cli.kernels.launch as launch
     import fp4cli.kernels.launch_pair as launch_pair
 

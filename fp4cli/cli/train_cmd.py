@@ -133,6 +133,7 @@ def train(
     if nproc_per_node is not None:
         _launch(flags, set_, resume, store, quiet, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
     main_rank = not under_torchrun() or os.environ.get("RANK") == "0"
+
     # only rank 0 writes the store: the others open it only to read the run they resume (on
     # several nodes the file may be on a filesystem that SQLite's locks do not cover)
     def open_store() -> Any:

@@ -1,9 +1,14 @@
-"""The exact MXFP4 GEMM on INT8 tensor cores, for tiles whose rows span at most 4 binades.
+"""The exact MXFP4 GEMM on INT8 tensor cores, for tiles whose rows span at most 4 binades over
+K's INT8 segment, with that tile's FP8 segment (`gemm.split`) in the same program.
 
-A row whose blocks all lie within 3 binades of its largest scale (`gemm.prep` flag 4 unset)
-holds integers q * 2 * 2^k, |value| <= 96, in INT8 (`gemm.words`), so the tensor cores sum its
-products exactly in int32 (|sum| <= 9216 K < 2^31 for K < 233,000) and the epilogue rounds
-each output once. Tiles with a wider row are left to the FP8 kernel.
+A row whose INT8-segment blocks all lie within 3 binades of that segment's largest scale
+(`gemm.prep` flag 4 unset) holds integers q * 2 * 2^k, |value| <= 96, in INT8 (`gemm.words`),
+so the tensor cores sum its products exactly in int32 (|sum| <= 9216 K < 2^31 for K < 233,000).
+Without a split that is all of K, and the epilogue rounds each output once. With one, the int32
+sum is rounded to float32 and moved, by powers of two, into the frame of the FP8 kernel
+(`gemm.fp8`: values q * 2^13 against the row's largest scale), and the FP8 segment's windows
+are added to it on the FP8 tensor cores with promotion every 32: the float32 accumulation of
+the exact products. Tiles with a row flagged 4 are left to the FP8 kernel.
 """
 
 from __future__ import annotations
@@ -13,25 +18,51 @@ import triton.language as tl
 
 from fp4cli.kernels.gemm.io import load_facts, load_rows, store_tile, tile_flags, tile_rows
 from fp4cli.kernels.gemm.prep import FLAG_BEYOND_INT8
-from fp4cli.kernels.gemm.tiles import scale_outer
+from fp4cli.kernels.gemm.tiles import FP8_TOP, scale_outer
 
 INT8_TOP = tl.constexpr(4)  # the largest block's values are q * 2^4 (2 * 6 * 2^3 = 96)
 
 
 @triton.jit
+def fp8_segment(acc, a_e5m2_ptr, b_e5m2_ptr, ra64, ra_ok, rb64, rb_ok, k_end, k_padded,
+                HI_BK: tl.constexpr):  # fmt: skip
+    """acc plus the E5M2-staged windows before K offset k_end, promoted every 32."""
+    for k0 in range(0, k_end, HI_BK):
+        a = load_rows(a_e5m2_ptr, ra64, ra_ok, k0, k_padded, HI_BK).to(tl.float8e5, bitcast=True)
+        b = load_rows(b_e5m2_ptr, rb64, rb_ok, k0, k_padded, HI_BK).to(tl.float8e5, bitcast=True)
+        acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=32)
+    return acc
+
+
+@triton.jit
 def mxfp4_int8_gemm_kernel(
-    a_int8_ptr, b_int8_ptr, facts_ptr, out_ptr, M, N, k_padded, stride_om, stride_on,
+    a_int8_ptr, b_int8_ptr, a_e5m2_ptr, b_e5m2_ptr, facts_ptr, lo_start_ptr, out_ptr,
+    M, N, k_padded, stride_om, stride_on,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT: tl.constexpr, HI_BK: tl.constexpr,
 ):  # fmt: skip
     ra, ra_ok, ra64, rb, rb_ok, rb64 = tile_rows(M, N, BM, BN, GROUP_M)
     ref_a, flags_a = load_facts(facts_ptr, ra, ra_ok, 0, M + N)
     ref_b, flags_b = load_facts(facts_ptr, rb, rb_ok, M, M + N)
     if tile_flags(flags_a, flags_b, FLAG_BEYOND_INT8):  # the FP8 kernel's tile
         return
+    lo_a = tl.load(facts_ptr + 2 * (M + N) + ra, mask=ra_ok, other=0)
+    lo_b = tl.load(facts_ptr + 2 * (M + N) + M + rb, mask=rb_ok, other=0)
+    k_lo = 0
+    if SPLIT:
+        k_lo = tl.multiple_of(tl.load(lo_start_ptr) * 32, 64)
     acc = tl.zeros([BM, BN], tl.int32)
-    for k0 in range(0, k_padded, BK):
+    for k0 in range(k_lo, k_padded, BK):
         a = load_rows(a_int8_ptr, ra64, ra_ok, k0, k_padded, BK)
         b = load_rows(b_int8_ptr, rb64, rb_ok, k0, k_padded, BK)
         acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
-    value = scale_outer(acc.to(tl.float32), ref_a - 127 - INT8_TOP, ref_b - 127 - INT8_TOP)
+    if SPLIT:
+        # into the FP8 frame: 2^(lo - 127 - INT8_TOP) = 2^(ref - 127 - FP8_TOP) 2^(lo - ref + 9)
+        value = scale_outer(acc.to(tl.float32), lo_a - ref_a + FP8_TOP - INT8_TOP,
+                            lo_b - ref_b + FP8_TOP - INT8_TOP)  # fmt: skip
+        value = fp8_segment(value, a_e5m2_ptr, b_e5m2_ptr, ra64, ra_ok, rb64, rb_ok, k_lo,
+                            k_padded, HI_BK)  # fmt: skip
+        value = scale_outer(value, ref_a - 127 - FP8_TOP, ref_b - 127 - FP8_TOP)
+    else:
+        value = scale_outer(acc.to(tl.float32), lo_a - 127 - INT8_TOP, lo_b - 127 - INT8_TOP)
     store_tile(out_ptr, value, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on)

@@ -1,8 +1,8 @@
 """Where a GEMM program's tile lies, and its loads and stores, shared by the MXFP4 GEMM
 kernels. Operands are row-major (rows, K); the output is (M, N) with any strides.
 
-Facts (`gemm.prep`): one int32 tensor (2, M + N): each row's reference scale code, then its
-flags, the rows of A before the rows of B.
+Facts (`gemm.prep`): one int32 tensor (3, M + N): each row's reference scale code, then its
+flags, then its INT8 segment's reference, the rows of A before the rows of B.
 """
 
 from __future__ import annotations

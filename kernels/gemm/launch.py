@@ -4,8 +4,9 @@ Every launcher computes out = dequantize(A) @ dequantize(B)^T into a given `out`
 
 - `exact_matmul`: the float32 accumulation of the exact products, in up to three tiers chosen
   per output tile by its rows' scale spread (`gemm.prep` flags): INT8 tensor cores (rows within
-  4 binades, exact int32 sums), FP8 tensor cores (within 27; promotion every 32) and per-window
-  FP8 (wider), the last two in one kernel.
+  4 binades over K's INT8 segment, exact int32 sums; the few outlier windows of K split off to
+  FP8 in the same program, `gemm.split`), FP8 tensor cores (within 27; promotion every 32) and
+  per-window FP8 (wider), the last two in one kernel.
 - `exact_fp8_matmul`: the same without the INT8 tier (FP8 and per-window only).
 - `fast_cublas_matmul`: cuBLAS's FP8 GEMM with row-wise scales on E4M3-folded operands.
 - `fast_fp8_matmul`: the FP8 kernel with promotion every BK, blocks beyond 26 binades flushed.
@@ -26,6 +27,7 @@ from fp4cli.kernels.gemm.fp8 import mxfp4_fp8_gemm_kernel
 from fp4cli.kernels.gemm.int8 import mxfp4_int8_gemm_kernel
 from fp4cli.kernels.gemm.prep import operand_prep_kernel
 from fp4cli.kernels.gemm.scaled import scaled_dot_kernel, weight_only_kernel
+from fp4cli.kernels.gemm.split import KSplit, k_split
 from fp4cli.quant.backend import interpreter_on
 
 STAGED_DTYPES = {"int8": torch.int8, "e5m2": torch.float8_e5m2, "e4m3": torch.float8_e4m3fn}
@@ -61,15 +63,17 @@ class Operand(PackedRows):
 
 @dataclass(frozen=True)
 class Prepared:
-    """What `prepare` computes for a pair of operands (`gemm.prep`): facts (2, M + N) int32 (each
-    row's reference scale code, then flags; A's rows first), and per staged format the (A, B)
-    pair of (rows, K_padded) tensors asked for, and E4M3 row scales (A's (M,), B's (N,))."""
+    """What `prepare` computes for a pair of operands (`gemm.prep`): facts (3, M + N) int32 (each
+    row's reference scale code, flags, and its INT8 segment's reference; A's rows first), per
+    staged format the (A, B) pair of (rows, K_padded) tensors asked for, E4M3 row scales (A's
+    (M,), B's (N,)), and the K split the staged copies follow, if any."""
 
     facts: torch.Tensor
     int8: tuple[torch.Tensor, torch.Tensor] | None = None
     e5m2: tuple[torch.Tensor, torch.Tensor] | None = None
     e4m3: tuple[torch.Tensor, torch.Tensor] | None = None
     e4m3_scales: tuple[torch.Tensor, torch.Tensor] | None = None
+    split: KSplit | None = None
 
     def flags(self, rows_a: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(A's flags, B's flags)."""
@@ -90,7 +94,7 @@ class GemmTile:
 
 
 INTERPRETER_TILE = GemmTile(32, 32, 64, 4, 1, 4)
-INT8_TILE = GemmTile(128, 256, 128, 8, 4)
+INT8_TILE = GemmTile(256, 128, 128, 8, 4)
 FP8_EXACT_TILE = GemmTile(128, 128, 64, 4, 5)
 FP8_FAST_TILE = GemmTile(256, 128, 128, 8, 3)
 SCALED_DOT_TILE = GemmTile(128, 256, 128, 8, 3)
@@ -115,13 +119,14 @@ def prepare(
     e5m2: bool = False,
     e4m3: bool = False,
     tier_flags: bool = False,
+    split: KSplit | None = None,
 ) -> Prepared:
     """Both operands' facts and the staged copies asked for, in one launch; the flags of the
-    exact GEMM's tiers (2, 4) only with `tier_flags`."""
+    exact GEMM's tiers (2, 4) only with `tier_flags`; the staged windows in `split`'s order."""
     rows_a, rows_b, k_padded = a.rows, b.rows, a.k_padded
     rows, device = rows_a + rows_b, a.codes.device
     formats = [name for name, wanted in (("int8", int8), ("e5m2", e5m2), ("e4m3", e4m3)) if wanted]
-    facts = torch.empty(2, rows, dtype=torch.int32, device=device)
+    facts = torch.empty(3, rows, dtype=torch.int32, device=device)
     # with no staged format the kernel writes none: a one-word stand-in for the pointer
     staged_shape = (len(formats), rows, k_padded) if formats else (1, 1, 4)
     staged = torch.empty(staged_shape, dtype=torch.uint8, device=device)
@@ -130,24 +135,33 @@ def prepare(
     programs = triton.cdiv(rows_a, rows_per_program) + triton.cdiv(rows_b, rows_per_program)
     operand_prep_kernel[(programs,)](
         a.codes.view(torch.int32), a.scales, b.codes.view(torch.int32), b.scales,
-        staged.view(torch.int32), facts, scales, rows_a, rows_b, k_padded,
-        ROWS=rows_per_program, WORDS=PREP_WORDS, SCALE_CHUNK=PREP_SCALE_CHUNK, BLOCK=a.block,
-        WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3, TIER_FLAGS=tier_flags,
-        num_warps=PREP_WARPS,
+        staged.view(torch.int32), facts, scales, *_split_args(split, facts), rows_a, rows_b,
+        k_padded, ROWS=rows_per_program, WORDS=PREP_WORDS, SCALE_CHUNK=PREP_SCALE_CHUNK,
+        BLOCK=a.block, WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3, TIER_FLAGS=tier_flags,
+        SPLIT=split is not None, num_warps=PREP_WARPS,
     )  # fmt: skip
     pairs = {
         name: (part[:rows_a].view(STAGED_DTYPES[name]), part[rows_a:].view(STAGED_DTYPES[name]))
         for name, part in zip(formats, staged, strict=False)
     }
     scale_pair = (scales[:rows_a], scales[rows_a:]) if e4m3 else None
-    return Prepared(facts, pairs.get("int8"), pairs.get("e5m2"), pairs.get("e4m3"), scale_pair)
+    return Prepared(
+        facts, pairs.get("int8"), pairs.get("e5m2"), pairs.get("e4m3"), scale_pair, split
+    )
+
+
+def _split_args(split: KSplit | None, stand_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split's (source, lo_start) pointers; without one, a tensor never read for both."""
+    return (split.source, split.lo_start) if split is not None else (stand_in, stand_in)
 
 
 @torch.compiler.disable
 def exact_matmul(a: Operand, b: Operand, out: torch.Tensor) -> torch.Tensor:
-    """Exact, by the spread of each tile's rows: INT8 tiles, then the FP8 kernel for the rest
-    (folded, or per window beyond E5M2's range)."""
-    prepared = prepare(a, b, int8=True, e5m2=True, tier_flags=True)
+    """Exact, by the spread of each tile's rows: INT8 tiles (K's outlier windows on FP8 in the
+    same program), then the FP8 kernel for the rest (folded, or per window beyond E5M2's
+    range)."""
+    split = k_split(a.scales, b.scales, a.block)
+    prepared = prepare(a, b, int8=True, e5m2=True, tier_flags=True, split=split)
     launch_int8(a, b, prepared, out)
     return launch_fp8(a, b, prepared, out, exact=True, skip_narrow=True)
 
@@ -201,16 +215,26 @@ def fast_cublas_matmul(a: Operand, b: Operand, out: torch.Tensor) -> torch.Tenso
 
 @torch.compiler.disable
 def launch_int8(
-    a: Operand, b: Operand, prepared: Prepared, out: torch.Tensor, tile: GemmTile | None = None
+    a: Operand,
+    b: Operand,
+    prepared: Prepared,
+    out: torch.Tensor,
+    tile: GemmTile | None = None,
+    hi_bk: int = 64,
 ) -> torch.Tensor:
-    """The INT8 kernel on INT8-staged operands; tiles with a row beyond INT8's range are left
-    unwritten."""
+    """The INT8 kernel on INT8-staged operands (and E5M2-staged ones for a split's FP8
+    segment); tiles with a row beyond INT8's range are left unwritten."""
     assert prepared.int8 is not None
+    split = prepared.split
+    assert split is None or prepared.e5m2 is not None
     tile = _tile(tile, INT8_TILE)
+    e5m2 = prepared.e5m2 or prepared.int8  # never read without a split
+    e5m2_a, e5m2_b = e5m2[0].view(torch.uint8), e5m2[1].view(torch.uint8)
     mxfp4_int8_gemm_kernel[_grid(a.rows, b.rows, tile)](
-        *prepared.int8, prepared.facts, out, a.rows, b.rows, a.k_padded,
-        out.stride(0), out.stride(1), BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m,
-        num_warps=tile.warps, num_stages=tile.stages,
+        *prepared.int8, e5m2_a, e5m2_b, prepared.facts, _split_args(split, prepared.facts)[1],
+        out, a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1),
+        BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, SPLIT=split is not None,
+        HI_BK=hi_bk, num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 

@@ -5,15 +5,22 @@ For each row of an operand blocked along K (codes (rows, K/2) uint8, scale codes
 (rows, K/BLOCK) uint8, K padded to whole blocks) the kernel writes its reference, the largest
 block scale code (127 for a row holding a NaN block), and flags: 1 = a NaN block, 2 = a nonzero
 block more than 26 binades below the reference (beyond E5M2's fold range), 4 = a nonzero block
-more than 3 below (beyond INT8's); flags 2 and 4, which only the exact GEMM's tiers read, only
-when asked (TIER_FLAGS: they read every code word). It also writes, as asked, the operand
-folded into INT8, E5M2 and E4M3 against each row's reference (`gemm.words`; blocks beyond a
-format's range flushed), and each row's E4M3 scale 2^(ref - 127 - 6) as float32 (NaN for a
-NaN row).
+of the INT8 segment more than 3 below that segment's reference (beyond INT8's), or flag 2;
+flags 2 and 4, which only the exact GEMM's tiers read, only when asked (TIER_FLAGS: they read
+every code word). It also writes, as asked, the operand folded into INT8, E5M2 and E4M3
+against each row's reference (`gemm.words`; blocks beyond a format's range flushed), and each
+row's E4M3 scale 2^(ref - 127 - 6) as float32 (NaN for a NaN row).
 
-Outputs, rows of A then rows of B (R = rows_a + rows_b): facts (2, R) int32 (references, then
-flags); staged (formats, R, K) bytes, in the order INT8, E5M2, E4M3 of those written; E4M3
-scales (R,) float32.
+K split (SPLIT, `gemm.split`): the staged copies hold K's 32-wide windows in the split's order,
+the window `source[slot]` at slot `slot` (both operands alike, so their product is the same
+sum); the slots from `lo_start` on are the INT8 segment, folded into INT8 against the row's
+largest scale over those slots (its segment reference, at least the reference - GAP_LIMIT),
+the rest only in E5M2. Without SPLIT the windows keep their order and all of K is the INT8
+segment (its reference is the row's).
+
+Outputs, rows of A then rows of B (R = rows_a + rows_b): facts (3, R) int32 (references,
+flags, INT8 segment references); staged (formats, R, K) bytes, in the order INT8, E5M2, E4M3
+of those written; E4M3 scales (R,) float32.
 """
 
 from __future__ import annotations
@@ -35,18 +42,37 @@ FLAG_NAN = tl.constexpr(1)
 FLAG_BEYOND_E5M2 = tl.constexpr(2)
 FLAG_BEYOND_INT8 = tl.constexpr(4)
 E4M3_TOP = tl.constexpr(6)  # E4M3 staging: the largest block's values are q * 2^6
+# the INT8 segment's reference lies at most this far below the row's: the GEMM scales its int32
+# sums by 2^-(gap - 9) per operand into the FP8 frame, kept a normal float32 (gemm.int8)
+GAP_LIMIT = tl.constexpr(60)
 
 
 @triton.jit
-def row_reference(scales_ptr, row64, row_ok, n_blocks, ROWS: tl.constexpr, CHUNK: tl.constexpr):
-    """The largest scale code of each row (int32)."""
+def source_windows(source_ptr, slot, slot_ok, SPLIT: tl.constexpr):
+    """The K window (32 wide) each staged slot holds: the split's order, or the slot itself."""
+    if SPLIT:
+        return tl.load(source_ptr + slot, mask=slot_ok, other=0)
+    return slot
+
+
+@triton.jit
+def row_references(scales_ptr, source_ptr, lo_start, row64, row_ok, n_windows, n_blocks,
+                   ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                   SPLIT: tl.constexpr):  # fmt: skip
+    """(the largest scale code of each row, the largest over its INT8 segment's slots), int32."""
     top = tl.zeros([ROWS], tl.int32)
-    for b0 in range(0, n_blocks, CHUNK):
-        block = b0 + tl.arange(0, CHUNK)
-        mask = row_ok[:, None] & (block < n_blocks)[None, :]
+    top_lo = tl.zeros([ROWS], tl.int32)
+    for s0 in range(0, n_windows, CHUNK):
+        slot = s0 + tl.arange(0, CHUNK)
+        slot_ok = slot < n_windows
+        block = source_windows(source_ptr, slot, slot_ok, SPLIT) * 32 // BLOCK
+        mask = row_ok[:, None] & slot_ok[None, :]
         codes = tl.load(scales_ptr + row64[:, None] * n_blocks + block[None, :], mask=mask, other=0)
-        top = tl.maximum(top, tl.max(codes.to(tl.int32), axis=1))
-    return top
+        codes = codes.to(tl.int32)
+        top = tl.maximum(top, tl.max(codes, axis=1))
+        in_lo = (slot >= lo_start)[None, :]
+        top_lo = tl.maximum(top_lo, tl.max(tl.where(in_lo, codes, 0), axis=1))
+    return top, top_lo
 
 
 @triton.jit
@@ -63,11 +89,11 @@ def store_staged(out_ptr, words, below, out_row64, out_word, out_ok, n_out_words
 
 @triton.jit
 def prepare_rows(
-    code_words_ptr, scales_ptr, staged_ptr, facts_ptr, e4m3_scale_ptr,
+    code_words_ptr, scales_ptr, staged_ptr, facts_ptr, e4m3_scale_ptr, source_ptr, lo_start_ptr,
     program, rows, first_row, all_rows, k_padded,
     ROWS: tl.constexpr, WORDS: tl.constexpr, SCALE_CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     WRITE_INT8: tl.constexpr, WRITE_E5M2: tl.constexpr, WRITE_E4M3: tl.constexpr,
-    TIER_FLAGS: tl.constexpr,
+    TIER_FLAGS: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """One program's ROWS rows of one operand; its outputs start at row `first_row` of the
     outputs' `all_rows`. Flags 2 and 4 are computed only with TIER_FLAGS (else left 0)."""
@@ -77,30 +103,42 @@ def prepare_rows(
     out_row64 = row64 + first_row
     n_blocks = k_padded // BLOCK
     n_words = k_padded // 8
-    top = row_reference(scales_ptr, row64, row_ok, n_blocks, ROWS, SCALE_CHUNK)
+    lo_start = 0
+    if SPLIT:
+        lo_start = tl.load(lo_start_ptr)
+    top, top_lo = row_references(scales_ptr, source_ptr, lo_start, row64, row_ok, k_padded // 32,
+                                 n_blocks, ROWS, SCALE_CHUNK, BLOCK, SPLIT)  # fmt: skip
     has_nan = top == E8M0_NAN
     ref = tl.where(has_nan, 127, top)
+    ref_lo = tl.maximum(tl.where(has_nan, 127, top_lo), ref - GAP_LIMIT)
     beyond_e5m2 = tl.zeros([ROWS, WORDS], tl.int1)  # reduced over words after the loop
     beyond_int8 = tl.zeros([ROWS, WORDS], tl.int1)
-    format_words = all_rows.to(tl.int64) * (2 * n_words)  # one staged format, in words
+    format_words = tl.cast(all_rows, tl.int64) * (2 * n_words)  # one staged format, in words
     for w0 in range(0, n_words, WORDS):
-        word = w0 + tl.arange(0, WORDS)
-        ok = row_ok[:, None] & (word < n_words)[None, :]
-        words = tl.load(code_words_ptr + row64[:, None] * n_words + word[None, :], mask=ok, other=0)
+        word = w0 + tl.arange(0, WORDS)  # in staged order: 4 code words to a slot
+        word_ok = word < n_words
+        source = source_windows(source_ptr, word // 4, word_ok, SPLIT) * 4 + word % 4
+        ok = row_ok[:, None] & word_ok[None, :]
+        words = tl.load(code_words_ptr + row64[:, None] * n_words + source[None, :], mask=ok,
+                        other=0)  # fmt: skip
         words = words.to(tl.uint32, bitcast=True)
         scale_codes = tl.load(
-            scales_ptr + row64[:, None] * n_blocks + (word * 8 // BLOCK)[None, :], mask=ok, other=0
+            scales_ptr + row64[:, None] * n_blocks + (source * 8 // BLOCK)[None, :],
+            mask=ok,
+            other=0,
         ).to(tl.int32)
         below = ref[:, None] - scale_codes  # binades below the row's top block
+        below_lo = ref_lo[:, None] - scale_codes  # below the INT8 segment's top
+        in_lo = (word // 4 >= lo_start)[None, :]
         if TIER_FLAGS:
             nonzero = ((words & 0x77777777) != 0) & ok
             beyond_e5m2 = beyond_e5m2 | (nonzero & (below > fold_range(FORMAT_E5M2)))
-            beyond_int8 = beyond_int8 | (nonzero & (below > fold_range(FORMAT_INT8)))
+            beyond_int8 = beyond_int8 | (nonzero & in_lo & (below_lo > fold_range(FORMAT_INT8)))
         out_word = 2 * w0 + tl.arange(0, 2 * WORDS)
         out_ok = row_ok[:, None] & (out_word < 2 * n_words)[None, :]
         out_ptr = staged_ptr
         if WRITE_INT8:
-            store_staged(out_ptr, words, below, out_row64, out_word, out_ok, 2 * n_words,
+            store_staged(out_ptr, words, below_lo, out_row64, out_word, out_ok, 2 * n_words,
                          FORMAT_INT8)  # fmt: skip
             out_ptr += format_words
         if WRITE_E5M2:
@@ -110,11 +148,13 @@ def prepare_rows(
         if WRITE_E4M3:
             store_staged(out_ptr, words, below, out_row64, out_word, out_ok, 2 * n_words,
                          FORMAT_E4M3)  # fmt: skip
-    tiers = tl.max(beyond_e5m2.to(tl.int32), axis=1) * FLAG_BEYOND_E5M2
-    tiers += tl.max(beyond_int8.to(tl.int32), axis=1) * FLAG_BEYOND_INT8
+    wide = tl.max(beyond_e5m2.to(tl.int32), axis=1)
+    narrow = tl.maximum(tl.max(beyond_int8.to(tl.int32), axis=1), wide)  # flag 2 implies 4
+    tiers = wide * FLAG_BEYOND_E5M2 + narrow * FLAG_BEYOND_INT8
     flags = tl.where(has_nan, FLAG_NAN, tiers)
     tl.store(facts_ptr + out_row64, ref, mask=row_ok)
     tl.store(facts_ptr + all_rows + out_row64, flags, mask=row_ok)
+    tl.store(facts_ptr + 2 * all_rows + out_row64, ref_lo, mask=row_ok)
     if WRITE_E4M3:
         scale = tl.where(has_nan, float("nan"), pow2(ref - 127 - E4M3_TOP))
         tl.store(e4m3_scale_ptr + out_row64, scale, mask=row_ok)
@@ -123,21 +163,23 @@ def prepare_rows(
 @triton.jit
 def operand_prep_kernel(
     a_code_words_ptr, a_scales_ptr, b_code_words_ptr, b_scales_ptr,
-    staged_ptr, facts_ptr, e4m3_scale_ptr, rows_a, rows_b, k_padded,
+    staged_ptr, facts_ptr, e4m3_scale_ptr, source_ptr, lo_start_ptr, rows_a, rows_b, k_padded,
     ROWS: tl.constexpr, WORDS: tl.constexpr, SCALE_CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     WRITE_INT8: tl.constexpr, WRITE_E5M2: tl.constexpr, WRITE_E4M3: tl.constexpr,
-    TIER_FLAGS: tl.constexpr,
+    TIER_FLAGS: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """The first cdiv(rows_a, ROWS) programs prepare A, the rest B. Code words: each operand's
-    codes as (rows, K/8) int32; staged: the (formats, R, K) bytes as int32 words."""
+    codes as (rows, K/8) int32; staged: the (formats, R, K) bytes as int32 words; with SPLIT,
+    source (K/32,) int32 and lo_start (1,) int32 (`gemm.split`)."""
     pid = tl.program_id(0)
     programs_a = tl.cdiv(rows_a, ROWS)
     if pid < programs_a:
         prepare_rows(a_code_words_ptr, a_scales_ptr, staged_ptr, facts_ptr, e4m3_scale_ptr,
-                     pid, rows_a, 0, rows_a + rows_b, k_padded, ROWS, WORDS, SCALE_CHUNK,
-                     BLOCK, WRITE_INT8, WRITE_E5M2, WRITE_E4M3, TIER_FLAGS)  # fmt: skip
+                     source_ptr, lo_start_ptr, pid, rows_a, 0, rows_a + rows_b, k_padded, ROWS,
+                     WORDS, SCALE_CHUNK, BLOCK, WRITE_INT8, WRITE_E5M2, WRITE_E4M3, TIER_FLAGS,
+                     SPLIT)  # fmt: skip
     else:
         prepare_rows(b_code_words_ptr, b_scales_ptr, staged_ptr, facts_ptr, e4m3_scale_ptr,
-                     pid - programs_a, rows_b, rows_a, rows_a + rows_b, k_padded, ROWS, WORDS,
-                     SCALE_CHUNK, BLOCK, WRITE_INT8, WRITE_E5M2, WRITE_E4M3,
-                     TIER_FLAGS)  # fmt: skip
+                     source_ptr, lo_start_ptr, pid - programs_a, rows_b, rows_a, rows_a + rows_b,
+                     k_padded, ROWS, WORDS, SCALE_CHUNK, BLOCK, WRITE_INT8, WRITE_E5M2,
+                     WRITE_E4M3, TIER_FLAGS, SPLIT)  # fmt: skip

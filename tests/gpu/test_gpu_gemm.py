@@ -105,6 +105,34 @@ def test_every_exact_tier_on_wide_rows(binades: int) -> None:
     assert ((fast.double() - reference).abs() <= slack).all()
 
 
+@pytest.mark.parametrize("shape", [(2048, 1536, 4096), (777, 1000, 4000)])
+def test_outlier_channels_split_k_and_stay_exact(shape) -> None:
+    """32 of K's channels 200 times larger (activation outliers): the split sends their windows
+    to FP8 and keeps every row on the INT8 tier, within float32 accumulation error, and runs
+    repeat bit for bit."""
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm.launch import prepare
+    from fp4cli.kernels.gemm.split import k_split
+
+    m, n, k = shape
+    generator = torch.Generator(device="cuda").manual_seed(k)
+    x = torch.randn(m, k, generator=generator, device="cuda")
+    channels = torch.randperm(k, generator=generator, device="cuda")[:32]
+    x[:, channels] *= 200
+    w = torch.randn(n, k, generator=generator, device="cuda")
+    a, b = quantize(x.bfloat16(), MXFP4), quantize(w.bfloat16(), MXFP4)
+    a_op, b_op = kernel_operand(a), kernel_operand(b)
+    split = k_split(a_op.scales, b_op.scales, 32)
+    outlier_windows = set((channels // 32).tolist())
+    assert set(split.source[: len(outlier_windows)].tolist()) == outlier_windows
+    flags = prepare(a_op, b_op, int8=True, e5m2=True, tier_flags=True, split=split).facts[1]
+    assert (flags == 0).float().mean() > 0.99  # without the split: every row flagged 4
+    reference = matmul_reference(a, b, torch.float64)
+    runs = [mxfp4_matmul(a, b, torch.float32, "exact") for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+    assert ((runs[0].double() - reference).abs() <= float32_bound(a, b)).all()
+
+
 @pytest.mark.skipif(not FP8_GPU, reason="the cuBLAS path needs FP8 tensor cores")
 def test_fast_cublas_path_flushes_within_its_bound() -> None:
     """The cuBLAS path folds into E4M3: blocks more than 11 binades below their row's largest

@@ -15,6 +15,14 @@ def test_the_quantized_linear_kernels_compile_for_hopper():
     assert done.stdout.split()[-1] == "16"
 
 
+def test_the_gemm_kernels_compile_for_hopper_as_a_gpu_launch_specializes_them():
+    """With the specialization a GPU launch gets: sizes of 1 become constants (a 1 x 1 product
+    once failed to compile there, and nowhere else)."""
+    done = run_compiler_module("tests.hopper_compile", "gemm")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "12"
+
+
 def test_rounding_to_nearest_converts_nothing_between_float_and_int():
     """The RNE quantize kernels round on float32 bits (tests/kernel_instructions.py): their sm_90
     code holds no float<->int conversion, a quarter-rate instruction on Hopper."""

@@ -157,6 +157,147 @@ def test_nan_blocks_make_their_row_and_column_nan(mode: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Outlier columns: K split between the FP8 and INT8 tiers (`gemm.split`)
+# --------------------------------------------------------------------------------------------
+
+
+def outlier_pair(m: int, n: int, columns: list[int], block: int = 32, lift: int = 8):
+    """A (m, 256) with every row's blocks at scale code 120 but those in `columns`, `lift`
+    binades higher (outlier channels); B (n, 256) at one scale. Products span at most 2^(lift +
+    7.2), so with K = 256 every float32 partial sum stays exact for lift <= 8."""
+    spec = QuantSpec.preset("mxfp4", block=block)
+    a, b = exact_sum_pair(m, n, 256, seed=len(columns) + block, device=DEVICE, spec=spec)
+    scales = torch.full_like(a.scales, 120)
+    scales[:, columns] = 120 + lift
+    return _replace(a, scales=scales), _replace(b, scales=torch.full_like(b.scales, 121))
+
+
+def _replace(q, **changes):
+    from tests.gemm_cases import _with
+
+    return _with(q, **changes)
+
+
+def split_of(a, b):
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm.split import k_split
+
+    a_op, b_op = kernel_operand(a), kernel_operand(b)
+    return a_op, b_op, k_split(a_op.scales, b_op.scales, a_op.block)
+
+
+@needs_kernels
+@pytest.mark.parametrize("columns", [[], [2], [2, 5], [0, 3, 7]], ids=str)
+def test_outlier_columns_go_to_fp8_and_the_rest_stays_on_int8(columns: list[int]) -> None:
+    from fp4cli.kernels.gemm.launch import prepare
+
+    a, b = outlier_pair(40, 36, columns)
+    a_op, b_op, split = split_of(a, b)
+    order = columns + [c for c in range(8) if c not in columns]
+    assert split.source.tolist() == order
+    assert split.lo_start.tolist() == [(len(columns) + 1) // 2 * 2]
+    prepared = prepare(a_op, b_op, int8=True, e5m2=True, tier_flags=True, split=split)
+    assert prepared.flags(40)[0].tolist() == [0] * 40  # every row on the INT8 tier
+    if columns:  # without the split, each row spans 8 binades: all to FP8
+        assert tier_flags(a) == [4] * 40
+    assert_matches(run(a, b), matmul_reference(a, b, torch.float32))
+
+
+@needs_kernels
+def test_outlier_blocks_of_64_split_as_their_two_windows() -> None:
+    a, b = outlier_pair(24, 20, [1], block=64)
+    _, _, split = split_of(a, b)
+    assert split.source.tolist() == [2, 3, 0, 1, 4, 5, 6, 7]
+    assert split.lo_start.tolist() == [2]
+    assert_matches(run(a, b), matmul_reference(a, b, torch.float32))
+
+
+@needs_kernels
+def test_split_staging_is_the_unsplit_one_in_the_splits_order() -> None:
+    """E5M2 (folded against the row's reference) moves whole windows; INT8 folds the INT8
+    segment against its own reference: 2^8 = 256 times the unsplit values, which flush."""
+    from fp4cli.kernels.gemm.launch import prepare
+
+    a, b = outlier_pair(8, 8, [1, 6])
+    a_op, b_op, split = split_of(a, b)
+    plain = prepare(a_op, b_op, int8=True, e5m2=True)
+    moved = prepare(a_op, b_op, int8=True, e5m2=True, split=split)
+    source = split.source.long().cpu()
+    windows = (source.repeat_interleave(32) * 32 + torch.arange(32).repeat(8)).to(DEVICE)
+    plain_e5m2 = plain.e5m2[0].view(torch.uint8)[:, windows]
+    assert torch.equal(moved.e5m2[0].view(torch.uint8), plain_e5m2)
+    lo = slice(64, 256)
+    assert (plain.int8[0][:, windows][:, lo] == 0).all()  # 8 binades down: beyond INT8
+    values = a.dequantize(torch.float64)[:, windows.cpu()][:, lo]
+    assert_bits(moved.int8[0][:, lo].double().cpu() * 2.0 ** (120 - 127 - 4), values.cpu())
+    assert moved.facts[2, :8].tolist() == [120] * 8 and moved.facts[0, :8].tolist() == [128] * 8
+
+
+@needs_kernels
+def test_rows_the_split_cannot_hold_take_the_fp8_tiers() -> None:
+    """Row 3 spans 4 binades inside the INT8 segment (flag 4: FP8); row 9's INT8 segment lies
+    70 binades below its outlier blocks, past GAP_LIMIT and E5M2's fold range (flags 6: per
+    window). B's outlier columns are zero, so the result stays exactly representable."""
+    from fp4cli.kernels.gemm.launch import prepare
+
+    a, b = outlier_pair(16, 12, [2, 5])
+    scales = a.scales.clone()
+    scales[3, 4] = 116
+    scales[9, [2, 5]] = 190
+    a = _replace(a, scales=scales)
+    b = zero_block(zero_block(b, 2), 5)
+    a_op, b_op, split = split_of(a, b)
+    assert split.lo_start.tolist() == [2]
+    flags = prepare(a_op, b_op, tier_flags=True, split=split).flags(16)[0].tolist()
+    assert flags[3] == 4 and flags[9] == 6 and flags.count(0) == 14
+    out = torch.full((16, 12), float("nan"), device=DEVICE)
+    run(a, b, out=out)
+    assert_matches(out, matmul_reference(a, b, torch.float32))
+
+
+def test_outlier_columns_lie_more_than_two_binades_above_the_median() -> None:
+    from fp4cli.kernels.gemm.split import outlier_columns
+
+    scales = torch.full((4, 8), 100, dtype=torch.uint8)  # the median column: 100
+    scales[:, 1] = 102  # exactly 2 above: not an outlier
+    scales[:, 2] = 103  # 3 above
+    scales[:2, 3] = 103
+    scales[2:, 3] = 102  # mean 102.5, rounded down to 102
+    scales[0, 5] = 140  # one row's spike: mean 110
+    assert (
+        outlier_columns(scales).tolist() == [False, False, True, False, False, True] + [False] * 2
+    )
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "rows_a, rows_b, blocks, block",
+    [(1, 1, 1, 32), (70, 3, 9, 32), (5, 130, 300, 32), (9, 7, 6, 64)],
+)
+def test_the_split_kernels_follow_the_rule(rows_a, rows_b, blocks, block) -> None:
+    """Random scale codes with random columns lifted (ties at the threshold included): the
+    kernels' order and INT8 start are the rule's, for any sizes (chunks of 256 crossed)."""
+    from fp4cli.kernels.gemm.split import HI_STEP, k_split, outlier_columns
+
+    generator = torch.Generator().manual_seed(blocks + block)
+
+    def codes(rows: int) -> torch.Tensor:
+        base = torch.randint(118, 122, (rows, blocks), generator=generator)
+        lift = torch.randint(0, 6, (blocks,), generator=generator) * (
+            torch.rand(blocks, generator=generator) < 0.2
+        )
+        return (base + lift).to(torch.uint8)
+
+    scales_a, scales_b = codes(rows_a), codes(rows_b)
+    split = k_split(scales_a.to(DEVICE), scales_b.to(DEVICE), block)
+    outlier = (outlier_columns(scales_a) | outlier_columns(scales_b)).repeat_interleave(block // 32)
+    expected = torch.argsort((~outlier).to(torch.uint8), stable=True)
+    assert split.source.tolist() == expected.tolist()
+    count = int(outlier.sum())
+    assert split.lo_start.tolist() == [(count + HI_STEP - 1) // HI_STEP * HI_STEP]
+
+
+# --------------------------------------------------------------------------------------------
 # Outputs, batches, weight-only, the Blackwell kernel
 # --------------------------------------------------------------------------------------------
 
