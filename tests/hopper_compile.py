@@ -219,7 +219,7 @@ if __name__ == "__main__" and sys.argv[1:] == ["gemm"]:
 
     names = ("operand_prep_kernel", "mxfp4_int8_gemm_kernel", "mxfp4_fp8_gemm_kernel")
     kernels = [(gemm_launch, name) for name in names]
-    kernels += [(gemm_split, "column_sums_kernel"), (gemm_split, "split_order_kernel")]
+    kernels += [(gemm_split, "k_split_kernel")]
     print(compile_launches(gemm_launches, kernels, True))
 elif __name__ == "__main__":
     import fp4cli.kernels.launch as launch

@@ -272,11 +272,12 @@ def test_outlier_columns_lie_more_than_two_binades_above_the_median() -> None:
 @needs_kernels
 @pytest.mark.parametrize(
     "rows_a, rows_b, blocks, block",
-    [(1, 1, 1, 32), (70, 3, 9, 32), (5, 130, 300, 32), (9, 7, 6, 64)],
+    [(1, 1, 1, 32), (70, 3, 9, 32), (5, 130, 300, 32), (9, 7, 6, 64), (1000, 257, 12, 32)],
 )
 def test_the_split_kernels_follow_the_rule(rows_a, rows_b, blocks, block) -> None:
     """Random scale codes with random columns lifted (ties at the threshold included): the
-    kernels' order and INT8 start are the rule's, for any sizes (chunks of 256 crossed)."""
+    kernel's order and INT8 start are the rule's, for any sizes (chunks of 256 crossed, rows
+    sampled)."""
     from fp4cli.kernels.gemm.split import HI_STEP, k_split, outlier_columns
 
     generator = torch.Generator().manual_seed(blocks + block)
