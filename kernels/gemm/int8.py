@@ -35,6 +35,18 @@ def fp8_segment(acc, a_e5m2_ptr, b_e5m2_ptr, ra64, ra_ok, rb64, rb_ok, k_end, k_
 
 
 @triton.jit
+def int8_segment(a_int8_ptr, b_int8_ptr, ra64, ra_ok, rb64, rb_ok, k_start, k_padded,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """The exact int32 sums over the INT8-staged K offsets k_start .. k_padded."""
+    acc = tl.zeros([BM, BN], tl.int32)
+    for k0 in range(k_start, k_padded, BK):
+        a = load_rows(a_int8_ptr, ra64, ra_ok, k0, k_padded, BK)
+        b = load_rows(b_int8_ptr, rb64, rb_ok, k0, k_padded, BK)
+        acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
+    return acc
+
+
+@triton.jit
 def mxfp4_int8_gemm_kernel(
     a_int8_ptr, b_int8_ptr, a_e5m2_ptr, b_e5m2_ptr, facts_ptr, lo_start_ptr, out_ptr,
     M, N, k_padded, stride_om, stride_on,
@@ -51,18 +63,17 @@ def mxfp4_int8_gemm_kernel(
     k_lo = 0
     if SPLIT:
         k_lo = tl.multiple_of(tl.load(lo_start_ptr) * 32, 64)
-    acc = tl.zeros([BM, BN], tl.int32)
-    for k0 in range(k_lo, k_padded, BK):
-        a = load_rows(a_int8_ptr, ra64, ra_ok, k0, k_padded, BK)
-        b = load_rows(b_int8_ptr, rb64, rb_ok, k0, k_padded, BK)
-        acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
-    if SPLIT:
+    if k_lo == 0:  # no FP8 segment: all of K on INT8 (compiled apart, without its registers)
+        acc = int8_segment(a_int8_ptr, b_int8_ptr, ra64, ra_ok, rb64, rb_ok, 0, k_padded, BM,
+                           BN, BK)  # fmt: skip
+        value = scale_outer(acc.to(tl.float32), lo_a - 127 - INT8_TOP, lo_b - 127 - INT8_TOP)
+    else:
+        acc = int8_segment(a_int8_ptr, b_int8_ptr, ra64, ra_ok, rb64, rb_ok, k_lo, k_padded,
+                           BM, BN, BK)  # fmt: skip
         # into the FP8 frame: 2^(lo - 127 - INT8_TOP) = 2^(ref - 127 - FP8_TOP) 2^(lo - ref + 9)
         value = scale_outer(acc.to(tl.float32), lo_a - ref_a + FP8_TOP - INT8_TOP,
                             lo_b - ref_b + FP8_TOP - INT8_TOP)  # fmt: skip
         value = fp8_segment(value, a_e5m2_ptr, b_e5m2_ptr, ra64, ra_ok, rb64, rb_ok, k_lo,
                             k_padded, HI_BK)  # fmt: skip
         value = scale_outer(value, ref_a - 127 - FP8_TOP, ref_b - 127 - FP8_TOP)
-    else:
-        value = scale_outer(acc.to(tl.float32), lo_a - 127 - INT8_TOP, lo_b - 127 - INT8_TOP)
     store_tile(out_ptr, value, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on)

@@ -48,24 +48,38 @@ GAP_LIMIT = tl.constexpr(60)
 
 
 @triton.jit
-def source_windows(source_ptr, slot, slot_ok, SPLIT: tl.constexpr):
-    """The K window (32 wide) each staged slot holds: the split's order, or the slot itself."""
-    if SPLIT:
-        return tl.load(source_ptr + slot, mask=slot_ok, other=0)
-    return slot
+def source_windows(source_ptr, slot, slot_ok, moved):
+    """The K window (32 wide) each staged slot holds: the split's order where it moves any
+    window (`moved`), else the slot itself."""
+    if moved:  # noqa: SIM108 (a runtime branch; Triton compiles no tensor ternary)
+        window = tl.load(source_ptr + slot, mask=slot_ok, other=0)
+    else:
+        window = slot
+    return window
+
+
+@triton.jit
+def load_words(code_words_ptr, scales_ptr, row64, ok, word, n_words, n_blocks,
+               BLOCK: tl.constexpr):  # fmt: skip
+    """[rows, words] code words (uint32) at word positions `word`, and their scale codes
+    (int32)."""
+    words = tl.load(code_words_ptr + row64[:, None] * n_words + word[None, :], mask=ok, other=0)
+    scale_codes = tl.load(
+        scales_ptr + row64[:, None] * n_blocks + (word * 8 // BLOCK)[None, :], mask=ok, other=0
+    )
+    return words.to(tl.uint32, bitcast=True), scale_codes.to(tl.int32)
 
 
 @triton.jit
 def row_references(scales_ptr, source_ptr, lo_start, row64, row_ok, n_windows, n_blocks,
-                   ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                   SPLIT: tl.constexpr):  # fmt: skip
+                   ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """(the largest scale code of each row, the largest over its INT8 segment's slots), int32."""
     top = tl.zeros([ROWS], tl.int32)
     top_lo = tl.zeros([ROWS], tl.int32)
     for s0 in range(0, n_windows, CHUNK):
         slot = s0 + tl.arange(0, CHUNK)
         slot_ok = slot < n_windows
-        block = source_windows(source_ptr, slot, slot_ok, SPLIT) * 32 // BLOCK
+        block = source_windows(source_ptr, slot, slot_ok, lo_start > 0) * 32 // BLOCK
         mask = row_ok[:, None] & slot_ok[None, :]
         codes = tl.load(scales_ptr + row64[:, None] * n_blocks + block[None, :], mask=mask, other=0)
         codes = codes.to(tl.int32)
@@ -107,7 +121,7 @@ def prepare_rows(
     if SPLIT:
         lo_start = tl.load(lo_start_ptr)
     top, top_lo = row_references(scales_ptr, source_ptr, lo_start, row64, row_ok, k_padded // 32,
-                                 n_blocks, ROWS, SCALE_CHUNK, BLOCK, SPLIT)  # fmt: skip
+                                 n_blocks, ROWS, SCALE_CHUNK, BLOCK)  # fmt: skip
     has_nan = top == E8M0_NAN
     ref = tl.where(has_nan, 127, top)
     ref_lo = tl.maximum(tl.where(has_nan, 127, top_lo), ref - GAP_LIMIT)
@@ -117,16 +131,14 @@ def prepare_rows(
     for w0 in range(0, n_words, WORDS):
         word = w0 + tl.arange(0, WORDS)  # in staged order: 4 code words to a slot
         word_ok = word < n_words
-        source = source_windows(source_ptr, word // 4, word_ok, SPLIT) * 4 + word % 4
         ok = row_ok[:, None] & word_ok[None, :]
-        words = tl.load(code_words_ptr + row64[:, None] * n_words + source[None, :], mask=ok,
-                        other=0)  # fmt: skip
-        words = words.to(tl.uint32, bitcast=True)
-        scale_codes = tl.load(
-            scales_ptr + row64[:, None] * n_blocks + (source * 8 // BLOCK)[None, :],
-            mask=ok,
-            other=0,
-        ).to(tl.int32)
+        if lo_start > 0:  # the split moves windows: each slot's words from its source window
+            source = tl.load(source_ptr + word // 4, mask=word_ok, other=0) * 4 + word % 4
+            words, scale_codes = load_words(code_words_ptr, scales_ptr, row64, ok, source,
+                                            n_words, n_blocks, BLOCK)  # fmt: skip
+        else:  # in place (contiguous loads)
+            words, scale_codes = load_words(code_words_ptr, scales_ptr, row64, ok, word,
+                                            n_words, n_blocks, BLOCK)  # fmt: skip
         below = ref[:, None] - scale_codes  # binades below the row's top block
         below_lo = ref_lo[:, None] - scale_codes  # below the INT8 segment's top
         in_lo = (word // 4 >= lo_start)[None, :]

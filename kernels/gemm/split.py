@@ -29,6 +29,7 @@ SAMPLE_ROWS = 256
 HI_STEP = 2  # the FP8 segment is read 64 wide: its length is rounded up to 2 windows
 SAMPLE_STEP = 32  # sampled rows per load
 CHUNK = 256  # columns or windows per step
+SPLIT_WARPS = 8
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def k_split(scales_a: torch.Tensor, scales_b: torch.Tensor, block: int) -> KSpli
     k_split_kernel[(1,)](
         scales_a, scales_b, means, source, lo_start, rows_a, rows_b, n_blocks, n_windows,
         BLOCK=block, SAMPLE=SAMPLE_ROWS, SAMPLE_STEP=SAMPLE_STEP, CHUNK=CHUNK,
-        BINADES=OUTLIER_BINADES, STEP=HI_STEP,
+        BINADES=OUTLIER_BINADES, STEP=HI_STEP, num_warps=SPLIT_WARPS,
     )  # fmt: skip
     return KSplit(source, lo_start)
 

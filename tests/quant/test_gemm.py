@@ -345,6 +345,9 @@ def test_scaled_dot_kernel_matches_reference() -> None:
 
 @needs_kernels
 def test_fused_decode_matches_staged() -> None:
+    """Exact mode matches the reference; fast mode (the interpreter's dot sums exactly, a GPU's
+    14-bit accumulation between promotions may round: tests/gpu bounds it) fused and staged
+    alike."""
     from fp4cli.gemm.operands import kernel_operand
     from fp4cli.kernels.gemm.launch import exact_fp8_matmul, fast_fp8_matmul
 
@@ -352,10 +355,13 @@ def test_fused_decode_matches_staged() -> None:
     a = spread_rows(a, [1, 2], 9)
     expected = matmul_reference(a, b, torch.float32)
     for launcher in (exact_fp8_matmul, fast_fp8_matmul):
+        outs = []
         for fused in (False, True):
             out = torch.full((40, 36), float("nan"), device=DEVICE)
-            launcher(kernel_operand(a), kernel_operand(b), out, fused=fused)
-            assert_matches(out, expected, f"{launcher.__name__} fused={fused}")
+            outs.append(launcher(kernel_operand(a), kernel_operand(b), out, fused=fused))
+        assert_bits(outs[1], outs[0], f"{launcher.__name__}: fused against staged")
+        if launcher is exact_fp8_matmul or interpreter_on():
+            assert_matches(outs[0], expected, launcher.__name__)
 
 
 # --------------------------------------------------------------------------------------------
