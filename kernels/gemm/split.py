@@ -25,11 +25,11 @@ import triton
 import triton.language as tl
 
 OUTLIER_BINADES = 2
-SAMPLE_ROWS = 256
+SAMPLE_ROWS = 64
 HI_STEP = 2  # the FP8 segment is read 64 wide: its length is rounded up to 2 windows
 SAMPLE_STEP = 32  # sampled rows per load
 CHUNK = 256  # columns or windows per step
-SPLIT_WARPS = 8
+SPLIT_WARPS = 4
 
 
 @dataclass(frozen=True)
