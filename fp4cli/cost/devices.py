@@ -86,7 +86,7 @@ H100_COPY = 3.0e12  # measured: dst.copy_(src) of large bf16 tensors
 H100_CUBLAS_BF16 = 746e12  # measured: cuBLAS bf16 GEMM
 H100_CUBLAS_FP8 = 1282e12  # measured: cuBLAS fp8 GEMM
 H100_DOT_SCALED_E2M1 = 236e12  # measured: Triton tl.dot_scaled e2m1 x e2m1, 8192^3
-H100_FP4CLI_EXACT = 947e12  # fp4 bench gemm: mxfp4_matmul(mode='exact'), 8192^3
+H100_FP4CLI_EXACT = 877e12  # fp4 bench gemm: mxfp4_matmul(mode="exact"), 8192^3, with the K split
 
 HOPPER_FP4 = "assumed: no FP4 tensor cores; FP4 decoded to FP8, at most the FP8 rate"
 HOPPER_NVFP4 = (

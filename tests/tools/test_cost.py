@@ -221,7 +221,7 @@ def test_profiles() -> None:
     assert B200.fp4_flops == 2 * B200.fp8_flops
     assert H100.fp4_flops == H100.fp8_flops and H100.kind("fp4") == "assumed"
     assert profile_for("h100-triton").fp4_flops == 236e12
-    assert profile_for("h100-fp4cli").fp4_flops == 947e12
+    assert profile_for("h100-fp4cli").fp4_flops == 877e12
     known = "a100, b200, h100, h100-fp4cli, h100-triton, h200"
     with pytest.raises(CostError, match=rf"known profiles: {known}$"):
         profile_for("tpu-v5")
