@@ -38,7 +38,7 @@ def spread_rows(q: QuantizedTensor, rows: list[int], binades: int) -> QuantizedT
     scales = q.scales.clone()
     scales[rows] = 120
     scales[rows, 0] = 120 + binades
-    return _with(q, scales=scales)
+    return with_fields(q, scales=scales)
 
 
 def zero_block(q: QuantizedTensor, block: int, rows: slice | list[int] = slice(None)):
@@ -46,16 +46,16 @@ def zero_block(q: QuantizedTensor, block: int, rows: slice | list[int] = slice(N
     codes = q.codes.clone()
     width = int(q.spec.block) // 2
     codes[rows, block * width : (block + 1) * width] = 0
-    return _with(q, codes=codes)
+    return with_fields(q, codes=codes)
 
 
 def nan_block(q: QuantizedTensor, row: int, block: int) -> QuantizedTensor:
     scales = q.scales.clone()
     scales[row, block] = 255
-    return _with(q, scales=scales)
+    return with_fields(q, scales=scales)
 
 
-def _with(q: QuantizedTensor, **changes: torch.Tensor) -> QuantizedTensor:
+def with_fields(q: QuantizedTensor, **changes: torch.Tensor) -> QuantizedTensor:
     fields = dict(
         codes=q.codes,
         scales=q.scales,

@@ -27,12 +27,11 @@ def run_training(
     store, or a function opening one, called only once a new run's config and recipe are
     known to be good (a refused run then leaves no store file behind)."""
     from fp4cli.recipes import apply_overrides, load_recipe
-    from fp4cli.store import RunStore
     from fp4cli.tasks.base import create_task
     from fp4cli.track.store import tracked
 
     flags = flags or {}
-    opener = _store_opener(store, RunStore)
+    opener = _store_opener(store)
     run = None
     if resume is not None:
         store = opener()
@@ -70,11 +69,13 @@ def run_training(
         distributed.leave(dist)
 
 
-def _store_opener(store: Any, store_class: Any) -> Callable[[], Any]:
+def _store_opener(store: Any) -> Callable[[], Any]:
     """A function giving `store`: the store itself, its opener, or the default store."""
+    from fp4cli.store import RunStore
+
     if callable(store):
         return store
-    return lambda: store if store is not None else store_class()
+    return lambda: store if store is not None else RunStore()
 
 
 def _resumed(

@@ -16,7 +16,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm.io import load_facts, load_rows, store_tile, tile_flags, tile_rows
+from fp4cli.kernels.gemm.io import (
+    load_facts,
+    load_rows,
+    load_segment_refs,
+    store_tile,
+    tile_flags,
+    tile_rows,
+)
 from fp4cli.kernels.gemm.prep import FLAG_BEYOND_INT8
 from fp4cli.kernels.gemm.tiles import FP8_TOP, scale_outer
 
@@ -58,8 +65,8 @@ def mxfp4_int8_gemm_kernel(
     ref_b, flags_b = load_facts(facts_ptr, rb, rb_ok, M, M + N)
     if tile_flags(flags_a, flags_b, FLAG_BEYOND_INT8):  # the FP8 kernel's tile
         return
-    lo_a = tl.load(facts_ptr + 2 * (M + N) + ra, mask=ra_ok, other=0)
-    lo_b = tl.load(facts_ptr + 2 * (M + N) + M + rb, mask=rb_ok, other=0)
+    lo_a = load_segment_refs(facts_ptr, ra, ra_ok, 0, M + N)
+    lo_b = load_segment_refs(facts_ptr, rb, rb_ok, M, M + N)
     k_lo = 0
     if SPLIT:
         k_lo = tl.multiple_of(tl.load(lo_start_ptr) * 32, 64)

@@ -46,6 +46,12 @@ def load_facts(facts_ptr, row, row_ok, first_row, all_rows):
 
 
 @triton.jit
+def load_segment_refs(facts_ptr, row, row_ok, first_row, all_rows):
+    """The INT8 segment's reference scale codes of an operand's rows (facts' third row)."""
+    return tl.load(facts_ptr + 2 * all_rows + first_row + row, mask=row_ok, other=0)
+
+
+@triton.jit
 def tile_flags(flags_a, flags_b, FLAG: tl.constexpr):
     """Whether any of the tile's A rows or B rows carries FLAG."""
     return (tl.max(flags_a & FLAG, axis=0) + tl.max(flags_b & FLAG, axis=0)) != 0

@@ -135,7 +135,7 @@ def prepare(
     programs = triton.cdiv(rows_a, rows_per_program) + triton.cdiv(rows_b, rows_per_program)
     operand_prep_kernel[(programs,)](
         a.codes.view(torch.int32), a.scales, b.codes.view(torch.int32), b.scales,
-        staged.view(torch.int32), facts, scales, *_split_args(split, facts), rows_a, rows_b,
+        staged.view(torch.int32), facts, scales, *_split_pointers(split, facts), rows_a, rows_b,
         k_padded, ROWS=rows_per_program, WORDS=PREP_WORDS, SCALE_CHUNK=PREP_SCALE_CHUNK,
         BLOCK=a.block, WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3, TIER_FLAGS=tier_flags,
         SPLIT=split is not None, num_warps=PREP_WARPS,
@@ -150,8 +150,10 @@ def prepare(
     )
 
 
-def _split_args(split: KSplit | None, stand_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split's (source, lo_start) pointers; without one, a tensor never read for both."""
+def _split_pointers(
+    split: KSplit | None, stand_in: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split's (source, lo_start); without one, a tensor never read for both."""
     return (split.source, split.lo_start) if split is not None else (stand_in, stand_in)
 
 
@@ -230,8 +232,9 @@ def launch_int8(
     tile = _tile(tile, INT8_TILE)
     e5m2 = prepared.e5m2 or prepared.int8  # never read without a split
     e5m2_a, e5m2_b = e5m2[0].view(torch.uint8), e5m2[1].view(torch.uint8)
+    _, lo_start = _split_pointers(split, prepared.facts)
     mxfp4_int8_gemm_kernel[_grid(a.rows, b.rows, tile)](
-        *prepared.int8, e5m2_a, e5m2_b, prepared.facts, _split_args(split, prepared.facts)[1],
+        *prepared.int8, e5m2_a, e5m2_b, prepared.facts, lo_start,
         out, a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1),
         BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, SPLIT=split is not None,
         HI_BK=hi_bk, num_warps=tile.warps, num_stages=tile.stages,

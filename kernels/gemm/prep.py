@@ -48,14 +48,11 @@ GAP_LIMIT = tl.constexpr(60)
 
 
 @triton.jit
-def source_windows(source_ptr, slot, slot_ok, moved):
-    """The K window (32 wide) each staged slot holds: the split's order where it moves any
-    window (`moved`), else the slot itself."""
-    if moved:  # noqa: SIM108 (a runtime branch; Triton compiles no tensor ternary)
-        window = tl.load(source_ptr + slot, mask=slot_ok, other=0)
-    else:
-        window = slot
-    return window
+def source_windows(source_ptr, slot, slot_ok):
+    """The K window (32 wide) each staged slot holds in the split's order. Callers read it only
+    where the split moves a window (lo_start > 0), else the slot itself, whose contiguous
+    loads the compiler can widen."""
+    return tl.load(source_ptr + slot, mask=slot_ok, other=0)
 
 
 @triton.jit
@@ -71,6 +68,14 @@ def load_words(code_words_ptr, scales_ptr, row64, ok, word, n_words, n_blocks,
 
 
 @triton.jit
+def load_scale_codes(scales_ptr, row64, mask, window, n_blocks, BLOCK: tl.constexpr):
+    """[rows, windows] int32 scale codes of the blocks holding the given K windows."""
+    block = window * 32 // BLOCK
+    codes = tl.load(scales_ptr + row64[:, None] * n_blocks + block[None, :], mask=mask, other=0)
+    return codes.to(tl.int32)
+
+
+@triton.jit
 def row_references(scales_ptr, source_ptr, lo_start, row64, row_ok, n_windows, n_blocks,
                    ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """(the largest scale code of each row, the largest over its INT8 segment's slots), int32."""
@@ -79,10 +84,12 @@ def row_references(scales_ptr, source_ptr, lo_start, row64, row_ok, n_windows, n
     for s0 in range(0, n_windows, CHUNK):
         slot = s0 + tl.arange(0, CHUNK)
         slot_ok = slot < n_windows
-        block = source_windows(source_ptr, slot, slot_ok, lo_start > 0) * 32 // BLOCK
         mask = row_ok[:, None] & slot_ok[None, :]
-        codes = tl.load(scales_ptr + row64[:, None] * n_blocks + block[None, :], mask=mask, other=0)
-        codes = codes.to(tl.int32)
+        if lo_start > 0:
+            window = source_windows(source_ptr, slot, slot_ok)
+            codes = load_scale_codes(scales_ptr, row64, mask, window, n_blocks, BLOCK)
+        else:
+            codes = load_scale_codes(scales_ptr, row64, mask, slot, n_blocks, BLOCK)
         top = tl.maximum(top, tl.max(codes, axis=1))
         in_lo = (slot >= lo_start)[None, :]
         top_lo = tl.maximum(top_lo, tl.max(tl.where(in_lo, codes, 0), axis=1))
@@ -133,7 +140,7 @@ def prepare_rows(
         word_ok = word < n_words
         ok = row_ok[:, None] & word_ok[None, :]
         if lo_start > 0:  # the split moves windows: each slot's words from its source window
-            source = tl.load(source_ptr + word // 4, mask=word_ok, other=0) * 4 + word % 4
+            source = source_windows(source_ptr, word // 4, word_ok) * 4 + word % 4
             words, scale_codes = load_words(code_words_ptr, scales_ptr, row64, ok, source,
                                             n_words, n_blocks, BLOCK)  # fmt: skip
         else:  # in place (contiguous loads)

@@ -24,6 +24,7 @@ from tests.gemm_cases import (
     nan_block,
     quantized,
     spread_rows,
+    with_fields,
     zero_block,
 )
 from tests.kernel_checks import assert_bits
@@ -169,13 +170,7 @@ def outlier_pair(m: int, n: int, columns: list[int], block: int = 32, lift: int 
     a, b = exact_sum_pair(m, n, 256, seed=len(columns) + block, device=DEVICE, spec=spec)
     scales = torch.full_like(a.scales, 120)
     scales[:, columns] = 120 + lift
-    return _replace(a, scales=scales), _replace(b, scales=torch.full_like(b.scales, 121))
-
-
-def _replace(q, **changes):
-    from tests.gemm_cases import _with
-
-    return _with(q, **changes)
+    return with_fields(a, scales=scales), with_fields(b, scales=torch.full_like(b.scales, 121))
 
 
 def split_of(a, b):
@@ -244,7 +239,7 @@ def test_rows_the_split_cannot_hold_take_the_fp8_tiers() -> None:
     scales = a.scales.clone()
     scales[3, 4] = 116
     scales[9, [2, 5]] = 190
-    a = _replace(a, scales=scales)
+    a = with_fields(a, scales=scales)
     b = zero_block(zero_block(b, 2), 5)
     a_op, b_op, split = split_of(a, b)
     assert split.lo_start.tolist() == [2]
