@@ -10,10 +10,12 @@ pass, the kernels gave wrong gradients, while eager calls match the reference bi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +94,22 @@ def _grid(view: AxisView, tile: Tile, padded_length: int) -> tuple[tuple[int, ..
     return (-(-view.outer // tile.rows), min(along, most), -(-along // most)), along
 
 
+_SHAPES_ONLY = threading.local()
+
+
+@contextlib.contextmanager
+def shapes_only() -> Iterator[None]:
+    """Within: `launch` launches nothing. The launchers still allocate their outputs, so a
+    custom op's fake implementation (torch.compile's shapes and dtypes) runs the real launcher
+    code on fake tensors, with one definition of every output's layout."""
+    previous = getattr(_SHAPES_ONLY, "on", False)
+    _SHAPES_ONLY.on = True
+    try:
+        yield
+    finally:
+        _SHAPES_ONLY.on = previous
+
+
 def launch(
     kernel: Any,
     grid: tuple[int, ...],
@@ -105,6 +123,8 @@ def launch(
     Triton binds keyword arguments on every launch: for the pair kernel's 53 constexprs that
     took as long as the rest of its dispatch (H100 host: 104-112 us a launch with keywords, 54
     by position). A stand-in for a kernel (a test's) carries the kernel's `fn`."""
+    if getattr(_SHAPES_ONLY, "on", False):
+        return
     rest = _parameter_names(kernel)[len(args) :]
     if len(rest) != len(constexprs):
         raise TypeError(f"{kernel}: constexprs {sorted(constexprs)} are not its {list(rest)}")

@@ -199,7 +199,7 @@ def _result(out: Any) -> tuple[torch.Tensor, ...]:
     return out.codes, out.scales
 
 
-def _saved(request: Request, shape: torch.Size, dtype: torch.dtype) -> Saved:
+def _saved(request: Request, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> Saved:
     """How the column-direction operand of a (rows, cols) tensor is kept for the backward pass."""
     rows = shape[0]
     if request.hadamard:
@@ -207,9 +207,102 @@ def _saved(request: Request, shape: torch.Size, dtype: torch.dtype) -> Saved:
     return Saved(request.spec if request.packed else None, (rows, shape[1]), dtype)
 
 
+def saved_layouts(
+    config: LinearConfig,
+    call_seed: torch.Tensor,
+    rank: int,
+    x_shape: torch.Size | tuple[int, ...],
+    w_shape: torch.Size | tuple[int, ...],
+    dtype: torch.dtype,
+) -> tuple[Request, Request, Saved, Saved]:
+    """The backward operands the forward pass keeps: X's grad_weight operand packed (the
+    activation memory), W's grad_input operand as values in the compute dtype (a weight-sized
+    buffer, decoded once instead of every backward pass); their requests and layouts."""
+    x_for_dw = _request(config, "grad_weight", 1, call_seed, rank, packed=True)
+    w_for_dx = _request(config, "grad_input", 1, call_seed, rank)
+    return x_for_dw, w_for_dx, _saved(x_for_dw, x_shape, dtype), _saved(w_for_dx, w_shape, dtype)
+
+
+def saved_count(layout: Saved, needed: bool) -> int:
+    """How many tensors keep one backward operand: none when its gradient is not needed, the
+    values, or codes and scales (and a two-level spec's tensor amax)."""
+    if not needed:
+        return 0
+    if layout.spec is None:
+        return 1
+    return 3 if layout.spec.tensor_scale else 2
+
+
+def fast_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: LinearConfig,
+    call_seed: torch.Tensor,
+    weight_guide: torch.Tensor | None,
+    rank: int,
+    needs_dx: bool,
+    needs_dw: bool,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """y = x W^T + b and the backward operands of X and W (`saved_layouts`), each () where
+    its gradient is not needed."""
+    x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
+    x_for_dw, w_for_dx, _, _ = saved_layouts(config, call_seed, rank, x.shape, weight.shape, dtype)
+    (x_q,), x_saved = quantize_both(
+        x,
+        _request(config, "forward", 0, call_seed, rank),
+        x_for_dw if needs_dw else None,
+        dtype,
+        config.double_quant,
+    )
+    (w_q,), w_saved = quantize_both(
+        weight,
+        _request(config, "forward", 1, call_seed, rank),
+        w_for_dx if needs_dx else None,
+        dtype,
+        config.double_quant,
+        weight_guide,
+    )
+    return F.linear(x_q, w_q, bias), x_saved, w_saved
+
+
+def fast_backward(
+    grad_y: torch.Tensor,
+    x_tensors: tuple[torch.Tensor, ...],
+    w_tensors: tuple[torch.Tensor, ...],
+    config: LinearConfig,
+    call_seed: torch.Tensor,
+    rank: int,
+    layouts: tuple[Saved, Saved],
+    needs: tuple[bool, bool, bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(grad_x, grad_w, grad_b) from dY and the forward's saved operands (`layouts`: X's and
+    W's); `needs` says which of the three to compute."""
+    needs_dx, needs_dw, needs_db = needs
+    bias_sums = None
+    if needs_db:
+        bias_sums = torch.empty(grad_y.shape[1], dtype=torch.float32, device=grad_y.device)
+    dy_rows, dy_cols = quantize_both(
+        grad_y.contiguous(),
+        _request(config, "grad_input", 0, call_seed, rank) if needs_dx else None,
+        _request(config, "grad_weight", 0, call_seed, rank) if needs_dw else None,
+        grad_y.dtype,
+        column_sums=bias_sums,
+    )
+    grad_x = grad_w = grad_b = None
+    if needs_dx:
+        grad_x = dy_rows[0].mm(layouts[1].values(w_tensors))
+    if needs_dw:
+        grad_w = dy_cols[0].t().mm(layouts[0].values(x_tensors))
+    if bias_sums is not None:  # grad_y.sum(0), summed in another order
+        grad_b = bias_sums.to(grad_y.dtype)
+    return grad_x, grad_w, grad_b
+
+
 class FastQuantLinearFunction(torch.autograd.Function):
     """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `fast_gap`
-    accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes."""
+    accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes.
+    (Under torch.compile the layer calls the same steps as custom ops: `fast_op.py`.)"""
 
     @staticmethod
     def forward(
@@ -223,57 +316,28 @@ class FastQuantLinearFunction(torch.autograd.Function):
         rank: int = 0,
     ) -> torch.Tensor:
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
-        # X's backward operand is kept packed (the activation memory); W's, as values in the
-        # compute dtype (a weight-sized buffer, decoded once instead of every backward pass)
-        x_for_dw = _request(config, "grad_weight", 1, call_seed, rank, packed=True)
-        w_for_dx = _request(config, "grad_input", 1, call_seed, rank)
-        (x_q,), x_saved = quantize_both(
-            x,
-            _request(config, "forward", 0, call_seed, rank),
-            x_for_dw if needs_dw else None,
-            dtype,
-            config.double_quant,
+        y, x_saved, w_saved = fast_forward(
+            x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw
         )
-        (w_q,), w_saved = quantize_both(
-            weight,
-            _request(config, "forward", 1, call_seed, rank),
-            w_for_dx if needs_dx else None,
-            dtype,
-            config.double_quant,
-            weight_guide,
-        )
-        y = F.linear(x_q, w_q, bias)
         ctx.save_for_backward(*x_saved, *w_saved)
         ctx.split = len(x_saved)
-        ctx.x_saved = _saved(x_for_dw, x.shape, dtype)
-        ctx.w_saved = _saved(w_for_dx, weight.shape, dtype)
+        ctx.layouts = saved_layouts(config, call_seed, rank, x.shape, weight.shape, x.dtype)[2:]
         ctx.config, ctx.call_seed, ctx.rank = config, call_seed, rank
         ctx.has_bias = bias is not None
         return y
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor):
-        config: LinearConfig = ctx.config
-        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         saved = ctx.saved_tensors
-        x_tensors, w_tensors = saved[: ctx.split], saved[ctx.split :]
-        call_seed, rank = ctx.call_seed, ctx.rank
-        bias_sums = None
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            bias_sums = torch.empty(grad_y.shape[1], dtype=torch.float32, device=grad_y.device)
-        dy_rows, dy_cols = quantize_both(
-            grad_y.contiguous(),
-            _request(config, "grad_input", 0, call_seed, rank) if needs_dx else None,
-            _request(config, "grad_weight", 0, call_seed, rank) if needs_dw else None,
-            grad_y.dtype,
-            column_sums=bias_sums,
+        needs_db = ctx.has_bias and ctx.needs_input_grad[2]
+        grads = fast_backward(
+            grad_y,
+            saved[: ctx.split],
+            saved[ctx.split :],
+            ctx.config,
+            ctx.call_seed,
+            ctx.rank,
+            ctx.layouts,
+            (ctx.needs_input_grad[0], ctx.needs_input_grad[1], needs_db),
         )
-        grad_x = grad_w = grad_b = None
-        if needs_dx:
-            grad_x = dy_rows[0].mm(ctx.w_saved.values(w_tensors))
-        if needs_dw:
-            grad_w = dy_cols[0].t().mm(ctx.x_saved.values(x_tensors))
-        if bias_sums is not None:  # grad_y.sum(0), summed in another order
-            grad_b = bias_sums.to(grad_y.dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None
+        return *grads, None, None, None, None

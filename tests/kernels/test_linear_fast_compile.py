@@ -1,0 +1,135 @@
+"""The fast executor under torch.compile (fp4cli/linear/fast_op.py): the quantized Linear is two
+custom ops, so a compiled model has no graph break in it (`fullgraph=True` fails on one) and
+gives the eager layer's outputs and gradients bit for bit."""
+
+import pytest
+import torch
+
+from fp4cli import LinearConfig, QuantSpec
+from fp4cli.linear.fast_op import fast_linear, fast_linear_backward, op_key
+from tests.kernel_cases import DEVICE
+from tests.kernels.test_linear_fast import CONFIGS
+from tests.linear_runs import assert_same_passes, linear_inputs, seeded_layer, training_passes
+
+MXFP4 = QuantSpec.preset("mxfp4")
+COMPILED = {
+    name: CONFIGS[name]
+    for name in ("mxfp4", "tetrajet", "tetrajet-qema", "tseng-rht-sr", "double-quant-rht", "nvfp4")
+}
+# X's and W's backward operands unquantized: the op returns copies of its inputs
+COMPILED["unquantized-saved"] = LinearConfig(
+    forward_x=MXFP4, forward_w=MXFP4, grad_input_dy=MXFP4, grad_weight_dy=MXFP4
+)
+
+
+def compiled_passes(layer, x, grad_y, backend="aot_eager", calls=2):
+    torch._dynamo.reset()
+    return training_passes(torch.compile(layer, backend=backend, fullgraph=True), x, grad_y, calls)
+
+
+@pytest.mark.parametrize("name", COMPILED)
+def test_compiled_layer_matches_eager_bit_for_bit(name):
+    config = COMPILED[name]
+    x, grad_y = linear_inputs()
+    eager = training_passes(seeded_layer(config, "triton"), x, grad_y)
+    layer = seeded_layer(config, "triton")
+    assert layer.executor() == ("fast", "")
+    assert_same_passes(compiled_passes(layer, x, grad_y), eager)
+    assert int(layer.calls) == 2  # each compiled call drew fresh seeds, as the eager ones
+
+
+def test_compiled_layer_without_bias_and_input_gradient():
+    config = CONFIGS["tetrajet"]
+    x, grad_y = linear_inputs((29, 96), seed=4)
+    x.requires_grad_(False)
+    eager = training_passes(seeded_layer(config, "triton", bias=False), x, grad_y)
+    compiled = compiled_passes(seeded_layer(config, "triton", bias=False), x, grad_y)
+    assert compiled[0][1] is None
+    assert_same_passes(compiled, eager)
+
+
+def test_frozen_weight_compiles_without_its_saved_operand():
+    x, grad_y = linear_inputs((21, 96), seed=5)
+    layers = [seeded_layer(CONFIGS["nvfp4"], "triton") for _ in range(2)]
+    for layer in layers:
+        layer.weight.requires_grad_(False)
+    eager = training_passes(layers[0], x, grad_y)
+    assert_same_passes(compiled_passes(layers[1], x, grad_y), eager)
+
+
+def test_inductor_compiles_a_model_through_its_quantized_layers():
+    """Two quantized layers and a GELU under inductor and bf16 autocast, in one graph."""
+
+    def model():
+        torch.manual_seed(2)
+        first = seeded_layer(CONFIGS["tetrajet"], "triton", 96, 64)
+        second = seeded_layer(CONFIGS["tetrajet"], "triton", 64, 48)
+        return torch.nn.Sequential(first, torch.nn.GELU(), second).to(DEVICE)
+
+    x, grad_y = linear_inputs((2, 9, 96), 48, seed=6)
+    eager, compiled = model(), model()
+    torch._dynamo.reset()
+    run = torch.compile(compiled, fullgraph=True)
+    for net in (eager, run):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            y = net(x)
+        y.float().backward(grad_y)
+    for got, expected in zip(compiled.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, expected.grad, rtol=2e-2, atol=1e-3)
+
+
+def op_args(config, needs_dx=True, needs_dw=True):
+    layer = seeded_layer(config, "triton", 64, 40)
+    x = torch.randn(24, 64, device=DEVICE)
+    call_seed = torch.tensor(7, device=DEVICE)
+    return (x, layer.weight.detach(), layer.bias.detach(), call_seed, None, op_key(config), 0,
+            needs_dx, needs_dw)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4"])
+def test_fake_implementations_give_the_real_outputs_layout(name):
+    """Each op's fake implementation (the launchers with launches skipped) allocates what the
+    real op returns: shapes, dtypes and strides (torch.library.opcheck's fake-tensor test)."""
+    args = op_args(COMPILED[name])
+    torch.library.opcheck(fast_linear, args, test_utils=("test_schema", "test_faketensor"))
+    outputs = fast_linear(*args)
+    x, weight, _, call_seed, _, key, *_ = args
+    shapes = [*x.shape, *weight.shape]
+    grad_y = torch.randn(x.shape[0], weight.shape[0], device=DEVICE)
+    backward_args = (grad_y, list(outputs[1:]), call_seed, key, 0, shapes, x.dtype,
+                     [True, True, True])  # fmt: skip
+    torch.library.opcheck(
+        fast_linear_backward, backward_args, test_utils=("test_schema", "test_faketensor")
+    )
+
+
+def test_an_unregistered_config_is_one_error():
+    args = list(op_args(COMPILED["mxfp4"]))
+    args[5] = "LinearConfig(nothing)"
+    with pytest.raises(RuntimeError, match="no layer registered config"):
+        fast_linear(*args)
+
+
+def test_a_compiled_gpt_is_one_graph_with_the_eager_gradients():
+    """The gpt task's model with every Linear quantized: no graph break anywhere, and the
+    same loss and gradients bit for bit (aot_eager keeps torch's own kernels around the ops)."""
+    import torch.nn.functional as F
+
+    import fp4cli
+    from fp4cli.tasks.gpt_model import GPT, GPTConfig
+
+    def build():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(256, 64, 2, 64, 4)).to(DEVICE)
+        fp4cli.quantize_model(model, "tetrajet", seed=0, backend="triton")
+        return model
+
+    generator = torch.Generator().manual_seed(3)
+    inputs, targets = (torch.randint(0, 256, (2, 64), generator=generator).to(DEVICE)
+                       for _ in range(2))  # fmt: skip
+    eager, compiled = build(), build()
+    torch._dynamo.reset()
+    for net in (eager, torch.compile(compiled, backend="aot_eager", fullgraph=True)):
+        F.cross_entropy(net(inputs).float().reshape(-1, 256), targets.reshape(-1)).backward()
+    for got, expected in zip(compiled.parameters(), eager.parameters(), strict=True):
+        assert torch.equal(got.grad, expected.grad)
