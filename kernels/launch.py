@@ -4,8 +4,11 @@
 `fp4cli.quant.quantize` works with (codes and scales in the axis-last padded layout, a 0-d
 tensor scale), so `fp4cli.quant` can hand a call to either backend.
 
-The launchers run eagerly under torch.compile (a graph break): traced into a compiled backward
-pass, the kernels gave wrong gradients, while eager calls match the reference bit for bit.
+Called on their own, the launchers run eagerly under torch.compile (a graph break): traced into
+a compiled backward pass, the kernels gave wrong gradients, while eager calls match the
+reference bit for bit. The quantized Linear's executors reach a compiled model as custom ops
+instead (`fp4cli.linear.ops`), whose fake implementations run these launchers under
+`shapes_only`.
 """
 
 from __future__ import annotations

@@ -34,15 +34,21 @@ def gpt_batches(count: int, batch: int = 8, length: int = 128):
     ]  # fmt: skip
 
 
-def autocast_gradients(recipe: str, backend: str, executor: str) -> dict[str, torch.Tensor]:
+def autocast_gradients(
+    recipe: str, backend: str, executor: str, compiler: str | None = None
+) -> dict[str, torch.Tensor]:
     """{"loss": the last loss, each parameter's name: its gradient} after two batches under
-    bf16 autocast, with every quantized layer checked to run on `executor`."""
+    bf16 autocast, with every quantized layer checked to run on `executor`; with `compiler`,
+    the model compiled in one graph by that torch.compile backend."""
     model = tiny_gpt(recipe, backend)
     layers = fp4cli.quantized_layers(model).values()
     assert all(layer.executor()[0] == executor for layer in layers)
+    if compiler is not None:
+        torch._dynamo.reset()
+    run = model if compiler is None else torch.compile(model, backend=compiler, fullgraph=True)
     for batch in gpt_batches(2):
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = gpt_loss(model, batch)
+            loss = gpt_loss(run, batch)
         loss.backward()
     return {"loss": loss.detach(), **{n: p.grad for n, p in model.named_parameters()}}
 

@@ -210,9 +210,96 @@ def _gradient_operands(
     return rows, cols
 
 
+def vector_plans(
+    config: LinearConfig, needs_dx: bool, needs_dw: bool
+) -> tuple[SourcePlan, SourcePlan]:
+    """What is made of X (its backward operand kept as codes) and of W (as values, with its
+    forward scales when DGE needs them)."""
+    dge = config.dge is not None and needs_dw
+    x_plan = SourcePlan(config.forward_x, config.grad_weight_x, needs_dw, config.double_quant, True)
+    w_plan = SourcePlan(
+        config.forward_w, config.grad_input_w, needs_dx, config.double_quant, False, dge
+    )
+    return x_plan, w_plan
+
+
+def kept_layout(plan: SourcePlan, dtype: torch.dtype) -> Kept:
+    return Kept(plan.backward if plan.keep_codes else None, 0, dtype)
+
+
+def kept_counts(config: LinearConfig, needs_dx: bool, needs_dw: bool) -> tuple[int, int, int]:
+    """How many tensors `vector_forward` keeps for X's backward operand, W's, and DGE."""
+
+    def count(plan: SourcePlan) -> int:
+        if not plan.backward_needed:
+            return 0
+        return 2 if plan.backward is not None and plan.keep_codes else 1
+
+    x_plan, w_plan = vector_plans(config, needs_dx, needs_dw)
+    return count(x_plan), count(w_plan), 2 if w_plan.forward_scales else 0
+
+
+def vector_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: LinearConfig,
+    needs_dx: bool,
+    needs_dw: bool,
+) -> tuple[
+    torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]
+]:
+    """y = x W^T + b, X's and W's kept backward operands, and DGE's (weight, forward scales)."""
+    x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
+    x_plan, w_plan = vector_plans(config, needs_dx, needs_dw)
+    x_sizes, w_sizes = x_plan.slot_sizes(x.shape), w_plan.slot_sizes(weight.shape)
+    slots = _Workspace(x_sizes + w_sizes, x.device).parts
+    x_q, x_kept, _, _ = _source_operands(x, x_plan, dtype, slots[:3], _clamp(config, x.shape[1]))
+    w_q, w_kept, _, w_scales = _source_operands(weight, w_plan, dtype, slots[3:])
+    y = F.linear(x_q, w_q, bias)
+    dge_tensors = (weight, w_scales) if w_plan.forward_scales and w_scales is not None else ()
+    return y, x_kept, w_kept, dge_tensors
+
+
+def vector_backward(
+    grad_y: torch.Tensor,
+    kept: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]],
+    config: LinearConfig,
+    dtype: torch.dtype,
+    needs: tuple[bool, bool, bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(grad_x, grad_w, grad_b) from dY and `vector_forward`'s kept tensors (X's, W's, DGE's);
+    `needs` says which of the three to compute, dtype is the forward's compute dtype."""
+    from fp4cli.kernels.launch_vector import dge_scale_gradient
+
+    needs_dx, needs_dw, needs_db = needs
+    x_kept, w_kept, dge_tensors = kept
+    x_plan, w_plan = vector_plans(config, needs_dx, needs_dw)
+    dy_rows, dy_cols = _gradient_operands(
+        grad_y.contiguous(),
+        (config.grad_input_dy, config.grad_weight_dy),
+        (needs_dx, needs_dw),
+    )
+    grad_x = grad_w = grad_b = None
+    if needs_dx:
+        assert dy_rows is not None
+        grad_x = dy_rows.mm(kept_layout(w_plan, dtype).values(w_kept))
+    if needs_dw:
+        assert dy_cols is not None
+        grad_w = dy_cols.t().mm(kept_layout(x_plan, dtype).values(x_kept))
+        if dge_tensors:
+            weight, scales = dge_tensors
+            assert config.forward_w is not None and config.dge is not None
+            grad_w = dge_scale_gradient(grad_w, weight, scales, config.forward_w, config.dge)
+    if needs_db:
+        grad_b = grad_y.sum(0)
+    return grad_x, grad_w, grad_b
+
+
 class VectorQuantLinearFunction(torch.autograd.Function):
     """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `vector_gap`
-    accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes."""
+    accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes.
+    (Under torch.compile the layer calls the same steps as custom ops: `fast_op.py`.)"""
 
     @staticmethod
     def forward(
@@ -223,55 +310,22 @@ class VectorQuantLinearFunction(torch.autograd.Function):
         config: LinearConfig,
     ) -> torch.Tensor:
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
-        dge = config.dge is not None and needs_dw
-        x_plan = SourcePlan(
-            config.forward_x, config.grad_weight_x, needs_dw, config.double_quant, True
-        )
-        w_plan = SourcePlan(
-            config.forward_w, config.grad_input_w, needs_dx, config.double_quant, False, dge
-        )
-        x_sizes, w_sizes = x_plan.slot_sizes(x.shape), w_plan.slot_sizes(weight.shape)
-        slots = _Workspace(x_sizes + w_sizes, x.device).parts
-        x_q, x_kept, ctx.x_kept, _ = _source_operands(
-            x, x_plan, dtype, slots[:3], _clamp(config, x.shape[1])
-        )
-        w_q, w_kept, ctx.w_kept, w_scales = _source_operands(weight, w_plan, dtype, slots[3:])
-        y = F.linear(x_q, w_q, bias)
-        dge_tensors = (weight, w_scales) if dge and w_scales is not None else ()
+        y, x_kept, w_kept, dge_tensors = vector_forward(x, weight, bias, config, needs_dx, needs_dw)
         ctx.save_for_backward(*x_kept, *w_kept, *dge_tensors)
         ctx.split = (len(x_kept), len(x_kept) + len(w_kept))
-        ctx.config, ctx.has_bias = config, bias is not None
+        ctx.config, ctx.has_bias, ctx.dtype = config, bias is not None, x.dtype
         return y
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor):
-        from fp4cli.kernels.launch_vector import dge_scale_gradient
-
-        config: LinearConfig = ctx.config
-        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         saved = ctx.saved_tensors
-        x_kept, w_kept, dge_tensors = (
-            saved[: ctx.split[0]],
-            saved[ctx.split[0] : ctx.split[1]],
-            saved[ctx.split[1] :],
+        first, second = ctx.split
+        needs = ctx.needs_input_grad
+        grads = vector_backward(
+            grad_y,
+            (saved[:first], saved[first:second], saved[second:]),
+            ctx.config,
+            ctx.dtype,
+            (needs[0], needs[1], ctx.has_bias and needs[2]),
         )
-        dy_rows, dy_cols = _gradient_operands(
-            grad_y.contiguous(),
-            (config.grad_input_dy, config.grad_weight_dy),
-            (needs_dx, needs_dw),
-        )
-        grad_x = grad_w = grad_b = None
-        if needs_dx:
-            assert dy_rows is not None
-            grad_x = dy_rows.mm(ctx.w_kept.values(w_kept))
-        if needs_dw:
-            assert dy_cols is not None
-            grad_w = dy_cols.t().mm(ctx.x_kept.values(x_kept))
-            if dge_tensors:
-                weight, scales = dge_tensors
-                assert config.forward_w is not None and config.dge is not None
-                grad_w = dge_scale_gradient(grad_w, weight, scales, config.forward_w, config.dge)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = grad_y.sum(0)
-        return grad_x, grad_w, grad_b, None
+        return *grads, None

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
-from fp4cli.linear.fast_op import fast_linear_y, op_key
+from fp4cli.linear.ops import compiled_linear, op_key
 from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
 from fp4cli.linear.skip import expand_skip, matches_skip
@@ -76,7 +76,7 @@ class QuantLinear(nn.Linear):
         self.config = config
         self.backend = backend
         self._plan = _choose_executor(config, backend)
-        self._op_key = op_key(config) if self._plan[0] == "fast" else ""
+        self._op_key = op_key(config) if self._plan[0] != "reference" else ""
         self._interpreter = interpreter_on()
         self.stats: dict[tuple[str, str], torch.Tensor] | None = None  # set to {} to record
         self.rank = 0  # this process's rank in a distributed run: X and dY round per rank
@@ -106,10 +106,11 @@ class QuantLinear(nn.Linear):
         with torch.autocast(device_type, enabled=False):
             rows = x.reshape(-1, self.in_features)
             executor = self.executor(rows)[0] if self.stats is None else "reference"
-            if executor == "fast" and torch.compiler.is_compiling():
-                y = fast_linear_y(
-                    rows, weight, bias, self._op_key, call_seed, self._weight_guide(), self.rank
-                )
+            if executor != "reference" and torch.compiler.is_compiling():
+                y = compiled_linear(
+                    rows, weight, bias, executor, self._op_key, call_seed,
+                    self._weight_guide(), self.rank,
+                )  # fmt: skip
             elif executor == "fast":
                 y = FastQuantLinearFunction.apply(
                     rows, weight, bias, self.config, call_seed, self._weight_guide(), self.rank

@@ -12,6 +12,7 @@ from fp4cli.store import RunStore
 from fp4cli.train import run_training
 from fp4cli.train.progress import SilentReporter
 from tests.gpu_gpt import (
+    autocast_gradients,
     check_executor_gives_the_reference_bits,
     check_graph_steps_equal_eager_steps,
 )
@@ -57,6 +58,19 @@ def test_pair_on_large_bf16_matches_the_reference(double, col_h):
 def test_fast_executor_equals_reference_under_autocast(recipe):
     """A GPT's forward and backward under bf16 autocast: every gradient the same bits."""
     check_executor_gives_the_reference_bits(recipe, "triton", "fast")
+
+
+@pytest.mark.parametrize(
+    ("recipe", "executor"), [("tetrajet", "fast"), ("nvfp4", "fast"), ("wang-fp4", "vector")]
+)
+def test_compiled_gpt_is_one_graph_with_the_eager_bits(recipe, executor):
+    """torch.compile through the quantized layers' custom ops under bf16 autocast: aot_eager
+    (torch's kernels around the ops) gives the eager loss and gradients bit for bit; inductor
+    (its own fused kernels around them) the same to bf16's rounding."""
+    eager = autocast_gradients(recipe, "triton", executor)
+    assert_bits_all(autocast_gradients(recipe, "triton", executor, "aot_eager"), eager, recipe)
+    inductor = autocast_gradients(recipe, "triton", executor, "inductor")
+    torch.testing.assert_close(inductor["loss"], eager["loss"], rtol=1e-2, atol=0)
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "tetrajet-qema", "tseng-rht-sr"])
@@ -109,3 +123,9 @@ def test_captured_runs_leave_no_memory_behind():
         torch.cuda.synchronize()
         allocated.append(torch.cuda.memory_allocated(cuda))
     assert allocated[2] == allocated[1], allocated
+
+
+def assert_bits_all(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str):
+    assert got.keys() == want.keys()
+    for name, tensor in got.items():
+        assert_bits(tensor, want[name], f"{label}: {name}")

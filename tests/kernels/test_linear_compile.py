@@ -1,4 +1,4 @@
-"""The fast executor under torch.compile (fp4cli/linear/fast_op.py): the quantized Linear is two
+"""The kernel executors under torch.compile (fp4cli/linear/ops.py): the quantized Linear is two
 custom ops, so a compiled model has no graph break in it (`fullgraph=True` fails on one) and
 gives the eager layer's outputs and gradients bit for bit."""
 
@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from fp4cli import LinearConfig, QuantSpec
-from fp4cli.linear.fast_op import fast_linear, fast_linear_backward, op_key
+from fp4cli.linear.ops import op_key, quant_linear, quant_linear_backward
 from tests.kernel_cases import DEVICE
 from tests.kernels.test_linear_fast import CONFIGS
 from tests.linear_runs import assert_same_passes, linear_inputs, seeded_layer, training_passes
+from tests.train.test_fast_vector import CONFIGS as VECTOR_CONFIGS
 
 MXFP4 = QuantSpec.preset("mxfp4")
 COMPILED = {
@@ -20,6 +21,8 @@ COMPILED = {
 COMPILED["unquantized-saved"] = LinearConfig(
     forward_x=MXFP4, forward_w=MXFP4, grad_input_dy=MXFP4, grad_weight_dy=MXFP4
 )
+# the vector-wise executor: Wang et al.'s recipes, DGE (it keeps the weight) and the clamp
+VECTOR = {name: VECTOR_CONFIGS[name] for name in ("wang-fp4", "wang-direct", "dge-only", "paper")}
 
 
 def compiled_passes(layer, x, grad_y, backend="aot_eager", calls=2):
@@ -27,13 +30,13 @@ def compiled_passes(layer, x, grad_y, backend="aot_eager", calls=2):
     return training_passes(torch.compile(layer, backend=backend, fullgraph=True), x, grad_y, calls)
 
 
-@pytest.mark.parametrize("name", COMPILED)
+@pytest.mark.parametrize("name", [*COMPILED, *VECTOR])
 def test_compiled_layer_matches_eager_bit_for_bit(name):
-    config = COMPILED[name]
-    x, grad_y = linear_inputs()
+    config = COMPILED.get(name) or VECTOR[name]
+    x, grad_y = linear_inputs(outlier=True)
     eager = training_passes(seeded_layer(config, "triton"), x, grad_y)
     layer = seeded_layer(config, "triton")
-    assert layer.executor() == ("fast", "")
+    assert layer.executor() == ("fast" if name in COMPILED else "vector", "")
     assert_same_passes(compiled_passes(layer, x, grad_y), eager)
     assert int(layer.calls) == 2  # each compiled call drew fresh seeds, as the eager ones
 
@@ -78,36 +81,39 @@ def test_inductor_compiles_a_model_through_its_quantized_layers():
         torch.testing.assert_close(got.grad, expected.grad, rtol=2e-2, atol=1e-3)
 
 
-def op_args(config, needs_dx=True, needs_dw=True):
+def op_args(executor, config):
     layer = seeded_layer(config, "triton", 64, 40)
     x = torch.randn(24, 64, device=DEVICE)
     call_seed = torch.tensor(7, device=DEVICE)
-    return (x, layer.weight.detach(), layer.bias.detach(), call_seed, None, op_key(config), 0,
-            needs_dx, needs_dw)  # fmt: skip
+    return (x, layer.weight.detach(), layer.bias.detach(), call_seed, None, executor,
+            op_key(config), 0, True, True)  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["mxfp4", "nvfp4"])
-def test_fake_implementations_give_the_real_outputs_layout(name):
+@pytest.mark.parametrize(
+    ("executor", "name"), [("fast", "mxfp4"), ("fast", "nvfp4"), ("vector", "paper")]
+)
+def test_fake_implementations_give_the_real_outputs_layout(executor, name):
     """Each op's fake implementation (the launchers with launches skipped) allocates what the
     real op returns: shapes, dtypes and strides (torch.library.opcheck's fake-tensor test)."""
-    args = op_args(COMPILED[name])
-    torch.library.opcheck(fast_linear, args, test_utils=("test_schema", "test_faketensor"))
-    outputs = fast_linear(*args)
-    x, weight, _, call_seed, _, key, *_ = args
+    args = op_args(executor, COMPILED.get(name) or VECTOR[name])
+    torch.library.opcheck(quant_linear, args, test_utils=("test_schema", "test_faketensor"))
+    outputs = quant_linear(*args)
+    x, weight, _, call_seed, _, _, key, *_ = args
     shapes = [*x.shape, *weight.shape]
     grad_y = torch.randn(x.shape[0], weight.shape[0], device=DEVICE)
-    backward_args = (grad_y, list(outputs[1:]), call_seed, key, 0, shapes, x.dtype,
+    backward_args = (grad_y, list(outputs[1:]), call_seed, executor, key, 0, shapes, x.dtype,
                      [True, True, True])  # fmt: skip
     torch.library.opcheck(
-        fast_linear_backward, backward_args, test_utils=("test_schema", "test_faketensor")
+        quant_linear_backward, backward_args, test_utils=("test_schema", "test_faketensor")
     )
 
 
-def test_an_unregistered_config_is_one_error():
-    args = list(op_args(COMPILED["mxfp4"]))
-    args[5] = "LinearConfig(nothing)"
+def test_an_unregistered_config_or_executor_is_one_error():
+    args = list(op_args("fast", COMPILED["mxfp4"]))
+    with pytest.raises(RuntimeError, match="no executor 'reference'"):
+        quant_linear(*args[:5], "reference", *args[6:])
     with pytest.raises(RuntimeError, match="no layer registered config"):
-        fast_linear(*args)
+        quant_linear(*args[:6], "LinearConfig(nothing)", *args[7:])
 
 
 def test_a_compiled_gpt_is_one_graph_with_the_eager_gradients():

@@ -1,0 +1,204 @@
+"""The quantized Linear's kernel executors as two torch custom ops, so that torch.compile
+traces a model through its quantized layers without a graph break.
+
+`fp4cli::quant_linear` runs the forward of the fast executor (`fast.fast_forward`) or of the
+vector-wise one (`fast_vector.vector_forward`) and returns [y, the tensors kept for the
+backward pass]; `fp4cli::quant_linear_backward` runs the matching backward on them. The ops
+are opaque to the compiler (it neither traces nor fuses the kernels inside), their autograd
+formula is the backward op, and their fake implementations are the same Python with
+`kernels.launch`'s launches skipped (`shapes_only`), so every output's shape comes from the
+code that allocates it. Eager layers keep calling the executors' autograd Functions (fewer host
+steps a call); both run the same steps on the same operands, so compiled and eager layers give
+the same bits.
+
+A LinearConfig reaches the ops as its `repr` (ops take strings, not Python objects): `op_key`
+registers it; a layer registers its own when it is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fp4cli.linear.config import LinearConfig
+from fp4cli.linear.fast import fast_backward, fast_forward, saved_count, saved_layouts
+from fp4cli.linear.fast_vector import kept_counts, vector_backward, vector_forward
+
+_CONFIGS: dict[str, LinearConfig] = {}
+EXECUTORS = ("fast", "vector")
+
+
+def op_key(config: LinearConfig) -> str:
+    """The string the ops know `config` by (registered here on first use)."""
+    key = repr(config)
+    _CONFIGS.setdefault(key, config)
+    return key
+
+
+def _config(key: str) -> LinearConfig:
+    config = _CONFIGS.get(key)
+    if config is None:
+        raise RuntimeError(f"fp4cli::quant_linear: no layer registered config {key!r}")
+    return config
+
+
+def _fresh(outputs: list[torch.Tensor], inputs: tuple[Any, ...]) -> list[torch.Tensor]:
+    """A custom op's outputs may not alias its inputs: a kept tensor that is an input itself
+    (an unquantized operand in its own dtype, DGE's weight) is returned as a copy."""
+    return [t.clone() if any(t is i for i in inputs) else t for t in outputs]
+
+
+def _forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    call_seed: torch.Tensor,
+    weight_guide: torch.Tensor | None,
+    executor: str,
+    config: str,
+    rank: int,
+    needs_dx: bool,
+    needs_dw: bool,
+) -> list[torch.Tensor]:
+    linear = _config(config)
+    if executor == "fast":
+        y, *groups = fast_forward(
+            x, weight, bias, linear, call_seed, weight_guide, rank, needs_dx, needs_dw
+        )
+    elif executor == "vector":
+        y, *groups = vector_forward(x, weight, bias, linear, needs_dx, needs_dw)
+    else:
+        raise RuntimeError(f"fp4cli::quant_linear: no executor {executor!r}")
+    kept = [tensor for group in groups for tensor in group]
+    return _fresh([y, *kept], (x, weight, bias, weight_guide))
+
+
+@torch.library.custom_op("fp4cli::quant_linear", mutates_args=())
+def quant_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    call_seed: torch.Tensor,
+    weight_guide: torch.Tensor | None,
+    executor: str,
+    config: str,
+    rank: int,
+    needs_dx: bool,
+    needs_dw: bool,
+) -> list[torch.Tensor]:
+    """[y = x W^T + b, then the tensors the executor keeps for the backward pass]."""
+    return _forward(
+        x, weight, bias, call_seed, weight_guide, executor, config, rank, needs_dx, needs_dw
+    )
+
+
+@quant_linear.register_fake
+def _quant_linear_fake(*args: Any) -> list[torch.Tensor]:
+    from fp4cli.kernels.launch import shapes_only
+
+    with shapes_only():
+        return _forward(*args)
+
+
+def _split(saved: list[torch.Tensor], counts: tuple[int, ...]) -> list[tuple[torch.Tensor, ...]]:
+    groups, start = [], 0
+    for count in counts:
+        groups.append(tuple(saved[start : start + count]))
+        start += count
+    return groups
+
+
+def _backward(
+    grad_y: torch.Tensor,
+    saved: list[torch.Tensor],
+    call_seed: torch.Tensor,
+    executor: str,
+    config: str,
+    rank: int,
+    shapes: list[int],
+    dtype: torch.dtype,
+    needs: list[bool],
+) -> list[torch.Tensor]:
+    linear = _config(config)
+    wanted = (needs[0], needs[1], needs[2])
+    if executor == "fast":
+        x_shape, w_shape = tuple(shapes[:2]), tuple(shapes[2:])
+        layouts = saved_layouts(linear, call_seed, rank, x_shape, w_shape, dtype)[2:]
+        x_kept, w_kept = _split(saved, (saved_count(layouts[0], needs[1]), len(saved)))
+        grads = fast_backward(grad_y, x_kept, w_kept, linear, call_seed, rank, layouts, wanted)
+    else:
+        x_kept, w_kept, dge = _split(saved, kept_counts(linear, needs[0], needs[1]))
+        grads = vector_backward(grad_y, (x_kept, w_kept, dge), linear, dtype, wanted)
+    return [g for g in grads if g is not None]
+
+
+@torch.library.custom_op("fp4cli::quant_linear_backward", mutates_args=())
+def quant_linear_backward(
+    grad_y: torch.Tensor,
+    saved: list[torch.Tensor],
+    call_seed: torch.Tensor,
+    executor: str,
+    config: str,
+    rank: int,
+    shapes: list[int],
+    dtype: torch.dtype,
+    needs: list[bool],
+) -> list[torch.Tensor]:
+    """[grad_x, grad_w, grad_b], each only where `needs` (dx, dw, db) asks for it. saved: what
+    `quant_linear` kept; shapes: X's (rows, cols) then W's; dtype: the forward's compute dtype."""
+    return _backward(grad_y, saved, call_seed, executor, config, rank, shapes, dtype, needs)
+
+
+@quant_linear_backward.register_fake
+def _quant_linear_backward_fake(*args: Any) -> list[torch.Tensor]:
+    from fp4cli.kernels.launch import shapes_only
+
+    with shapes_only():
+        return _backward(*args)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]) -> None:
+    x, weight, bias, call_seed, _, executor, config, rank, needs_dx, needs_dw = inputs
+    ctx.save_for_backward(call_seed, *output[1:])
+    ctx.executor, ctx.config, ctx.rank = executor, config, rank
+    ctx.needs = (needs_dx, needs_dw)
+    ctx.shapes = [*x.shape, *weight.shape]
+    ctx.dtype, ctx.has_bias = x.dtype, bias is not None
+
+
+def _autograd_backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+    grad_y = grads[0][0] if isinstance(grads[0], (list, tuple)) else grads[0]
+    call_seed, *saved = ctx.saved_tensors
+    needs = [*ctx.needs, bool(ctx.has_bias and ctx.needs_input_grad[2])]
+    computed = iter(
+        quant_linear_backward(
+            grad_y.contiguous(), saved, call_seed, ctx.executor, ctx.config, ctx.rank,
+            ctx.shapes, ctx.dtype, needs,
+        )
+    )  # fmt: skip
+    grad_x, grad_w, grad_b = (next(computed) if need else None for need in needs)
+    return grad_x, grad_w, grad_b, *([None] * 7)
+
+
+quant_linear.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def compiled_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    executor: str,
+    key: str,
+    call_seed: torch.Tensor,
+    weight_guide: torch.Tensor | None,
+    rank: int,
+) -> torch.Tensor:
+    """y through the custom ops (what a compiled model traces): `executor` "fast" or "vector",
+    `key` the layer's `op_key`."""
+    grad = torch.is_grad_enabled()
+    needs_dx, needs_dw = grad and x.requires_grad, grad and weight.requires_grad
+    outputs = quant_linear(
+        x, weight, bias, call_seed, weight_guide, executor, key, rank, needs_dx, needs_dw
+    )
+    return outputs[0]
