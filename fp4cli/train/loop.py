@@ -118,14 +118,13 @@ class Trainer:
         check_batch_fits(
             self.model, task, config.batch_size // self.dist.world_size, config.seed, self.device
         )
-        self.train_model: Any = distributed.wrap(self.model, self.dist, self.device)  # forward here
-        if config.compile:
-            self.train_model = torch.compile(self.train_model)
+        wrapped = distributed.wrap(self.model, self.dist, self.device)
+        self.train_model: Any = torch.compile(wrapped) if config.compile else wrapped  # forward
         self.optimizer = self._build_optimizer()
         self.stats = QuantStatsCollector(self.model, enabled=config.stats_every > 0)
         self.step_runner = StepRunner(
             self.train_model, self.optimizer, self.task.loss, config.grad_clip, self.device,
-            cuda_graph=config.cuda_graph,
+            cuda_graph=config.cuda_graph, plain_model=wrapped,
         )  # fmt: skip
         self.run_id: str | None = None
         self.start_step = 0

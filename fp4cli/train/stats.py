@@ -141,6 +141,8 @@ class QuantStatsCollector:
         return [(n, m) for n, m in self.layers.items() if m.config.forward_w is not None]
 
     def _probe_hook(self, name: str) -> Any:
+        # Not traced by torch.compile: a hook per layer name would recompile once per layer.
+        @torch.compiler.disable
         def capture(module: nn.Module, args: tuple[Any, ...]) -> None:
             if name in self.capturing:
                 x = args[0].detach()

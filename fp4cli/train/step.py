@@ -88,8 +88,12 @@ class StepRunner:
         grad_clip: float | None,
         device: torch.device,
         cuda_graph: bool = False,
+        plain_model: Any = None,
     ) -> None:
         self.model, self.optimizer, self.loss_of = model, optimizer, loss_of
+        # the steps asked to run eagerly (statistics, the first) run this one: the model before
+        # torch.compile, whose statistics layers would break and recompile a compiled model
+        self.plain_model = plain_model if plain_model is not None else model
         self.device = device
         self.grad_clip = grad_clip
         self.autocast = device.type == "cuda"
@@ -101,7 +105,9 @@ class StepRunner:
 
     def __call__(self, batch: Any, eager: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, gradient norm) of one step on `batch`; `eager` keeps it out of the graph."""
-        if not self.cuda_graph or eager:
+        if eager:
+            return self._eager(batch, self.plain_model)
+        if not self.cuda_graph:
             return self._eager(batch)
         if self.graph is None and self.eager_steps < WARMUP_STEPS:
             side = warmup_stream(self.device)
@@ -119,15 +125,15 @@ class StepRunner:
         loss, grad_norm = self.static_out
         return loss.clone(), grad_norm.clone()
 
-    def _eager(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _eager(self, batch: Any, model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         # Once a graph holds the gradients, they are zeroed in place, not freed.
         self.optimizer.zero_grad(set_to_none=self.graph is None)
         self.eager_steps += 1
         # Graphed or not, every step casts alike: autocast's state is part of what a compiled
         # model checks, and a change at capture would recompile inside the capture.
         return plain_step(
-            self.model, self.optimizer, self.loss_of, batch, self.grad_clip, self.autocast,
-            cache_casts=not self.cuda_graph,
+            model if model is not None else self.model, self.optimizer, self.loss_of, batch,
+            self.grad_clip, self.autocast, cache_casts=not self.cuda_graph,
         )  # fmt: skip
 
     def _capture(self, batch: Any) -> None:

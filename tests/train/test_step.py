@@ -56,6 +56,28 @@ def test_eager_runner_is_the_plain_training_loop():
     assert runner.graph is None and runner.eager_steps == 4
 
 
+def test_steps_asked_to_run_eagerly_take_the_plain_model():
+    """A compiled model's statistics steps (and first step) run the model before compilation."""
+    model = _model()
+    calls = []
+
+    class Recorded(nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name, self.inner = name, model
+
+        def forward(self, inputs):
+            calls.append(self.name)
+            return self.inner(inputs)
+
+    compiled, plain = Recorded("compiled"), Recorded("plain")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    runner = StepRunner(compiled, optimizer, _loss, None, torch.device("cpu"), plain_model=plain)
+    for index, batch in enumerate(_batches(3)):
+        runner(batch, eager=index == 1)
+    assert calls == ["compiled", "plain", "compiled"]
+
+
 def test_plain_step_returns_the_norm_before_clipping():
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
