@@ -77,6 +77,7 @@ class QuantLinear(nn.Linear):
         self.backend = backend
         self._plan = _choose_executor(config, backend)
         self._op_key = op_key(config) if self._plan[0] != "reference" else ""
+        self._high_precision = config.is_high_precision  # walks the fields: once, not per call
         self._interpreter = interpreter_on()
         self.stats: dict[tuple[str, str], torch.Tensor] | None = None  # set to {} to record
         self.rank = 0  # this process's rank in a distributed run: X and dY round per rank
@@ -90,7 +91,7 @@ class QuantLinear(nn.Linear):
             self.register_buffer("ema_updates", torch.zeros((), dtype=torch.int64, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.config.is_high_precision:
+        if self._high_precision:
             return F.linear(x, self.weight, self.bias)
         weight: torch.Tensor = self.weight
         bias: torch.Tensor | None = self.bias

@@ -161,3 +161,18 @@ def test_a_run_says_which_executor_its_layers_take(tmp_path):
     run_training(flags, [], RunStore(tmp_path / "fp4.db"), reporter=reporter)
     assert reporter.lines[0].startswith("quantized layers: ")
     assert "on the reference (a cpu tensor)" in reporter.lines[0]
+
+
+def test_an_eager_quantized_run_on_one_gpu_is_told_of_cuda_graphs():
+    from fp4cli.recipes import load_recipe
+    from fp4cli.train.loop import graph_hint
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    eager, graphed = TrainConfig(), TrainConfig(cuda_graph=True)
+    tetrajet = load_recipe("tetrajet")
+    assert "--cuda-graph" in graph_hint(eager, tetrajet, cuda, 1)
+    assert graph_hint(graphed, tetrajet, cuda, 1) is None
+    assert graph_hint(eager, tetrajet, cpu, 1) is None
+    assert graph_hint(eager, tetrajet, cuda, 2) is None  # graphs take one process
+    assert graph_hint(eager, load_recipe("tetrajet-qramp"), cuda, 1) is None  # Q-Ramping
+    assert graph_hint(eager, load_recipe("bf16"), cuda, 1) is None
