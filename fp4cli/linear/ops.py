@@ -61,6 +61,7 @@ def _forward(
     needs_dx: bool,
     needs_dw: bool,
 ) -> list[torch.Tensor]:
+    """[y = x W^T + b, then the tensors the executor keeps for the backward pass]."""
     linear = _config(config)
     if executor == "fast":
         y, *groups = fast_forward(
@@ -74,23 +75,7 @@ def _forward(
     return _fresh([y, *kept], (x, weight, bias, weight_guide))
 
 
-@torch.library.custom_op("fp4cli::quant_linear", mutates_args=())
-def quant_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    call_seed: torch.Tensor,
-    weight_guide: torch.Tensor | None,
-    executor: str,
-    config: str,
-    rank: int,
-    needs_dx: bool,
-    needs_dw: bool,
-) -> list[torch.Tensor]:
-    """[y = x W^T + b, then the tensors the executor keeps for the backward pass]."""
-    return _forward(
-        x, weight, bias, call_seed, weight_guide, executor, config, rank, needs_dx, needs_dw
-    )
+quant_linear = torch.library.custom_op("fp4cli::quant_linear", _forward, mutates_args=())
 
 
 @quant_linear.register_fake
@@ -120,6 +105,8 @@ def _backward(
     dtype: torch.dtype,
     needs: list[bool],
 ) -> list[torch.Tensor]:
+    """[grad_x, grad_w, grad_b], each only where `needs` (dx, dw, db) asks for it. saved: what
+    `quant_linear` kept; shapes: X's (rows, cols) then W's; dtype: the forward's compute dtype."""
     linear = _config(config)
     wanted = (needs[0], needs[1], needs[2])
     if executor == "fast":
@@ -133,21 +120,9 @@ def _backward(
     return [g for g in grads if g is not None]
 
 
-@torch.library.custom_op("fp4cli::quant_linear_backward", mutates_args=())
-def quant_linear_backward(
-    grad_y: torch.Tensor,
-    saved: list[torch.Tensor],
-    call_seed: torch.Tensor,
-    executor: str,
-    config: str,
-    rank: int,
-    shapes: list[int],
-    dtype: torch.dtype,
-    needs: list[bool],
-) -> list[torch.Tensor]:
-    """[grad_x, grad_w, grad_b], each only where `needs` (dx, dw, db) asks for it. saved: what
-    `quant_linear` kept; shapes: X's (rows, cols) then W's; dtype: the forward's compute dtype."""
-    return _backward(grad_y, saved, call_seed, executor, config, rank, shapes, dtype, needs)
+quant_linear_backward = torch.library.custom_op(
+    "fp4cli::quant_linear_backward", _backward, mutates_args=()
+)
 
 
 @quant_linear_backward.register_fake
