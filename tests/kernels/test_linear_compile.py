@@ -139,3 +139,20 @@ def test_a_compiled_gpt_is_one_graph_with_the_eager_gradients():
         F.cross_entropy(net(inputs).float().reshape(-1, 256), targets.reshape(-1)).backward()
     for got, expected in zip(compiled.parameters(), eager.parameters(), strict=True):
         assert torch.equal(got.grad, expected.grad)
+
+
+@pytest.mark.parametrize("name", ["tetrajet", "wang-fp4"])
+def test_a_compiled_layer_takes_new_token_counts_and_evaluation(name):
+    """Token counts that change between calls (torch.compile then traces the ops with symbolic
+    sizes) and a no-grad call: every output and gradient the eager layer's."""
+    config = COMPILED.get(name) or VECTOR[name]
+    eager, layer = seeded_layer(config, "triton"), seeded_layer(config, "triton")
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    for tokens in (40, 24, 33):
+        x, grad_y = linear_inputs((tokens, 96), seed=tokens)
+        got, want = training_passes(compiled, x, grad_y, 1), training_passes(eager, x, grad_y, 1)
+        assert_same_passes(got, want)
+    with torch.no_grad():
+        x = torch.ones(8, 96, device=DEVICE)
+        assert torch.equal(compiled(x), eager(x))
