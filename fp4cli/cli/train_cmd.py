@@ -30,7 +30,11 @@ def train(
         str | None, Opt(help="Quantizer: auto (Triton kernels on CUDA), torch or triton.")
     ] = None,
     compile: Annotated[
-        bool | None, Opt("--compile/--no-compile", help="torch.compile the model.")
+        bool | None,
+        Opt(
+            "--compile/--no-compile",
+            help="torch.compile the model, quantized layers included (fastest with --cuda-graph).",
+        ),
     ] = None,
     cuda_graph: Annotated[
         bool | None,
