@@ -24,25 +24,24 @@ def run_training(
     """Train a new run (flags > --set overrides > recipe > task defaults), or continue `resume`
     from its newest checkpoint with its stored config (flags may only extend `steps`). A
     `recipe` object given is trained as is (flags' "recipe" then only names it). `store`: a
-    store, or a function opening one, called only once a new run's config and recipe are
-    known to be good (a refused run then leaves no store file behind)."""
+    store, or a function opening one, called for a new run only once its config, recipe, task
+    and step options are known to be good (a refused run then leaves no store file behind)."""
     from fp4cli.recipes import apply_overrides, load_recipe
     from fp4cli.tasks.base import create_task
     from fp4cli.track.store import tracked
 
     flags = flags or {}
     opener = _store_opener(store)
-    run = None
+    run = opened = None
     if resume is not None:
-        store = opener()
-        run = store.get_run(resume)
+        opened = opener()
+        run = opened.get_run(resume)
         config, recipe = _resumed(run, flags, overrides)
     else:
         config, recipe_overrides = resolve_config(flags, overrides)
         base = recipe if recipe is not None else load_recipe(config.recipe)
         recipe = apply_overrides(base, recipe_overrides)
         config = for_recipe(config, recipe)
-        store = opener()
     if run is not None and run["world_size"] != distributed.world_size():
         raise ConfigError(
             f"run {run['id']} trained on {run['world_size']} process(es); resume it on as many "
@@ -53,13 +52,17 @@ def run_training(
     device = pick_device(distributed.rank_device(dist, config.device))
     distributed.join(dist, device)
     try:
+        task = create_task(config.task, config.size, config.data, device, dict(config.model))
+        config = config.with_task_defaults(task.defaults)
+        # The trainer refuses what this run cannot do (step options, a batch too large)
+        # before a new run's store is opened: a refused run leaves no store file behind.
+        trainer = Trainer(config, recipe, task, None, dist, device)
+        store = opened if opened is not None else opener()
         if not dist.is_main:  # only rank 0 writes to the store
             store = distributed.RankStore(str(store.path))
         else:  # and streams to the trackers (a missing one is refused before training)
             store = tracked(store, config.log_to)
-        task = create_task(config.task, config.size, config.data, device, dict(config.model))
-        config = config.with_task_defaults(task.defaults)
-        trainer = Trainer(config, recipe, task, store, dist, device)
+        trainer.store = store
         if run is not None:
             trainer.resume(run["id"])
         else:

@@ -97,7 +97,8 @@ def device_name(device: torch.device) -> str:
 
 
 class Trainer:
-    """Builds a run from a resolved config and trains it, writing everything to `store`."""
+    """Builds a run from a resolved config and trains it, writing everything to `store` (which
+    may be set after construction: construction refuses what the run cannot do)."""
 
     def __init__(
         self,

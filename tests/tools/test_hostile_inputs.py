@@ -83,6 +83,7 @@ def test_recipe_paths_that_are_not_files(tmp_path):
         (["--lr", "inf"], "lr: must be a finite number"),
         (["--set", "grad_clip=.nan"], "grad_clip: must be a finite number"),
         (["--recipe", "no:such:recipe:x:"], "unknown recipe 'no:such:recipe:x:'"),
+        (["--cuda-graph"], "cuda_graph: needs a CUDA device (this run is on cpu)"),
     ],
 )
 def test_training_options_that_mean_nothing(tmp_path, args, fragment):
