@@ -8,8 +8,8 @@ configuration they cover, else the reference. Both give the same bits.
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from functools import cache
 
 import torch
 
@@ -26,13 +26,12 @@ def check_backend(backend: str) -> None:
         raise SpecError(f"backend: must be one of {', '.join(BACKENDS)} (got {backend!r})")
 
 
-@cache
+# Looked up once, at import: torch.compile then reads a constant (it warns on cached functions).
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _TRITON_INSTALLED
 
 
 def interpreter_on() -> bool:
