@@ -223,16 +223,6 @@ def saved_layouts(
     return x_for_dw, w_for_dx, _saved(x_for_dw, x_shape, dtype), _saved(w_for_dx, w_shape, dtype)
 
 
-def saved_count(layout: Saved, needed: bool) -> int:
-    """How many tensors keep one backward operand: none when its gradient is not needed, the
-    values, or codes and scales (and a two-level spec's tensor amax)."""
-    if not needed:
-        return 0
-    if layout.spec is None:
-        return 1
-    return 3 if layout.spec.tensor_scale else 2
-
-
 def fast_forward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -243,11 +233,13 @@ def fast_forward(
     rank: int,
     needs_dx: bool,
     needs_dw: bool,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """y = x W^T + b and the backward operands of X and W (`saved_layouts`), each () where
-    its gradient is not needed."""
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[Saved, Saved]]:
+    """y = x W^T + b, the backward operands of X and W, each () where its gradient is not
+    needed (W's, when kept, is one tensor of values), and how to read them (`saved_layouts`)."""
     x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
-    x_for_dw, w_for_dx, _, _ = saved_layouts(config, call_seed, rank, x.shape, weight.shape, dtype)
+    x_for_dw, w_for_dx, *layouts = saved_layouts(
+        config, call_seed, rank, x.shape, weight.shape, dtype
+    )
     (x_q,), x_saved = quantize_both(
         x,
         _request(config, "forward", 0, call_seed, rank),
@@ -263,7 +255,7 @@ def fast_forward(
         config.double_quant,
         weight_guide,
     )
-    return F.linear(x_q, w_q, bias), x_saved, w_saved
+    return F.linear(x_q, w_q, bias), x_saved, w_saved, (layouts[0], layouts[1])
 
 
 def fast_backward(
@@ -302,7 +294,7 @@ def fast_backward(
 class FastQuantLinearFunction(torch.autograd.Function):
     """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `fast_gap`
     accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes.
-    (Under torch.compile the layer calls the same steps as custom ops: `fast_op.py`.)"""
+    (Under torch.compile the layer calls the same steps as custom ops: `ops.py`.)"""
 
     @staticmethod
     def forward(
@@ -316,12 +308,11 @@ class FastQuantLinearFunction(torch.autograd.Function):
         rank: int = 0,
     ) -> torch.Tensor:
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        y, x_saved, w_saved = fast_forward(
+        y, x_saved, w_saved, ctx.layouts = fast_forward(
             x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw
         )
         ctx.save_for_backward(*x_saved, *w_saved)
         ctx.split = len(x_saved)
-        ctx.layouts = saved_layouts(config, call_seed, rank, x.shape, weight.shape, x.dtype)[2:]
         ctx.config, ctx.call_seed, ctx.rank = config, call_seed, rank
         ctx.has_bias = bias is not None
         return y

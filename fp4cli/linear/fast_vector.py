@@ -227,18 +227,6 @@ def kept_layout(plan: SourcePlan, dtype: torch.dtype) -> Kept:
     return Kept(plan.backward if plan.keep_codes else None, 0, dtype)
 
 
-def kept_counts(config: LinearConfig, needs_dx: bool, needs_dw: bool) -> tuple[int, int, int]:
-    """How many tensors `vector_forward` keeps for X's backward operand, W's, and DGE."""
-
-    def count(plan: SourcePlan) -> int:
-        if not plan.backward_needed:
-            return 0
-        return 2 if plan.backward is not None and plan.keep_codes else 1
-
-    x_plan, w_plan = vector_plans(config, needs_dx, needs_dw)
-    return count(x_plan), count(w_plan), 2 if w_plan.forward_scales else 0
-
-
 def vector_forward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -249,7 +237,8 @@ def vector_forward(
 ) -> tuple[
     torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]
 ]:
-    """y = x W^T + b, X's and W's kept backward operands, and DGE's (weight, forward scales)."""
+    """y = x W^T + b, X's and W's kept backward operands (W's, when kept, one tensor of values),
+    and DGE's (weight, forward scales) where `vector_plans` asks for the forward scales."""
     x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
     x_plan, w_plan = vector_plans(config, needs_dx, needs_dw)
     x_sizes, w_sizes = x_plan.slot_sizes(x.shape), w_plan.slot_sizes(weight.shape)
@@ -299,7 +288,7 @@ def vector_backward(
 class VectorQuantLinearFunction(torch.autograd.Function):
     """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `vector_gap`
     accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes.
-    (Under torch.compile the layer calls the same steps as custom ops: `fast_op.py`.)"""
+    (Under torch.compile the layer calls the same steps as custom ops: `ops.py`.)"""
 
     @staticmethod
     def forward(

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from fp4cli.linear.config import LinearConfig
-from fp4cli.linear.fast import fast_backward, fast_forward, saved_count, saved_layouts
-from fp4cli.linear.fast_vector import kept_counts, vector_backward, vector_forward
+from fp4cli.linear.fast import fast_backward, fast_forward, saved_layouts
+from fp4cli.linear.fast_vector import vector_backward, vector_forward, vector_plans
 
 _CONFIGS: dict[str, LinearConfig] = {}
 EXECUTORS = ("fast", "vector")
@@ -64,13 +64,16 @@ def _forward(
     """[y = x W^T + b, then the tensors the executor keeps for the backward pass]."""
     linear = _config(config)
     if executor == "fast":
-        y, *groups = fast_forward(
+        y, x_kept, w_kept, _ = fast_forward(
             x, weight, bias, linear, call_seed, weight_guide, rank, needs_dx, needs_dw
         )
+        groups: tuple[tuple[torch.Tensor, ...], ...] = (w_kept, x_kept)
     elif executor == "vector":
-        y, *groups = vector_forward(x, weight, bias, linear, needs_dx, needs_dw)
+        y, x_kept, w_kept, dge = vector_forward(x, weight, bias, linear, needs_dx, needs_dw)
+        groups = (dge, w_kept, x_kept)
     else:
         raise RuntimeError(f"fp4cli::quant_linear: no executor {executor!r}")
+    # X's group last: the others' sizes follow from the flags alone (`_backward`)
     kept = [tensor for group in groups for tensor in group]
     return _fresh([y, *kept], (x, weight, bias, weight_guide))
 
@@ -87,11 +90,12 @@ def _quant_linear_fake(*args: Any) -> list[torch.Tensor]:
 
 
 def _split(saved: list[torch.Tensor], counts: tuple[int, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """`saved` cut into groups of these sizes, then the rest."""
     groups, start = [], 0
     for count in counts:
         groups.append(tuple(saved[start : start + count]))
         start += count
-    return groups
+    return [*groups, tuple(saved[start:])]
 
 
 def _backward(
@@ -109,13 +113,15 @@ def _backward(
     `quant_linear` kept; shapes: X's (rows, cols) then W's; dtype: the forward's compute dtype."""
     linear = _config(config)
     wanted = (needs[0], needs[1], needs[2])
+    w_count = int(needs[0])  # W's kept operand: one tensor of values
     if executor == "fast":
         x_shape, w_shape = tuple(shapes[:2]), tuple(shapes[2:])
         layouts = saved_layouts(linear, call_seed, rank, x_shape, w_shape, dtype)[2:]
-        x_kept, w_kept = _split(saved, (saved_count(layouts[0], needs[1]), len(saved)))
+        w_kept, x_kept = _split(saved, (w_count,))
         grads = fast_backward(grad_y, x_kept, w_kept, linear, call_seed, rank, layouts, wanted)
     else:
-        x_kept, w_kept, dge = _split(saved, kept_counts(linear, needs[0], needs[1]))
+        dge_count = 2 if vector_plans(linear, needs[0], needs[1])[1].forward_scales else 0
+        dge, w_kept, x_kept = _split(saved, (dge_count, w_count))
         grads = vector_backward(grad_y, (x_kept, w_kept, dge), linear, dtype, wanted)
     return [g for g in grads if g is not None]
 
@@ -142,8 +148,8 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]
     ctx.dtype, ctx.has_bias = x.dtype, bias is not None
 
 
-def _autograd_backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-    grad_y = grads[0][0] if isinstance(grads[0], (list, tuple)) else grads[0]
+def _autograd_backward(ctx: Any, grads: list[Any]) -> tuple[Any, ...]:
+    grad_y = grads[0]  # the kept tensors' gradients (none) follow
     call_seed, *saved = ctx.saved_tensors
     needs = [*ctx.needs, bool(ctx.has_bias and ctx.needs_input_grad[2])]
     computed = iter(

@@ -108,12 +108,12 @@ class StepRunner:
         if eager:
             return self._eager(batch, self.plain_model)
         if not self.cuda_graph:
-            return self._eager(batch)
+            return self._eager(batch, self.model)
         if self.graph is None and self.eager_steps < WARMUP_STEPS:
             side = warmup_stream(self.device)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                out = self._eager(batch)
+                out = self._eager(batch, self.model)
             torch.cuda.current_stream().wait_stream(side)
             return out
         if self.graph is None:
@@ -125,15 +125,15 @@ class StepRunner:
         loss, grad_norm = self.static_out
         return loss.clone(), grad_norm.clone()
 
-    def _eager(self, batch: Any, model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _eager(self, batch: Any, model: Any) -> tuple[torch.Tensor, torch.Tensor]:
         # Once a graph holds the gradients, they are zeroed in place, not freed.
         self.optimizer.zero_grad(set_to_none=self.graph is None)
         self.eager_steps += 1
         # Graphed or not, every step casts alike: autocast's state is part of what a compiled
         # model checks, and a change at capture would recompile inside the capture.
         return plain_step(
-            model if model is not None else self.model, self.optimizer, self.loss_of, batch,
-            self.grad_clip, self.autocast, cache_casts=not self.cuda_graph,
+            model, self.optimizer, self.loss_of, batch, self.grad_clip, self.autocast,
+            cache_casts=not self.cuda_graph,
         )  # fmt: skip
 
     def _capture(self, batch: Any) -> None:
