@@ -14,6 +14,7 @@ A recipe mapping (a YAML file's content, less its `base:`; see fp4cli.recipes):
       dge: null                     # or {k: 5, cap: 3.0}; {} means the defaults
       outliers: null                # or {quantile: 0.99, compensate: false, method: nearest}
       qema: null                    # or {beta: 0.998, warmup: 10}
+      gemm: dequantized             # or exact | fast: the GEMMs on mxfp4_matmul (LinearConfig)
     optimizer:
       qramp: null                   # or {alpha: 16, beta: 5, max_period: null, interval: 500}
 
@@ -50,7 +51,7 @@ DEFAULT_SKIP = ("head", "lm_head", "*embed*")
 GEMM_OPERANDS = {"forward": ("x", "w"), "grad_input": ("dy", "w"), "grad_weight": ("dy", "x")}
 FILE_KEYS = ("base", "description", "citation", "skip", "linear", "optimizer")
 DICT_KEYS = ("name", "description", "citation", "skip", "linear", "optimizer", "source")
-LINEAR_KEYS = (*GEMM_OPERANDS, "double_quant", "dge", "outliers", "qema")
+LINEAR_KEYS = (*GEMM_OPERANDS, "double_quant", "dge", "outliers", "qema", "gemm")
 TECHNIQUES = {"dge": DGEConfig, "outliers": OutlierConfig, "qema": QEMAConfig}
 # LinearConfig field names -> recipe keys, to re-path LinearConfig's SpecError messages.
 _RECIPE_KEYS = {
@@ -139,6 +140,8 @@ class Recipe:
         }
         linear["double_quant"] = lin.double_quant
         linear |= {name: _asdict(getattr(lin, name)) for name in TECHNIQUES}
+        if lin.gemm != "dequantized":  # left out by default: older resolved recipes keep their form
+            linear["gemm"] = lin.gemm
         return {
             "name": self.name,
             "description": self.description,
@@ -218,6 +221,7 @@ def _linear(raw: Any, label: str) -> LinearConfig:
         raise RecipeError(label, "linear.double_quant", "must be true or false")
     for name, cls in TECHNIQUES.items():
         fields[name] = _config(lin.get(name), cls, label, f"linear.{name}")
+    fields["gemm"] = lin.get("gemm", "dequantized")
     try:
         return LinearConfig(**fields)
     except SpecError as error:

@@ -113,6 +113,12 @@ def shapes_only() -> Iterator[None]:
         _SHAPES_ONLY.on = previous
 
 
+def launches_skipped() -> bool:
+    """Whether a `shapes_only` block is running: launchers that call a kernel themselves
+    return after allocating their outputs."""
+    return getattr(_SHAPES_ONLY, "on", False)
+
+
 def launch(
     kernel: Any,
     grid: tuple[int, ...],
@@ -126,7 +132,7 @@ def launch(
     Triton binds keyword arguments on every launch: for the pair kernel's 53 constexprs that
     took as long as the rest of its dispatch (H100 host: 104-112 us a launch with keywords, 54
     by position). A stand-in for a kernel (a test's) carries the kernel's `fn`."""
-    if getattr(_SHAPES_ONLY, "on", False):
+    if launches_skipped():
         return
     rest = _parameter_names(kernel)[len(args) :]
     if len(rest) != len(constexprs):

@@ -17,15 +17,32 @@ BACKENDS = ("triton", "torch")  # the quantizers' (fp4cli.quant.backend), as a b
 Case = TypeVar("Case")
 
 
-def recipe_backends(recipes: Sequence[str], backends: Sequence[str]) -> list[tuple[str, str]]:
-    """(recipe, backend) pairs with bf16 first, on the first backend only (it quantizes
-    nothing), then every other recipe on every backend."""
+def recipe_backends(
+    recipes: Sequence[str], backends: Sequence[str], gemms: Sequence[str] = ("",)
+) -> list[tuple[str, str, str]]:
+    """(recipe, backend, GEMM mode) triples with bf16 first, on the first backend only (it
+    quantizes nothing), then every other recipe on every backend in every GEMM mode ("": the
+    recipe's own `linear.gemm`)."""
     ordered = [BASELINE, *(r for r in recipes if r != BASELINE)]
     return [
-        (recipe, backend)
+        (recipe, backend, gemm)
         for recipe in ordered
         for backend in (backends[:1] if recipe == BASELINE else backends)
+        for gemm in (("",) if recipe == BASELINE else gemms)
     ]
+
+
+def case_recipe(name: str, gemm: str) -> Any:
+    """The recipe a case runs: `name` loaded, its `linear.gemm` set to `gemm` if given."""
+    from fp4cli.recipes import apply_overrides, load_recipe
+
+    recipe = load_recipe(name)
+    return apply_overrides(recipe, [f"linear.gemm={gemm}"]) if gemm else recipe
+
+
+def case_label(recipe: str, gemm: str) -> str:
+    """How tables name a case's recipe: e.g. "mxfp4", "mxfp4 gemm=fast"."""
+    return f"{recipe} gemm={gemm}" if gemm else recipe
 
 
 def ratio(value: float | None, baseline: float | None) -> float | None:

@@ -22,6 +22,8 @@ import torch
 import torch.nn as nn
 
 from fp4cli.bench.baseline import (
+    case_label,
+    case_recipe,
     failure_note,
     measure_in_order,
     ratio,
@@ -43,6 +45,11 @@ class LayerCase:
     recipe: str
     backend: str
     name: str = ""  # e.g. "gpt2 qkv", for a shape from a named set
+    gemm: str = ""  # the recipe's linear.gemm changed to this ("": the recipe's own)
+
+    @property
+    def label(self) -> str:
+        return case_label(self.recipe, self.gemm)
 
     @property
     def shape_text(self) -> str:
@@ -83,7 +90,7 @@ class LayerRow:
         return {"tokens": shape.tokens, "in_features": shape.in_features,
                 "out_features": shape.out_features, "recipe": case.recipe,
                 "backend": case.backend, "name": case.name, "executor": self.executor,
-                "timing": self.timing}  # fmt: skip
+                "timing": self.timing, "gemm": case.gemm}  # fmt: skip
 
     def measurements(self) -> list[tuple[str, float, str]]:
         values = [
@@ -126,13 +133,16 @@ def _cost_shape(text: str) -> LayerShape | None:
 
 
 def cases(
-    shapes: Sequence[tuple[LayerShape, str]], recipes: Sequence[str], backends: Sequence[str]
+    shapes: Sequence[tuple[LayerShape, str]],
+    recipes: Sequence[str],
+    backends: Sequence[str],
+    gemms: Sequence[str] = ("",),
 ) -> list[LayerCase]:
     """Every case, bf16 first at each shape (the baseline, on one backend)."""
     return [
-        LayerCase(shape, recipe, backend, name)
+        LayerCase(shape, recipe, backend, name, gemm)
         for shape, name in shapes
-        for recipe, backend in recipe_backends(recipes, backends)
+        for recipe, backend, gemm in recipe_backends(recipes, backends, gemms)
     ]
 
 
@@ -194,11 +204,10 @@ def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str)
 def build_layer(case: LayerCase, device: torch.device) -> tuple[nn.Module, str]:
     """The case's layer (fp32 parameters, seeded) and the executor its calls run."""
     from fp4cli.linear import QuantLinear
-    from fp4cli.recipes import load_recipe
 
     torch.manual_seed(0)
     linear = nn.Linear(case.shape.in_features, case.shape.out_features, device=device)
-    config = load_recipe(case.recipe).linear
+    config = case_recipe(case.recipe, case.gemm).linear
     if config.is_high_precision:
         return linear, "nn.Linear"
     layer = QuantLinear.from_linear(linear, config, seed=0, backend=case.backend)

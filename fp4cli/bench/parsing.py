@@ -46,6 +46,14 @@ def parse_choices(option: str, text: str, choices: tuple[str, ...]) -> list[str]
     return list(dict.fromkeys(items))
 
 
+def parse_gemms(text: str | None) -> list[str]:
+    """--gemm: the GEMM modes each quantized recipe is measured in; [""] (each recipe's own)
+    when not given."""
+    from fp4cli.linear.config import GEMM_CHOICES
+
+    return [""] if text is None else parse_choices("gemm", text, GEMM_CHOICES)
+
+
 def parse_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise BenchError(f"dtype: must be one of {', '.join(DTYPES)} (got {name!r})")

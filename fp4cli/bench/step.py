@@ -19,6 +19,8 @@ from typing import Any
 import torch
 
 from fp4cli.bench.baseline import (
+    case_label,
+    case_recipe,
     failure_note,
     measure_in_order,
     ratio,
@@ -39,6 +41,11 @@ class StepCase:
     recipe: str
     backend: str
     mode: str
+    gemm: str = ""  # the recipe's linear.gemm changed to this ("": the recipe's own)
+
+    @property
+    def label(self) -> str:
+        return case_label(self.recipe, self.gemm)
 
 
 @dataclass
@@ -87,6 +94,7 @@ def cases(
     recipes: Sequence[str],
     backends: Sequence[str],
     modes: Sequence[str],
+    gemms: Sequence[str] = ("",),
 ) -> list[StepCase]:
     """Every case, bf16 first in each task and mode (it is the baseline, on one backend)."""
     found = []
@@ -94,8 +102,8 @@ def cases(
         task_size, task_batch = BENCH_SIZES.get(task, ("default", 8))
         shape = (task, size or task_size, batch or task_batch)
         for mode in modes:
-            for recipe, backend in recipe_backends(recipes, backends):
-                found.append(StepCase(*shape, recipe, backend, mode))
+            for recipe, backend, gemm in recipe_backends(recipes, backends, gemms):
+                found.append(StepCase(*shape, recipe, backend, mode, gemm))
     return found
 
 
@@ -161,14 +169,13 @@ def build_step(case: StepCase, device: torch.device) -> tuple[Any, list[Any], st
     """(StepRunner, two batches, executor summary) of a case."""
     import fp4cli
     from fp4cli.linear import quantized_layers
-    from fp4cli.recipes import load_recipe
     from fp4cli.tasks.base import create_task
     from fp4cli.train.step import StepRunner, device_learning_rates
 
     torch.manual_seed(0)
     task = create_task(case.task, case.size, None, device)
     model = task.build_model()
-    recipe = load_recipe(case.recipe)
+    recipe = case_recipe(case.recipe, case.gemm)
     fp4cli.quantize_model(model, recipe, seed=0, backend=case.backend)
     graphed = case.mode.endswith("graph")
     optimizer = torch.optim.AdamW(

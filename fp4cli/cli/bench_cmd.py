@@ -128,11 +128,11 @@ class _CaseProgress:
         self.progress.update(self.task, completed=index, description=description)
 
     def layer_case(self, index: int, case: Any) -> None:
-        description = f"layer {case.shape_text} {case.recipe} {case.backend}"
+        description = f"layer {case.shape_text} {case.label} {case.backend}"
         self.progress.update(self.task, completed=index, description=description)
 
     def step_case(self, index: int, case: Any) -> None:
-        description = f"step {case.task} {case.recipe} {case.backend} {case.mode}"
+        description = f"step {case.task} {case.label} {case.backend} {case.mode}"
         self.progress.update(self.task, completed=index, description=description)
 
 

@@ -9,6 +9,7 @@ import typer
 from fp4cli.cli.bench_options import (
     BackendsOption,
     DeviceOption,
+    GemmsOption,
     NoStoreOption,
     RecipesOption,
     StoreOption,
@@ -30,6 +31,7 @@ def layer_command(
     ] = "8192x768x3072,8192x4096x11008",
     recipes: RecipesOption = "bf16,mxfp4,tetrajet,tseng-rht-sr,nvfp4",
     backends: BackendsOption = "triton",
+    gemm: GemmsOption = None,
     timing: Annotated[
         str,
         Opt(
@@ -48,7 +50,12 @@ def layer_command(
     goes to the run store (kind `layer`)."""
     from fp4cli.bench import layer as bench
     from fp4cli.bench.baseline import BACKENDS
-    from fp4cli.bench.parsing import check_kernel_backends, parse_choices, split_list
+    from fp4cli.bench.parsing import (
+        check_kernel_backends,
+        parse_choices,
+        parse_gemms,
+        split_list,
+    )
     from fp4cli.bench.quantize import bench_device
     from fp4cli.cli.bench_cmd import _CaseProgress, _Recorder
     from fp4cli.cli.output import console_for
@@ -57,12 +64,13 @@ def layer_command(
     torch_device = bench_device(device)
     shape_list = bench.parse_layer_shapes(shapes)
     backend_list = parse_choices("backends", backends, BACKENDS)
+    gemm_list = parse_gemms(gemm)
     recipe_list = split_list(recipes)
     bench.check_layer_request(shape_list, iters, timing, torch_device)
     for recipe in recipe_list:
         load_recipe(recipe)  # RecipeError names what is wrong
     check_kernel_backends(backend_list, torch_device)
-    case_list = bench.cases(shape_list, recipe_list, backend_list)
+    case_list = bench.cases(shape_list, recipe_list, backend_list, gemm_list)
     recorder = _Recorder("layer", store, no_store, torch_device)
     try:
         with _CaseProgress(len(case_list), "layer") as progress:
@@ -102,7 +110,7 @@ def _layer_table(rows: list[Any], device: Any, timing: str, iters: int) -> Any:
             table.add_section()
         shape = f"{case.shape_text} {case.name}".strip()
         cells = [
-            shape, case.recipe, case.backend, _significant(row.ms),
+            shape, case.label, case.backend, _significant(row.ms),
             _significant(row.tflops), _times(row.vs_baseline), _significant(row.saved_mib),
             _times(row.saved_vs_baseline), row.note or row.executor,
         ]  # fmt: skip

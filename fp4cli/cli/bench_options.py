@@ -20,3 +20,11 @@ RecipesOption = Annotated[
 BackendsOption = Annotated[
     str, typer.Option(help="Comma-separated quantizer backends: triton, torch.")
 ]
+GemmsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated GEMM modes to measure each quantized recipe in: dequantized, "
+        "exact, fast (the recipe's linear.gemm; default: each recipe's own).",
+        show_default=False,
+    ),
+]

@@ -9,6 +9,7 @@ import typer
 from fp4cli.cli.bench_options import (
     BackendsOption,
     DeviceOption,
+    GemmsOption,
     NoStoreOption,
     RecipesOption,
     StoreOption,
@@ -24,6 +25,7 @@ def step_command(
     tasks: Annotated[str, Opt(help="Comma-separated: gpt, vit (or any task).")] = "gpt,vit",
     recipes: RecipesOption = "bf16,mxfp4,tetrajet,tetrajet-qema,tseng-rht-sr",
     backends: BackendsOption = "triton",
+    gemm: GemmsOption = None,
     modes: Annotated[
         str, Opt(help="Comma-separated: eager, graph (CUDA graph), compile, compile-graph.")
     ] = "eager,graph",
@@ -50,7 +52,12 @@ def step_command(
     torch.compile. Each number also goes to the run store (kind `step`)."""
     from fp4cli.bench import step as bench
     from fp4cli.bench.baseline import BACKENDS
-    from fp4cli.bench.parsing import check_kernel_backends, parse_choices, split_list
+    from fp4cli.bench.parsing import (
+        check_kernel_backends,
+        parse_choices,
+        parse_gemms,
+        split_list,
+    )
     from fp4cli.bench.quantize import bench_device
     from fp4cli.cli.bench_cmd import _CaseProgress, _Recorder, quiet_compiler_warnings
     from fp4cli.cli.output import console_for
@@ -59,11 +66,14 @@ def step_command(
     torch_device = bench_device(device)
     mode_list = parse_choices("modes", modes, bench.MODES)
     backend_list = parse_choices("backends", backends, BACKENDS)
+    gemm_list = parse_gemms(gemm)
     recipe_list, task_list = split_list(recipes), split_list(tasks)
     bench.check_step_request(mode_list, steps, torch_device)
     _check_names(task_list, recipe_list + split_list(max_batch or ""), size)
     check_kernel_backends(backend_list, torch_device)
-    case_list = bench.cases(task_list, size, batch_size, recipe_list, backend_list, mode_list)
+    case_list = bench.cases(
+        task_list, size, batch_size, recipe_list, backend_list, mode_list, gemm_list
+    )
     recorder = _Recorder("step", store, no_store, torch_device)
     batch_rows = []
     try:
@@ -137,7 +147,7 @@ def _step_table(rows: list[Any], device: Any) -> Any:
         ratio = _significant(row.vs_baseline, 3) + ("x" if row.vs_baseline else "")
         memory = _significant(row.memory_vs_baseline, 3) + ("x" if row.memory_vs_baseline else "")
         saved = _significant(row.saved_vs_baseline, 3) + ("x" if row.saved_vs_baseline else "")
-        cells = [task, case.recipe, case.backend, case.mode, _significant(row.ms), ratio,
+        cells = [task, case.label, case.backend, case.mode, _significant(row.ms), ratio,
                  _significant(row.peak_gib), memory, _significant(row.saved_gib), saved,
                  row.note or row.executors]  # fmt: skip
         table.add_row(*map(Text, cells))

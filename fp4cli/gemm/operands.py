@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fp4cli.quant import QuantizedTensor
+from fp4cli.quant import QuantizedTensor, QuantSpec
 
 if TYPE_CHECKING:
     from fp4cli.kernels.gemm.launch import Operand
@@ -73,20 +73,32 @@ def check_out(
 
 def kernel_gap(a: QuantizedTensor | torch.Tensor, b: QuantizedTensor) -> str | None:
     """Why the GEMM kernels cannot take this pair, or None when they can."""
-    for name, q in (("a", a), ("b", b)):
-        if not isinstance(q, QuantizedTensor):
-            continue
-        spec = q.spec
-        if spec.element != "e2m1" or spec.scale != "e8m0":
-            return f"{name}'s {spec.element}/{spec.scale} (the kernels take e2m1/e8m0)"
-        if spec.block not in KERNEL_BLOCKS or spec.tile2d:
-            return f"{name}'s block {spec.block!r} (the kernels take multiples of 32 up to 256)"
-        if spec.sr_prescale != 1.0:
-            return f"{name}'s sr_prescale {spec.sr_prescale:g} (dequantized values are not q * 2^e)"
-    if isinstance(a, QuantizedTensor) and a.spec.block != b.spec.block:
-        return f"blocks of {a.spec.block} and {b.spec.block} (both operands need one block)"
-    if isinstance(a, torch.Tensor) and a.dtype not in OUT_DTYPES:
+    if isinstance(a, QuantizedTensor):
+        return spec_pair_gap(a.spec, b.spec)
+    if a.dtype not in OUT_DTYPES:
         return f"a of dtype {a.dtype} (weight-only takes bfloat16, float16 or float32)"
+    return spec_gap("b", b.spec)
+
+
+def spec_pair_gap(a: QuantSpec, b: QuantSpec, names: tuple[str, str] = ("a", "b")) -> str | None:
+    """Why the GEMM kernels cannot multiply operands quantized with these specs (called
+    `names` in the answer), or None."""
+    gap = spec_gap(names[0], a) or spec_gap(names[1], b)
+    if gap is None and a.block != b.block:
+        return f"blocks of {a.block} and {b.block} (both operands need one block)"
+    return gap
+
+
+def spec_gap(name: str, spec: QuantSpec) -> str | None:
+    """Why the GEMM kernels cannot take an operand of this spec (called `name`), or None."""
+    if spec.element != "e2m1" or spec.scale != "e8m0":
+        return f"{name}'s {spec.element}/{spec.scale} (the kernels take e2m1/e8m0)"
+    if spec.block not in KERNEL_BLOCKS or spec.tile2d:
+        return f"{name}'s block {spec.block!r} (the kernels take multiples of 32 up to 256)"
+    if spec.tensor_scale:
+        return f"{name}'s tensor scale (the kernels take one level of e8m0 scales)"
+    if spec.sr_prescale != 1.0:
+        return f"{name}'s sr_prescale {spec.sr_prescale:g} (dequantized values are not q * 2^e)"
     return None
 
 

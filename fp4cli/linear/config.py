@@ -6,6 +6,12 @@
 | grad_weight dW = dY^T X  | grad_weight_dy, grad_weight_x| tokens         |
 
 An operand whose spec is None stays in high precision.
+
+`gemm` says how the fast executor multiplies a GEMM whose two operands `mxfp4_matmul` takes
+(`fp4cli.gemm.operands.spec_pair_gap`): "dequantized" (the default) hands torch's GEMM the
+operands' values in the compute dtype; "exact" and "fast" hand `mxfp4_matmul` the packed
+operands in that mode. Every other GEMM, and every GEMM of the reference executor, multiplies
+the values (which is "exact" up to float32 summation order).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ OPERANDS = (
     "grad_weight_x",
 )
 GEMMS = ("forward", "grad_input", "grad_weight")
+GEMM_CHOICES = ("dequantized", "exact", "fast")
 
 
 @dataclass(frozen=True)
@@ -43,8 +50,12 @@ class LinearConfig:
     dge: DGEConfig | None = None
     outliers: OutlierConfig | None = None
     qema: QEMAConfig | None = None
+    gemm: str = "dequantized"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.gemm, str) or self.gemm not in GEMM_CHOICES:
+            choices = ", ".join(GEMM_CHOICES)
+            raise SpecError(f"gemm: must be one of {choices} (got {self.gemm!r})")
         if not isinstance(self.double_quant, bool):
             raise SpecError("double_quant: must be true or false")
         if self.dge is not None and self.forward_w is None:
@@ -77,7 +88,8 @@ class LinearConfig:
     @property
     def is_high_precision(self) -> bool:
         """True when nothing is quantized and no technique changes the layer."""
-        return all(getattr(self, f.name) in (None, False) for f in dataclasses.fields(self))
+        fields = (f.name for f in dataclasses.fields(self) if f.name != "gemm")
+        return all(getattr(self, name) in (None, False) for name in fields)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -94,6 +106,8 @@ class LinearConfig:
                 parts.append(f"{gemm}_{'rht' if h.random else 'dht'}={h.size}")
         if self.double_quant:
             parts.append("double_quant")
+        if self.gemm != "dequantized":
+            parts.append(f"gemm={self.gemm}")
         for name in ("dge", "outliers", "qema"):
             cfg = getattr(self, name)
             if cfg is not None:

@@ -13,6 +13,12 @@ the reference's bits and the three GEMMs are the reference's calls on them. The 
 operand of X is saved packed (4.25 bits a value) instead of a 16-bit copy and decoded in the
 backward pass.
 
+With `gemm: exact` or `fast`, a GEMM whose two operands `mxfp4_matmul` takes (`gemm_gap`)
+gets both packed instead and multiplies them there, in that mode: "exact" gives the
+reference's products up to float32 summation order, "fast" flushes what its mode flushes
+(`fp4cli.gemm.matmul`). Its bias is added to the rounded product. W's grad_input operand is
+then kept packed as well.
+
 `fast_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
 every quantized operand must be an E2M1 spec the kernels take (two-level NVFP4 specs included;
 2-D weight tiles without a Hadamard transform); no DGE or outlier clamping. Q-EMA's guided
@@ -27,10 +33,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fp4cli.gemm.operands import spec_pair_gap
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.function import _quantize_operand, seed_offsets
-from fp4cli.quant import QuantSpec
+from fp4cli.quant import QuantizedTensor, QuantSpec
 from fp4cli.quant.backend import kernel_gap
+from fp4cli.quant.blocking import BlockLayout
 from fp4cli.techniques.hadamard import HadamardConfig
 
 GEMM_OPERANDS = {
@@ -68,6 +76,22 @@ def fast_gap(config: LinearConfig) -> str | None:
 DOUBLED = ("grad_input_w", "grad_weight_x")  # re-quantized from the forward operands
 
 
+def gemm_gap(config: LinearConfig, gemm: str) -> str | None:
+    """Why the fast executor multiplies `gemm`'s dequantized values with torch's GEMM rather
+    than its packed operands with `mxfp4_matmul`, or None when it takes `mxfp4_matmul`."""
+    if config.gemm == "dequantized":
+        return "gemm: dequantized"
+    names = GEMM_OPERANDS[gemm]
+    a, b = config.spec(names[0]), config.spec(names[1])
+    if a is None or b is None:
+        return f"{names[0] if a is None else names[1]} in high precision"
+    return spec_pair_gap(a, b, names)
+
+
+def _on_matmul(config: LinearConfig, gemm: str) -> bool:
+    return gemm_gap(config, gemm) is None
+
+
 def _square_tile_gap(config: LinearConfig, gemm: str) -> str | None:
     """2-D tiles (weights only, kept as values) cannot be Hadamard-transformed here."""
     if config.hadamard(gemm) is not None:
@@ -89,12 +113,27 @@ class Request:
 
 @dataclass(frozen=True)
 class Saved:
-    """A backward operand kept between the passes: packed codes and scale codes (with the
-    spec, shape and compute dtype to decode them), or the values themselves."""
+    """An operand kept between the passes: packed codes and scale codes (with the spec, the
+    shape, the compute dtype to decode them and the axis their blocks run along: 0 for the
+    column direction), or the values themselves."""
 
     spec: QuantSpec | None
     shape: tuple[int, ...]
     dtype: torch.dtype
+    axis: int = 0
+
+    @property
+    def count(self) -> int:
+        """How many tensors hold it: values; codes and scales; a two-level spec's amax too."""
+        if self.spec is None:
+            return 1
+        return 3 if self.spec.tensor_scale else 2
+
+    def operand(self, tensors: tuple[torch.Tensor, ...]) -> QuantizedTensor:
+        """The packed operand as `mxfp4_matmul` reads it, blocked along its last axis."""
+        assert self.spec is not None
+        lines, length = self.shape[::-1] if self.axis == 0 else self.shape
+        return packed_operand(tensors, self.spec, lines, length, self.dtype)
 
     def values(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.spec is None:
@@ -103,7 +142,34 @@ class Saved:
 
         codes, scales, *tensor_amax = tensors  # a two-level spec's amax last
         amax = tensor_amax[0] if tensor_amax else None
-        return dequantize_e2m1(codes, scales, amax, self.spec, self.shape, 0, self.dtype)
+        return dequantize_e2m1(codes, scales, amax, self.spec, self.shape, self.axis, self.dtype)
+
+
+def packed_operand(
+    tensors: tuple[torch.Tensor, ...], spec: QuantSpec, lines: int, length: int, dtype: torch.dtype
+) -> QuantizedTensor:
+    """A direction's (codes, scales) as the QuantizedTensor (lines, length) blocked along its
+    last axis (`length`: the quantized length, a Hadamard transform's padding included)."""
+    shape = torch.Size((lines, length))
+    layout = BlockLayout.for_tensor((lines, length), spec)
+    return QuantizedTensor(tensors[0], tensors[1], None, shape, spec, 1, dtype, layout)
+
+
+def _product(
+    a: tuple[torch.Tensor, ...],
+    b: QuantizedTensor,
+    request: Request,
+    lines: int,
+    mode: str,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """mxfp4_matmul of `a` (a direction's packed result for `request`, `lines` lines of b's
+    length) and b, in `mode`, rounded to `dtype`."""
+    from fp4cli.gemm import mxfp4_matmul
+
+    assert request.spec is not None
+    a_operand = packed_operand(a, request.spec, lines, b.shape[1], dtype)
+    return mxfp4_matmul(a_operand, b, out_dtype=dtype, mode=mode, backend="triton")
 
 
 def _request(
@@ -182,13 +248,22 @@ def quantize_both(
         row_result = _result(quantize_pair(tensor, row_dir, None, guide=guide)[0])
     elif row is not None:
         row_result = (_reference_operand(tensor, row, 1, dtype),)
-    source = row_result[0] if double else tensor
+    source = _row_values(row_result, row, tensor.shape, dtype) if double else tensor
     col_result: tuple[torch.Tensor, ...] = ()
     if col_dir is not None:
         col_result = _result(quantize_pair(source, None, col_dir)[1])
     elif col is not None:
         col_result = (_reference_operand(source, col, 0, dtype),)
     return row_result, col_result
+
+
+def _row_values(
+    result: tuple[torch.Tensor, ...], row: Request | None, shape: torch.Size, dtype: torch.dtype
+) -> torch.Tensor:
+    """The row direction's values (what double quantization re-quantizes), decoded if packed."""
+    if row is None or not row.packed:
+        return result[0]
+    return Saved(row.spec, tuple(shape), dtype, axis=1).values(result)
 
 
 def _result(out: Any) -> tuple[torch.Tensor, ...]:
@@ -201,9 +276,7 @@ def _result(out: Any) -> tuple[torch.Tensor, ...]:
 
 def _saved(request: Request, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> Saved:
     """How the column-direction operand of a (rows, cols) tensor is kept for the backward pass."""
-    rows = shape[0]
-    if request.hadamard:
-        rows = -(-rows // request.hadamard) * request.hadamard
+    rows = _quantized_length(shape[0], request)
     return Saved(request.spec if request.packed else None, (rows, shape[1]), dtype)
 
 
@@ -217,9 +290,11 @@ def saved_layouts(
 ) -> tuple[Request, Request, Saved, Saved]:
     """The backward operands the forward pass keeps: X's grad_weight operand packed (the
     activation memory), W's grad_input operand as values in the compute dtype (a weight-sized
-    buffer, decoded once instead of every backward pass); their requests and layouts."""
+    buffer, decoded once instead of every backward pass; packed when its GEMM takes
+    `mxfp4_matmul`); their requests and layouts."""
     x_for_dw = _request(config, "grad_weight", 1, call_seed, rank, packed=True)
-    w_for_dx = _request(config, "grad_input", 1, call_seed, rank)
+    w_packed = _on_matmul(config, "grad_input")
+    w_for_dx = _request(config, "grad_input", 1, call_seed, rank, packed=w_packed)
     return x_for_dw, w_for_dx, _saved(x_for_dw, x_shape, dtype), _saved(w_for_dx, w_shape, dtype)
 
 
@@ -235,27 +310,34 @@ def fast_forward(
     needs_dw: bool,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[Saved, Saved]]:
     """y = x W^T + b, the backward operands of X and W, each () where its gradient is not
-    needed (W's, when kept, is one tensor of values), and how to read them (`saved_layouts`)."""
+    needed, and how to read them (`saved_layouts`)."""
     x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
     x_for_dw, w_for_dx, *layouts = saved_layouts(
         config, call_seed, rank, x.shape, weight.shape, dtype
     )
-    (x_q,), x_saved = quantize_both(
-        x,
-        _request(config, "forward", 0, call_seed, rank),
-        x_for_dw if needs_dw else None,
-        dtype,
-        config.double_quant,
+    packed = _on_matmul(config, "forward")
+    x_request = _request(config, "forward", 0, call_seed, rank, packed)
+    x_q, x_saved = quantize_both(
+        x, x_request, x_for_dw if needs_dw else None, dtype, config.double_quant
     )
-    (w_q,), w_saved = quantize_both(
-        weight,
-        _request(config, "forward", 1, call_seed, rank),
-        w_for_dx if needs_dx else None,
-        dtype,
-        config.double_quant,
+    w_request = _request(config, "forward", 1, call_seed, rank, packed)
+    w_q, w_saved = quantize_both(
+        weight, w_request, w_for_dx if needs_dx else None, dtype, config.double_quant,
         weight_guide,
-    )
-    return F.linear(x_q, w_q, bias), x_saved, w_saved, (layouts[0], layouts[1])
+    )  # fmt: skip
+    if not packed:
+        return F.linear(x_q[0], w_q[0], bias), x_saved, w_saved, (layouts[0], layouts[1])
+    w_shape = (weight.shape[0], _quantized_length(weight.shape[1], w_request))
+    w_operand = Saved(w_request.spec, w_shape, dtype, axis=1).operand(w_q)
+    y = _product(x_q, w_operand, x_request, x.shape[0], config.gemm, dtype)
+    if bias is not None:
+        y = y.add_(bias.to(dtype))
+    return y, x_saved, w_saved, (layouts[0], layouts[1])
+
+
+def _quantized_length(length: int, request: Request) -> int:
+    """A direction's length as quantized: padded to whole Hadamard transforms."""
+    return -(-length // request.hadamard) * request.hadamard if request.hadamard else length
 
 
 def fast_backward(
@@ -274,17 +356,27 @@ def fast_backward(
     bias_sums = None
     if needs_db:
         bias_sums = torch.empty(grad_y.shape[1], dtype=torch.float32, device=grad_y.device)
+    dx_packed, dw_packed = _on_matmul(config, "grad_input"), _on_matmul(config, "grad_weight")
+    dy_for_dx = _request(config, "grad_input", 0, call_seed, rank, dx_packed)
+    dy_for_dw = _request(config, "grad_weight", 0, call_seed, rank, dw_packed)
+    dtype, (tokens, features) = grad_y.dtype, grad_y.shape
     dy_rows, dy_cols = quantize_both(
         grad_y.contiguous(),
-        _request(config, "grad_input", 0, call_seed, rank) if needs_dx else None,
-        _request(config, "grad_weight", 0, call_seed, rank) if needs_dw else None,
-        grad_y.dtype,
+        dy_for_dx if needs_dx else None,
+        dy_for_dw if needs_dw else None,
+        dtype,
         column_sums=bias_sums,
     )
     grad_x = grad_w = grad_b = None
-    if needs_dx:
+    if needs_dx and dx_packed:
+        w_operand = layouts[1].operand(w_tensors)
+        grad_x = _product(dy_rows, w_operand, dy_for_dx, tokens, config.gemm, dtype)
+    elif needs_dx:
         grad_x = dy_rows[0].mm(layouts[1].values(w_tensors))
-    if needs_dw:
+    if needs_dw and dw_packed:
+        x_operand = layouts[0].operand(x_tensors)
+        grad_w = _product(dy_cols, x_operand, dy_for_dw, features, config.gemm, dtype)
+    elif needs_dw:
         grad_w = dy_cols[0].t().mm(layouts[0].values(x_tensors))
     if bias_sums is not None:  # grad_y.sum(0), summed in another order
         grad_b = bias_sums.to(grad_y.dtype)

@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fp4cli.linear.config import LinearConfig
-from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
+from fp4cli.linear.config import GEMMS, LinearConfig
+from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap, gemm_gap
 from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
 from fp4cli.linear.ops import compiled_linear, op_key
@@ -250,7 +250,30 @@ def executor_summary(model: nn.Module) -> str:
         f"{count} on the {_EXECUTOR_NAMES[name]}" + (f" ({why})" if why else "")
         for (name, why), count in sorted(groups.items())
     ]
-    return "quantized layers: " + ", ".join(parts)
+    return "; ".join(["quantized layers: " + ", ".join(parts), *_gemm_routes(model)])
+
+
+def _gemm_routes(model: nn.Module) -> list[str]:
+    """Where a recipe's `gemm: exact | fast` sends each GEMM, once per distinct config and
+    executor: e.g. "gemm fast: forward, grad_input, grad_weight on mxfp4_matmul"."""
+    routes: dict[str, None] = {}
+    for layer in quantized_layers(model).values():
+        config = layer.config
+        if config.gemm == "dequantized" or config.is_high_precision:
+            continue
+        name = layer.executor()[0]
+        if name != "fast":
+            routes[f"gemm {config.gemm}: the {_EXECUTOR_NAMES[name]} multiplies values"] = None
+            continue
+        by_gap: dict[str | None, list[str]] = {}
+        for gemm in GEMMS:
+            by_gap.setdefault(gemm_gap(config, gemm), []).append(gemm)
+        parts = [
+            ", ".join(gemms) + (" on mxfp4_matmul" if gap is None else f" on values ({gap})")
+            for gap, gemms in by_gap.items()
+        ]
+        routes[f"gemm {config.gemm}: " + "; ".join(parts)] = None
+    return list(routes)
 
 
 _EXECUTOR_NAMES = {

@@ -113,14 +113,14 @@ def _backward(
     `quant_linear` kept; shapes: X's (rows, cols) then W's; dtype: the forward's compute dtype."""
     linear = _config(config)
     wanted = (needs[0], needs[1], needs[2])
-    w_count = int(needs[0])  # W's kept operand: one tensor of values
     if executor == "fast":
         x_shape, w_shape = tuple(shapes[:2]), tuple(shapes[2:])
         layouts = saved_layouts(linear, call_seed, rank, x_shape, w_shape, dtype)[2:]
-        w_kept, x_kept = _split(saved, (w_count,))
+        w_kept, x_kept = _split(saved, (layouts[1].count if needs[0] else 0,))
         grads = fast_backward(grad_y, x_kept, w_kept, linear, call_seed, rank, layouts, wanted)
     else:
         dge_count = 2 if vector_plans(linear, needs[0], needs[1])[1].forward_scales else 0
+        w_count = int(needs[0])  # W's kept operand: one tensor of values
         dge, w_kept, x_kept = _split(saved, (dge_count, w_count))
         grads = vector_backward(grad_y, (x_kept, w_kept, dge), linear, dtype, wanted)
     return [g for g in grads if g is not None]

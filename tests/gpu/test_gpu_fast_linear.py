@@ -107,6 +107,48 @@ def test_trainer_with_cuda_graph_logs_what_eager_logs(tmp_path):
     assert resumed.status == "finished" and series(resumed.run_id) == series(eager.run_id)
 
 
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("recipe", ["mxfp4", "tetrajet"])
+def test_gemm_modes_multiply_the_reference_operands_under_autocast(recipe, mode):
+    """GPT-2 small's MLP-up layer on 2048 tokens under bf16 autocast with `gemm: exact | fast`:
+    mxfp4_matmul gets the reference executor's operands bit for bit, and each output and
+    gradient is the reference's (cuBLAS on the values) to the bf16 result's rounding."""
+    import dataclasses
+
+    from fp4cli.recipes import load_recipe
+    from tests.kernels.test_linear_gemm import gemm_operands
+    from tests.linear_runs import linear_inputs, seeded_layer, training_passes
+
+    config = dataclasses.replace(load_recipe(recipe).linear, gemm=mode)
+    fast, reference = (seeded_layer(config, backend, 768, 3072) for backend in ("triton", "torch"))
+    x, grad_y = linear_inputs((2048, 768), 3072, seed=3)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got, want = gemm_operands(fast, x, grad_y), gemm_operands(reference, x, grad_y)
+        passes = [training_passes(layer, x, grad_y, calls=1)[0] for layer in (fast, reference)]
+    assert [how for how, _, _ in got] == [mode] * 3
+    for (_, a, b), (_, a_ref, b_ref) in zip(got, want, strict=True):
+        zero_a, zero_b = a_ref == 0, b_ref == 0
+        assert_bits(torch.where(zero_a, 0, a), torch.where(zero_a, 0, a_ref), f"{mode} A")
+        assert_bits(torch.where(zero_b, 0, b), torch.where(zero_b, 0, b_ref), f"{mode} B")
+    for index, (tensor, expected) in enumerate(zip(*passes, strict=True)):
+        largest = float(expected.float().abs().max())
+        message = f"{recipe} {mode} {index}"
+        torch.testing.assert_close(
+            tensor.float(), expected.float(), rtol=2**-7, atol=2**-12 * largest, msg=message
+        )
+
+
+def test_gemm_fast_gpt_compiles_and_replays_with_the_eager_bits(tmp_path):
+    """A GPT whose GEMMs run on mxfp4_matmul (tetrajet, gemm fast): compiled in one graph it
+    gives the eager gradients bit for bit, and its steps replayed from a CUDA graph the eager
+    steps' losses and parameters."""
+    path = tmp_path / "tetrajet-fast.yaml"
+    path.write_text("base: tetrajet\nlinear: {gemm: fast}\n")
+    eager = autocast_gradients(str(path), "triton", "fast")
+    assert_bits_all(autocast_gradients(str(path), "triton", "fast", "aot_eager"), eager, "fast")
+    check_graph_steps_equal_eager_steps(str(path))
+
+
 def test_captured_runs_leave_no_memory_behind():
     """Run after captured run in one process (a sweep, a benchmark) holds no more memory: the
     warm-up steps share one side stream, so cuBLAS makes no new workspace for each run."""

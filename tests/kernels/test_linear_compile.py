@@ -2,6 +2,8 @@
 custom ops, so a compiled model has no graph break in it (`fullgraph=True` fails on one) and
 gives the eager layer's outputs and gradients bit for bit."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -21,6 +23,9 @@ COMPILED = {
 COMPILED["unquantized-saved"] = LinearConfig(
     forward_x=MXFP4, forward_w=MXFP4, grad_input_dy=MXFP4, grad_weight_dy=MXFP4
 )
+# the GEMMs on mxfp4_matmul (fp4cli::quant_linear keeps W's grad_input operand packed)
+COMPILED["tetrajet-gemm-exact"] = dataclasses.replace(CONFIGS["tetrajet"], gemm="exact")
+COMPILED["wide-rht-gemm-fast"] = dataclasses.replace(CONFIGS["wide-rht"], gemm="fast")
 # the vector-wise executor: Wang et al.'s recipes, DGE (it keeps the weight) and the clamp
 VECTOR = {name: VECTOR_CONFIGS[name] for name in ("wang-fp4", "wang-direct", "dge-only", "paper")}
 
@@ -90,7 +95,8 @@ def op_args(executor, config):
 
 
 @pytest.mark.parametrize(
-    ("executor", "name"), [("fast", "mxfp4"), ("fast", "nvfp4"), ("vector", "paper")]
+    ("executor", "name"),
+    [("fast", "mxfp4"), ("fast", "nvfp4"), ("fast", "tetrajet-gemm-exact"), ("vector", "paper")],
 )
 def test_fake_implementations_give_the_real_outputs_layout(executor, name):
     """Each op's fake implementation (the launchers with launches skipped) allocates what the

@@ -58,6 +58,25 @@ def test_cases_put_bf16_first_on_one_backend() -> None:
     assert [c.shape_text for c in found] == ["64x32x48"] * 3 + ["8x16x16"] * 3
 
 
+def test_gemm_modes_multiply_the_quantized_recipes(tmp_path: Path) -> None:
+    """--gemm measures each quantized recipe in each mode (bf16 once), labelled and stored."""
+    shapes = [(bench.LayerShape(64, 32, 48), "")]
+    found = bench.cases(shapes, ["bf16", "mxfp4"], ["torch"], ["dequantized", "fast"])
+    assert [(c.label, c.gemm) for c in found] == [
+        ("bf16", ""), ("mxfp4 gemm=dequantized", "dequantized"), ("mxfp4 gemm=fast", "fast"),
+    ]  # fmt: skip
+    layer, _ = bench.build_layer(found[2], CPU)
+    assert layer.config.gemm == "fast"
+    path = tmp_path / "fp4.db"
+    result = run("--shapes", "64x32x48", "--recipes", "mxfp4", "--backends", "torch", "--gemm",
+                 "exact", "--device", "cpu", "--iters", "1", "--store", str(path))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "mxfp4 gemm=exact" in result.stdout
+    with RunStore(path) as store:
+        stored = {(r["config"]["recipe"], r["config"]["gemm"]) for r in store.benchmarks("layer")}
+    assert stored == {("bf16", ""), ("mxfp4", "exact")}
+
+
 def test_named_sets_are_the_gemm_benchmarks_layers() -> None:
     """A GEMM set's M x N x K is the layer K -> N on M tokens, named."""
     shapes = bench.parse_layer_shapes("gpt2-small, 64x32x48")
@@ -117,6 +136,19 @@ def test_the_fast_executor_saves_the_input_packed() -> None:
     assert saved < 0.35 * baseline
 
 
+@KERNELS_RUN
+def test_gemm_fast_keeps_the_weight_operand_packed_too() -> None:
+    tokens, in_features, out_features = 256, 64, 32
+    case = bench.LayerCase(bench.LayerShape(tokens, in_features, out_features), "mxfp4",
+                           "triton", gemm="fast")  # fmt: skip
+    layer, executor = bench.build_layer(case, CPU)
+    x, _ = bench.layer_data(case.shape, CPU)
+    saved = forward_saved_bytes(lambda: bench.layer_forward(layer, x))
+    packed_x = tokens * in_features // 2 + tokens * in_features // 32
+    packed_w = out_features * in_features // 2 + out_features * in_features // 32
+    assert (saved, executor) == (packed_x + packed_w, "fast")
+
+
 def test_the_triton_backend_needs_kernels_that_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     result = run("--shapes", "64x32x48", "--device", "cpu", "--no-store")
@@ -136,6 +168,7 @@ def test_the_triton_backend_needs_kernels_that_run(monkeypatch: pytest.MonkeyPat
         (["--timing", "wall"], "timing: 'wall' is not one of loop, graph"),
         (["--backends", "cuda"], "backends: 'cuda' is not one of"),
         (["--recipes", "no-such-recipe"], "no-such-recipe"),
+        (["--gemm", "quick"], "gemm: 'quick' is not one of dequantized, exact, fast"),
     ],
 )
 def test_bad_requests_fail_in_one_line(args: list[str], message: str) -> None:

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from fp4cli.bench import step as bench
 from fp4cli.cli.main import app
+from fp4cli.linear import quantized_layers
 from fp4cli.quant.backend import interpreter_on
 from fp4cli.store import RunStore
 from fp4cli.train.memory import saved_bytes
@@ -50,6 +51,23 @@ def test_cases_put_bf16_first_on_one_backend() -> None:
     assert [c.recipe for c in found[:3]] == ["bf16", "mxfp4", "mxfp4"]
     assert sum(c.recipe == "bf16" for c in found) == 4  # 2 tasks x 2 modes, one backend each
     assert {c.size for c in found if c.task == "vit"} == {"deit-small"}
+
+
+def test_gemm_modes_multiply_the_quantized_recipes(tmp_path: Path) -> None:
+    found = bench.cases(["gpt"], "debug", None, ["mxfp4"], ["torch"], ["eager"], ["exact", "fast"])
+    assert [c.label for c in found] == ["bf16", "mxfp4 gemm=exact", "mxfp4 gemm=fast"]
+    runner, _, _ = bench.build_step(found[2], torch.device("cpu"))
+    layers = quantized_layers(runner.model).values()
+    assert layers and {layer.config.gemm for layer in layers} == {"fast"}
+    path = tmp_path / "fp4.db"
+    result = run("--tasks", "gpt", "--size", "debug", "--device", "cpu", "--modes", "eager",
+                 "--recipes", "mxfp4", "--backends", "torch", "--gemm", "fast", "--steps", "1",
+                 "--store", str(path))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "mxfp4 gemm=fast" in result.stdout
+    with RunStore(path) as store:
+        stored = {(r["config"]["recipe"], r["config"]["gemm"]) for r in store.benchmarks("step")}
+    assert stored == {("bf16", ""), ("mxfp4", "fast")}
 
 
 def test_ratios_to_the_baseline() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fp4cli import recipes as public_api
+from fp4cli.linear.config import LinearConfig
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.recipe_loader import apply_overrides, list_recipes, load_recipe
 from fp4cli.recipe_schema import DEFAULT_SKIP, QRampConfig, Recipe, RecipeError
@@ -239,6 +240,11 @@ ERRORS = [
     ),
     ("linear:\n  double_quant: 3\n", "linear.double_quant", "must be true or false"),
     (
+        "linear:\n  gemm: quick\n",
+        "linear.gemm",
+        "must be one of dequantized, exact, fast (got 'quick')",
+    ),
+    (
         "linear:\n  forward: {w: mxfp4}\n  dge: {k: five}\n",
         "linear.dge.k",
         "must be a number (got 'five')",
@@ -258,6 +264,19 @@ ERRORS = [
     ("base: missing.yaml\n", "base", "no such recipe file 'missing.yaml'"),
     ("base: 3\n", "base", "must be a recipe name or path"),
 ]
+
+
+def test_gemm_mode_is_read_kept_and_left_out_by_default(tmp_path: Path) -> None:
+    path = write(tmp_path, "fast.yaml", "base: tetrajet\nlinear:\n  gemm: fast\n")
+    recipe = load_recipe(path)
+    assert recipe.linear.gemm == "fast"
+    assert recipe.linear == dataclasses.replace(load_recipe("tetrajet").linear, gemm="fast")
+    assert recipe.to_dict()["linear"]["gemm"] == "fast"
+    assert Recipe.from_dict(recipe.to_dict()).linear.gemm == "fast"
+    assert "gemm=fast" in recipe.linear.summary()
+    # resolved recipes stored before the field keep their form
+    assert "gemm" not in load_recipe("tetrajet").to_dict()["linear"]
+    assert LinearConfig(gemm="exact").is_high_precision  # a GEMM mode quantizes nothing
 
 
 @pytest.mark.parametrize(("text", "key", "fragment"), ERRORS)

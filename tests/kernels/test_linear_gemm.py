@@ -1,0 +1,178 @@
+"""`gemm: exact | fast`: the fast executor hands `mxfp4_matmul` the packed operands of every GEMM
+whose two specs its kernels take. The operands must be the reference executor's bit for bit
+(each GEMM computes A @ B^T; the values of A and B are compared), and the products the
+reference's up to float32 summation order."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fp4cli.gemm
+from fp4cli import LinearConfig, QuantSpec, quantize_model
+from fp4cli.linear.fast import gemm_gap
+from fp4cli.recipes import load_recipe
+from fp4cli.techniques import HadamardConfig
+from tests.kernel_cases import DEVICE
+from tests.kernel_checks import assert_same_sum, assert_same_up_to_zero_sign
+from tests.kernels.test_linear_fast import CONFIGS
+from tests.linear_runs import linear_inputs, saved_tensors, seeded_layer, training_passes
+
+MXFP4 = QuantSpec.preset("mxfp4")
+ROUTED = {
+    "mxfp4": CONFIGS["mxfp4"],
+    "tetrajet": CONFIGS["tetrajet"],  # ceil scales, SR, double quantization
+    "tetrajet-qema": CONFIGS["tetrajet-qema"],  # the forward weight's guided rounding
+    "double-quant-rht": CONFIGS["double-quant-rht"],  # RHT-32 on the weight gradient
+    "wide-rht": CONFIGS["wide-rht"],  # RHT-256 and -128: two launches per tensor
+    "rht-forward": LinearConfig(
+        forward_x=MXFP4.replace(block=64),
+        forward_w=MXFP4.replace(block=64),
+        grad_input_dy=MXFP4,
+        grad_input_w=MXFP4,
+        forward_hadamard=HadamardConfig(64),
+    ),
+}
+
+
+def with_gemm(config: LinearConfig, mode: str) -> LinearConfig:
+    return dataclasses.replace(config, gemm=mode)
+
+
+def gemm_operands(layer, x, grad_y) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(how, A, B) of every matrix product of one training pass, as the values of A and B with
+    the product A @ B^T: torch's GEMMs on values, or `mxfp4_matmul` on packed operands."""
+    products = []
+    real_mm, real_linear, real_matmul = torch.Tensor.mm, F.linear, fp4cli.gemm.mxfp4_matmul
+
+    def mm(a, b):
+        products.append(("values", a.float(), b.t().float()))
+        return real_mm(a, b)
+
+    def linear(a, w, bias=None):
+        products.append(("values", a.float(), w.float()))
+        return real_linear(a, w, bias)
+
+    def matmul(a, b, **kwargs):
+        products.append((kwargs["mode"], a.dequantize(torch.float32), b.dequantize(torch.float32)))
+        return real_matmul(a, b, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.Tensor, "mm", mm)
+        patch.setattr(F, "linear", linear)
+        patch.setattr(fp4cli.gemm, "mxfp4_matmul", matmul)
+        training_passes(layer, x, grad_y, calls=1)
+    return products
+
+
+def routed_pair(config, shape=(2, 37, 96), out_features=70, seed=0):
+    """(fast layer, reference layer, x, grad_y) for `config`."""
+    in_features = shape[-1]
+    fast = seeded_layer(config, "triton", in_features, out_features)
+    reference = seeded_layer(config, "torch", in_features, out_features)
+    return fast, reference, *linear_inputs(shape, out_features, seed=seed)
+
+
+@pytest.mark.parametrize("name", ROUTED)
+def test_mxfp4_matmul_gets_the_reference_operands(name):
+    config = with_gemm(ROUTED[name], "exact")
+    fast, reference, x, grad_y = routed_pair(config)
+    assert fast.executor() == ("fast", "")
+    got, expected = gemm_operands(fast, x, grad_y), gemm_operands(reference, x, grad_y)
+    routed = [gemm_gap(config, gemm) is None for gemm in ("forward", "grad_input", "grad_weight")]
+    assert [how != "values" for how, _, _ in got] == routed
+    assert all(how == "values" for how, _, _ in expected)
+    for (how, a, b), (_, a_ref, b_ref) in zip(got, expected, strict=True):
+        assert_same_up_to_zero_sign(a, a_ref, f"{how} A")
+        assert_same_up_to_zero_sign(b, b_ref, f"{how} B")
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("name", ["mxfp4", "tetrajet", "rht-forward"])
+def test_products_are_the_reference_sums(name, mode):
+    """Exact mode sums the same products in another order; fast mode flushes nothing on
+    ordinary data (and the interpreter's dots sum exactly)."""
+    fast, reference, x, grad_y = routed_pair(with_gemm(ROUTED[name], mode))
+    got, expected = training_passes(fast, x, grad_y), training_passes(reference, x, grad_y)
+    for got_call, expected_call in zip(got, expected, strict=True):
+        for index, (a, b) in enumerate(zip(got_call, expected_call, strict=True)):
+            assert_same_sum(a, b, f"output {index}")
+
+
+@pytest.mark.parametrize("name", ["tetrajet", "wide-rht"])
+def test_ragged_tokens_and_features(name):
+    """45 input and 33 output features, 19 tokens: K padded to whole blocks (and transforms)
+    on both operands of every GEMM."""
+    config = with_gemm(ROUTED[name], "exact")
+    fast, reference, x, grad_y = routed_pair(config, (19, 45), 33, seed=2)
+    got, expected = gemm_operands(fast, x, grad_y), gemm_operands(reference, x, grad_y)
+    assert [how for how, _, _ in got] == ["exact"] * 3
+    for (_, a, b), (_, a_ref, b_ref) in zip(got, expected, strict=True):
+        assert_same_up_to_zero_sign(a, a_ref, "A")
+        assert_same_up_to_zero_sign(b, b_ref, "B")
+    passes = [training_passes(layer, x, grad_y, calls=1)[0] for layer in (fast, reference)]
+    for a, b in zip(*passes, strict=True):
+        assert_same_sum(a, b)
+
+
+def test_no_bias_and_no_input_gradient():
+    config = with_gemm(CONFIGS["tetrajet"], "exact")
+    layers = [seeded_layer(config, backend, bias=False) for backend in ("triton", "torch")]
+    x, grad_y = linear_inputs((29, 96), seed=4)
+    x.requires_grad_(False)
+    got, expected = (training_passes(layer, x, grad_y, calls=1)[0] for layer in layers)
+    assert got[1] is None and expected[1] is None
+    for a, b in zip(got[::2], expected[::2], strict=True):
+        assert_same_sum(a, b)
+
+
+def test_weight_operand_is_kept_packed():
+    """W's grad_input operand is kept as codes and scale codes when its GEMM takes
+    mxfp4_matmul (as values otherwise), X's as before."""
+    x, _ = linear_inputs(seed=6)
+    saved = saved_tensors(seeded_layer(with_gemm(CONFIGS["mxfp4"], "fast"), "triton"), x)
+    # X: (in, tokens / 2) codes and (in, tokens / 32) scales (74 tokens padded to 96);
+    # W (70, 96) blocked along out: (in, 96 / 2) codes and (in, 96 / 32) scales
+    assert sorted((tuple(t.shape), t.dtype) for t in saved) == sorted(
+        [((96, 3), torch.uint8), ((96, 48), torch.uint8)] * 2
+    )
+
+
+def test_gemm_gap_says_why_a_gemm_multiplies_values():
+    tseng = with_gemm(load_recipe("tseng-rht-sr").linear, "fast")
+    assert gemm_gap(tseng, "forward") == "forward_x in high precision"
+    assert gemm_gap(tseng, "grad_input") == (
+        "grad_input_dy's sr_prescale 0.75 (dequantized values are not q * 2^e)"
+    )
+    nvfp4 = with_gemm(load_recipe("nvfp4").linear, "exact")
+    assert gemm_gap(nvfp4, "forward") == "forward_x's e2m1/ue4m3 (the kernels take e2m1/e8m0)"
+    mixed = LinearConfig(forward_x=MXFP4, forward_w=MXFP4.replace(block=64), gemm="exact")
+    assert gemm_gap(mixed, "forward") == "blocks of 32 and 64 (both operands need one block)"
+    assert gemm_gap(CONFIGS["mxfp4"], "forward") == "gemm: dequantized"
+    assert gemm_gap(with_gemm(CONFIGS["mxfp4"], "fast"), "grad_weight") is None
+
+
+def test_executor_summary_says_where_each_gemm_runs():
+    from fp4cli.linear import executor_summary
+
+    def summary(recipe, mode):
+        model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8)).to(DEVICE)
+        config = with_gemm(load_recipe(recipe).linear, mode)
+        quantize_model(model, config, seed=0, skip=(), backend="triton")
+        return executor_summary(model)
+
+    assert summary("mxfp4", "dequantized") == "quantized layers: 2 on the fast executor"
+    assert summary("tetrajet", "fast") == (
+        "quantized layers: 2 on the fast executor; "
+        "gemm fast: forward, grad_input, grad_weight on mxfp4_matmul"
+    )
+    assert summary("tseng-rht-sr", "exact").endswith(
+        "gemm exact: forward on values (forward_x in high precision); grad_input on values "
+        "(grad_input_dy's sr_prescale 0.75 (dequantized values are not q * 2^e)); grad_weight "
+        "on values (grad_weight_dy's sr_prescale 0.75 (dequantized values are not q * 2^e))"
+    )
+    assert summary("wang-fp4", "fast") == (
+        "quantized layers: 2 on the vector-wise executor; "
+        "gemm fast: the vector-wise executor multiplies values"
+    )
