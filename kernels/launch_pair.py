@@ -39,13 +39,16 @@ PAIR_MAX_ELEMENTS = 16384  # larger tiles (RHT-256 in both directions) take two 
 class Direction:
     """One direction's quantizer: spec (e2m1; two-level and 2-D tiles too), SR seed, Hadamard
     size and seed (each an int, a tensor, or a (tensor, offset) pair), and the dtype to write
-    dequantized values in (None: packed codes and scale codes; not for 2-D tiles)."""
+    dequantized values in (None: packed codes and scale codes; not for 2-D tiles). With
+    `block_values`, a two-level spec's values are q * s, without the tensor scale
+    (`QuantizedTensor.block_values`)."""
 
     spec: QuantSpec
     seed: Seed | SeedOffset | None = None
     hadamard: int | None = None
     hadamard_seed: Seed | SeedOffset = 0
     values_dtype: torch.dtype | None = None
+    block_values: bool = False
 
     def side(self) -> int:
         """The tile side along this direction's blocks: whole blocks and transforms."""
@@ -123,8 +126,9 @@ def _direction_args(
     rht_ptr, rht_value, rht_from_ptr = _seed_args(d.hadamard_seed, device)
     args = [out.codes, out.scales, out.values, seed_ptr, seed_value, rht_ptr, rht_value, amax]
     constants = _direction_constants(
-        d.spec, d.hadamard, d.values_dtype is not None, seed_from_ptr, rht_from_ptr, prefix
-    )
+        d.spec, d.hadamard, d.values_dtype is not None, seed_from_ptr, rht_from_ptr, prefix,
+        d.block_values,
+    )  # fmt: skip
     return args, constants, out, out_length, padded
 
 
@@ -136,13 +140,15 @@ def _direction_constants(
     seed_from_ptr: bool,
     rht_from_ptr: bool,
     prefix: str,
+    block_values: bool = False,
 ) -> dict[str, object]:
     """A direction's constexprs, named PREFIX_NAME (computed once per combination: a launch's
     host time counts in every eager step)."""
     if spec is None:
         constants = dict(ON=False, BLOCK=32, SR=False, AWAY=False, SEED_FROM_PTR=False,
                          RHT_SEED_FROM_PTR=False, PRESCALE=1.0, WRITE_VALUES=False,
-                         CEIL=False, TENSOR_SCALE=False, TILE2D=False)  # fmt: skip
+                         CEIL=False, TENSOR_SCALE=False, TILE2D=False,
+                         VALUES_TENSOR_SCALE=False)  # fmt: skip
         constants |= _spec_constants(QuantSpec()) | _hadamard_constants(None)
     else:
         constants = dict(
@@ -151,6 +157,7 @@ def _direction_constants(
             SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
             PRESCALE=float(spec.sr_prescale), WRITE_VALUES=write_values,
             TENSOR_SCALE=spec.tensor_scale, TILE2D=spec.tile2d,
+            VALUES_TENSOR_SCALE=spec.tensor_scale and not block_values,
         )  # fmt: skip
         constants |= _spec_constants(spec) | _hadamard_constants(hadamard)
     return {f"{prefix}_{k}": v for k, v in constants.items()}
@@ -164,6 +171,10 @@ def _check_directions(row: Direction | None, col: Direction | None, double: bool
     for d in (row, col):
         if d is not None and d.spec.tile2d and (d.values_dtype is None or d.hadamard):
             raise ValueError("2-D tiles are quantized to values, without a Hadamard transform")
+        if d is not None and d.block_values and d.values_dtype is None:
+            raise ValueError("block values are values: give the direction a values_dtype")
+    if double and row is not None and row.block_values:
+        raise ValueError("double quantization re-quantizes the row direction's whole values")
     if double and col is not None and col.spec.tensor_scale:
         raise ValueError("double quantization into a two-level spec needs the row values' amax")
 

@@ -45,14 +45,16 @@ def quantize_direction(
     HADAMARD: tl.constexpr, LOG2_HADAMARD: tl.constexpr, HADAMARD_NORM: tl.constexpr,
     WRITE_VALUES: tl.constexpr, RETURN_VALUES: tl.constexpr, GUIDED: tl.constexpr,
     TENSOR_SCALE: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr, ELEM_INV: tl.constexpr,
-    DECODE_INV: tl.constexpr, TILE2D: tl.constexpr,
+    DECODE_INV: tl.constexpr, TILE2D: tl.constexpr, VALUES_TENSOR_SCALE: tl.constexpr,
 ):  # fmt: skip
     """Quantize the float32 [ROWS, COLS] tile at (row0, col0) of the (rows, cols) input with
     blocks along the tile's last axis (BLOCK_AXIS 1, out_length columns after the transform) or
     its first (BLOCK_AXIS 0, out_length rows), and store it. Returns the dequantized tile when
     RETURN_VALUES (for double quantization), else the input. GUIDED: rounded toward the
     `guide` tile (Q-EMA), transformed alike. TENSOR_SCALE: two-level, relative to the tensor
-    amax at amax_ptr (of the transformed input). TILE2D: BLOCK x BLOCK square scales."""
+    amax at amax_ptr (of the transformed input). TILE2D: BLOCK x BLOCK square scales.
+    VALUES_TENSOR_SCALE: values carry the tensor scale (else q * s, a two-level spec's block
+    values)."""
     if HADAMARD > 0:
         rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
         if BLOCK_AXIS == 1:
@@ -89,8 +91,8 @@ def quantize_direction(
         if not WRITE_VALUES:  # codes kept for the store, values for double quantization
             signed_grid = signed_e2m1_value(code)
         values = tl.reshape(
-            scaled_grid(signed_grid, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
-                        DECODE_INV, BLOCK_AXIS),
+            scaled_grid(signed_grid, scale, finite_blocks, tensor_amax, PRESCALE,
+                        VALUES_TENSOR_SCALE, DECODE_INV, BLOCK_AXIS),
             (ROWS, COLS),
         )  # fmt: skip
     row_ids = row0 + tl.arange(0, ROWS)
@@ -129,7 +131,7 @@ def quantize_pair_kernel(
     ROW_LOG2_HADAMARD: tl.constexpr, ROW_HADAMARD_NORM: tl.constexpr,
     ROW_WRITE_VALUES: tl.constexpr, ROW_TENSOR_SCALE: tl.constexpr,
     ROW_TWO_LEVEL_TARGET: tl.constexpr, ROW_ELEM_INV: tl.constexpr, ROW_DECODE_INV: tl.constexpr,
-    ROW_TILE2D: tl.constexpr,
+    ROW_TILE2D: tl.constexpr, ROW_VALUES_TENSOR_SCALE: tl.constexpr,
     COL_ON: tl.constexpr, COL_BLOCK: tl.constexpr, COL_POW2_SCALE: tl.constexpr,
     COL_CEIL: tl.constexpr, COL_SCALE_MBITS: tl.constexpr, COL_SCALE_MIN_EXP: tl.constexpr,
     COL_SCALE_MAX: tl.constexpr, COL_SCALE_NAN: tl.constexpr, COL_SR: tl.constexpr,
@@ -138,7 +140,7 @@ def quantize_pair_kernel(
     COL_LOG2_HADAMARD: tl.constexpr, COL_HADAMARD_NORM: tl.constexpr,
     COL_WRITE_VALUES: tl.constexpr, COL_TENSOR_SCALE: tl.constexpr,
     COL_TWO_LEVEL_TARGET: tl.constexpr, COL_ELEM_INV: tl.constexpr, COL_DECODE_INV: tl.constexpr,
-    COL_TILE2D: tl.constexpr,
+    COL_TILE2D: tl.constexpr, COL_VALUES_TENSOR_SCALE: tl.constexpr,
 ):  # fmt: skip
     """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
     (rows, row_padded_length / 2) codes; column direction: (col_out_length, cols) values or
@@ -166,6 +168,7 @@ def quantize_pair_kernel(
             ROW_SEED_FROM_PTR, ROW_RHT_SEED_FROM_PTR, ROW_PRESCALE, ROW_HADAMARD,
             ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_WRITE_VALUES, DOUBLE, ROW_GUIDED,
             ROW_TENSOR_SCALE, ROW_TWO_LEVEL_TARGET, ROW_ELEM_INV, ROW_DECODE_INV, ROW_TILE2D,
+            ROW_VALUES_TENSOR_SCALE,
         )  # fmt: skip
         if DOUBLE:  # the reference re-quantizes the forward operand in the compute dtype
             if SOURCE_BF16:
@@ -183,4 +186,5 @@ def quantize_pair_kernel(
             COL_GROUPED, COL_SEED_FROM_PTR, COL_RHT_SEED_FROM_PTR, COL_PRESCALE, COL_HADAMARD,
             COL_LOG2_HADAMARD, COL_HADAMARD_NORM, COL_WRITE_VALUES, False, False,
             COL_TENSOR_SCALE, COL_TWO_LEVEL_TARGET, COL_ELEM_INV, COL_DECODE_INV, COL_TILE2D,
+            COL_VALUES_TENSOR_SCALE,
         )  # fmt: skip

@@ -31,7 +31,7 @@ import torch
 
 from fp4cli.gemm.operands import GemmError, check_out
 from fp4cli.gemm.reference import nvfp4_matmul_reference
-from fp4cli.quant import QuantizedTensor
+from fp4cli.quant import QuantizedTensor, QuantSpec
 from fp4cli.quant.backend import check_backend, interpreter_on, triton_available
 
 NVFP4_IMPLS = ("fused", "decoded")
@@ -76,6 +76,40 @@ def nvfp4_matmul(
     if flat is None:
         target.copy_(written.reshape(target.shape))
     return target
+
+
+def block_scaled_gap(name: str, spec: QuantSpec) -> str | None:
+    """Why tensors of this spec (called `name`) cannot multiply as NVFP4 block-scaled operands
+    (`block_scaled_mm`), or None: E2M1 elements, UE4M3 scales per 16 values (1-D blocks or
+    16 x 16 tiles), one tensor scale, no SR pre-scale."""
+    if spec.element != "e2m1" or spec.scale != "ue4m3" or spec.block != NVFP4_BLOCK:
+        return f"{name}'s {spec.short()} (block-scaled products take e2m1 with ue4m3 per 16)"
+    if not spec.tensor_scale or spec.outer_block:
+        return f"{name}'s {spec.short()} (block-scaled products take one tensor scale)"
+    if spec.sr_prescale != 1.0:
+        return f"{name}'s sr_prescale {spec.sr_prescale:g} (q * s is not the value over it)"
+    return None
+
+
+def block_scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    amaxes: tuple[torch.Tensor, torch.Tensor],
+    factor: float,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """out_dtype(fl32(alpha * (a @ b))) for matrices a (M, K) and b (K, N) of block values
+    (`QuantizedTensor.block_values`: q * s, exact in their dtype) of two NVFP4 tensors with
+    these tensor amaxes, alpha = fl32(fl32(amax_a * amax_b) / factor) (`nvfp4_factor`): the
+    contract of `nvfp4_matmul` on operands already decoded, as the quantized Linear holds them.
+    The products are exact and summed in float32 (cuBLAS's bf16 GEMM with a float32 output, or
+    a float32 GEMM)."""
+    if a.dtype == torch.bfloat16 and a.is_cuda:
+        sums = torch.mm(a, b, out_dtype=torch.float32)
+    else:
+        sums = torch.mm(a.to(torch.float32), b.to(torch.float32))
+    amax_a, amax_b = (t.to(torch.float32).reshape(()) for t in amaxes)
+    return (sums * ((amax_a * amax_b) / factor)).to(out_dtype)
 
 
 def nvfp4_path(

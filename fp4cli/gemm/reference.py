@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from fp4cli.quant import QuantizedTensor
+from fp4cli.quant import QuantizedTensor, QuantSpec
 from fp4cli.quant.two_level import constants
 
 
@@ -41,7 +41,12 @@ def matmul_reference(
 def nvfp4_factor(a: QuantizedTensor, b: QuantizedTensor) -> float:
     """(S_a E) (S_b E): what alpha divides the amax product by (2688^2 for two nvfp4 tensors;
     exact in float32 for every two-level E2M1 spec)."""
-    return constants(a.spec)[0] * constants(b.spec)[0]
+    return block_scaled_factor(a.spec, b.spec)
+
+
+def block_scaled_factor(a: QuantSpec, b: QuantSpec) -> float:
+    """`nvfp4_factor` of tensors quantized with these two-level specs."""
+    return constants(a)[0] * constants(b)[0]
 
 
 def nvfp4_alpha(a: QuantizedTensor, b: QuantizedTensor) -> torch.Tensor:

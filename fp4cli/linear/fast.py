@@ -13,11 +13,13 @@ the reference's bits and the three GEMMs are the reference's calls on them. The 
 operand of X is saved packed (4.25 bits a value) instead of a 16-bit copy and decoded in the
 backward pass.
 
-With `gemm: exact` or `fast`, a GEMM whose two operands `mxfp4_matmul` takes (`gemm_gap`)
-gets both packed instead and multiplies them there, in that mode: "exact" gives the
-reference's products up to float32 summation order, "fast" flushes what its mode flushes
-(`fp4cli.gemm.matmul`). Its bias is added to the rounded product. W's grad_input operand is
-then kept packed as well.
+With `gemm: exact` or `fast`, each GEMM takes the route `gemm_route` gives it: one whose two
+operands `mxfp4_matmul` takes gets both packed and multiplies them there, in that mode
+("exact" gives the reference's products up to float32 summation order, "fast" flushes what its
+mode flushes, `fp4cli.gemm.matmul`); one of two NVFP4 operands gets their block values q * s and
+tensor amaxes and multiplies them as Blackwell's block-scaled MMA does (`block_scaled_mm`, the
+reference executor's product too). The bias is added to the rounded product; W's grad_input
+operand is kept in its GEMM's form.
 
 `fast_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
 every quantized operand must be an E2M1 spec the kernels take (two-level NVFP4 specs included;
@@ -33,19 +35,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fp4cli.gemm.operands import spec_pair_gap
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.function import _quantize_operand, seed_offsets
+from fp4cli.linear.routes import GEMM_OPERANDS, block_product, gemm_route
 from fp4cli.quant import QuantizedTensor, QuantSpec
 from fp4cli.quant.backend import kernel_gap
 from fp4cli.quant.blocking import BlockLayout
 from fp4cli.techniques.hadamard import HadamardConfig
-
-GEMM_OPERANDS = {
-    "forward": ("forward_x", "forward_w"),
-    "grad_input": ("grad_input_dy", "grad_input_w"),
-    "grad_weight": ("grad_weight_dy", "grad_weight_x"),
-}
 
 
 def fast_gap(config: LinearConfig) -> str | None:
@@ -76,22 +72,6 @@ def fast_gap(config: LinearConfig) -> str | None:
 DOUBLED = ("grad_input_w", "grad_weight_x")  # re-quantized from the forward operands
 
 
-def gemm_gap(config: LinearConfig, gemm: str) -> str | None:
-    """Why the fast executor multiplies `gemm`'s dequantized values with torch's GEMM rather
-    than its packed operands with `mxfp4_matmul`, or None when it takes `mxfp4_matmul`."""
-    if config.gemm == "dequantized":
-        return "gemm: dequantized"
-    names = GEMM_OPERANDS[gemm]
-    a, b = config.spec(names[0]), config.spec(names[1])
-    if a is None or b is None:
-        return f"{names[0] if a is None else names[1]} in high precision"
-    return spec_pair_gap(a, b, names)
-
-
-def _on_matmul(config: LinearConfig, gemm: str) -> bool:
-    return gemm_gap(config, gemm) is None
-
-
 def _square_tile_gap(config: LinearConfig, gemm: str) -> str | None:
     """2-D tiles (weights only, kept as values) cannot be Hadamard-transformed here."""
     if config.hadamard(gemm) is not None:
@@ -102,13 +82,15 @@ def _square_tile_gap(config: LinearConfig, gemm: str) -> str | None:
 @dataclass(frozen=True)
 class Request:
     """One operand wanted from a tensor: its spec (None: high precision), SR seed and Hadamard
-    seed as (call seed, offset), the Hadamard size, and whether to keep it packed."""
+    seed as (call seed, offset), the Hadamard size, whether to keep it packed, and whether its
+    values are block values followed by the tensor amax (`gemm_route` "block")."""
 
     spec: QuantSpec | None
     seed: tuple[torch.Tensor, int]
     hadamard: int | None
     hadamard_seed: tuple[torch.Tensor, int]
     packed: bool = False
+    block: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,13 +103,19 @@ class Saved:
     shape: tuple[int, ...]
     dtype: torch.dtype
     axis: int = 0
+    block: bool = False  # block values and the tensor amax are wanted (`gemm_route` "block")
 
     @property
     def count(self) -> int:
-        """How many tensors hold it: values; codes and scales; a two-level spec's amax too."""
+        """How many tensors hold it: values (block values: and the tensor amax); codes and
+        scales, and a two-level spec's amax."""
         if self.spec is None:
-            return 1
+            return 2 if self.block else 1
         return 3 if self.spec.tensor_scale else 2
+
+    def amax(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """A two-level operand's tensor amax (it comes last)."""
+        return tensors[-1]
 
     def operand(self, tensors: tuple[torch.Tensor, ...]) -> QuantizedTensor:
         """The packed operand as `mxfp4_matmul` reads it, blocked along its last axis."""
@@ -141,7 +129,7 @@ class Saved:
         from fp4cli.kernels.launch import dequantize_e2m1
 
         codes, scales, *tensor_amax = tensors  # a two-level spec's amax last
-        amax = tensor_amax[0] if tensor_amax else None
+        amax = tensor_amax[0] if tensor_amax and not self.block else None
         return dequantize_e2m1(codes, scales, amax, self.spec, self.shape, self.axis, self.dtype)
 
 
@@ -178,17 +166,20 @@ def _request(
     which: int,
     call_seed: torch.Tensor,
     rank: int,
-    packed: bool = False,
+    keep_packed: bool = False,
 ) -> Request:
-    """Operand `which` (0 = a, 1 = b) of `gemm`, as the reference draws its seeds."""
+    """Operand `which` (0 = a, 1 = b) of `gemm`, as the reference draws its seeds, in the form
+    its GEMM's route reads (`gemm_route`), or packed to be kept (`keep_packed`)."""
     offsets = seed_offsets(gemm, GEMM_OPERANDS[gemm], rank)
     hadamard: HadamardConfig | None = config.hadamard(gemm)
+    route = gemm_route(config, gemm)
     return Request(
         config.spec(GEMM_OPERANDS[gemm][which]),
         (call_seed, offsets[which]),
         hadamard.size if hadamard is not None else None,
         (call_seed, offsets[2]),
-        packed,
+        keep_packed or route == "mxfp4",
+        route == "block",
     )
 
 
@@ -202,6 +193,7 @@ def _direction(request: Request, dtype: torch.dtype) -> Any:
         request.hadamard,
         request.hadamard_seed,
         None if request.packed else dtype,
+        request.block and not request.packed,
     )
 
 
@@ -240,18 +232,18 @@ def quantize_both(
         row_out, col_out = quantize_pair(
             tensor, row_dir, col_dir, dtype if double else None, tile, guide, column_sums
         )
-        return _result(row_out), _result(col_out)
+        return _result(row_out, row), _result(col_out, col)
     if column_sums is not None:
         torch.sum(tensor, 0, dtype=torch.float32, out=column_sums)
     row_result: tuple[torch.Tensor, ...] = ()
     if row_dir is not None:
-        row_result = _result(quantize_pair(tensor, row_dir, None, guide=guide)[0])
+        row_result = _result(quantize_pair(tensor, row_dir, None, guide=guide)[0], row)
     elif row is not None:
         row_result = (_reference_operand(tensor, row, 1, dtype),)
     source = _row_values(row_result, row, tensor.shape, dtype) if double else tensor
     col_result: tuple[torch.Tensor, ...] = ()
     if col_dir is not None:
-        col_result = _result(quantize_pair(source, None, col_dir)[1])
+        col_result = _result(quantize_pair(source, None, col_dir)[1], col)
     elif col is not None:
         col_result = (_reference_operand(source, col, 0, dtype),)
     return row_result, col_result
@@ -266,9 +258,10 @@ def _row_values(
     return Saved(row.spec, tuple(shape), dtype, axis=1).values(result)
 
 
-def _result(out: Any) -> tuple[torch.Tensor, ...]:
+def _result(out: Any, request: Request | None) -> tuple[torch.Tensor, ...]:
     if out.values is not None:
-        return (out.values,)
+        block = request is not None and request.block
+        return (out.values, out.tensor_amax) if block else (out.values,)
     if out.tensor_amax is not None:
         return out.codes, out.scales, out.tensor_amax
     return out.codes, out.scales
@@ -277,7 +270,8 @@ def _result(out: Any) -> tuple[torch.Tensor, ...]:
 def _saved(request: Request, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> Saved:
     """How the column-direction operand of a (rows, cols) tensor is kept for the backward pass."""
     rows = _quantized_length(shape[0], request)
-    return Saved(request.spec if request.packed else None, (rows, shape[1]), dtype)
+    spec = request.spec if request.packed else None
+    return Saved(spec, (rows, shape[1]), dtype, block=request.block)
 
 
 def saved_layouts(
@@ -290,11 +284,10 @@ def saved_layouts(
 ) -> tuple[Request, Request, Saved, Saved]:
     """The backward operands the forward pass keeps: X's grad_weight operand packed (the
     activation memory), W's grad_input operand as values in the compute dtype (a weight-sized
-    buffer, decoded once instead of every backward pass; packed when its GEMM takes
-    `mxfp4_matmul`); their requests and layouts."""
-    x_for_dw = _request(config, "grad_weight", 1, call_seed, rank, packed=True)
-    w_packed = _on_matmul(config, "grad_input")
-    w_for_dx = _request(config, "grad_input", 1, call_seed, rank, packed=w_packed)
+    buffer, decoded once instead of every backward pass; packed, or block values, as its GEMM's
+    route reads it); their requests and layouts."""
+    x_for_dw = _request(config, "grad_weight", 1, call_seed, rank, keep_packed=True)
+    w_for_dx = _request(config, "grad_input", 1, call_seed, rank)
     return x_for_dw, w_for_dx, _saved(x_for_dw, x_shape, dtype), _saved(w_for_dx, w_shape, dtype)
 
 
@@ -315,24 +308,28 @@ def fast_forward(
     x_for_dw, w_for_dx, *layouts = saved_layouts(
         config, call_seed, rank, x.shape, weight.shape, dtype
     )
-    packed = _on_matmul(config, "forward")
-    x_request = _request(config, "forward", 0, call_seed, rank, packed)
+    x_request = _request(config, "forward", 0, call_seed, rank)
     x_q, x_saved = quantize_both(
         x, x_request, x_for_dw if needs_dw else None, dtype, config.double_quant
     )
-    w_request = _request(config, "forward", 1, call_seed, rank, packed)
+    w_request = _request(config, "forward", 1, call_seed, rank)
     w_q, w_saved = quantize_both(
         weight, w_request, w_for_dx if needs_dx else None, dtype, config.double_quant,
         weight_guide,
     )  # fmt: skip
-    if not packed:
-        return F.linear(x_q[0], w_q[0], bias), x_saved, w_saved, (layouts[0], layouts[1])
-    w_shape = (weight.shape[0], _quantized_length(weight.shape[1], w_request))
-    w_operand = Saved(w_request.spec, w_shape, dtype, axis=1).operand(w_q)
-    y = _product(x_q, w_operand, x_request, x.shape[0], config.gemm, dtype)
+    saved = x_saved, w_saved, (layouts[0], layouts[1])
+    route = gemm_route(config, "forward")
+    if route is None:
+        return F.linear(x_q[0], w_q[0], bias), *saved
+    if route == "block":
+        y = block_product(x_q[0], w_q[0].t(), (x_q[1], w_q[1]), config, "forward", dtype)
+    else:
+        w_shape = (weight.shape[0], _quantized_length(weight.shape[1], w_request))
+        w_operand = Saved(w_request.spec, w_shape, dtype, axis=1).operand(w_q)
+        y = _product(x_q, w_operand, x_request, x.shape[0], config.gemm, dtype)
     if bias is not None:
         y = y.add_(bias.to(dtype))
-    return y, x_saved, w_saved, (layouts[0], layouts[1])
+    return y, *saved
 
 
 def _quantized_length(length: int, request: Request) -> int:
@@ -356,9 +353,8 @@ def fast_backward(
     bias_sums = None
     if needs_db:
         bias_sums = torch.empty(grad_y.shape[1], dtype=torch.float32, device=grad_y.device)
-    dx_packed, dw_packed = _on_matmul(config, "grad_input"), _on_matmul(config, "grad_weight")
-    dy_for_dx = _request(config, "grad_input", 0, call_seed, rank, dx_packed)
-    dy_for_dw = _request(config, "grad_weight", 0, call_seed, rank, dw_packed)
+    dy_for_dx = _request(config, "grad_input", 0, call_seed, rank)
+    dy_for_dw = _request(config, "grad_weight", 0, call_seed, rank)
     dtype, (tokens, features) = grad_y.dtype, grad_y.shape
     dy_rows, dy_cols = quantize_both(
         grad_y.contiguous(),
@@ -368,16 +364,28 @@ def fast_backward(
         column_sums=bias_sums,
     )
     grad_x = grad_w = grad_b = None
-    if needs_dx and dx_packed:
-        w_operand = layouts[1].operand(w_tensors)
-        grad_x = _product(dy_rows, w_operand, dy_for_dx, tokens, config.gemm, dtype)
-    elif needs_dx:
-        grad_x = dy_rows[0].mm(layouts[1].values(w_tensors))
-    if needs_dw and dw_packed:
-        x_operand = layouts[0].operand(x_tensors)
-        grad_w = _product(dy_cols, x_operand, dy_for_dw, features, config.gemm, dtype)
-    elif needs_dw:
-        grad_w = dy_cols[0].t().mm(layouts[0].values(x_tensors))
+    if needs_dx:
+        w_layout, route = layouts[1], gemm_route(config, "grad_input")
+        if route == "mxfp4":
+            w_operand = w_layout.operand(w_tensors)
+            grad_x = _product(dy_rows, w_operand, dy_for_dx, tokens, config.gemm, dtype)
+        elif route == "block":
+            amaxes = (dy_rows[1], w_layout.amax(w_tensors))
+            w_values = w_layout.values(w_tensors)
+            grad_x = block_product(dy_rows[0], w_values, amaxes, config, "grad_input", dtype)
+        else:
+            grad_x = dy_rows[0].mm(w_layout.values(w_tensors))
+    if needs_dw:
+        x_layout, route = layouts[0], gemm_route(config, "grad_weight")
+        if route == "mxfp4":
+            x_operand = x_layout.operand(x_tensors)
+            grad_w = _product(dy_cols, x_operand, dy_for_dw, features, config.gemm, dtype)
+        elif route == "block":
+            amaxes = (dy_cols[1], x_layout.amax(x_tensors))
+            x_values = x_layout.values(x_tensors)
+            grad_w = block_product(dy_cols[0].t(), x_values, amaxes, config, "grad_weight", dtype)
+        else:
+            grad_w = dy_cols[0].t().mm(x_layout.values(x_tensors))
     if bias_sums is not None:  # grad_y.sum(0), summed in another order
         grad_b = bias_sums.to(grad_y.dtype)
     return grad_x, grad_w, grad_b

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
+from fp4cli.linear.routes import block_product, gemm_route
 from fp4cli.linear.stats import operand_stats
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.techniques.dge import dge_derivative
@@ -65,10 +66,7 @@ def _quantize_operand(
     signs) along `axis` if asked, then fake-quantized (one fused kernel where the backend allows;
     the deterministic transform is applied first, the quantizer then fuses none), in the compute
     dtype."""
-    size, rht_seed = hadamard if hadamard is not None else (None, None)
-    if size and rht_seed is None:
-        guide = rht(guide, axis, size, None) if guide is not None else None
-        tensor, size = rht(tensor, axis, size, None), None
+    tensor, guide, size, rht_seed = _signless_transform(tensor, guide, axis, hadamard)
     if spec is None:
         transformed = rht(tensor, axis, size, rht_seed) if size else tensor
         return transformed.to(compute_dtype)
@@ -78,11 +76,67 @@ def _quantize_operand(
         backend=backend,
     )  # fmt: skip
     if stats is not None:
-        sink, operand = stats
-        source = rht(tensor, axis, size, rht_seed) if size else tensor
-        for metric, value in operand_stats(source, quantized, spec, axis, seed, backend).items():
-            sink[(operand, metric)] = value
+        _operand_stats(tensor, quantized, spec, axis, seed, (size, rht_seed), backend, stats)
     return quantized
+
+
+def _block_operand(
+    tensor: torch.Tensor,
+    spec: QuantSpec,
+    axis: int,
+    seed: torch.Tensor,
+    hadamard: tuple[int, torch.Tensor | None] | None,
+    compute_dtype: torch.dtype,
+    backend: str,
+    guide: torch.Tensor | None = None,
+    stats: tuple[StatsSink, str] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A two-level operand of a GEMM on the block-scaled route (`routes.gemm_route`),
+    quantized as `_quantize_operand` quantizes it: (its block values q * s in the compute
+    dtype, its tensor amax)."""
+    tensor, guide, size, rht_seed = _signless_transform(tensor, guide, axis, hadamard)
+    quantized = quantize(
+        tensor, spec, axis=axis, seed=seed, guide=guide, hadamard=size,
+        hadamard_seed=rht_seed if rht_seed is not None else 0, backend=backend,
+    )  # fmt: skip
+    assert quantized.tensor_amax is not None
+    if stats is not None:
+        values = quantized.dequantize(compute_dtype, backend)
+        _operand_stats(tensor, values, spec, axis, seed, (size, rht_seed), backend, stats)
+    return quantized.block_values(compute_dtype, backend), quantized.tensor_amax
+
+
+def _signless_transform(
+    tensor: torch.Tensor,
+    guide: torch.Tensor | None,
+    axis: int,
+    hadamard: tuple[int, torch.Tensor | None] | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, int | None, torch.Tensor | None]:
+    """(tensor, guide, size, seed) left for the quantizer: a transform without signs (seed
+    None) is applied here, so the quantizer then fuses none."""
+    size, rht_seed = hadamard if hadamard is not None else (None, None)
+    if size and rht_seed is None:
+        guide = rht(guide, axis, size, None) if guide is not None else None
+        return rht(tensor, axis, size, None), guide, None, None
+    return tensor, guide, size, rht_seed
+
+
+def _operand_stats(
+    tensor: torch.Tensor,
+    quantized: torch.Tensor,
+    spec: QuantSpec,
+    axis: int,
+    seed: torch.Tensor,
+    hadamard: tuple[int | None, torch.Tensor | None],
+    backend: str,
+    stats: tuple[StatsSink, str],
+) -> None:
+    """One operand's error statistics into the sink, against its (transformed) source."""
+    size, rht_seed = hadamard
+    sink, operand = stats
+    source = rht(tensor, axis, size, rht_seed) if size else tensor
+    for metric, value in operand_stats(source, quantized, spec, axis, seed, backend).items():
+        sink[(operand, metric)] = value
 
 
 def gemm_operands(
@@ -101,19 +155,48 @@ def gemm_operands(
     executors hand cuBLAS, which picks its kernel, and so its float32 summation order, by the
     operands' strides. With `stats` = (sink, operand a's name, operand b's name), each quantized
     operand's error statistics go to sink."""
-    compute_dtype = a.dtype
+    rht_args, stats_a, stats_b = _gemm_args(hadamard, seeds, stats)
+    a_q = _quantize_operand(a, specs[0], dims[0], seeds[0], rht_args, a.dtype, backend,
+                            stats=stats_a)  # fmt: skip
+    b_q = _quantize_operand(b, specs[1], dims[1], seeds[1], rht_args, a.dtype, backend, guide_b,
+                            stats_b)  # fmt: skip
+    return a_q.contiguous(), b_q.contiguous()
+
+
+def block_operands(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dims: tuple[int, int],
+    specs: tuple[QuantSpec | None, QuantSpec | None],
+    hadamard: HadamardConfig | None,
+    seeds: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    guide_b: torch.Tensor | None = None,
+    stats: tuple[StatsSink, str, str] | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """`gemm_operands` for a GEMM on the block-scaled route: both operands' block values
+    (contiguous, in a's dtype) and their tensor amaxes."""
+    assert specs[0] is not None and specs[1] is not None
+    rht_args, stats_a, stats_b = _gemm_args(hadamard, seeds, stats)
+    a_q, a_amax = _block_operand(a, specs[0], dims[0], seeds[0], rht_args, a.dtype, backend,
+                                 stats=stats_a)  # fmt: skip
+    b_q, b_amax = _block_operand(b, specs[1], dims[1], seeds[1], rht_args, a.dtype, backend,
+                                 guide_b, stats_b)  # fmt: skip
+    return a_q.contiguous(), b_q.contiguous(), (a_amax, b_amax)
+
+
+def _gemm_args(
+    hadamard: HadamardConfig | None,
+    seeds: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    stats: tuple[StatsSink, str, str] | None,
+) -> tuple[Any, tuple[StatsSink, str] | None, tuple[StatsSink, str] | None]:
+    """A GEMM's (Hadamard (size, seed or None), operand a's stats sink, operand b's)."""
     rht_args: tuple[int, torch.Tensor | None] | None = None
     if hadamard is not None:
         rht_args = (hadamard.size, seeds[2] if hadamard.random else None)
-    stats_a = (stats[0], stats[1]) if stats is not None else None
-    stats_b = (stats[0], stats[2]) if stats is not None else None
-    a_q = _quantize_operand(
-        a, specs[0], dims[0], seeds[0], rht_args, compute_dtype, backend, stats=stats_a
-    )
-    b_q = _quantize_operand(
-        b, specs[1], dims[1], seeds[1], rht_args, compute_dtype, backend, guide_b, stats_b
-    )
-    return a_q.contiguous(), b_q.contiguous()
+    if stats is None:
+        return rht_args, None, None
+    return rht_args, (stats[0], stats[1]), (stats[0], stats[2])
 
 
 def seed_offsets(gemm: str, operands: tuple[str, str], rank: int = 0) -> tuple[int, int, int]:
@@ -152,23 +235,22 @@ class QuantLinearFunction(torch.autograd.Function):
         if config.outliers is not None:
             x_clamped, residual = clamp_outliers(x, config.outliers)
         seeds = _seeds(call_seed, "forward", ("forward_x", "forward_w"), rank)
-        x_q, w_q = gemm_operands(
-            x_clamped,
-            weight,
-            (1, 1),
-            (config.forward_x, config.forward_w),
-            config.forward_hadamard,
-            seeds,
-            guide_b=weight_guide,
-            stats=(stats, "forward_x", "forward_w") if stats is not None else None,
-            backend=backend,
-        )
-        if residual is not None and config.outliers is not None and config.outliers.compensate:
-            x_q = (x_q.float() + residual.float()).to(x_q.dtype)  # the sparse residual back
-        y = F.linear(x_q, w_q, bias)
-
-        x_source = backward_source(x, x_q, config.double_quant)
-        w_source = backward_source(weight, w_q, config.double_quant)
+        operands = (x_clamped, weight, (1, 1), (config.forward_x, config.forward_w),
+                    config.forward_hadamard, seeds, weight_guide, _names(stats, "forward_x",
+                    "forward_w"), backend)  # fmt: skip
+        if gemm_route(config, "forward") == "block":  # no double quantization, no clamping
+            x_b, w_b, amaxes = block_operands(*operands)
+            y = block_product(x_b, w_b.t(), amaxes, config, "forward", x_b.dtype)
+            y = y if bias is None else y.add_(bias.to(y.dtype))
+            x_source, w_source = x, weight
+        else:
+            x_q, w_q = gemm_operands(*operands)
+            compensate = config.outliers is not None and config.outliers.compensate
+            if residual is not None and compensate:  # the sparse residual back
+                x_q = (x_q.float() + residual.float()).to(x_q.dtype)
+            y = F.linear(x_q, w_q, bias)
+            x_source = backward_source(x, x_q, config.double_quant)
+            w_source = backward_source(weight, w_q, config.double_quant)
         ctx.save_for_backward(x_source, w_source, weight if config.dge is not None else None)
         ctx.config = config
         ctx.call_seed = call_seed
@@ -185,32 +267,29 @@ class QuantLinearFunction(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             seeds = _seeds(ctx.call_seed, "grad_input", ("grad_input_dy", "grad_input_w"), ctx.rank)
-            dy_q, w_q = gemm_operands(
-                grad_y,
-                w_source,
-                (1, 0),
-                (config.grad_input_dy, config.grad_input_w),
-                config.grad_input_hadamard,
-                seeds,
-                stats=_names(ctx.stats, "grad_input_dy", "grad_input_w"),
-                backend=ctx.backend,
-            )
-            grad_x = dy_q.mm(w_q)
+            stats = _names(ctx.stats, "grad_input_dy", "grad_input_w")
+            operands = (grad_y, w_source, (1, 0), (config.grad_input_dy, config.grad_input_w),
+                        config.grad_input_hadamard, seeds, None, stats, ctx.backend)  # fmt: skip
+            if gemm_route(config, "grad_input") == "block":
+                dy_b, w_b, amaxes = block_operands(*operands)
+                grad_x = block_product(dy_b, w_b, amaxes, config, "grad_input", dy_b.dtype)
+            else:
+                dy_q, w_q = gemm_operands(*operands)
+                grad_x = dy_q.mm(w_q)
         if ctx.needs_input_grad[1]:
             seeds = _seeds(
                 ctx.call_seed, "grad_weight", ("grad_weight_dy", "grad_weight_x"), ctx.rank
             )
-            dy_q, x_q = gemm_operands(
-                grad_y,
-                x_source,
-                (0, 0),
-                (config.grad_weight_dy, config.grad_weight_x),
-                config.grad_weight_hadamard,
-                seeds,
-                stats=_names(ctx.stats, "grad_weight_dy", "grad_weight_x"),
-                backend=ctx.backend,
-            )
-            grad_w = dy_q.t().mm(x_q)  # (out, in) contiguous: autograd keeps it, no copy
+            stats = _names(ctx.stats, "grad_weight_dy", "grad_weight_x")
+            specs = (config.grad_weight_dy, config.grad_weight_x)
+            operands = (grad_y, x_source, (0, 0), specs, config.grad_weight_hadamard, seeds,
+                        None, stats, ctx.backend)  # fmt: skip
+            if gemm_route(config, "grad_weight") == "block":
+                dy_b, x_b, amaxes = block_operands(*operands)
+                grad_w = block_product(dy_b.t(), x_b, amaxes, config, "grad_weight", dy_b.dtype)
+            else:
+                dy_q, x_q = gemm_operands(*operands)
+                grad_w = dy_q.t().mm(x_q)  # (out, in) contiguous: autograd keeps it, no copy
             if config.dge is not None:
                 grad_w = grad_w * _dge_factor(weight, config, ctx.backend).to(grad_w.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:

@@ -10,10 +10,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fp4cli.linear.config import GEMMS, LinearConfig
-from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap, gemm_gap
+from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
 from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
 from fp4cli.linear.ops import compiled_linear, op_key
+from fp4cli.linear.routes import gemm_gap, gemm_route
 from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.quant import fake_quantize
 from fp4cli.quant.backend import check_backend, interpreter_on, triton_available
@@ -254,28 +255,34 @@ def executor_summary(model: nn.Module) -> str:
 
 
 def _gemm_routes(model: nn.Module) -> list[str]:
-    """Where a recipe's `gemm: exact | fast` sends each GEMM, once per distinct config and
-    executor: e.g. "gemm fast: forward, grad_input, grad_weight on mxfp4_matmul"."""
+    """Where a recipe's `gemm: exact | fast` sends each GEMM (`routes.gemm_route`), once per
+    distinct config and executor: e.g. "gemm fast: forward, grad_input, grad_weight on
+    mxfp4_matmul"."""
     routes: dict[str, None] = {}
     for layer in quantized_layers(model).values():
         config = layer.config
         if config.gemm == "dequantized" or config.is_high_precision:
             continue
         name = layer.executor()[0]
-        if name != "fast":
-            routes[f"gemm {config.gemm}: the {_EXECUTOR_NAMES[name]} multiplies values"] = None
+        if name == "vector":
+            routes[f"gemm {config.gemm}: the vector-wise executor multiplies values"] = None
             continue
-        by_gap: dict[str | None, list[str]] = {}
+        by_route: dict[str, list[str]] = {}
         for gemm in GEMMS:
-            by_gap.setdefault(gemm_gap(config, gemm), []).append(gemm)
-        parts = [
-            ", ".join(gemms) + (" on mxfp4_matmul" if gap is None else f" on values ({gap})")
-            for gap, gemms in by_gap.items()
-        ]
+            route = gemm_route(config, gemm)
+            if route == "mxfp4" and name != "fast":
+                where = "on values (mxfp4_matmul: the fast executor's)"
+            elif route is not None:
+                where = _ROUTE_NAMES[route]
+            else:
+                where = f"on values ({gemm_gap(config, gemm)})"
+            by_route.setdefault(where, []).append(gemm)
+        parts = [", ".join(gemms) + f" {where}" for where, gemms in by_route.items()]
         routes[f"gemm {config.gemm}: " + "; ".join(parts)] = None
     return list(routes)
 
 
+_ROUTE_NAMES = {"mxfp4": "on mxfp4_matmul", "block": "as block-scaled products"}
 _EXECUTOR_NAMES = {
     "fast": "fast executor",
     "vector": "vector-wise executor",

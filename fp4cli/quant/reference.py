@@ -77,15 +77,27 @@ class QuantizedTensor:
 
     def dequantize(self, dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
         """The represented tensor, in the original shape and dtype (or `dtype`)."""
+        return self._decoded(self.tensor_amax, dtype, backend)
+
+    def block_values(self, dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
+        """q * s of every element, without a two-level spec's tensor scale (the dequantized
+        values of a one-level spec): what a block-scaled MMA multiplies before its epilogue
+        applies the tensor scales (`fp4cli.gemm.nvfp4`); exact in bfloat16 for E2M1 elements
+        with E4M3 scales. Original shape, in `dtype` (default: the tensor's)."""
+        return self._decoded(None, dtype, backend)
+
+    def _decoded(
+        self, t_amax: torch.Tensor | None, dtype: torch.dtype | None, backend: str
+    ) -> torch.Tensor:
         if use_kernels(backend, self.spec, self.codes.device):
             from fp4cli.kernels.launch import dequantize_e2m1
 
             return dequantize_e2m1(
-                self.codes, self.scales, self.tensor_amax, self.spec, self.shape, self.axis,
+                self.codes, self.scales, t_amax, self.spec, self.shape, self.axis,
                 dtype or self.dtype,
             )  # fmt: skip
         blocks = self.layout.to_blocks(self.element_values())
-        values = _dequantize_blocks(blocks, self.scale_values(), self.tensor_amax, self.spec)
+        values = _dequantize_blocks(blocks, self.scale_values(), t_amax, self.spec)
         moved = self.layout.unpad(self.layout.from_blocks(values))
         return moved.movedim(-1, self.axis).to(dtype or self.dtype)
 

@@ -58,6 +58,8 @@ def _input(rows, cols, seed=0):
 def _reference(x, d, axis):
     """The reference's quantization of x along `axis` as direction d asks (values or codes)."""
     args = dict(hadamard=d.hadamard, hadamard_seed=d.hadamard_seed, backend="torch")
+    if d.block_values:
+        return quantize(x, d.spec, axis, d.seed, **args).block_values(d.values_dtype, "torch")
     if d.values_dtype is not None:
         return fake_quantize(x, d.spec, axis, d.seed, out_dtype=d.values_dtype, **args)
     return quantize(x, d.spec, axis, d.seed, **args)
@@ -213,6 +215,40 @@ def test_two_level_edge_cases():
     _check(zeros, Direction(NVFP4, None), Direction(NVFP4, None, values_dtype=torch.float32))
     nan = on_device(torch.full((16, 32), NAN))
     _check(nan, Direction(NVFP4, None), Direction(NVFP4_SR, 1))
+
+
+def _block(spec, seed=None, hadamard=None, hadamard_seed=0):
+    return Direction(spec, seed, hadamard, hadamard_seed, torch.float32, block_values=True)
+
+
+@pytest.mark.parametrize(("row_h", "col_h"), [(None, None), (None, 16), (32, 16)])
+def test_block_values_are_the_references_q_times_s(row_h, col_h):
+    """Block values (a two-level spec's q * s, without the tensor scale) both ways, with each
+    direction's amax; 1-D blocks, transforms, SR, and the edge cases of two-level scales."""
+    x = _input(70, 100, seed=13)
+    x[33, :] = 1e-40
+    x[34, 0] = 3e38
+    x[5, 7] = NAN
+    row, col = _block(NVFP4, None, row_h, 41), _block(NVFP4_SR, 42, col_h, 43)
+    row_out, col_out = quantize_pair(x, row, col)
+    _assert_direction(row_out, _reference(x, row, 1), "row block values")
+    _assert_direction(col_out, _reference(x, col, 0), "column block values")
+    for out, d, axis in ((row_out, row, 1), (col_out, col, 0)):
+        reference = quantize(x, d.spec, axis, d.seed, hadamard=d.hadamard,
+                             hadamard_seed=d.hadamard_seed, backend="torch")  # fmt: skip
+        assert_bits(out.tensor_amax.reshape(()), reference.tensor_amax, "amax")
+    zeros = on_device(torch.zeros(48, 40))
+    _check(zeros, _block(NVFP4), _block(NVFP4))
+
+
+def test_block_values_of_square_tiles_and_errors():
+    x = _input(70, 100, seed=14)
+    _check(x, _block(NVFP4_2D), _block(NVFP4_2D.replace(rounding="sr"), 6))
+    packed = Direction(NVFP4, None, block_values=True)
+    with pytest.raises(ValueError, match="block values are values"):
+        quantize_pair(x, packed, None)
+    with pytest.raises(ValueError, match="re-quantizes the row direction's whole values"):
+        quantize_pair(x, _block(NVFP4), Direction(MXFP4, None), torch.float32)
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (70, 100), (17, 33)])

@@ -26,6 +26,8 @@ COMPILED["unquantized-saved"] = LinearConfig(
 # the GEMMs on mxfp4_matmul (fp4cli::quant_linear keeps W's grad_input operand packed)
 COMPILED["tetrajet-gemm-exact"] = dataclasses.replace(CONFIGS["tetrajet"], gemm="exact")
 COMPILED["wide-rht-gemm-fast"] = dataclasses.replace(CONFIGS["wide-rht"], gemm="fast")
+# NVFP4's block-scaled products (W's grad_input operand kept as block values and its amax)
+COMPILED["nvfp4-gemm-exact"] = dataclasses.replace(CONFIGS["nvfp4"], gemm="exact")
 # the vector-wise executor: Wang et al.'s recipes, DGE (it keeps the weight) and the clamp
 VECTOR = {name: VECTOR_CONFIGS[name] for name in ("wang-fp4", "wang-direct", "dge-only", "paper")}
 
@@ -96,7 +98,13 @@ def op_args(executor, config):
 
 @pytest.mark.parametrize(
     ("executor", "name"),
-    [("fast", "mxfp4"), ("fast", "nvfp4"), ("fast", "tetrajet-gemm-exact"), ("vector", "paper")],
+    [
+        ("fast", "mxfp4"),
+        ("fast", "nvfp4"),
+        ("fast", "tetrajet-gemm-exact"),
+        ("fast", "nvfp4-gemm-exact"),
+        ("vector", "paper"),
+    ],  # fmt: skip
 )
 def test_fake_implementations_give_the_real_outputs_layout(executor, name):
     """Each op's fake implementation (the launchers with launches skipped) allocates what the

@@ -1,7 +1,9 @@
-"""`gemm: exact | fast`: the fast executor hands `mxfp4_matmul` the packed operands of every GEMM
-whose two specs its kernels take. The operands must be the reference executor's bit for bit
-(each GEMM computes A @ B^T; the values of A and B are compared), and the products the
-reference's up to float32 summation order."""
+"""`gemm: exact | fast` (fp4cli/linear/routes.py). The fast executor hands `mxfp4_matmul` the
+packed operands of every GEMM whose two specs its kernels take: the operands must be the
+reference executor's bit for bit (each GEMM computes A @ B^T; the values of A and B are
+compared), and the products the reference's up to float32 summation order. A GEMM of two NVFP4
+operands multiplies their block values as Blackwell does, on both executors: the same bits,
+and nvfp4_matmul's contract."""
 
 import dataclasses
 
@@ -11,15 +13,24 @@ import torch.nn.functional as F
 
 import fp4cli.gemm
 from fp4cli import LinearConfig, QuantSpec, quantize_model
-from fp4cli.linear.fast import gemm_gap
+from fp4cli.gemm import nvfp4_matmul_reference
+from fp4cli.linear.routes import gemm_gap, gemm_route
+from fp4cli.quant import quantize
 from fp4cli.recipes import load_recipe
 from fp4cli.techniques import HadamardConfig
 from tests.kernel_cases import DEVICE
 from tests.kernel_checks import assert_same_sum, assert_same_up_to_zero_sign
 from tests.kernels.test_linear_fast import CONFIGS
-from tests.linear_runs import linear_inputs, saved_tensors, seeded_layer, training_passes
+from tests.linear_runs import (
+    assert_same_passes,
+    linear_inputs,
+    saved_tensors,
+    seeded_layer,
+    training_passes,
+)
 
 MXFP4 = QuantSpec.preset("mxfp4")
+NVFP4 = QuantSpec.preset("nvfp4")
 ROUTED = {
     "mxfp4": CONFIGS["mxfp4"],
     "tetrajet": CONFIGS["tetrajet"],  # ceil scales, SR, double quantization
@@ -145,8 +156,7 @@ def test_gemm_gap_says_why_a_gemm_multiplies_values():
     assert gemm_gap(tseng, "grad_input") == (
         "grad_input_dy's sr_prescale 0.75 (dequantized values are not q * 2^e)"
     )
-    nvfp4 = with_gemm(load_recipe("nvfp4").linear, "exact")
-    assert gemm_gap(nvfp4, "forward") == "forward_x's e2m1/ue4m3 (the kernels take e2m1/e8m0)"
+    assert gemm_gap(with_gemm(load_recipe("nvfp4").linear, "exact"), "forward") is None
     mixed = LinearConfig(forward_x=MXFP4, forward_w=MXFP4.replace(block=64), gemm="exact")
     assert gemm_gap(mixed, "forward") == "blocks of 32 and 64 (both operands need one block)"
     assert gemm_gap(CONFIGS["mxfp4"], "forward") == "gemm: dequantized"
@@ -175,4 +185,95 @@ def test_executor_summary_says_where_each_gemm_runs():
     assert summary("wang-fp4", "fast") == (
         "quantized layers: 2 on the vector-wise executor; "
         "gemm fast: the vector-wise executor multiplies values"
+    )
+
+
+BLOCK_SCALED = {
+    "nvfp4": CONFIGS["nvfp4"],  # 2-D weight tiles, SR on dY, RHT-16 on the weight gradient
+    "nvidia-nvfp4": load_recipe("nvidia-nvfp4").linear,
+    "nvfp4-ceil-sr-weights": CONFIGS["nvfp4-ceil-sr-weights"],
+}
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("name", BLOCK_SCALED)
+def test_block_scaled_products_are_the_same_bits_on_both_executors(name, mode):
+    config = with_gemm(BLOCK_SCALED[name], mode)
+    assert [gemm_route(config, g) for g in ("forward", "grad_input", "grad_weight")] == [
+        "block"
+    ] * 3
+    fast, reference, x, grad_y = routed_pair(config)
+    assert fast.executor() == ("fast", "")
+    got, expected = training_passes(fast, x, grad_y), training_passes(reference, x, grad_y)
+    assert_same_passes(got, expected, summed_bias=True)
+    # and not the dequantized values' product (each value rounded before the GEMM)
+    plain = training_passes(seeded_layer(BLOCK_SCALED[name], "torch"), x, grad_y)
+    assert not torch.equal(got[0][0], plain[0][0])
+    for a, b in zip(got[0][:3], plain[0][:3], strict=True):
+        assert_same_sum(a, b)
+
+
+def test_block_scaled_ragged_shapes_on_both_executors():
+    config = with_gemm(CONFIGS["nvfp4"], "exact")
+    fast, reference, x, grad_y = routed_pair(config, (19, 45), 33, seed=2)
+    got, expected = training_passes(fast, x, grad_y), training_passes(reference, x, grad_y)
+    assert_same_passes(got, expected, summed_bias=True)
+
+
+def test_block_scaled_forward_is_nvfp4_matmuls_contract():
+    """y = fl32(alpha * sum (q_x s_x)(q_w s_w)) + b: nvfp4_matmul_reference's formula (sums in
+    float64) on the reference quantizer's tensors, to float32 summation order."""
+    config = LinearConfig(forward_x=NVFP4, forward_w=NVFP4, gemm="exact")
+    layer = seeded_layer(config, "torch", bias=False)
+    x, _ = linear_inputs((37, 96), seed=8)
+    y = layer(x)
+    expected = nvfp4_matmul_reference(
+        quantize(x.detach(), NVFP4, 1, backend="torch"),
+        quantize(layer.weight.detach(), NVFP4, 1, backend="torch"),
+        torch.float32,
+    )
+    assert_same_sum(y.detach(), expected)
+
+
+def test_block_values_of_a_quantized_tensor():
+    """q * s: the dequantized values of a one-level spec; of a two-level one, without the
+    tensor scale (kernel and reference alike)."""
+    x = linear_inputs((40, 64), seed=9)[0].detach()
+    one_level = quantize(x, MXFP4, backend="torch")
+    assert torch.equal(one_level.block_values(), one_level.dequantize())
+    for spec in (NVFP4, QuantSpec.preset("nvfp4-2d")):
+        two_level = quantize(x, spec, backend="torch")
+        scales = two_level.scale_values()
+        if spec.tile2d:
+            scales = scales.repeat_interleave(16, 0)
+        q_times_s = two_level.element_values() * scales.repeat_interleave(16, -1)
+        assert torch.equal(two_level.block_values(), q_times_s[:40, :64])
+    kernel = quantize(x, NVFP4, backend="triton")
+    assert_same_up_to_zero_sign(
+        kernel.block_values(torch.float32, "triton"),
+        quantize(x, NVFP4, backend="torch").block_values(torch.float32, "torch"),
+        "block values",
+    )
+
+
+def test_block_route_gaps():
+    doubled = LinearConfig(forward_x=NVFP4, forward_w=NVFP4, double_quant=True, gemm="exact")
+    assert gemm_gap(doubled, "forward") == (
+        "double quantization (it re-quantizes the forward operands' values)"
+    )
+    ue5m3 = with_gemm(load_recipe("ue5m3-hadamard-sr").linear, "exact")
+    assert gemm_gap(ue5m3, "grad_input").startswith("grad_input_dy's ")
+    assert "block-scaled products take e2m1 with ue4m3 per 16" in gemm_gap(ue5m3, "grad_input")
+    mixed = LinearConfig(forward_x=NVFP4, forward_w=MXFP4, gemm="fast")
+    assert "forward_w's" in gemm_gap(mixed, "forward")
+
+
+def test_executor_summary_names_the_block_scaled_products():
+    from fp4cli.linear import executor_summary
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32)).to(DEVICE)
+    quantize_model(model, with_gemm(CONFIGS["nvfp4"], "exact"), seed=0, skip=(), backend="torch")
+    assert executor_summary(model) == (
+        "quantized layers: 1 on the reference (backend torch); "
+        "gemm exact: forward, grad_input, grad_weight as block-scaled products"
     )

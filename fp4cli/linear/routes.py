@@ -1,0 +1,72 @@
+"""How the quantized Linear multiplies each GEMM's operands (`LinearConfig.gemm`).
+
+`gemm_route(config, gemm)`:
+
+- None (every GEMM with `gemm: dequantized`, and any GEMM the others do not take): torch's GEMM
+  on the dequantized operands in the compute dtype, as `nn.Linear` (cuBLAS on a GPU);
+- "mxfp4": both operands packed, through `mxfp4_matmul` in the config's mode (exact or fast):
+  E2M1 operands with E8M0 scales that its kernels take (`spec_pair_gap`); the fast executor
+  only, as exact mode is the reference's product up to float32 summation order;
+- "block": two NVFP4 operands (E2M1 with UE4M3 scales per 16 values or 16 x 16 tiles and a
+  tensor scale): their block values q * s multiplied exactly, summed in float32, the tensor
+  scales applied once (`block_product`, `fp4cli.gemm.nvfp4.block_scaled_mm`), which is how
+  Blackwell's block-scaled MMA computes it; both executors, so it is the layer's definition.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp4cli.gemm.nvfp4 import block_scaled_gap, block_scaled_mm
+from fp4cli.gemm.operands import spec_pair_gap
+from fp4cli.gemm.reference import block_scaled_factor
+from fp4cli.linear.config import LinearConfig
+
+GEMM_OPERANDS = {
+    "forward": ("forward_x", "forward_w"),
+    "grad_input": ("grad_input_dy", "grad_input_w"),
+    "grad_weight": ("grad_weight_dy", "grad_weight_x"),
+}
+
+
+def gemm_gap(config: LinearConfig, gemm: str) -> str | None:
+    """Why `gemm` multiplies dequantized values with torch's GEMM, or None when `gemm_route`
+    sends it elsewhere."""
+    if config.gemm == "dequantized":
+        return "gemm: dequantized"
+    names = GEMM_OPERANDS[gemm]
+    a, b = config.spec(names[0]), config.spec(names[1])
+    if a is None or b is None:
+        return f"{names[0] if a is None else names[1]} in high precision"
+    if not (a.tensor_scale or b.tensor_scale):
+        return spec_pair_gap(a, b, names)
+    gap = block_scaled_gap(names[0], a) or block_scaled_gap(names[1], b)
+    if gap is None and gemm == "forward" and config.double_quant:
+        return "double quantization (it re-quantizes the forward operands' values)"
+    if gap is None and gemm == "forward" and config.outliers is not None:
+        return "outlier clamping (its residual is added to the forward operand's values)"
+    return gap
+
+
+def gemm_route(config: LinearConfig, gemm: str) -> str | None:
+    """How `gemm` is multiplied (see the module): "mxfp4", "block" (for `gemm: exact` and
+    `fast` alike) or None."""
+    if gemm_gap(config, gemm) is not None:
+        return None
+    spec = config.spec(GEMM_OPERANDS[gemm][0])
+    return "block" if spec is not None and spec.tensor_scale else "mxfp4"
+
+
+def block_product(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    amaxes: tuple[torch.Tensor, torch.Tensor],
+    config: LinearConfig,
+    gemm: str,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """`gemm`'s block-scaled product of block values a @ b (`block_scaled_mm`)."""
+    names = GEMM_OPERANDS[gemm]
+    a_spec, b_spec = config.spec(names[0]), config.spec(names[1])
+    assert a_spec is not None and b_spec is not None
+    return block_scaled_mm(a, b, amaxes, block_scaled_factor(a_spec, b_spec), dtype)
