@@ -102,13 +102,17 @@ def block_scaled_mm(
     (`QuantizedTensor.block_values`: q * s, exact in their dtype) of two NVFP4 tensors with
     these tensor amaxes, alpha = fl32(fl32(amax_a * amax_b) / factor) (`nvfp4_factor`): the
     contract of `nvfp4_matmul` on operands already decoded, as the quantized Linear holds them.
-    The products are exact and summed in float32 (cuBLAS's bf16 GEMM with a float32 output, or
-    a float32 GEMM)."""
-    if a.dtype == torch.bfloat16 and a.is_cuda:
-        sums = torch.mm(a, b, out_dtype=torch.float32)
-    else:
-        sums = torch.mm(a.to(torch.float32), b.to(torch.float32))
-    amax_a, amax_b = (t.to(torch.float32).reshape(()) for t in amaxes)
+    The products are exact and summed in float32: where the kernels run, `nvfp4_matmul`'s
+    decoded implementation from its GEMM on (cuBLAS's bf16 GEMM with a float32 output, then one
+    alpha epilogue launch), else in torch."""
+    amax_a, amax_b = (t.to(torch.float32).reshape(1) for t in amaxes)
+    device = a.device
+    if b.dtype == a.dtype and triton_available() and (device.type == "cuda" or interpreter_on()):
+        from fp4cli.kernels.gemm.nvfp4_launch import block_values_matmul
+
+        out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=device)
+        return block_values_matmul(a, b.t(), (amax_a, amax_b), factor, out)
+    sums = torch.mm(a.to(torch.float32), b.to(torch.float32))
     return (sums * ((amax_a * amax_b) / factor)).to(out_dtype)
 
 
