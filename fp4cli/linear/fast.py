@@ -365,30 +365,38 @@ def fast_backward(
     )
     grad_x = grad_w = grad_b = None
     if needs_dx:
-        w_layout, route = layouts[1], gemm_route(config, "grad_input")
-        if route == "mxfp4":
-            w_operand = w_layout.operand(w_tensors)
-            grad_x = _product(dy_rows, w_operand, dy_for_dx, tokens, config.gemm, dtype)
-        elif route == "block":
-            amaxes = (dy_rows[1], w_layout.amax(w_tensors))
-            w_values = w_layout.values(w_tensors)
-            grad_x = block_product(dy_rows[0], w_values, amaxes, config, "grad_input", dtype)
-        else:
-            grad_x = dy_rows[0].mm(w_layout.values(w_tensors))
+        grad_x = _backward_product(
+            "grad_input", dy_rows, dy_for_dx, tokens, (layouts[1], w_tensors), config, dtype
+        )
     if needs_dw:
-        x_layout, route = layouts[0], gemm_route(config, "grad_weight")
-        if route == "mxfp4":
-            x_operand = x_layout.operand(x_tensors)
-            grad_w = _product(dy_cols, x_operand, dy_for_dw, features, config.gemm, dtype)
-        elif route == "block":
-            amaxes = (dy_cols[1], x_layout.amax(x_tensors))
-            x_values = x_layout.values(x_tensors)
-            grad_w = block_product(dy_cols[0].t(), x_values, amaxes, config, "grad_weight", dtype)
-        else:
-            grad_w = dy_cols[0].t().mm(x_layout.values(x_tensors))
+        grad_w = _backward_product(
+            "grad_weight", dy_cols, dy_for_dw, features, (layouts[0], x_tensors), config, dtype
+        )
     if bias_sums is not None:  # grad_y.sum(0), summed in another order
         grad_b = bias_sums.to(grad_y.dtype)
     return grad_x, grad_w, grad_b
+
+
+def _backward_product(
+    gemm: str,
+    dy: tuple[torch.Tensor, ...],
+    dy_request: Request,
+    lines: int,
+    kept: tuple[Saved, tuple[torch.Tensor, ...]],
+    config: LinearConfig,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """grad_input (dY W) or grad_weight (dY^T X) from dY's operand (`lines` lines of it, as
+    `dy_request` asked) and the forward's kept one, on the GEMM's route."""
+    layout, tensors = kept
+    route = gemm_route(config, gemm)
+    if route == "mxfp4":
+        return _product(dy, layout.operand(tensors), dy_request, lines, config.gemm, dtype)
+    dy_values = dy[0] if gemm == "grad_input" else dy[0].t()
+    if route == "block":
+        amaxes = (dy[1], layout.amax(tensors))
+        return block_product(dy_values, layout.values(tensors), amaxes, config, gemm, dtype)
+    return dy_values.mm(layout.values(tensors))
 
 
 class FastQuantLinearFunction(torch.autograd.Function):

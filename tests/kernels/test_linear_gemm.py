@@ -207,7 +207,8 @@ def test_block_scaled_products_are_the_same_bits_on_both_executors(name, mode):
     got, expected = training_passes(fast, x, grad_y), training_passes(reference, x, grad_y)
     assert_same_passes(got, expected, summed_bias=True)
     # and not the dequantized values' product (each value rounded before the GEMM)
-    plain = training_passes(seeded_layer(BLOCK_SCALED[name], "torch"), x, grad_y)
+    plain_config = with_gemm(BLOCK_SCALED[name], "dequantized")
+    plain = training_passes(seeded_layer(plain_config, "torch"), x, grad_y)
     assert not torch.equal(got[0][0], plain[0][0])
     for a, b in zip(got[0][:3], plain[0][:3], strict=True):
         assert_same_sum(a, b)
