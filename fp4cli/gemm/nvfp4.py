@@ -78,14 +78,22 @@ def nvfp4_matmul(
     return target
 
 
+BLOCK_SCALED_ELEMENTS = ("e2m1", "e1m2")  # 2 or 3 significant bits
+BLOCK_SCALED_SCALES = ("ue4m3", "ue5m3")  # 4 significant bits: q * s has at most 7, BF16 holds 8
+
+
 def block_scaled_gap(name: str, spec: QuantSpec) -> str | None:
-    """Why tensors of this spec (called `name`) cannot multiply as NVFP4 block-scaled operands
-    (`block_scaled_mm`), or None: E2M1 elements, UE4M3 scales per 16 values (1-D blocks or
-    16 x 16 tiles), one tensor scale, no SR pre-scale."""
-    if spec.element != "e2m1" or spec.scale != "ue4m3" or spec.block != NVFP4_BLOCK:
-        return f"{name}'s {spec.short()} (block-scaled products take e2m1 with ue4m3 per 16)"
+    """Why tensors of this spec (called `name`) cannot multiply as block-scaled operands
+    (`block_scaled_mm`), or None: a two-level spec (one tensor scale) of E2M1 or E1M2 elements
+    with UE4M3 or UE5M3 block scales (any block size, 1-D or 2-D tiles), no SR pre-scale, whose
+    block values q * s are exact in bfloat16. NVFP4 is the one Blackwell multiplies natively."""
     if not spec.tensor_scale or spec.outer_block:
         return f"{name}'s {spec.short()} (block-scaled products take one tensor scale)"
+    if spec.element not in BLOCK_SCALED_ELEMENTS or spec.scale not in BLOCK_SCALED_SCALES:
+        return (
+            f"{name}'s {spec.element}/{spec.scale} (block-scaled products take "
+            f"{' or '.join(BLOCK_SCALED_ELEMENTS)} with {' or '.join(BLOCK_SCALED_SCALES)})"
+        )
     if spec.sr_prescale != 1.0:
         return f"{name}'s sr_prescale {spec.sr_prescale:g} (q * s is not the value over it)"
     return None
@@ -99,9 +107,10 @@ def block_scaled_mm(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """out_dtype(fl32(alpha * (a @ b))) for matrices a (M, K) and b (K, N) of block values
-    (`QuantizedTensor.block_values`: q * s, exact in their dtype) of two NVFP4 tensors with
-    these tensor amaxes, alpha = fl32(fl32(amax_a * amax_b) / factor) (`nvfp4_factor`): the
-    contract of `nvfp4_matmul` on operands already decoded, as the quantized Linear holds them.
+    (`QuantizedTensor.block_values`: q * s, exact in their dtype) of two two-level tensors (NVFP4,
+    or any `block_scaled_gap` takes) with these tensor amaxes, alpha = fl32(fl32(amax_a *
+    amax_b) / factor) (`nvfp4_factor`): the contract of `nvfp4_matmul` on operands already
+    decoded, as the quantized Linear holds them.
     The products are exact and summed in float32: where the kernels run, `nvfp4_matmul`'s
     decoded implementation from its GEMM on (cuBLAS's bf16 GEMM with a float32 output, then one
     alpha epilogue launch), else in torch."""

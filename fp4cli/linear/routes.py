@@ -7,10 +7,12 @@
 - "mxfp4": both operands packed, through `mxfp4_matmul` in the config's mode (exact or fast):
   E2M1 operands with E8M0 scales that its kernels take (`spec_pair_gap`); the fast executor
   only, as exact mode is the reference's product up to float32 summation order;
-- "block": two NVFP4 operands (E2M1 with UE4M3 scales per 16 values or 16 x 16 tiles and a
-  tensor scale): their block values q * s multiplied exactly, summed in float32, the tensor
-  scales applied once (`block_product`, `fp4cli.gemm.nvfp4.block_scaled_mm`), which is how
-  Blackwell's block-scaled MMA computes it; both executors, so it is the layer's definition.
+- "block": two two-level operands (NVFP4: E2M1 with UE4M3 scales per 16 values or 16 x 16
+  tiles and a tensor scale; also UE5M3 scales, E1M2 elements, other blocks:
+  `block_scaled_gap`): their block values q * s multiplied exactly, summed in float32, the
+  tensor scales applied once (`block_product`, `fp4cli.gemm.nvfp4.block_scaled_mm`), which is
+  how Blackwell's block-scaled MMA computes NVFP4; both executors, so it is the layer's
+  definition.
 """
 
 from __future__ import annotations

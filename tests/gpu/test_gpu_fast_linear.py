@@ -149,15 +149,16 @@ def test_gemm_fast_gpt_compiles_and_replays_with_the_eager_bits(tmp_path):
     check_graph_steps_equal_eager_steps(str(path))
 
 
-def test_block_scaled_gpt_gives_the_reference_bits_under_autocast(tmp_path):
-    """NVFP4 with `gemm: exact` (block-scaled products, as Blackwell computes them): the fast
-    executor's loss and gradients are the reference executor's bit for bit under bf16
-    autocast; compiled in one graph, the eager ones."""
-    path = tmp_path / "nvfp4-exact.yaml"
-    path.write_text("base: nvfp4\nlinear: {gemm: exact}\n")
+@pytest.mark.parametrize("base", ["nvfp4", "ue5m3-hadamard-sr"])
+def test_block_scaled_gpt_gives_the_reference_bits_under_autocast(tmp_path, base):
+    """Two-level recipes with `gemm: exact` (block-scaled products, as Blackwell computes
+    NVFP4's): the fast executor's loss and gradients are the reference executor's bit for bit
+    under bf16 autocast; compiled in one graph, the eager ones."""
+    path = tmp_path / f"{base}-exact.yaml"
+    path.write_text(f"base: {base}\nlinear: {{gemm: exact}}\n")
     check_executor_gives_the_reference_bits(str(path), "triton", "fast")
     eager = autocast_gradients(str(path), "triton", "fast")
-    assert_bits_all(autocast_gradients(str(path), "triton", "fast", "aot_eager"), eager, "nvfp4")
+    assert_bits_all(autocast_gradients(str(path), "triton", "fast", "aot_eager"), eager, base)
 
 
 def test_captured_runs_leave_no_memory_behind():

@@ -192,6 +192,7 @@ BLOCK_SCALED = {
     "nvfp4": CONFIGS["nvfp4"],  # 2-D weight tiles, SR on dY, RHT-16 on the weight gradient
     "nvidia-nvfp4": load_recipe("nvidia-nvfp4").linear,
     "nvfp4-ceil-sr-weights": CONFIGS["nvfp4-ceil-sr-weights"],
+    "ue5m3-hadamard-sr": CONFIGS["ue5m3-hadamard-sr"],  # UE5M3 per 32, RHT-32 on every GEMM
 }
 
 
@@ -212,6 +213,22 @@ def test_block_scaled_products_are_the_same_bits_on_both_executors(name, mode):
     assert not torch.equal(got[0][0], plain[0][0])
     for a, b in zip(got[0][:3], plain[0][:3], strict=True):
         assert_same_sum(a, b)
+
+
+@pytest.mark.parametrize("name", ["ufp4", "nvfp4-4over6"])
+def test_block_scaled_products_on_the_reference_executor(name):
+    """E1M2 elements (ufp4) and four-over-six scales run on the reference executor: the
+    block-scaled products there are the dequantized values' to float32 rounding."""
+    config = with_gemm(load_recipe(name).linear, "exact")
+    routes = [gemm_route(config, g) for g in ("forward", "grad_input", "grad_weight")]
+    assert routes == ["block"] * 3
+    layer = seeded_layer(config, "auto")
+    assert layer.executor()[0] == "reference"
+    plain = seeded_layer(with_gemm(config, "dequantized"), "auto")
+    x, grad_y = linear_inputs(seed=12)
+    got, expected = (training_passes(m, x, grad_y, calls=1)[0] for m in (layer, plain))
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
 
 
 def test_block_scaled_ragged_shapes_on_both_executors():
@@ -262,11 +279,18 @@ def test_block_route_gaps():
     assert gemm_gap(doubled, "forward") == (
         "double quantization (it re-quantizes the forward operands' values)"
     )
-    ue5m3 = with_gemm(load_recipe("ue5m3-hadamard-sr").linear, "exact")
-    assert gemm_gap(ue5m3, "grad_input").startswith("grad_input_dy's ")
-    assert "block-scaled products take e2m1 with ue4m3 per 16" in gemm_gap(ue5m3, "grad_input")
+    assert gemm_gap(with_gemm(load_recipe("ue5m3-hadamard-sr").linear, "exact"), "forward") is None
     mixed = LinearConfig(forward_x=NVFP4, forward_w=MXFP4, gemm="fast")
-    assert "forward_w's" in gemm_gap(mixed, "forward")
+    assert gemm_gap(mixed, "forward").startswith("forward_w's e2m1/e8m0/32")
+    assert gemm_gap(mixed, "forward").endswith("(block-scaled products take one tensor scale)")
+    e4m3 = QuantSpec(element="e4m3", scale="ue4m3", block=16, tensor_scale=True)
+    other = LinearConfig(forward_x=NVFP4, forward_w=e4m3, gemm="exact")
+    assert gemm_gap(other, "forward") == (
+        "forward_w's e4m3/ue4m3 (block-scaled products take e2m1 or e1m2 with ue4m3 or ue5m3)"
+    )
+    outer = LinearConfig(forward_x=NVFP4, forward_w=QuantSpec.preset("nvfp4-outer128"),
+                         gemm="exact")  # fmt: skip
+    assert "one tensor scale" in gemm_gap(outer, "forward")
 
 
 def test_executor_summary_names_the_block_scaled_products():
