@@ -113,4 +113,6 @@ def _changes(spec: QuantSpec, preset: str) -> list[str]:
 def _techniques(recipe: Recipe) -> str:
     lin = recipe.linear
     names = [name for name in ("double_quant", "dge", "outliers", "qema") if getattr(lin, name)]
-    return "\n".join(names + (["qramp"] if recipe.qramp else [])) or "-"
+    names += ["qramp"] if recipe.qramp else []
+    names += [f"gemm {lin.gemm}"] if lin.gemm != "dequantized" else []
+    return "\n".join(names) or "-"

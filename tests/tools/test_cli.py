@@ -53,6 +53,7 @@ def test_recipes_list() -> None:
     for name in list_recipes():
         assert name in result.stdout
     assert "mxfp4-ceil+sr" in result.stdout and "rht64" in result.stdout
+    assert "gemm exact" in result.stdout  # nvidia-nvfp4 multiplies as Blackwell does
 
 
 def test_recipes_show_yaml_is_a_loadable_recipe(tmp_path: Path) -> None:
