@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.function import _quantize_operand, seed_offsets
-from fp4cli.linear.routes import GEMM_OPERANDS, block_product, gemm_route
+from fp4cli.linear.routes import GEMM_OPERANDS, block_product
 from fp4cli.quant import QuantizedTensor, QuantSpec
 from fp4cli.quant.backend import kernel_gap
 from fp4cli.quant.blocking import BlockLayout
@@ -172,7 +172,7 @@ def _request(
     its GEMM's route reads (`gemm_route`), or packed to be kept (`keep_packed`)."""
     offsets = seed_offsets(gemm, GEMM_OPERANDS[gemm], rank)
     hadamard: HadamardConfig | None = config.hadamard(gemm)
-    route = gemm_route(config, gemm)
+    route = config.routes[gemm]
     return Request(
         config.spec(GEMM_OPERANDS[gemm][which]),
         (call_seed, offsets[which]),
@@ -318,7 +318,7 @@ def fast_forward(
         weight_guide,
     )  # fmt: skip
     saved = x_saved, w_saved, (layouts[0], layouts[1])
-    route = gemm_route(config, "forward")
+    route = config.routes["forward"]
     if route is None:
         return F.linear(x_q[0], w_q[0], bias), *saved
     if route == "block":
@@ -389,7 +389,7 @@ def _backward_product(
     """grad_input (dY W) or grad_weight (dY^T X) from dY's operand (`lines` lines of it, as
     `dy_request` asked) and the forward's kept one, on the GEMM's route."""
     layout, tensors = kept
-    route = gemm_route(config, gemm)
+    route = config.routes[gemm]
     if route == "mxfp4":
         return _product(dy, layout.operand(tensors), dy_request, lines, config.gemm, dtype)
     dy_values = dy[0] if gemm == "grad_input" else dy[0].t()

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
-from fp4cli.linear.routes import block_product, gemm_route
+from fp4cli.linear.routes import block_product
 from fp4cli.linear.stats import operand_stats
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.techniques.dge import dge_derivative
@@ -238,7 +238,7 @@ class QuantLinearFunction(torch.autograd.Function):
         operands = (x_clamped, weight, (1, 1), (config.forward_x, config.forward_w),
                     config.forward_hadamard, seeds, weight_guide, _names(stats, "forward_x",
                     "forward_w"), backend)  # fmt: skip
-        if gemm_route(config, "forward") == "block":  # no double quantization, no clamping
+        if config.routes["forward"] == "block":  # no double quantization, no clamping
             x_b, w_b, amaxes = block_operands(*operands)
             y = block_product(x_b, w_b.t(), amaxes, config, "forward", x_b.dtype)
             y = y if bias is None else y.add_(bias.to(y.dtype))
@@ -270,12 +270,7 @@ class QuantLinearFunction(torch.autograd.Function):
             stats = _names(ctx.stats, "grad_input_dy", "grad_input_w")
             operands = (grad_y, w_source, (1, 0), (config.grad_input_dy, config.grad_input_w),
                         config.grad_input_hadamard, seeds, None, stats, ctx.backend)  # fmt: skip
-            if gemm_route(config, "grad_input") == "block":
-                dy_b, w_b, amaxes = block_operands(*operands)
-                grad_x = block_product(dy_b, w_b, amaxes, config, "grad_input", dy_b.dtype)
-            else:
-                dy_q, w_q = gemm_operands(*operands)
-                grad_x = dy_q.mm(w_q)
+            grad_x = _backward_product("grad_input", operands, config)
         if ctx.needs_input_grad[1]:
             seeds = _seeds(
                 ctx.call_seed, "grad_weight", ("grad_weight_dy", "grad_weight_x"), ctx.rank
@@ -284,17 +279,23 @@ class QuantLinearFunction(torch.autograd.Function):
             specs = (config.grad_weight_dy, config.grad_weight_x)
             operands = (grad_y, x_source, (0, 0), specs, config.grad_weight_hadamard, seeds,
                         None, stats, ctx.backend)  # fmt: skip
-            if gemm_route(config, "grad_weight") == "block":
-                dy_b, x_b, amaxes = block_operands(*operands)
-                grad_w = block_product(dy_b.t(), x_b, amaxes, config, "grad_weight", dy_b.dtype)
-            else:
-                dy_q, x_q = gemm_operands(*operands)
-                grad_w = dy_q.t().mm(x_q)  # (out, in) contiguous: autograd keeps it, no copy
+            grad_w = _backward_product("grad_weight", operands, config)
             if config.dge is not None:
                 grad_w = grad_w * _dge_factor(weight, config, ctx.backend).to(grad_w.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_y.sum(0)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
+
+
+def _backward_product(gemm: str, operands: tuple[Any, ...], config: LinearConfig) -> torch.Tensor:
+    """grad_input (dY W) or grad_weight (dY^T X; (out, in) contiguous: autograd keeps it, no
+    copy) from `gemm_operands`' arguments, on the GEMM's route."""
+    if config.routes[gemm] == "block":
+        dy, other, amaxes = block_operands(*operands)
+        dy = dy if gemm == "grad_input" else dy.t()
+        return block_product(dy, other, amaxes, config, gemm, dy.dtype)
+    dy, other = gemm_operands(*operands)
+    return (dy if gemm == "grad_input" else dy.t()).mm(other)
 
 
 def _names(sink: StatsSink | None, a: str, b: str) -> tuple[StatsSink, str, str] | None:
