@@ -30,7 +30,7 @@ import math
 import torch
 
 from fp4cli.gemm.operands import GemmError, check_out
-from fp4cli.gemm.reference import nvfp4_matmul_reference
+from fp4cli.gemm.reference import block_scaled_alpha, nvfp4_matmul_reference
 from fp4cli.quant import QuantizedTensor, QuantSpec
 from fp4cli.quant.backend import check_backend, interpreter_on, triton_available
 
@@ -114,15 +114,15 @@ def block_scaled_mm(
     The products are exact and summed in float32: where the kernels run, `nvfp4_matmul`'s
     decoded implementation from its GEMM on (cuBLAS's bf16 GEMM with a float32 output, then one
     alpha epilogue launch), else in torch."""
-    amax_a, amax_b = (t.to(torch.float32).reshape(1) for t in amaxes)
     device = a.device
     if b.dtype == a.dtype and triton_available() and (device.type == "cuda" or interpreter_on()):
         from fp4cli.kernels.gemm.nvfp4_launch import block_values_matmul
 
+        amax_a, amax_b = (t.to(torch.float32).reshape(1) for t in amaxes)
         out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=device)
         return block_values_matmul(a, b.t(), (amax_a, amax_b), factor, out)
     sums = torch.mm(a.to(torch.float32), b.to(torch.float32))
-    return (sums * ((amax_a * amax_b) / factor)).to(out_dtype)
+    return (sums * block_scaled_alpha(*amaxes, factor)).to(out_dtype)
 
 
 def nvfp4_path(

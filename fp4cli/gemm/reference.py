@@ -52,10 +52,14 @@ def block_scaled_factor(a: QuantSpec, b: QuantSpec) -> float:
 def nvfp4_alpha(a: QuantizedTensor, b: QuantizedTensor) -> torch.Tensor:
     """alpha = fl32(fl32(amax_a * amax_b) / factor), a 0-d float32 tensor on a's device."""
     assert a.tensor_amax is not None and b.tensor_amax is not None, "needs two-level operands"
-    amax_a = a.tensor_amax.to(torch.float32).reshape(())
-    amax_b = b.tensor_amax.to(torch.float32).reshape(())
-    factor = torch.tensor(nvfp4_factor(a, b), dtype=torch.float32, device=amax_a.device)
-    return (amax_a * amax_b) / factor
+    return block_scaled_alpha(a.tensor_amax, b.tensor_amax, nvfp4_factor(a, b))
+
+
+def block_scaled_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, factor: float) -> torch.Tensor:
+    """`nvfp4_alpha` from the two tensor amaxes and `block_scaled_factor`."""
+    amax_a, amax_b = (t.to(torch.float32).reshape(()) for t in (amax_a, amax_b))
+    divisor = torch.tensor(factor, dtype=torch.float32, device=amax_a.device)
+    return (amax_a * amax_b) / divisor
 
 
 def block_scaled_values(q: QuantizedTensor) -> torch.Tensor:

@@ -302,3 +302,20 @@ def test_executor_summary_names_the_block_scaled_products():
         "quantized layers: 1 on the reference (backend torch); "
         "gemm exact: forward, grad_input, grad_weight as block-scaled products"
     )
+
+
+def test_block_scaled_mm_without_kernels_gives_the_kernels_bits(monkeypatch):
+    """Where no kernel runs (a CPU without the interpreter), torch computes the same product:
+    the same float32 GEMM, then alpha from `block_scaled_alpha` and one rounding."""
+    import fp4cli.gemm.nvfp4 as nvfp4
+
+    generator = torch.Generator().manual_seed(13)
+    a = torch.randn(37, 48, generator=generator).to(DEVICE)
+    b = torch.randn(48, 21, generator=generator).to(DEVICE)
+    amaxes = (torch.tensor(3.7, device=DEVICE), torch.tensor([12.5], device=DEVICE))
+    factor = 2688.0**2
+    with_kernels = nvfp4.block_scaled_mm(a, b, amaxes, factor, torch.float32)
+    monkeypatch.setattr(nvfp4, "triton_available", lambda: False)
+    without = nvfp4.block_scaled_mm(a, b, amaxes, factor, torch.float32)
+    assert torch.equal(with_kernels, without)
+    assert not torch.equal(without, a @ b)
