@@ -78,19 +78,22 @@ class LinearConfig:
             spec = getattr(self, name)
             if spec is not None and spec.tile2d and name.endswith(("_x", "_dy")):
                 raise SpecError(f"{name}.tile2d: 2-D tiles are for weights only")
-        from fp4cli.linear.routes import gemm_route
-
-        routes = {gemm: gemm_route(self, gemm) for gemm in GEMMS}
-        object.__setattr__(self, "_routes", routes)  # not a field: no repr, eq or to_dict
 
     def spec(self, operand: str) -> QuantSpec | None:
         return getattr(self, operand)
 
     @property
     def routes(self) -> dict[str, str | None]:
-        """Each GEMM's `fp4cli.linear.routes.gemm_route`, worked out once, when the config is
-        made (the executors ask on every call; a plain attribute, which torch.compile reads)."""
-        routes: dict[str, str | None] = self.__dict__["_routes"]
+        """Each GEMM's `fp4cli.linear.routes.gemm_route`, worked out once, on first use (a
+        QuantLinear's construction: the executors ask on every call, and torch.compile then
+        reads a plain attribute). Not a field: no repr, eq or to_dict; reading recipes imports
+        no torch."""
+        routes: dict[str, str | None] | None = self.__dict__.get("_routes")
+        if routes is None:
+            from fp4cli.linear.routes import gemm_route
+
+            routes = {gemm: gemm_route(self, gemm) for gemm in GEMMS}
+            object.__setattr__(self, "_routes", routes)
         return routes
 
     def hadamard(self, gemm: str) -> HadamardConfig | None:

@@ -79,6 +79,7 @@ class QuantLinear(nn.Linear):
         self._plan = _choose_executor(config, backend)
         self._op_key = op_key(config) if self._plan[0] != "reference" else ""
         self._high_precision = config.is_high_precision  # walks the fields: once, not per call
+        config.routes  # noqa: B018  (worked out here, outside any compiled code)
         self._interpreter = interpreter_on()
         self.stats: dict[tuple[str, str], torch.Tensor] | None = None  # set to {} to record
         self.rank = 0  # this process's rank in a distributed run: X and dY round per rank
