@@ -24,6 +24,7 @@ VECTOR_BLOCKS = ("row", "column", "tensor")
 BY_CODE = {"row": 0, "column": 1, "tensor": 2}
 ROW_CHUNK = 4096  # the longest row held in registers; longer rows are read in chunks
 TILE = (32, 128)  # the elementwise kernels' tile: rows, columns
+TILE_T = (64, 64)  # scaled_kernel's tile when it writes the transpose's codes
 # Low bits of float32 that every value of a narrower dtype leaves zero: the clamp's threshold
 # search skips them (`row_thresholds`).
 KEY_ZERO_BITS = {torch.bfloat16: 16, torch.float16: 13}
@@ -137,14 +138,63 @@ def quantize_vector(
         return out, scale_out
     if amax is None:
         amax = line_amax(x, by, workspace)
-    br, bc = TILE
+    _launch_scaled(x, amax, (out, None), scale_out, amax_out, by, flags)
+    return out, scale_out
+
+
+@torch.compiler.disable
+def quantize_codes(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int,
+    *,
+    rows_out: bool,
+    transposed: bool,
+    amax: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """(uint8 codes in x's layout when `rows_out`; codes of x's transpose, a contiguous
+    (cols, rows), when `transposed`; float32 scales) of a contiguous 2-D `x` quantized along
+    `axis` with a column / tensor `spec`: the layouts a GEMM that reads K contiguous in both
+    operands (`fp4cli.gemm.fp8.fp8_mm`) takes. amax, workspace: as for `quantize_vector`."""
+    by = scaled_by(spec, axis)
+    if by == "row" or not (rows_out or transposed):
+        raise ValueError("codes in some layout, of column or tensor scales, are written here")
+    rows, cols = x.shape
+    out = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if rows_out else None
+    out_t = torch.empty((cols, rows), dtype=torch.uint8, device=x.device) if transposed else None
+    scale_out = torch.empty(scale_count(spec, axis, x.shape), dtype=torch.float32, device=x.device)
+    if amax is None:
+        amax = line_amax(x, by, workspace)
+    flags = dict(WRITE_CODES=True, WRITE_SCALES=True, AMAX_OUT=False, **element_constants(spec))
+    _launch_scaled(x, amax, (out, out_t), scale_out, None, by, flags)
+    return out, out_t, scale_out
+
+
+def _launch_scaled(
+    x: torch.Tensor,
+    amax: torch.Tensor,
+    outs: tuple[torch.Tensor | None, torch.Tensor | None],
+    scale_out: torch.Tensor | None,
+    amax_out: torch.Tensor | None,
+    by: str,
+    flags: dict[str, object],
+) -> None:
+    """`scaled_kernel` over x, writing outs = (x's layout, codes of the transpose) where given;
+    tiles TILE_T when the transpose is written (longer runs of its rows)."""
+    rows, cols = x.shape
+    out, out_t = outs
+    br, bc = TILE if out_t is None else TILE_T
     tiles_c = -(-cols // bc)
+    first = out if out is not None else out_t
     launch(
         scaled_kernel, (-(-rows // br) * tiles_c,),
-        (x, amax, out, scale_out, amax_out, rows, cols, tiles_c),
-        dict(BR=br, BC=bc, BY=BY_CODE[by], **flags), 4,
+        (x, amax, first, out_t if out_t is not None else first, scale_out, amax_out,
+         rows, cols, tiles_c),
+        dict(BR=br, BC=bc, BY=BY_CODE[by], ROWS_OUT=out is not None, CODES_T=out_t is not None,
+             **flags),
+        4,
     )  # fmt: skip
-    return out, scale_out
 
 
 def _launch_rows(

@@ -342,18 +342,20 @@ def amax_kernel(
 
 @triton.jit
 def scaled_kernel(
-    x_ptr, amax_ptr, out_ptr, scales_ptr, amax_out_ptr,
+    x_ptr, amax_ptr, out_ptr, out_t_ptr, scales_ptr, amax_out_ptr,
     R, C, tiles_c,
     BR: tl.constexpr, BC: tl.constexpr, BY: tl.constexpr,
+    ROWS_OUT: tl.constexpr, CODES_T: tl.constexpr,
     WRITE_CODES: tl.constexpr, WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
     MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
     ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr, CEIL: tl.constexpr,
     SIGN_BIT: tl.constexpr,
 ):  # fmt: skip
     """Quantize a tile of a contiguous (R, C) tensor with the scales of the amax bits
-    `amax_kernel` reduced (per column or per tensor). The programs of the first row of tiles
-    write the scales (float32, NaN where not finite) when WRITE_SCALES; AMAX_OUT as in
-    `rows_kernel`."""
+    `amax_kernel` reduced (per column or per tensor): values or codes in x's layout when
+    ROWS_OUT, codes of the transpose (a contiguous (C, R)) when CODES_T. The programs of the
+    first row of tiles write the scales (float32, NaN where not finite) when WRITE_SCALES;
+    AMAX_OUT as in `rows_kernel`."""
     first_row, first_col, offsets, mask = program_tile(R, C, tiles_c, BR, BC)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     index = line_index(first_row, first_col, BR, BC, BY)
@@ -363,7 +365,18 @@ def scaled_kernel(
     value, code, negative = quantized_values(
         x, expand_line(exponent, BY), expand_line(finite, BY), MBITS, MIN_EXP, ELEM_MAX
     )
-    written = store_quantized(out_ptr, offsets, mask, value, code, negative, SIGN_BIT, WRITE_CODES)
+    if ROWS_OUT:
+        written = store_quantized(
+            out_ptr, offsets, mask, value, code, negative, SIGN_BIT, WRITE_CODES
+        )
+    else:
+        written = magnitude_bits(value, mask)
+    if CODES_T:
+        rows = first_row + tl.arange(0, BR)
+        cols = first_col + tl.arange(0, BC)
+        t_offsets = cols.to(tl.int64)[None, :] * R + rows[:, None]
+        signed_code = code | tl.where(negative, SIGN_BIT, 0)
+        tl.store(out_t_ptr + t_offsets, signed_code.to(tl.uint8), mask=mask)
     if WRITE_SCALES:
         if BY == BY_ROW:  # noqa: SIM108 (a constexpr branch)
             first_of_line = first_col == 0

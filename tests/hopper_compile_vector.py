@@ -1,7 +1,7 @@
 """The vector-wise kernels' launches compiled for Hopper (sm_90) without a GPU
 (`tests.hopper_compile.compile_launches`): `python -m tests.hopper_compile_vector` (without
-TRITON_INTERPRET) compiles the launches of the wang-fp4 layer (DGE's factor too) and the other
-scale kinds, and prints how many."""
+TRITON_INTERPRET) compiles the launches of the wang-fp4 layer (DGE's factor and the FP8
+route's transposed codes too) and the other scale kinds, and prints how many."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def vector_wise_launches() -> None:
         Clamp,
         decode_vector,
         dge_scale_gradient,
+        quantize_codes,
         quantize_vector,
     )
     from fp4cli.quant import QuantSpec
@@ -49,6 +50,9 @@ def vector_wise_launches() -> None:
     col_codes, col_scales = quantize_vector(x, fp4_col, 1, None, scales=True)
     assert col_scales is not None
     decode_vector(col_codes, col_scales, fp4_col, 1, bf16)
+    # the FP8 route: dY's codes in both layouts, X's and W's of the transpose only
+    quantize_codes(x, e5m2, 1, rows_out=True, transposed=True)
+    quantize_codes(x_q, e4m3, 0, rows_out=False, transposed=True, amax=amax)
     # DGE's factor into the (transposed) bf16 weight gradient
     assert w_scales is not None
     grad_w = torch.randn(96, 48).to(bf16).t()

@@ -62,11 +62,13 @@ def vector_gap(config: LinearConfig) -> str | None:
 @dataclass(frozen=True)
 class Kept:
     """A backward operand kept between the passes: codes and scales (decoded with `spec` along
-    `axis`) or, with spec None, the values themselves."""
+    `axis`; with `transposed`, the codes of the operand's transpose, for `fp8_mm`) or, with
+    spec None, the values themselves."""
 
     spec: QuantSpec | None
     axis: int
     dtype: torch.dtype
+    transposed: bool = False
 
     def values(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.spec is None:
@@ -74,6 +76,8 @@ class Kept:
         from fp4cli.kernels.launch_vector import decode_vector
 
         codes, scales = tensors
+        if self.transposed:
+            return decode_vector(codes, scales, self.spec, 1 - self.axis, self.dtype).t()
         return decode_vector(codes, scales, self.spec, self.axis, self.dtype)
 
 
@@ -111,6 +115,19 @@ class SourcePlan:
     double: bool
     keep_codes: bool  # keep the backward operand as codes and scales (else values)
     forward_scales: bool = False  # also return the forward operand's scales (DGE)
+    transposed: bool = False  # the kept codes are the backward operand's transpose's (FP8 route)
+    forward_codes: bool = False  # the forward operand as codes and scales (FP8 route)
+
+    @property
+    def kept_count(self) -> int:
+        """How many tensors hold the kept backward operand."""
+        if not self.backward_needed:
+            return 0
+        return 2 if self.keep_codes and self.backward is not None else 1
+
+    def kept(self, dtype: torch.dtype) -> Kept:
+        """How to read the kept backward operand."""
+        return Kept(self.backward if self.keep_codes else None, 0, dtype, self.transposed)
 
     @property
     def fused_amax(self) -> bool:
@@ -142,30 +159,37 @@ def _source_operands(
     dtype: torch.dtype,
     slots: list[torch.Tensor | None],
     clamp: Any = None,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], Kept, torch.Tensor | None]:
-    """(forward operand values, the kept backward operand's tensors and how to read them, the
-    forward scales when asked)."""
-    from fp4cli.kernels.launch_vector import quantize_vector
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor | None]:
+    """(forward operand: values, or codes with `plan.forward_codes`; the kept backward
+    operand's tensors (read as `plan.kept`); the forward scales when asked or with codes)."""
+    from fp4cli.kernels.launch_vector import quantize_codes, quantize_vector
 
     fused, forward_lines, backward_lines = slots
     forward, scales = tensor, None
     if plan.forward is not None:
         forward, scales = quantize_vector(
-            tensor, plan.forward, 1, dtype, clamp=clamp, scales=plan.forward_scales,
-            amax_out=fused, workspace=forward_lines,
+            tensor, plan.forward, 1, None if plan.forward_codes else dtype, clamp=clamp,
+            scales=plan.forward_scales or plan.forward_codes, amax_out=fused,
+            workspace=forward_lines,
         )  # fmt: skip
-    kept = Kept(plan.backward if plan.keep_codes else None, 0, dtype)
     if not plan.backward_needed:
-        return forward, (), kept, scales
+        return forward, (), scales
     source = forward if plan.double else tensor
     if plan.backward is None:
-        return forward, (source,), kept, scales
+        return forward, (source,), scales
+    if plan.transposed:
+        _, codes_t, backward_scales = quantize_codes(
+            source, plan.backward, 0, rows_out=False, transposed=True, amax=fused,
+            workspace=backward_lines,
+        )  # fmt: skip
+        assert codes_t is not None
+        return forward, (codes_t, backward_scales), scales
     backward = quantize_vector(
         source, plan.backward, 0, None if plan.keep_codes else dtype, scales=plan.keep_codes,
         amax=fused, workspace=backward_lines,
     )  # fmt: skip
     tensors = backward if plan.keep_codes else backward[:1]
-    return forward, tuple(t for t in tensors if t is not None), kept, scales
+    return forward, tuple(t for t in tensors if t is not None), scales
 
 
 def _clamp(config: LinearConfig, features: int) -> Any:
@@ -177,14 +201,19 @@ def _clamp(config: LinearConfig, features: int) -> Any:
     return Clamp(low, high, config.outliers.compensate)
 
 
+Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # values, or (codes, scales)
+
+
 def _gradient_operands(
     grad_y: torch.Tensor,
     specs: tuple[QuantSpec | None, QuantSpec | None],
     needed: tuple[bool, bool],
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """dY's grad_input operand (along out_features) and grad_weight operand (along tokens); one
-    quantization when both specs scale alike (per tensor, say)."""
-    from fp4cli.kernels.launch_vector import quantize_vector, scaled_by
+    fp8: tuple[bool, bool],
+) -> tuple[Operand | None, Operand | None]:
+    """dY's grad_input operand (along out_features) and grad_weight operand (along tokens):
+    values, or for a GEMM on the FP8 route (`fp8`) codes and scales, the grad_weight one as
+    dY^T's codes; one quantization when both specs scale alike (per tensor, say)."""
+    from fp4cli.kernels.launch_vector import quantize_codes, quantize_vector, scaled_by
 
     (spec_dx, spec_dw), (need_dx, need_dw) = specs, needed
     shared = (
@@ -193,20 +222,35 @@ def _gradient_operands(
         and spec_dx is not None
         and spec_dx == spec_dw
         and scaled_by(spec_dx, 1) == scaled_by(spec_dx, 0)
+        and fp8[0] == fp8[1]
     )
     sizes = [
         _slots(spec_dx, 1, grad_y.shape, need_dx),
         0 if shared else _slots(spec_dw, 0, grad_y.shape, need_dw),
     ]
     slots = _Workspace(sizes, grad_y.device).parts
+    if shared and fp8[0]:
+        assert spec_dx is not None
+        codes, codes_t, scales = quantize_codes(
+            grad_y, spec_dx, 1, rows_out=True, transposed=True, workspace=slots[0]
+        )
+        assert codes is not None and codes_t is not None
+        return (codes, scales), (codes_t, scales)
 
-    def operand(spec: QuantSpec | None, axis: int, slot: torch.Tensor | None) -> torch.Tensor:
+    def operand(spec: QuantSpec | None, axis: int, codes: bool, slot: Any) -> Operand:
         if spec is None:
             return grad_y
+        if codes:  # along out_features: dY's own layout; along tokens: dY^T's
+            rows_out, codes_t, scales = quantize_codes(
+                grad_y, spec, axis, rows_out=axis == 1, transposed=axis == 0, workspace=slot
+            )
+            chosen = rows_out if axis == 1 else codes_t
+            assert chosen is not None
+            return chosen, scales
         return quantize_vector(grad_y, spec, axis, grad_y.dtype, workspace=slot)[0]
 
-    rows = operand(spec_dx, 1, slots[0]) if need_dx else None
-    cols = rows if shared else operand(spec_dw, 0, slots[1]) if need_dw else None
+    rows = operand(spec_dx, 1, fp8[0], slots[0]) if need_dx else None
+    cols = rows if shared else operand(spec_dw, 0, fp8[1], slots[1]) if need_dw else None
     return rows, cols
 
 
@@ -216,15 +260,39 @@ def vector_plans(
     """What is made of X (its backward operand kept as codes) and of W (as values, with its
     forward scales when DGE needs them)."""
     dge = config.dge is not None and needs_dw
-    x_plan = SourcePlan(config.forward_x, config.grad_weight_x, needs_dw, config.double_quant, True)
+    routes = config.routes
+    fp8 = {gemm: routes[gemm] == "fp8" for gemm in GEMMS}
+    x_plan = SourcePlan(
+        config.forward_x, config.grad_weight_x, needs_dw, config.double_quant, True,
+        transposed=fp8["grad_weight"], forward_codes=fp8["forward"],
+    )  # fmt: skip
     w_plan = SourcePlan(
-        config.forward_w, config.grad_input_w, needs_dx, config.double_quant, False, dge
-    )
+        config.forward_w, config.grad_input_w, needs_dx, config.double_quant, fp8["grad_input"],
+        dge, transposed=fp8["grad_input"], forward_codes=fp8["forward"],
+    )  # fmt: skip
     return x_plan, w_plan
 
 
-def kept_layout(plan: SourcePlan, dtype: torch.dtype) -> Kept:
-    return Kept(plan.backward if plan.keep_codes else None, 0, dtype)
+def _pair(kept: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    codes, scales = kept
+    return codes, scales
+
+
+def _product(
+    a: Operand, b: Operand, config: LinearConfig, gemm: str, dtype: torch.dtype
+) -> torch.Tensor:
+    """`gemm`'s a @ b: of codes on the FP8 route (`fp8_mm`; b given as its transpose's codes),
+    else of values."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor)
+        return a.mm(b)
+    from fp4cli.gemm.fp8 import fp8_mm
+    from fp4cli.linear.routes import GEMM_OPERANDS
+
+    assert isinstance(b, tuple)
+    a_spec, b_spec = (config.spec(name) for name in GEMM_OPERANDS[gemm])
+    assert a_spec is not None and b_spec is not None
+    return fp8_mm(a, b, (a_spec, b_spec), dtype)
 
 
 def vector_forward(
@@ -237,15 +305,22 @@ def vector_forward(
 ) -> tuple[
     torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]
 ]:
-    """y = x W^T + b, X's and W's kept backward operands (W's, when kept, one tensor of values),
+    """y = x W^T + b, X's and W's kept backward operands (`SourcePlan.kept_count` tensors each),
     and DGE's (weight, forward scales) where `vector_plans` asks for the forward scales."""
     x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
     x_plan, w_plan = vector_plans(config, needs_dx, needs_dw)
     x_sizes, w_sizes = x_plan.slot_sizes(x.shape), w_plan.slot_sizes(weight.shape)
     slots = _Workspace(x_sizes + w_sizes, x.device).parts
-    x_q, x_kept, _, _ = _source_operands(x, x_plan, dtype, slots[:3], _clamp(config, x.shape[1]))
-    w_q, w_kept, _, w_scales = _source_operands(weight, w_plan, dtype, slots[3:])
-    y = F.linear(x_q, w_q, bias)
+    x_q, x_kept, x_scales = _source_operands(
+        x, x_plan, dtype, slots[:3], _clamp(config, x.shape[1])
+    )
+    w_q, w_kept, w_scales = _source_operands(weight, w_plan, dtype, slots[3:])
+    if x_plan.forward_codes:  # the FP8 route: W's codes are (out, in), b's transpose's
+        assert x_scales is not None and w_scales is not None
+        y = _product((x_q, x_scales), (w_q, w_scales), config, "forward", dtype)
+        y = y if bias is None else y.add_(bias)
+    else:
+        y = F.linear(x_q, w_q, bias)
     dge_tensors = (weight, w_scales) if w_plan.forward_scales and w_scales is not None else ()
     return y, x_kept, w_kept, dge_tensors
 
@@ -268,14 +343,18 @@ def vector_backward(
         grad_y.contiguous(),
         (config.grad_input_dy, config.grad_weight_dy),
         (needs_dx, needs_dw),
+        (w_plan.transposed, x_plan.transposed),
     )
     grad_x = grad_w = grad_b = None
     if needs_dx:
         assert dy_rows is not None
-        grad_x = dy_rows.mm(kept_layout(w_plan, dtype).values(w_kept))
+        w_operand = _pair(w_kept) if w_plan.transposed else w_plan.kept(dtype).values(w_kept)
+        grad_x = _product(dy_rows, w_operand, config, "grad_input", dtype)
     if needs_dw:
         assert dy_cols is not None
-        grad_w = dy_cols.t().mm(kept_layout(x_plan, dtype).values(x_kept))
+        a = dy_cols if isinstance(dy_cols, tuple) else dy_cols.t()
+        x_operand = _pair(x_kept) if x_plan.transposed else x_plan.kept(dtype).values(x_kept)
+        grad_w = _product(a, x_operand, config, "grad_weight", dtype)
         if dge_tensors:
             weight, scales = dge_tensors
             assert config.forward_w is not None and config.dge is not None

@@ -265,14 +265,13 @@ def _gemm_routes(model: nn.Module) -> list[str]:
         if config.gemm == "dequantized" or config.is_high_precision:
             continue
         name = layer.executor()[0]
-        if name == "vector":
-            routes[f"gemm {config.gemm}: the vector-wise executor multiplies values"] = None
-            continue
         by_route: dict[str, list[str]] = {}
         for gemm in GEMMS:
             route = gemm_route(config, gemm)
             if route == "mxfp4" and name != "fast":
                 where = "on values (mxfp4_matmul: the fast executor's)"
+            elif route == "fp8" and name != "vector":
+                where = "on values (FP8 tensor cores: the vector-wise executor's)"
             elif route is not None:
                 where = _ROUTE_NAMES[route]
             else:
@@ -283,7 +282,11 @@ def _gemm_routes(model: nn.Module) -> list[str]:
     return list(routes)
 
 
-_ROUTE_NAMES = {"mxfp4": "on mxfp4_matmul", "block": "as block-scaled products"}
+_ROUTE_NAMES = {
+    "mxfp4": "on mxfp4_matmul",
+    "block": "as block-scaled products",
+    "fp8": "on FP8 tensor cores (torch._scaled_mm; elsewhere on values)",
+}
 _EXECUTOR_NAMES = {
     "fast": "fast executor",
     "vector": "vector-wise executor",

@@ -119,8 +119,9 @@ def _backward(
         w_kept, x_kept = _split(saved, (layouts[1].count if needs[0] else 0,))
         grads = fast_backward(grad_y, x_kept, w_kept, linear, call_seed, rank, layouts, wanted)
     else:
-        dge_count = 2 if vector_plans(linear, needs[0], needs[1])[1].forward_scales else 0
-        w_count = int(needs[0])  # W's kept operand: one tensor of values
+        w_plan = vector_plans(linear, needs[0], needs[1])[1]
+        dge_count = 2 if w_plan.forward_scales else 0
+        w_count = w_plan.kept_count
         dge, w_kept, x_kept = _split(saved, (dge_count, w_count))
         grads = vector_backward(grad_y, (x_kept, w_kept, dge), linear, dtype, wanted)
     return [g for g in grads if g is not None]

@@ -12,17 +12,23 @@
   `block_scaled_gap`): their block values q * s multiplied exactly, summed in float32, the
   tensor scales applied once (`block_product`, `fp4cli.gemm.nvfp4.block_scaled_mm`), which is
   how Blackwell's block-scaled MMA computes NVFP4; both executors, so it is the layer's
-  definition.
+  definition;
+- "fp8" (`gemm: fast` only): two FP8 operands (E4M3 / E5M2, one power-of-two scale per tensor,
+  not both E5M2) multiplied as codes on the FP8 tensor cores (`fp4cli.gemm.fp8.fp8_mm`), their
+  sums as the tensor cores add; the vector-wise executor only (Wang et al.'s backward GEMMs).
+  With `gemm: exact` these GEMMs multiply the values, which BF16 holds exactly.
 """
 
 from __future__ import annotations
 
 import torch
 
+from fp4cli.gemm.fp8 import FP8_DTYPES, fp8_pair_gap
 from fp4cli.gemm.nvfp4 import block_scaled_gap, block_scaled_mm
 from fp4cli.gemm.operands import spec_pair_gap
 from fp4cli.gemm.reference import block_scaled_factor
 from fp4cli.linear.config import LinearConfig
+from fp4cli.quant.spec import QuantSpec
 
 GEMM_OPERANDS = {
     "forward": ("forward_x", "forward_w"),
@@ -40,9 +46,12 @@ def gemm_gap(config: LinearConfig, gemm: str) -> str | None:
     a, b = config.spec(names[0]), config.spec(names[1])
     if a is None or b is None:
         return f"{names[0] if a is None else names[1]} in high precision"
-    if not (a.tensor_scale or b.tensor_scale):
+    if a.element in FP8_DTYPES and b.element in FP8_DTYPES:
+        gap = _fp8_gap(a, b, names, config.gemm)
+    elif not (a.tensor_scale or b.tensor_scale):
         return spec_pair_gap(a, b, names)
-    gap = block_scaled_gap(names[0], a) or block_scaled_gap(names[1], b)
+    else:
+        gap = block_scaled_gap(names[0], a) or block_scaled_gap(names[1], b)
     if gap is None and gemm == "forward" and config.double_quant:
         return "double quantization (it re-quantizes the forward operands' values)"
     if gap is None and gemm == "forward" and config.outliers is not None:
@@ -50,13 +59,22 @@ def gemm_gap(config: LinearConfig, gemm: str) -> str | None:
     return gap
 
 
+def _fp8_gap(a: QuantSpec, b: QuantSpec, names: tuple[str, str], mode: str) -> str | None:
+    if mode != "fast":
+        return "FP8 operands: their values' product is exact (the FP8 tensor cores: gemm fast)"
+    return fp8_pair_gap(a, b, names)
+
+
 def gemm_route(config: LinearConfig, gemm: str) -> str | None:
     """How `gemm` is multiplied (see the module): "mxfp4", "block" (for `gemm: exact` and
-    `fast` alike) or None."""
+    `fast` alike), "fp8" or None."""
     if gemm_gap(config, gemm) is not None:
         return None
     spec = config.spec(GEMM_OPERANDS[gemm][0])
-    return "block" if spec is not None and spec.tensor_scale else "mxfp4"
+    assert spec is not None
+    if spec.tensor_scale:
+        return "block"
+    return "fp8" if spec.element in FP8_DTYPES else "mxfp4"
 
 
 def block_product(

@@ -92,3 +92,69 @@ def test_dge_factor_matches_the_reference_on_bf16_gradients(shape):
     grad = torch.randn(shape[1], shape[0], device="cuda").to(torch.bfloat16).t()
     for config in (DGEConfig(), DGEConfig(k=3.0), DGEConfig(k=2.0, cap=1.0)):
         check_dge_gradient(weight, grad, spec, config)
+
+
+@pytest.mark.parametrize("spec", SPECS[2:4], ids=lambda spec: spec.short())
+@pytest.mark.parametrize("shape", [(8192, 768), (1000, 3000)])
+def test_transposed_codes_on_large_bf16_tensors(spec, shape):
+    """`quantize_codes` (the FP8 route's layouts) writes `quantize_vector`'s codes and their
+    transpose, in one launch."""
+    from fp4cli.kernels.launch_vector import quantize_codes, quantize_vector
+
+    x = bf16_gpu_input(*shape, seed=4)
+    for axis in (0, 1):
+        codes, scales = quantize_vector(x, spec, axis, None, scales=True)
+        rows, transposed, both_scales = quantize_codes(
+            x, spec, axis, rows_out=True, transposed=True
+        )
+        assert torch.equal(rows, codes) and torch.equal(transposed, codes.t())
+        assert_bits(both_scales, scales, "scales")
+
+
+@pytest.mark.parametrize("shape", [(8192, 768, 3072), (3072, 8192, 768), (48, 40, 32)])
+def test_fp8_mm_sums_the_exact_products(shape):
+    """cuBLAS's FP8 GEMM on E5M2 x E4M3 codes (the shapes of GPT-2 small's backward GEMMs; a
+    ragged one, multiplied as values): within 2^-11 of the largest output of the float32 sum
+    of the decoded values' products, and the bf16 result within its rounding of that."""
+    from fp4cli.gemm.fp8 import fp8_mm
+    from fp4cli.kernels.launch_vector import decode_vector, quantize_codes
+
+    m, k, n = shape
+    e5m2, e4m3 = SPECS[3], SPECS[2]
+    a, b = bf16_gpu_input(m, k, seed=5), bf16_gpu_input(n, k, seed=6)
+    a_codes, _, a_scale = quantize_codes(a, e5m2, 1, rows_out=True, transposed=False)
+    b_codes, _, b_scale = quantize_codes(b, e4m3, 1, rows_out=True, transposed=False)
+    a_values = decode_vector(a_codes, a_scale, e5m2, 1, torch.float32)
+    b_values = decode_vector(b_codes, b_scale, e4m3, 1, torch.float32)
+    exact = a_values.double().mm(b_values.double().t())
+    largest = float(exact.abs().max())
+    for dtype, rtol in ((torch.float32, 0.0), (torch.bfloat16, 2**-8)):
+        got = fp8_mm((a_codes, a_scale), (b_codes, b_scale), (e5m2, e4m3), dtype).double()
+        torch.testing.assert_close(got, exact, rtol=rtol, atol=2**-11 * largest)
+
+
+def _fp8_recipe(tmp_path, base: str) -> str:
+    path = tmp_path / f"{base}-fast.yaml"
+    path.write_text(f"base: {base}\nlinear: {{gemm: fast}}\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("recipe", VECTOR_RECIPES)
+def test_fp8_route_gpt_is_the_reference_to_the_tensor_cores_sums(tmp_path, recipe):
+    """wang-fp4 / wang-direct with `gemm: fast` (the backward GEMMs on the FP8 tensor cores):
+    the tiny GPT's loss and gradients under bf16 autocast are the reference executor's to
+    1% of each gradient's norm (the sums' differences, carried through the layers' FP8
+    quantizations of dY); compiled in one graph they are the eager bits, and CUDA-graph steps
+    give the eager steps."""
+    from tests.gpu_gpt import autocast_gradients
+
+    path = _fp8_recipe(tmp_path, recipe)
+    eager = autocast_gradients(path, "auto", "vector")
+    reference = autocast_gradients(path, "torch", "reference")
+    for name, tensor in eager.items():
+        error = float((tensor.float() - reference[name].float()).norm())
+        assert error <= 0.01 * float(reference[name].float().norm()), name
+    compiled = autocast_gradients(path, "auto", "vector", "aot_eager")
+    for name, tensor in compiled.items():
+        assert_bits(tensor, eager[name], f"compiled {name}")
+    check_graph_steps_equal_eager_steps(path)

@@ -30,6 +30,8 @@ COMPILED["wide-rht-gemm-fast"] = dataclasses.replace(CONFIGS["wide-rht"], gemm="
 COMPILED["nvfp4-gemm-exact"] = dataclasses.replace(CONFIGS["nvfp4"], gemm="exact")
 # the vector-wise executor: Wang et al.'s recipes, DGE (it keeps the weight) and the clamp
 VECTOR = {name: VECTOR_CONFIGS[name] for name in ("wang-fp4", "wang-direct", "dge-only", "paper")}
+# the FP8 route (X's and W's codes kept as their transposes', dY's in both layouts)
+VECTOR["wang-fp4-gemm-fast"] = dataclasses.replace(VECTOR_CONFIGS["wang-fp4"], gemm="fast")
 
 
 def compiled_passes(layer, x, grad_y, backend="aot_eager", calls=2):
@@ -104,6 +106,7 @@ def op_args(executor, config):
         ("fast", "tetrajet-gemm-exact"),
         ("fast", "nvfp4-gemm-exact"),
         ("vector", "paper"),
+        ("vector", "wang-fp4-gemm-fast"),
     ],  # fmt: skip
 )
 def test_fake_implementations_give_the_real_outputs_layout(executor, name):
