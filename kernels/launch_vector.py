@@ -24,7 +24,7 @@ VECTOR_BLOCKS = ("row", "column", "tensor")
 BY_CODE = {"row": 0, "column": 1, "tensor": 2}
 ROW_CHUNK = 4096  # the longest row held in registers; longer rows are read in chunks
 TILE = (32, 128)  # the elementwise kernels' tile: rows, columns
-TILE_T = (64, 64)  # scaled_kernel's tile when it writes the transpose's codes
+TILE_T = (64, 128)  # scaled_kernel's tile when it writes the transpose's codes
 # Low bits of float32 that every value of a narrower dtype leaves zero: the clamp's threshold
 # search skips them (`row_thresholds`).
 KEY_ZERO_BITS = {torch.bfloat16: 16, torch.float16: 13}
