@@ -92,11 +92,11 @@ def spec_pair_gap(a: QuantSpec, b: QuantSpec, names: tuple[str, str] = ("a", "b"
 def spec_gap(name: str, spec: QuantSpec) -> str | None:
     """Why the GEMM kernels cannot take an operand of this spec (called `name`), or None."""
     if spec.element != "e2m1" or spec.scale != "e8m0":
-        return f"{name}'s {spec.element}/{spec.scale} (the kernels take e2m1/e8m0)"
+        return f"{name}'s {spec.element}/{spec.scale} (mxfp4_matmul takes e2m1/e8m0)"
     if spec.block not in KERNEL_BLOCKS or spec.tile2d:
-        return f"{name}'s block {spec.block!r} (the kernels take multiples of 32 up to 256)"
+        return f"{name}'s block {spec.block!r} (mxfp4_matmul takes multiples of 32 up to 256)"
     if spec.tensor_scale:
-        return f"{name}'s tensor scale (the kernels take one level of e8m0 scales)"
+        return f"{name}'s tensor scale (mxfp4_matmul takes one level of e8m0 scales)"
     if spec.sr_prescale != 1.0:
         return f"{name}'s sr_prescale {spec.sr_prescale:g} (dequantized values are not q * 2^e)"
     return None

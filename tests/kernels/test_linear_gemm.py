@@ -184,7 +184,7 @@ def test_executor_summary_says_where_each_gemm_runs():
     )
     assert summary("wang-fp4", "fast") == (
         "quantized layers: 2 on the vector-wise executor; "
-        "gemm fast: forward on values (forward_x's block 'row' (the kernels take multiples of "
+        "gemm fast: forward on values (forward_x's block 'row' (mxfp4_matmul takes multiples of "
         "32 up to 256)); grad_input, grad_weight on FP8 tensor cores (torch._scaled_mm; "
         "elsewhere on values)"
     )

@@ -178,7 +178,7 @@ def test_the_train_summary_names_the_route():
 
     assert summary(FP8_CONFIGS["wang-fp4"]) == (
         "quantized layers: 2 on the vector-wise executor; gemm fast: forward on values "
-        "(forward_x's block 'row' (the kernels take multiples of 32 up to 256)); grad_input, "
+        "(forward_x's block 'row' (mxfp4_matmul takes multiples of 32 up to 256)); grad_input, "
         "grad_weight on FP8 tensor cores (torch._scaled_mm; elsewhere on values)"
     )
     model = torch.nn.Sequential(torch.nn.Linear(32, 32)).to(DEVICE)
