@@ -15,6 +15,8 @@ product.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fp4cli.quant.spec import QuantSpec
@@ -44,7 +46,12 @@ def fp8_pair_gap(a: QuantSpec, b: QuantSpec, names: tuple[str, str]) -> str | No
 
 def tensor_cores(device: torch.device) -> bool:
     """Whether `device` multiplies FP8 on its tensor cores (CUDA, sm_89 and later)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+    return device.type == "cuda" and _capability(device.index) >= (8, 9)
+
+
+@functools.cache
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def fp8_mm(
