@@ -62,13 +62,12 @@ def vector_gap(config: LinearConfig) -> str | None:
 @dataclass(frozen=True)
 class Kept:
     """A backward operand kept between the passes: codes and scales (decoded with `spec` along
-    `axis`; with `transposed`, the codes of the operand's transpose, for `fp8_mm`) or, with
-    spec None, the values themselves."""
+    `axis`) or, with spec None, the values themselves. (On the FP8 route the kept codes are the
+    operand's transpose's, which `fp8_mm` reads as they are.)"""
 
     spec: QuantSpec | None
     axis: int
     dtype: torch.dtype
-    transposed: bool = False
 
     def values(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.spec is None:
@@ -76,8 +75,6 @@ class Kept:
         from fp4cli.kernels.launch_vector import decode_vector
 
         codes, scales = tensors
-        if self.transposed:
-            return decode_vector(codes, scales, self.spec, 1 - self.axis, self.dtype).t()
         return decode_vector(codes, scales, self.spec, self.axis, self.dtype)
 
 
@@ -127,7 +124,7 @@ class SourcePlan:
 
     def kept(self, dtype: torch.dtype) -> Kept:
         """How to read the kept backward operand."""
-        return Kept(self.backward if self.keep_codes else None, 0, dtype, self.transposed)
+        return Kept(self.backward if self.keep_codes else None, 0, dtype)
 
     @property
     def fused_amax(self) -> bool:
