@@ -23,6 +23,7 @@ VECTOR_ELEMENTS = ("e2m1", "e4m3", "e5m2")
 VECTOR_BLOCKS = ("row", "column", "tensor")
 BY_CODE = {"row": 0, "column": 1, "tensor": 2}
 ROW_CHUNK = 4096  # the longest row held in registers; longer rows are read in chunks
+CLAMP_ROW_CHUNK = 16384  # the same for the clamp's programs on a GPU (a row each, 8 warps)
 TILE = (32, 128)  # the elementwise kernels' tile: rows, columns
 TILE_T = (64, 128)  # scaled_kernel's tile when it writes the transpose's codes
 # Low bits of float32 that every value of a narrower dtype leaves zero: the clamp's threshold
@@ -77,13 +78,13 @@ def element_constants(spec: QuantSpec) -> dict[str, object]:
     )
 
 
-def _row_split(cols: int) -> tuple[int, int]:
-    """(BC, TAIL) of the rows kernel: a row of up to ROW_CHUNK values is held in registers as
+def _row_split(cols: int, chunk: int) -> tuple[int, int]:
+    """(BC, TAIL) of the rows kernel: a row of up to `chunk` values is held in registers as
     the largest power of two of columns it holds, then a power-of-two tail for the rest (768 =
     512 + 256: no masked lanes to count in each pass of the clamp search; TAIL 0 when none);
-    a longer row is read in chunks of ROW_CHUNK."""
-    if cols > ROW_CHUNK:
-        return ROW_CHUNK, 0
+    a longer row is read in chunks of `chunk`."""
+    if cols > chunk:
+        return chunk, 0
     head = 1 << (cols.bit_length() - 1)
     return head, _pow2_at_least(cols - head) if cols > head else 0
 
@@ -206,11 +207,13 @@ def _launch_rows(
     flags: dict[str, object],
 ) -> None:
     rows, cols = x.shape
-    bc, tail = _row_split(cols)
-    br = max(1, min(_pow2_at_least(rows), ROW_CHUNK // _pow2_at_least(bc + tail)))
-    warps = 8 if br * (bc + tail) >= 4096 else 4
     if clamp is not None and x.is_cuda:  # compute-bound: a row a program, a warp per 1,024
-        br, warps = 1, max(1, min(8, _pow2_at_least(cols) // 1024))  # (timed: the fastest)
+        bc, tail = _row_split(cols, CLAMP_ROW_CHUNK)  # (each timed: the fastest)
+        br, warps = 1, max(1, min(8, _pow2_at_least(cols) // 1024))
+    else:
+        bc, tail = _row_split(cols, ROW_CHUNK)
+        br = max(1, min(_pow2_at_least(rows), ROW_CHUNK // _pow2_at_least(bc + tail)))
+        warps = 8 if br * (bc + tail) >= 4096 else 4
     launch(
         rows_kernel, (-(-rows // br),),
         (x, out, scale_out, amax_out, rows, cols,

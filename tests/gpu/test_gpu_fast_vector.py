@@ -49,7 +49,7 @@ def test_vector_kernels_match_the_reference_on_large_bf16_tensors(spec, shape):
         assert_bits(decoded, expected, f"decoded {spec.short()} axis {axis}")
 
 
-@pytest.mark.parametrize("shape", [(8192, 768), (512, 3072), (256, 20000)])
+@pytest.mark.parametrize("shape", [(8192, 768), (512, 3072), (256, 11008), (256, 20000)])
 def test_fused_clamp_matches_the_reference_quantiles(shape):
     from fp4cli.kernels.launch_vector import Clamp, quantize_vector
 
