@@ -14,7 +14,7 @@ from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
 from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
 from fp4cli.linear.ops import compiled_linear, op_key
-from fp4cli.linear.routes import gemm_gap, gemm_route
+from fp4cli.linear.routes import gemm_gap
 from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.quant import fake_quantize
 from fp4cli.quant.backend import check_backend, interpreter_on, triton_available
@@ -267,7 +267,7 @@ def _gemm_routes(model: nn.Module) -> list[str]:
         name = layer.executor()[0]
         by_route: dict[str, list[str]] = {}
         for gemm in GEMMS:
-            route = gemm_route(config, gemm)
+            route = config.routes[gemm]
             if route == "mxfp4" and name != "fast":
                 where = "on values (mxfp4_matmul: the fast executor's)"
             elif route == "fp8" and name != "vector":

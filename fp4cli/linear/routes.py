@@ -46,9 +46,10 @@ def gemm_gap(config: LinearConfig, gemm: str) -> str | None:
     a, b = config.spec(names[0]), config.spec(names[1])
     if a is None or b is None:
         return f"{names[0] if a is None else names[1]} in high precision"
-    if a.element in FP8_DTYPES and b.element in FP8_DTYPES:
+    route = _candidate(a, b)
+    if route == "fp8":
         gap = _fp8_gap(a, b, names, config.gemm)
-    elif not (a.tensor_scale or b.tensor_scale):
+    elif route == "mxfp4":
         return spec_pair_gap(a, b, names)
     else:
         gap = block_scaled_gap(names[0], a) or block_scaled_gap(names[1], b)
@@ -57,6 +58,14 @@ def gemm_gap(config: LinearConfig, gemm: str) -> str | None:
     if gap is None and gemm == "forward" and config.outliers is not None:
         return "outlier clamping (its residual is added to the forward operand's values)"
     return gap
+
+
+def _candidate(a: QuantSpec, b: QuantSpec) -> str:
+    """The one route two operand specs could take: "fp8" (both FP8 elements), "mxfp4" (no
+    tensor scale) or "block"; `gemm_gap` says whether they do."""
+    if a.element in FP8_DTYPES and b.element in FP8_DTYPES:
+        return "fp8"
+    return "block" if a.tensor_scale or b.tensor_scale else "mxfp4"
 
 
 def _fp8_gap(a: QuantSpec, b: QuantSpec, names: tuple[str, str], mode: str) -> str | None:
@@ -70,11 +79,9 @@ def gemm_route(config: LinearConfig, gemm: str) -> str | None:
     `fast` alike), "fp8" or None."""
     if gemm_gap(config, gemm) is not None:
         return None
-    spec = config.spec(GEMM_OPERANDS[gemm][0])
-    assert spec is not None
-    if spec.tensor_scale:
-        return "block"
-    return "fp8" if spec.element in FP8_DTYPES else "mxfp4"
+    a, b = (config.spec(name) for name in GEMM_OPERANDS[gemm])
+    assert a is not None and b is not None
+    return _candidate(a, b)
 
 
 def block_product(
