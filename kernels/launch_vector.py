@@ -123,23 +123,13 @@ def quantize_vector(
     by = scaled_by(spec, axis)
     if clamp is not None and by != "row":
         raise ValueError("clamping needs one scale per row")
-    rows, cols = x.shape
     out = torch.empty(x.shape, dtype=dtype or torch.uint8, device=x.device)
-    scale_out = (
-        torch.empty(scale_count(spec, axis, x.shape), dtype=torch.float32, device=x.device)
-        if scales
-        else None
-    )
-    flags = dict(
-        WRITE_CODES=dtype is None, WRITE_SCALES=scales, AMAX_OUT=amax_out is not None,
-        **element_constants(spec),
-    )  # fmt: skip
+    scale_out = _scale_tensor(spec, axis, x) if scales else None
+    flags = _flags(spec, dtype is None, scales, amax_out is not None)
     if by == "row":
         _launch_rows(x, out, scale_out, amax_out, clamp, flags)
-        return out, scale_out
-    if amax is None:
-        amax = line_amax(x, by, workspace)
-    _launch_scaled(x, amax, (out, None), scale_out, amax_out, by, flags)
+    else:
+        _launch_scaled(x, amax, workspace, (out, None), scale_out, amax_out, by, flags)
     return out, scale_out
 
 
@@ -164,17 +154,28 @@ def quantize_codes(
     rows, cols = x.shape
     out = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if rows_out else None
     out_t = torch.empty((cols, rows), dtype=torch.uint8, device=x.device) if transposed else None
-    scale_out = torch.empty(scale_count(spec, axis, x.shape), dtype=torch.float32, device=x.device)
-    if amax is None:
-        amax = line_amax(x, by, workspace)
-    flags = dict(WRITE_CODES=True, WRITE_SCALES=True, AMAX_OUT=False, **element_constants(spec))
-    _launch_scaled(x, amax, (out, out_t), scale_out, None, by, flags)
+    scale_out = _scale_tensor(spec, axis, x)
+    flags = _flags(spec, True, True, False)
+    _launch_scaled(x, amax, workspace, (out, out_t), scale_out, None, by, flags)
     return out, out_t, scale_out
+
+
+def _scale_tensor(spec: QuantSpec, axis: int, x: torch.Tensor) -> torch.Tensor:
+    """The float32 scales' tensor of x quantized along `axis`."""
+    return torch.empty(scale_count(spec, axis, x.shape), dtype=torch.float32, device=x.device)
+
+
+def _flags(spec: QuantSpec, codes: bool, scales: bool, amax_out: bool) -> dict[str, object]:
+    """The constexprs both per-row and scaled kernels take: what they write, and the format's."""
+    return dict(
+        WRITE_CODES=codes, WRITE_SCALES=scales, AMAX_OUT=amax_out, **element_constants(spec)
+    )
 
 
 def _launch_scaled(
     x: torch.Tensor,
-    amax: torch.Tensor,
+    amax: torch.Tensor | None,
+    workspace: torch.Tensor | None,
     outs: tuple[torch.Tensor | None, torch.Tensor | None],
     scale_out: torch.Tensor | None,
     amax_out: torch.Tensor | None,
@@ -182,7 +183,10 @@ def _launch_scaled(
     flags: dict[str, object],
 ) -> None:
     """`scaled_kernel` over x, writing outs = (x's layout, codes of the transpose) where given;
-    tiles TILE_T when the transpose is written (longer runs of its rows)."""
+    tiles TILE_T when the transpose is written (longer runs of its rows). Without `amax` the
+    lines' amax is reduced first (into `workspace` when given)."""
+    if amax is None:
+        amax = line_amax(x, by, workspace)
     rows, cols = x.shape
     out, out_t = outs
     br, bc = TILE if out_t is None else TILE_T

@@ -209,8 +209,8 @@ def _gradient_operands(
 ) -> tuple[Operand | None, Operand | None]:
     """dY's grad_input operand (along out_features) and grad_weight operand (along tokens):
     values, or for a GEMM on the FP8 route (`fp8`) codes and scales, the grad_weight one as
-    dY^T's codes; one quantization when both specs scale alike (per tensor, say)."""
-    from fp4cli.kernels.launch_vector import quantize_codes, quantize_vector, scaled_by
+    dY^T's codes; one quantization serves both when their specs scale alike (per tensor, say)."""
+    from fp4cli.kernels.launch_vector import scaled_by
 
     (spec_dx, spec_dw), (need_dx, need_dw) = specs, needed
     shared = (
@@ -226,29 +226,40 @@ def _gradient_operands(
         0 if shared else _slots(spec_dw, 0, grad_y.shape, need_dw),
     ]
     slots = _Workspace(sizes, grad_y.device).parts
-    if shared and fp8[0]:
-        assert spec_dx is not None
-        codes, codes_t, scales = quantize_codes(
-            grad_y, spec_dx, 1, rows_out=True, transposed=True, workspace=slots[0]
-        )
-        assert codes is not None and codes_t is not None
-        return (codes, scales), (codes_t, scales)
-
-    def operand(spec: QuantSpec | None, axis: int, codes: bool, slot: Any) -> Operand:
-        if spec is None:
-            return grad_y
-        if codes:  # along out_features: dY's own layout; along tokens: dY^T's
-            rows_out, codes_t, scales = quantize_codes(
-                grad_y, spec, axis, rows_out=axis == 1, transposed=axis == 0, workspace=slot
-            )
-            chosen = rows_out if axis == 1 else codes_t
-            assert chosen is not None
-            return chosen, scales
-        return quantize_vector(grad_y, spec, axis, grad_y.dtype, workspace=slot)[0]
-
-    rows = operand(spec_dx, 1, fp8[0], slots[0]) if need_dx else None
-    cols = rows if shared else operand(spec_dw, 0, fp8[1], slots[1]) if need_dw else None
+    if shared:
+        return _dy_operands(grad_y, spec_dx, 1, fp8[0], slots[0], (True, True))
+    rows = cols = None
+    if need_dx:
+        rows = _dy_operands(grad_y, spec_dx, 1, fp8[0], slots[0], (True, False))[0]
+    if need_dw:
+        cols = _dy_operands(grad_y, spec_dw, 0, fp8[1], slots[1], (False, True))[1]
     return rows, cols
+
+
+def _dy_operands(
+    grad_y: torch.Tensor,
+    spec: QuantSpec | None,
+    axis: int,
+    codes: bool,
+    slot: torch.Tensor | None,
+    wanted: tuple[bool, bool],
+) -> tuple[Operand | None, Operand | None]:
+    """dY quantized along `axis`, as the (grad_input, grad_weight) operands `wanted`: the same
+    values for both, or codes in dY's layout and in dY^T's (one launch writes both)."""
+    from fp4cli.kernels.launch_vector import quantize_codes, quantize_vector
+
+    if spec is None:
+        return grad_y, grad_y
+    if not codes:
+        values = quantize_vector(grad_y, spec, axis, grad_y.dtype, workspace=slot)[0]
+        return values, values
+    rows_out, codes_t, scales = quantize_codes(
+        grad_y, spec, axis, rows_out=wanted[0], transposed=wanted[1], workspace=slot
+    )
+    return (
+        (rows_out, scales) if rows_out is not None else None,
+        (codes_t, scales) if codes_t is not None else None,
+    )
 
 
 def vector_plans(
