@@ -111,6 +111,7 @@ def quantize_vector(
     amax_out: torch.Tensor | None = None,
     amax: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
+    column_sums: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(values in `dtype`, or uint8 codes when dtype is None; float32 scales when `scales`) of a
     contiguous 2-D `x` fake-quantized along `axis` with a row / column / tensor `spec`.
@@ -119,17 +120,21 @@ def quantize_vector(
     which the written values' largest |value| bits are maxed (for a per-tensor spec of them).
     For column and tensor scales: `amax`, the int32 amax bits already reduced (`amax_out` of
     the pass that wrote x), or `workspace`, zeroed int32 slots (`scale_count`) to reduce them
-    into (else allocated here)."""
+    into (else allocated here); `column_sums` (cols,) float32, filled with x's column sums by
+    that reduction (`line_amax`)."""
     by = scaled_by(spec, axis)
     if clamp is not None and by != "row":
         raise ValueError("clamping needs one scale per row")
+    _check_sums(column_sums, by, amax)
     out = torch.empty(x.shape, dtype=dtype or torch.uint8, device=x.device)
     scale_out = _scale_tensor(spec, axis, x) if scales else None
     flags = _flags(spec, dtype is None, scales, amax_out is not None)
     if by == "row":
         _launch_rows(x, out, scale_out, amax_out, clamp, flags)
     else:
-        _launch_scaled(x, amax, workspace, (out, None), scale_out, amax_out, by, flags)
+        _launch_scaled(
+            x, (amax, workspace, column_sums), (out, None), scale_out, amax_out, by, flags
+        )
     return out, scale_out
 
 
@@ -143,21 +148,30 @@ def quantize_codes(
     transposed: bool,
     amax: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
+    column_sums: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """(uint8 codes in x's layout when `rows_out`; codes of x's transpose, a contiguous
     (cols, rows), when `transposed`; float32 scales) of a contiguous 2-D `x` quantized along
     `axis` with a column / tensor `spec`: the layouts a GEMM that reads K contiguous in both
-    operands (`fp4cli.gemm.fp8.fp8_mm`) takes. amax, workspace: as for `quantize_vector`."""
+    operands (`fp4cli.gemm.fp8.fp8_mm`) takes. amax, workspace, column_sums: as for
+    `quantize_vector`."""
     by = scaled_by(spec, axis)
     if by == "row" or not (rows_out or transposed):
         raise ValueError("codes in some layout, of column or tensor scales, are written here")
+    _check_sums(column_sums, by, amax)
     rows, cols = x.shape
     out = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if rows_out else None
     out_t = torch.empty((cols, rows), dtype=torch.uint8, device=x.device) if transposed else None
     scale_out = _scale_tensor(spec, axis, x)
     flags = _flags(spec, True, True, False)
-    _launch_scaled(x, amax, workspace, (out, out_t), scale_out, None, by, flags)
+    _launch_scaled(x, (amax, workspace, column_sums), (out, out_t), scale_out, None, by, flags)
     return out, out_t, scale_out
+
+
+def _check_sums(column_sums: torch.Tensor | None, by: str, amax: torch.Tensor | None) -> None:
+    """Column sums come from the amax reduction: scales by column or tensor, reduced here."""
+    if column_sums is not None and (by == "row" or amax is not None):
+        raise ValueError("column sums come from the amax pass (column or tensor scales, no amax)")
 
 
 def _scale_tensor(spec: QuantSpec, axis: int, x: torch.Tensor) -> torch.Tensor:
@@ -174,8 +188,7 @@ def _flags(spec: QuantSpec, codes: bool, scales: bool, amax_out: bool) -> dict[s
 
 def _launch_scaled(
     x: torch.Tensor,
-    amax: torch.Tensor | None,
-    workspace: torch.Tensor | None,
+    lines: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
     outs: tuple[torch.Tensor | None, torch.Tensor | None],
     scale_out: torch.Tensor | None,
     amax_out: torch.Tensor | None,
@@ -183,10 +196,12 @@ def _launch_scaled(
     flags: dict[str, object],
 ) -> None:
     """`scaled_kernel` over x, writing outs = (x's layout, codes of the transpose) where given;
-    tiles TILE_T when the transpose is written (longer runs of its rows). Without `amax` the
-    lines' amax is reduced first (into `workspace` when given)."""
+    tiles TILE_T when the transpose is written (longer runs of its rows). lines = (amax,
+    workspace, column_sums): without the amax, the lines' amax is reduced first (into the
+    workspace when given, with the column sums when asked)."""
+    amax, workspace, column_sums = lines
     if amax is None:
-        amax = line_amax(x, by, workspace)
+        amax = line_amax(x, by, workspace, column_sums)
     rows, cols = x.shape
     out, out_t = outs
     br, bc = TILE if out_t is None else TILE_T
@@ -230,18 +245,34 @@ def _launch_rows(
 
 
 @torch.compiler.disable
-def line_amax(x: torch.Tensor, by: str, out: torch.Tensor | None = None) -> torch.Tensor:
+def line_amax(
+    x: torch.Tensor,
+    by: str,
+    out: torch.Tensor | None = None,
+    column_sums: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The largest |x| bits (int32) of each column (by "column") or of the tensor (by
-    "tensor") of a contiguous 2-D x, maxed into `out` (zeroed here when not given)."""
+    "tensor") of a contiguous 2-D x, maxed into `out` (zeroed here when not given).
+    column_sums (cols,) float32: filled with the sums of x's columns from the same read,
+    summed in float32 over each tile's rows, then over the tiles."""
     rows, cols = x.shape
     if out is None:
         out = torch.zeros(cols if by == "column" else 1, dtype=torch.int32, device=x.device)
+    if column_sums is not None and (
+        column_sums.shape != (cols,) or column_sums.dtype != torch.float32
+    ):
+        raise ValueError(f"column_sums must be float32 of shape ({cols},)")
     br, bc = TILE
-    tiles_c = -(-cols // bc)
+    tiles_r, tiles_c = -(-rows // br), -(-cols // bc)
+    partial_sums = None
+    if column_sums is not None:  # each column's partial sums contiguous
+        partial_sums = torch.empty((cols, tiles_r), dtype=torch.float32, device=x.device)
     launch(
-        amax_kernel, (-(-rows // br) * tiles_c,), (x, out, rows, cols, tiles_c),
-        dict(BR=br, BC=bc, BY=BY_CODE[by]), 4,
+        amax_kernel, (tiles_r * tiles_c,), (x, out, partial_sums, rows, cols, tiles_c),
+        dict(BR=br, BC=bc, BY=BY_CODE[by], COLUMN_SUMS=partial_sums is not None), 4,
     )  # fmt: skip
+    if partial_sums is not None:
+        torch.sum(partial_sums, 1, out=column_sums)
     return out
 
 

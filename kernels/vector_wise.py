@@ -326,13 +326,21 @@ def expand_line(line_values, BY: tl.constexpr):
 
 @triton.jit
 def amax_kernel(
-    x_ptr, amax_ptr, R, C, tiles_c,
-    BR: tl.constexpr, BC: tl.constexpr, BY: tl.constexpr,
+    x_ptr, amax_ptr, sums_ptr, R, C, tiles_c,
+    BR: tl.constexpr, BC: tl.constexpr, BY: tl.constexpr, COLUMN_SUMS: tl.constexpr,
 ):  # fmt: skip
     """Atomically max the |x| bits of each column (BY_COLUMN) or of the whole tensor
-    (BY_TENSOR) of a contiguous (R, C) tensor into the int32 buffer at amax_ptr (zeroed)."""
+    (BY_TENSOR) of a contiguous (R, C) tensor into the int32 buffer at amax_ptr (zeroed).
+    COLUMN_SUMS: also each tile's float32 column sums, into column (row tile) of the
+    (C, row tiles) sums (a linear layer's bias gradient from dY's read)."""
     first_row, first_col, offsets, mask = program_tile(R, C, tiles_c, BR, BC)
-    bits = magnitude_bits(tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32), mask)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    if COLUMN_SUMS:
+        sum_cols = first_col + tl.arange(0, BC)
+        tiles_r = tl.num_programs(0) // tiles_c
+        tl.store(sums_ptr + sum_cols * tiles_r + first_row // BR, tl.sum(x, axis=0),
+                 mask=sum_cols < C)  # fmt: skip
+    bits = magnitude_bits(x, mask)
     if BY == BY_COLUMN:
         cols = first_col + tl.arange(0, BC)
         tl.atomic_max(amax_ptr + cols, tl.max(bits, axis=0), mask=cols < C)

@@ -32,8 +32,9 @@ def vector_wise_launches() -> None:
     # W: per-column amax and values with scales (DGE) and the fused amax; its FP8 values
     w_q, w_scales = quantize_vector(w, fp4_col, 1, bf16, scales=True, amax_out=amax)
     quantize_vector(w_q, e4m3, 0, bf16, amax=amax)
-    # dY: the per-tensor amax and cast; X's codes decoded
+    # dY: the per-tensor amax (with the bias gradient's column sums) and cast; X's codes decoded
     quantize_vector(x, e5m2, 1, bf16)
+    quantize_vector(x, e5m2, 1, bf16, column_sums=torch.empty(96))
     assert codes is not None and scales is not None
     decode_vector(codes, scales, e4m3, 0, bf16)
     # compensation; rows in chunks, with and without clamping; codes by row and column
@@ -51,7 +52,7 @@ def vector_wise_launches() -> None:
     assert col_scales is not None
     decode_vector(col_codes, col_scales, fp4_col, 1, bf16)
     # the FP8 route: dY's codes in both layouts, X's and W's of the transpose only
-    quantize_codes(x, e5m2, 1, rows_out=True, transposed=True)
+    quantize_codes(x, e5m2, 1, rows_out=True, transposed=True, column_sums=torch.empty(96))
     quantize_codes(x_q, e4m3, 0, rows_out=False, transposed=True, amax=amax)
     # DGE's factor into the (transposed) bf16 weight gradient
     assert w_scales is not None

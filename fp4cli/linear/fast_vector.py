@@ -9,7 +9,8 @@ whose operands have one power-of-two scale per row, per column or per tensor (Wa
     W   forward operand: per-column amax (atomics) + quantize, values; backward operand
         (per-tensor FP8 of those values, amax again from the same pass): values
     dY  one per-tensor FP8 quantization (amax + quantize) shared by both backward GEMMs when
-        their specs give the same operand, as Wang et al.'s code shares it
+        their specs give the same operand, as Wang et al.'s code shares it; the amax pass also
+        sums dY's columns, the bias gradient (the same sums as `grad_y.sum(0)`, another order)
 
 Each operand has the reference's bits; the GEMMs are the reference's calls on them, and DGE's
 factor (`fp4cli.techniques.dge.dge_derivative` on the weight over the forward scales the W pass
@@ -206,10 +207,13 @@ def _gradient_operands(
     specs: tuple[QuantSpec | None, QuantSpec | None],
     needed: tuple[bool, bool],
     fp8: tuple[bool, bool],
+    bias_sums: torch.Tensor | None = None,
 ) -> tuple[Operand | None, Operand | None]:
     """dY's grad_input operand (along out_features) and grad_weight operand (along tokens):
     values, or for a GEMM on the FP8 route (`fp8`) codes and scales, the grad_weight one as
-    dY^T's codes; one quantization serves both when their specs scale alike (per tensor, say)."""
+    dY^T's codes; one quantization serves both when their specs scale alike (per tensor, say).
+    bias_sums (out_features,) float32: filled with dY's column sums (the bias gradient), by the
+    first amax pass over dY where one runs, else by torch."""
     from fp4cli.kernels.launch_vector import scaled_by
 
     (spec_dx, spec_dw), (need_dx, need_dw) = specs, needed
@@ -226,13 +230,18 @@ def _gradient_operands(
         0 if shared else _slots(spec_dw, 0, grad_y.shape, need_dw),
     ]
     slots = _Workspace(sizes, grad_y.device).parts
+    # the sums go to the first quantization of dY that reduces an amax (column or tensor scales)
+    dx_sums = bias_sums if sizes[0] else None
+    dw_sums = bias_sums if sizes[1] and dx_sums is None else None
+    if bias_sums is not None and dx_sums is None and dw_sums is None:
+        torch.sum(grad_y, 0, dtype=torch.float32, out=bias_sums)
     if shared:
-        return _dy_operands(grad_y, spec_dx, 1, fp8[0], slots[0], (True, True))
+        return _dy_operands(grad_y, spec_dx, 1, fp8[0], (slots[0], dx_sums), (True, True))
     rows = cols = None
     if need_dx:
-        rows = _dy_operands(grad_y, spec_dx, 1, fp8[0], slots[0], (True, False))[0]
+        rows = _dy_operands(grad_y, spec_dx, 1, fp8[0], (slots[0], dx_sums), (True, False))[0]
     if need_dw:
-        cols = _dy_operands(grad_y, spec_dw, 0, fp8[1], slots[1], (False, True))[1]
+        cols = _dy_operands(grad_y, spec_dw, 0, fp8[1], (slots[1], dw_sums), (False, True))[1]
     return rows, cols
 
 
@@ -241,21 +250,26 @@ def _dy_operands(
     spec: QuantSpec | None,
     axis: int,
     codes: bool,
-    slot: torch.Tensor | None,
+    lines: tuple[torch.Tensor | None, torch.Tensor | None],
     wanted: tuple[bool, bool],
 ) -> tuple[Operand | None, Operand | None]:
     """dY quantized along `axis`, as the (grad_input, grad_weight) operands `wanted`: the same
-    values for both, or codes in dY's layout and in dY^T's (one launch writes both)."""
+    values for both, or codes in dY's layout and in dY^T's (one launch writes both). lines:
+    (amax workspace, column sums) for the amax pass."""
     from fp4cli.kernels.launch_vector import quantize_codes, quantize_vector
 
     if spec is None:
         return grad_y, grad_y
+    slot, sums = lines
     if not codes:
-        values = quantize_vector(grad_y, spec, axis, grad_y.dtype, workspace=slot)[0]
+        values = quantize_vector(
+            grad_y, spec, axis, grad_y.dtype, workspace=slot, column_sums=sums
+        )[0]
         return values, values
     rows_out, codes_t, scales = quantize_codes(
-        grad_y, spec, axis, rows_out=wanted[0], transposed=wanted[1], workspace=slot
-    )
+        grad_y, spec, axis, rows_out=wanted[0], transposed=wanted[1], workspace=slot,
+        column_sums=sums,
+    )  # fmt: skip
     return (
         (rows_out, scales) if rows_out is not None else None,
         (codes_t, scales) if codes_t is not None else None,
@@ -347,11 +361,16 @@ def vector_backward(
     needs_dx, needs_dw, needs_db = needs
     x_kept, w_kept, dge_tensors = kept
     x_plan, w_plan = vector_plans(config, needs_dx, needs_dw)
+    grad_y = grad_y.contiguous()
+    bias_sums = None
+    if needs_db:
+        bias_sums = torch.empty(grad_y.shape[1], dtype=torch.float32, device=grad_y.device)
     dy_rows, dy_cols = _gradient_operands(
-        grad_y.contiguous(),
+        grad_y,
         (config.grad_input_dy, config.grad_weight_dy),
         (needs_dx, needs_dw),
         (w_plan.transposed, x_plan.transposed),
+        bias_sums,
     )
     grad_x = grad_w = grad_b = None
     if needs_dx:
@@ -367,8 +386,8 @@ def vector_backward(
             weight, scales = dge_tensors
             assert config.forward_w is not None and config.dge is not None
             grad_w = dge_scale_gradient(grad_w, weight, scales, config.forward_w, config.dge)
-    if needs_db:
-        grad_b = grad_y.sum(0)
+    if bias_sums is not None:  # grad_y.sum(0), summed in another order
+        grad_b = bias_sums.to(grad_y.dtype)
     return grad_x, grad_w, grad_b
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fp4cli.kernels.launch_vector as launch_vector
-from fp4cli.kernels.launch_vector import Clamp, decode_vector, quantize_vector
+from fp4cli.kernels.launch_vector import Clamp, decode_vector, quantize_codes, quantize_vector
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.techniques.outliers import OutlierConfig, clamp_outliers, nearest_ranks
 from tests.hopper_compile import run_compiler_module
@@ -161,6 +161,37 @@ def test_fused_amax_feeds_a_per_tensor_spec_of_the_written_values():
     assert amax.item() == forward.abs().max().view(torch.int32).item()
 
 
+@pytest.mark.parametrize("name", ["e4m3-tensor", "e5m2-column"])
+@pytest.mark.parametrize("shape", [(70, 45), (33, 130), (1, 3)])
+def test_the_amax_pass_sums_the_columns(name, shape):
+    """column_sums: each column's float32 sum from the amax pass's read, tile by tile, then
+    over the tiles: on integers every order gives the same sums, so they equal torch's exactly;
+    the quantized operand is unchanged by asking for them."""
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randint(-300, 301, shape, generator=generator).float().to(DEVICE)
+    spec, axis = SPECS[name], 1  # one scale per tensor, or per column
+    sums = torch.full((shape[1],), NAN, device=DEVICE)
+    values, _ = quantize_vector(x, spec, axis, x.dtype, column_sums=sums)
+    assert_bits(sums, x.sum(0), "column sums")
+    assert_bits(values, fake_quantize(x, spec, axis=axis, backend="torch"), "values")
+    sums.fill_(NAN)
+    codes, codes_t, _ = quantize_codes(x, spec, axis, rows_out=True, transposed=True,
+                                       column_sums=sums)  # fmt: skip
+    assert codes is not None and codes_t is not None and torch.equal(codes_t, codes.t())
+    assert_bits(sums, x.sum(0), "column sums with codes")
+
+
+def test_column_sums_need_an_amax_pass():
+    x, sums = torch.ones(4, 6, device=DEVICE), torch.empty(6, device=DEVICE)
+    with pytest.raises(ValueError, match="amax pass"):
+        quantize_vector(x, SPECS["fp4-row"], 1, x.dtype, column_sums=sums)
+    amax = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="amax pass"):
+        quantize_vector(x, SPECS["e4m3-tensor"], 1, x.dtype, amax=amax, column_sums=sums)
+    with pytest.raises(ValueError, match="float32 of shape"):
+        quantize_vector(x, SPECS["e4m3-tensor"], 1, x.dtype, column_sums=sums[:5])
+
+
 def test_specs_the_kernels_refuse_are_named():
     gap = launch_vector.vector_spec_gap
     assert gap(QuantSpec.preset("mxfp4")) == ("block 32 (vector-wise kernels: row, column, tensor)")
@@ -178,4 +209,4 @@ def test_the_vector_wise_launches_compile_for_hopper():
     pytest.importorskip("triton.backends.nvidia")
     done = run_compiler_module("tests.hopper_compile_vector")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == "20"
+    assert done.stdout.split()[-1] == "22"
