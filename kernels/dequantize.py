@@ -20,16 +20,26 @@ def scaled_grid(
     TENSOR_SCALE: tl.constexpr,
     DECODE_INV: tl.constexpr,
     BLOCK_AXIS: tl.constexpr,
+    PRESCALE_INV: tl.constexpr = 0.0,
+    PRESCALE_FIX: tl.constexpr = 0.0,
+    PRESCALE_FIX_RATIO: tl.constexpr = 0.0,
 ):
     """Signed E2M1 grid values q (`signed_e2m1_value` of the codes, or the rounding's own) in
     blocks (`quantize.block_view`: [ROWS, BLOCKS, BLOCK] for BLOCK_AXIS 1, [BLOCKS, BLOCK, COLS]
     for 0; scales and finite_blocks without the BLOCK axis), dequantized: q * scale (two-level:
-    q * ((scale * tensor amax) * DECODE_INV)), then over the pre-scale; NaN in non-finite
-    blocks."""
+    q * ((scale * tensor amax) * DECODE_INV)), then over the pre-scale, correctly rounded: a
+    multiplication by PRESCALE_INV where `kernels.prescale` found it exact (PRESCALE_FIX_RATIO
+    for the one magnitude PRESCALE_FIX it misses), else a division; NaN in non-finite blocks."""
     if TENSOR_SCALE:
         scale = (scale * tensor_amax) * DECODE_INV
     values = grid * tl.expand_dims(scale, BLOCK_AXIS + 1)
-    if PRESCALE != 1.0:
+    if PRESCALE != 1.0 and PRESCALE_INV != 0.0:
+        if PRESCALE_FIX != 0.0:  # a float32 constant: a subnormal literal would be float64
+            fix = tl.full(values.shape, PRESCALE_FIX, tl.float32)
+            values = values * tl.where(tl.abs(values) == fix, PRESCALE_FIX_RATIO, PRESCALE_INV)
+        else:
+            values = values * PRESCALE_INV
+    elif PRESCALE != 1.0:
         values = tl.div_rn(values, tl.full(values.shape, PRESCALE, tl.float32))
     return tl.where(tl.expand_dims(finite_blocks, BLOCK_AXIS + 1), values, float("nan"))
 
@@ -54,6 +64,9 @@ def dequantize_kernel(
     SCALE_MIN_EXP: tl.constexpr,
     SCALE_MAX_CODE: tl.constexpr,
     PRESCALE: tl.constexpr,
+    PRESCALE_INV: tl.constexpr,
+    PRESCALE_FIX: tl.constexpr,
+    PRESCALE_FIX_RATIO: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
     DECODE_INV: tl.constexpr,
 ):
@@ -88,7 +101,7 @@ def dequantize_kernel(
         tensor_amax = tl.load(tensor_amax_ptr)
     values = scaled_grid(
         signed_e2m1_value(code), scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
-        DECODE_INV, 1,
+        DECODE_INV, 1, PRESCALE_INV, PRESCALE_FIX, PRESCALE_FIX_RATIO,
     )  # fmt: skip
     store_values(
         out_ptr,

@@ -26,6 +26,7 @@ import torch
 
 from fp4cli.formats import float32
 from fp4cli.kernels.dequantize import dequantize_kernel
+from fp4cli.kernels.prescale import prescale_constants
 from fp4cli.kernels.quantize import amax_kernel, quantize_kernel
 from fp4cli.kernels.tile_io import GRID_Y
 from fp4cli.quant import two_level
@@ -283,7 +284,7 @@ def quantize_e2m1(
              CEIL=spec.scale_rule == "ceil", SR=spec.rounding == "sr",
              AWAY=spec.rounding == "away", GROUPED=grouped,
              SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
-             PRESCALE=float(spec.sr_prescale), TENSOR_SCALE=spec.tensor_scale,
+             **prescale_constants(spec), TENSOR_SCALE=spec.tensor_scale,
              **two_level_constants(spec),
              WRITE_VALUES=values_dtype is not None, GUIDED=guide is not None,
              **_scale_constants(spec), **_hadamard_constants(hadamard)),
@@ -320,7 +321,7 @@ def dequantize_e2m1(
              POW2_SCALE=constants["POW2_SCALE"], SCALE_MBITS=constants["SCALE_MBITS"],
              SCALE_MIN_EXP=constants["SCALE_MIN_EXP"],
              SCALE_MAX_CODE=mini.max_code if mini is not None else 254,
-             PRESCALE=float(spec.sr_prescale), TENSOR_SCALE=t_amax is not None,
+             **prescale_constants(spec), TENSOR_SCALE=t_amax is not None,
              DECODE_INV=two_level_constants(spec)["DECODE_INV"]),
         tile.warps,
     )  # fmt: skip

@@ -23,6 +23,7 @@ from fp4cli.kernels.launch import (
     launch,
     two_level_constants,
 )
+from fp4cli.kernels.prescale import prescale_constants
 from fp4cli.kernels.quantize_pair import quantize_pair_kernel
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
@@ -146,20 +147,22 @@ def _direction_constants(
     host time counts in every eager step)."""
     if spec is None:
         constants = dict(ON=False, BLOCK=32, SR=False, AWAY=False, SEED_FROM_PTR=False,
-                         RHT_SEED_FROM_PTR=False, PRESCALE=1.0, WRITE_VALUES=False,
+                         RHT_SEED_FROM_PTR=False, WRITE_VALUES=False,
                          CEIL=False, TENSOR_SCALE=False, TILE2D=False,
                          VALUES_TENSOR_SCALE=False)  # fmt: skip
         constants |= _spec_constants(QuantSpec()) | _hadamard_constants(None)
+        constants |= prescale_constants(QuantSpec())
     else:
         constants = dict(
             ON=True, BLOCK=int(spec.block), CEIL=spec.scale_rule == "ceil",
             SR=spec.rounding == "sr", AWAY=spec.rounding == "away",
             SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
-            PRESCALE=float(spec.sr_prescale), WRITE_VALUES=write_values,
+            WRITE_VALUES=write_values,
             TENSOR_SCALE=spec.tensor_scale, TILE2D=spec.tile2d,
             VALUES_TENSOR_SCALE=spec.tensor_scale and not block_values,
         )  # fmt: skip
         constants |= _spec_constants(spec) | _hadamard_constants(hadamard)
+        constants |= prescale_constants(spec)
     return {f"{prefix}_{k}": v for k, v in constants.items()}
 
 

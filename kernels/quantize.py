@@ -282,6 +282,9 @@ def quantize_kernel(
     SEED_FROM_PTR: tl.constexpr,
     RHT_SEED_FROM_PTR: tl.constexpr,
     PRESCALE: tl.constexpr,
+    PRESCALE_INV: tl.constexpr,
+    PRESCALE_FIX: tl.constexpr,
+    PRESCALE_FIX_RATIO: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
     TWO_LEVEL_TARGET: tl.constexpr,
     ELEM_INV: tl.constexpr,
@@ -355,7 +358,17 @@ def quantize_kernel(
     )
     if WRITE_VALUES:
         values = scaled_grid(
-            code, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE, DECODE_INV, 1
+            code,
+            scale,
+            finite_blocks,
+            tensor_amax,
+            PRESCALE,
+            TENSOR_SCALE,
+            DECODE_INV,
+            1,
+            PRESCALE_INV,
+            PRESCALE_FIX,
+            PRESCALE_FIX_RATIO,
         )
         store_values(
             out_ptr,

@@ -195,3 +195,58 @@ def test_sr_is_unbiased(spec_name):
     assert (error <= tolerance).all(), (
         f"biased at {values[error > tolerance].tolist()}: means {mean[error > tolerance].tolist()}"
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Dequantization's division by the pre-scale (kernels/prescale.py)
+# --------------------------------------------------------------------------------------------
+
+
+def test_prescale_division_becomes_a_multiplication_only_where_exact():
+    """For E8M0 scales and p = 0.75, x * fl(1/p) rounds as x / p for every q * s but 2^-127,
+    whose factor gives its quotient; checked here with torch's float32 division, not the
+    exact arithmetic that chose the constants. UE5M3 scales, two-level specs and a pre-scale
+    whose misses are many keep the division."""
+    from fp4cli.kernels.prescale import prescale_constants
+
+    constants = prescale_constants(MXFP4_SR_PRESCALE)
+    assert constants["PRESCALE_INV"] == torch.tensor(1 / 0.75, dtype=torch.float32).item()
+    assert constants["PRESCALE_FIX"] == 2.0**-127
+    q = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    s = torch.exp2(torch.arange(-127, 128, dtype=torch.float64)).float()
+    x = (q[:, None] * s[None, :]).reshape(-1)
+    x = torch.cat([x, -x, torch.zeros(1)])
+    multiplier = torch.where(
+        x.abs() == constants["PRESCALE_FIX"],
+        torch.tensor(constants["PRESCALE_FIX_RATIO"]),
+        torch.tensor(constants["PRESCALE_INV"]),
+    )
+    assert_bits(x * multiplier, x / torch.full_like(x, 0.75), "quotients")
+    missed = x[x * constants["PRESCALE_INV"] != x / torch.full_like(x, 0.75)]
+    assert missed.abs().eq(2.0**-127).all() and len(missed) == 4  # 0.5 * 2^-126, 1 * 2^-127
+    for spec in (
+        QuantSpec.preset("mxfp4-ue5m3", rounding="sr", sr_prescale=0.75),
+        NVFP4_SR.replace(sr_prescale=0.75),
+        MXFP4_SR_PRESCALE.replace(sr_prescale=0.93),
+    ):
+        assert prescale_constants(spec)["PRESCALE_INV"] == 0.0, spec.short()
+    assert prescale_constants(MXFP4_SR)["PRESCALE"] == 1.0
+
+
+def test_prescaled_dequantization_of_every_code_and_scale():
+    """Every E2M1 code (both signs) under every E8M0 scale code, NaN's included, dequantized
+    with the 0.75 pre-scale by the kernel and by the reference: the same bits (2^-127's
+    quotient, subnormal, included)."""
+    spec = MXFP4_SR_PRESCALE
+    template = quantize(on_device(torch.zeros(256, 32)), spec, axis=-1, seed=0, backend="torch")
+    nibbles = torch.arange(16, dtype=torch.uint8)
+    codes = (nibbles[0::2] | (nibbles[1::2] << 4)).repeat(256, 2)  # 16 codes twice a row
+    scales = torch.arange(256, dtype=torch.uint8)[:, None]
+    import dataclasses
+
+    quantized = dataclasses.replace(template, codes=on_device(codes), scales=on_device(scales))
+    assert_bits(
+        quantized.dequantize(torch.float32, backend="triton"),
+        quantized.dequantize(torch.float32, backend="torch"),
+        "prescaled values",
+    )
