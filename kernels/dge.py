@@ -3,8 +3,9 @@ around torch's own `pow`, so that every bit is the reference's:
 
 - `dge_position_kernel`: the scaled weight w / s (s per row, column or tensor), the grid interval
   [lower, lower + width) holding |w / s| (the last one closed) and t = |2 (|w / s| - lower) /
-  width - 1|, in the reference's order of float32 operations; NaN where |w / s| lies beyond the
-  grid (or is NaN), which `pow` keeps NaN.
+  width - 1|, in the reference's order of float32 operations (its two divisions, by powers of
+  two, as multiplications by their exact reciprocals: the same roundings); NaN where |w / s|
+  lies beyond the grid (or is NaN), which `pow` keeps NaN.
 - the caller raises t to 1 / k - 1 with `torch.pow`, in place;
 - `dge_apply_kernel`: the derivative min(t^(1/k - 1) * (1 / k), cap) (0 where NaN; cap where
   t = 0, whose power is +Inf), rounded to the gradient's dtype, multiplied into the gradient in
@@ -32,8 +33,8 @@ def grid_position(magnitude, MBITS: tl.constexpr, MIN_EXP: tl.constexpr,
     exponent = ((magnitude.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     binade = tl.maximum(exponent, MIN_EXP)
     lower = tl.floor(magnitude * pow2(MBITS - binade)) * pow2(binade - MBITS)  # exact
-    width = pow2(binade - MBITS)
-    t = tl.abs(tl.math.div_rn(2.0 * (magnitude - lower), width) - 1.0)
+    # over the width, a power of two: times its exact reciprocal, the same rounding
+    t = tl.abs(2.0 * (magnitude - lower) * pow2(MBITS - binade) - 1.0)
     return tl.where(magnitude <= ELEM_MAX, t, float("nan"))
 
 
@@ -49,7 +50,9 @@ def dge_position_kernel(
     w = tl.load(w_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     index = line_index(first_row, first_col, BR, BC, BY)
     scale = tl.load(scales_ptr + index, mask=line_ok(index, R, C, BY), other=1.0)
-    magnitude = tl.abs(tl.math.div_rn(w, expand_line(scale, BY)))
+    # E8M0 scales are powers of two: 1 / s is exact, and w * (1 / s) rounds as w / s
+    inverse = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)  # per line
+    magnitude = tl.abs(w * expand_line(inverse, BY))
     t = grid_position(magnitude, MBITS, MIN_EXP, ELEM_MAX)
     tl.store(t_ptr + offsets, t, mask=mask)
 
