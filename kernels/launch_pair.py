@@ -196,6 +196,10 @@ def pair_amax(
         return amax
     rows, cols = x.shape
     br, bc = tile
+    warps = 4 if br * bc <= 4096 else 8
+    col_rht = col is not None and col.spec.tensor_scale and bool(col.hadamard)
+    if tile == (PAIR_TILE_ROWS, PAIR_TILE_COLS) and row_rht and col_rht:  # 4 times wider
+        bc, warps = AMAX_WIDE_COLS, 2
     row_length = _round_up(cols, row.hadamard) if row is not None and row.hadamard else cols
     col_length = _round_up(rows, col.hadamard) if col is not None and col.hadamard else rows
     tiles_c = -(-max(cols, row_length) // bc)
@@ -211,11 +215,16 @@ def pair_amax(
         constants[f"{prefix}_RHT_SEED_FROM_PTR"] = rht_from_ptr
     launch(
         amax_pair_kernel, (programs,), (x, amax, *seeds, rows, cols, tiles_c),
-        dict(BR=br, BC=bc, **constants), 4 if br * bc <= 4096 else 8,
+        dict(BR=br, BC=bc, **constants), warps,
     )  # fmt: skip
     return amax
 
 
+# The amax pass of a pair transformed both ways in the smallest pair tile reads 32 x 256 tiles
+# with 2 warps: ue5m3-hadamard-sr's pairs (RHT-32 both ways) 71-72 us against 97 at 8192 x 3072,
+# 23 against 28 at 8192 x 768 on an H100 (the fastest of 32..128 rows x 64..256 columns at 2, 4
+# and 8 warps; the same amax).
+AMAX_WIDE_COLS = 256
 AMAX_SLAB_LINES, AMAX_SLAB_COLS = 4, 128  # a tile of the RHT-16 amax: 64 rows x 128
 AMAX_PROGRAMS_PER_SM = 4  # measured best of 4, 8, 16 and one program per tile
 

@@ -109,8 +109,11 @@ def test_each_transformed_position_can_hold_the_amax(slab_kernel_only, position)
     _check(on_device(x.to(torch.float32)), None, Direction(NVFP4, None, 16, 29))
 
 
-@pytest.mark.parametrize("row_h,col_h", [(None, None), (16, None), (32, 16), (None, 32)])
-def test_the_tile_kernel_gives_the_reference_amax(row_h, col_h):
-    x = _input(70, 100, seed=8)
+@pytest.mark.parametrize("row_h,col_h", [(None, None), (16, None), (32, 16), (None, 32), (32, 32)])
+@pytest.mark.parametrize("cols", [100, 600])
+def test_the_tile_kernel_gives_the_reference_amax(row_h, col_h, cols):
+    """Transforms both ways take the tile kernel in 32 x 256 tiles (600 columns: a ragged
+    third); the amax is the reference's either way."""
+    x = _input(70, cols, seed=8)
     x[3, 4] = NAN
     _check(x, Direction(NVFP4, None, row_h, 7), Direction(NVFP4_SR, 2, col_h, 9))
