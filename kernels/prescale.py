@@ -76,9 +76,11 @@ def _multiplication(prescale: float, spec: QuantSpec) -> tuple[float, float, flo
                 missed.add(x)
     if not missed:
         return float(inverse), 0.0, 0.0
-    (fix,) = missed if len(missed) == 1 else (None,)
-    if fix is None or fix.numerator != 1 or fix.denominator & (fix.denominator - 1):
-        return 0.0, 0.0, 0.0  # several exceptions, or one that is not 2^-k
+    if len(missed) > 1:
+        return 0.0, 0.0, 0.0
+    fix = missed.pop()
+    if fix.numerator != 1 or fix.denominator & (fix.denominator - 1):
+        return 0.0, 0.0, 0.0  # not 2^-k: its factor might not be exact
     ratio = round_float32(fix / p) / fix  # exact: a float32 over a power of two
     return float(inverse), float(fix), float(ratio)
 

@@ -233,6 +233,27 @@ def test_prescale_division_becomes_a_multiplication_only_where_exact():
     assert prescale_constants(MXFP4_SR)["PRESCALE"] == 1.0
 
 
+def test_round_float32_is_the_nearest_float32():
+    """The exact rounding the pre-scale check uses, against numpy's (correctly rounded) double
+    to float32 conversion: normals, subnormals, ties of both parities, and overflow."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    from fp4cli.kernels.prescale import round_float32
+
+    generator = np.random.default_rng(0)
+    doubles = generator.standard_normal(3000) * 10.0 ** generator.integers(-46, 39, 3000)
+    ties = [1 + 2.0**-24, 1 + 3 * 2.0**-24, 2.0**-149 * 1.5, 2.0**-149 * 2.5, 2.0**-150]
+    for value in [*doubles.tolist(), *ties, 0.0, -(2.0**-149)]:
+        want = (
+            float(np.float32(value))
+            if abs(value) < 3.4028235678e38
+            else math.copysign(2.0**128, value)
+        )
+        assert float(round_float32(Fraction(value))) == want, value
+
+
 def test_prescaled_dequantization_of_every_code_and_scale():
     """Every E2M1 code (both signs) under every E8M0 scale code, NaN's included, dequantized
     with the 0.75 pre-scale by the kernel and by the reference: the same bits (2^-127's
