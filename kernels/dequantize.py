@@ -20,9 +20,9 @@ def scaled_grid(
     TENSOR_SCALE: tl.constexpr,
     DECODE_INV: tl.constexpr,
     BLOCK_AXIS: tl.constexpr,
-    PRESCALE_INV: tl.constexpr = 0.0,
-    PRESCALE_FIX: tl.constexpr = 0.0,
-    PRESCALE_FIX_RATIO: tl.constexpr = 0.0,
+    PRESCALE_INV: tl.constexpr,
+    PRESCALE_FIX: tl.constexpr,
+    PRESCALE_FIX_RATIO: tl.constexpr,
 ):
     """Signed E2M1 grid values q (`signed_e2m1_value` of the codes, or the rounding's own) in
     blocks (`quantize.block_view`: [ROWS, BLOCKS, BLOCK] for BLOCK_AXIS 1, [BLOCKS, BLOCK, COLS]

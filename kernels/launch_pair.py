@@ -20,7 +20,9 @@ from fp4cli.kernels.launch import (
     _round_up,
     _scale_constants,
     _seed_args,
+    add_column_sums,
     launch,
+    partial_column_sums,
     two_level_constants,
 )
 from fp4cli.kernels.prescale import prescale_constants
@@ -195,11 +197,8 @@ def pair_amax(
         _amax_rht16_cols(x, amax, col, plain=row_on)
         return amax
     rows, cols = x.shape
-    br, bc = tile
-    warps = 4 if br * bc <= 4096 else 8
     col_rht = col is not None and col.spec.tensor_scale and bool(col.hadamard)
-    if tile == (PAIR_TILE_ROWS, PAIR_TILE_COLS) and row_rht and col_rht:  # 4 times wider
-        bc, warps = AMAX_WIDE_COLS, 2
+    br, bc, warps = _amax_tile(tile, row_rht and col_rht)
     row_length = _round_up(cols, row.hadamard) if row is not None and row.hadamard else cols
     col_length = _round_up(rows, col.hadamard) if col is not None and col.hadamard else rows
     tiles_c = -(-max(cols, row_length) // bc)
@@ -220,11 +219,18 @@ def pair_amax(
     return amax
 
 
-# The amax pass of a pair transformed both ways in the smallest pair tile reads 32 x 256 tiles
-# with 2 warps: ue5m3-hadamard-sr's pairs (RHT-32 both ways) 71-72 us against 97 at 8192 x 3072,
-# 23 against 28 at 8192 x 768 on an H100 (the fastest of 32..128 rows x 64..256 columns at 2, 4
-# and 8 warps; the same amax).
-AMAX_WIDE_COLS = 256
+def _amax_tile(tile: tuple[int, int], both_transformed: bool) -> tuple[int, int, int]:
+    """(BR, BC, warps) of the amax pass over a pair's tiles: the pair's tile, 4 warps (8 past
+    4096 values); a pair transformed both ways in the smallest tile reads it 4 times wider
+    with 2 warps (ue5m3-hadamard-sr's pairs, RHT-32 both ways: 71-72 us against 97 at
+    8192 x 3072, 23 against 28 at 8192 x 768 on an H100, the fastest of 32..128 rows x
+    64..256 columns at 2, 4 and 8 warps; the amax is the same)."""
+    br, bc = tile
+    if both_transformed and tile == (PAIR_TILE_ROWS, PAIR_TILE_COLS):
+        return br, 4 * bc, 2
+    return br, bc, 4 if br * bc <= 4096 else 8
+
+
 AMAX_SLAB_LINES, AMAX_SLAB_COLS = 4, 128  # a tile of the RHT-16 amax: 64 rows x 128
 AMAX_PROGRAMS_PER_SM = 4  # measured best of 4, 8, 16 and one program per tile
 
@@ -281,10 +287,6 @@ def quantize_pair(
     if guide is not None and (row is None or guide.shape != x.shape):
         raise ValueError("a guide needs the row direction and the input's shape")
     _check_directions(row, col, double is not None)
-    if column_sums is not None and (
-        column_sums.shape != x.shape[1:] or column_sums.dtype != torch.float32
-    ):
-        raise ValueError(f"column_sums must be float32 of shape ({x.shape[1]},)")
     x = x.contiguous()
     guide = guide.contiguous() if guide is not None else None
     rows, cols = x.shape
@@ -304,10 +306,7 @@ def quantize_pair(
     )
     tiles_r = -(-max(rows, col_length) // br)
     tiles_c = -(-max(cols, row_length) // bc)
-    partial_sums = None
-    if column_sums is not None:
-        # (cols, tiles): each column's partial sums contiguous, summed along the last axis
-        partial_sums = torch.empty((cols, tiles_r), dtype=torch.float32, device=x.device)
+    partial_sums = partial_column_sums(column_sums, cols, tiles_r, x.device)
     launch(
         quantize_pair_kernel, (tiles_r * tiles_c,),
         (x, guide, partial_sums, *row_args, *col_args,
@@ -321,6 +320,5 @@ def quantize_pair(
              COL_GROUPED=col is not None and cols % 4 == 0),
         pair_warps(br, bc, row, col),
     )  # fmt: skip
-    if partial_sums is not None:
-        torch.sum(partial_sums, 1, out=column_sums)
+    add_column_sums(partial_sums, column_sums)
     return row_out, col_out

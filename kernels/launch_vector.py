@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from fp4cli.kernels.dge import dge_apply_kernel, dge_position_kernel
-from fp4cli.kernels.launch import _pow2_at_least, launch
+from fp4cli.kernels.launch import _pow2_at_least, add_column_sums, launch, partial_column_sums
 from fp4cli.kernels.vector_wise import amax_kernel, decode_kernel, rows_kernel, scaled_kernel
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.techniques.dge import DGEConfig
@@ -258,21 +258,14 @@ def line_amax(
     rows, cols = x.shape
     if out is None:
         out = torch.zeros(cols if by == "column" else 1, dtype=torch.int32, device=x.device)
-    if column_sums is not None and (
-        column_sums.shape != (cols,) or column_sums.dtype != torch.float32
-    ):
-        raise ValueError(f"column_sums must be float32 of shape ({cols},)")
     br, bc = TILE
     tiles_r, tiles_c = -(-rows // br), -(-cols // bc)
-    partial_sums = None
-    if column_sums is not None:  # each column's partial sums contiguous
-        partial_sums = torch.empty((cols, tiles_r), dtype=torch.float32, device=x.device)
+    partial_sums = partial_column_sums(column_sums, cols, tiles_r, x.device)
     launch(
         amax_kernel, (tiles_r * tiles_c,), (x, out, partial_sums, rows, cols, tiles_c),
         dict(BR=br, BC=bc, BY=BY_CODE[by], COLUMN_SUMS=partial_sums is not None), 4,
     )  # fmt: skip
-    if partial_sums is not None:
-        torch.sum(partial_sums, 1, out=column_sums)
+    add_column_sums(partial_sums, column_sums)
     return out
 
 

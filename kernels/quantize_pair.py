@@ -28,6 +28,7 @@ from fp4cli.kernels.tile_io import (
     sr_bits,
     store_codes,
     store_codes_down,
+    store_column_sums,
     store_values,
 )
 from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows, signed_e2m1_value
@@ -155,10 +156,7 @@ def quantize_pair_kernel(
     (row tile) of sums (cols, row tiles), the bias gradient's partial sums."""
     row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
     if COLUMN_SUMS:
-        col_ids = col0 + tl.arange(0, BC)
-        tiles_r = tl.num_programs(0) // tiles_c
-        sums = tl.sum(x, axis=0)
-        tl.store(sums_ptr + col_ids * tiles_r + row0 // BR, sums, mask=col_ids < cols)
+        store_column_sums(sums_ptr, x, row0, col0, cols, tiles_c, BR, BC)
     source = x
     if ROW_ON:
         guide = x

@@ -85,6 +85,18 @@ def load_program_tile(x_ptr, rows, cols, tiles_c, BR: tl.constexpr, BC: tl.const
 
 
 @triton.jit
+def store_column_sums(sums_ptr, tile, row0, col0, cols, tiles_c, BR: tl.constexpr,
+                      BC: tl.constexpr):  # fmt: skip
+    """The float32 sum of each column of this program's [BR, BC] tile (zeros past x's edge)
+    into column (row tile) of the (cols, row tiles) partial sums that
+    `launch.partial_column_sums` allocates: a linear layer's bias gradient from a kernel's read
+    of dY."""
+    col_ids = col0 + tl.arange(0, BC)
+    tiles_r = tl.num_programs(0) // tiles_c
+    tl.store(sums_ptr + col_ids * tiles_r + row0 // BR, tl.sum(tile, axis=0), mask=col_ids < cols)
+
+
+@triton.jit
 def seed_of(seed_ptr, seed_value, FROM_PTR: tl.constexpr):
     """The seed (int64): a 1-element tensor's value plus the scalar argument (an offset), or
     the scalar argument alone. The sum wraps around as int64, like torch's."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fp4cli.kernels.tile_io import store_column_sums
 from fp4cli.kernels.tile_ops import (
     e8m0_exponent,
     pow2,
@@ -336,10 +337,7 @@ def amax_kernel(
     first_row, first_col, offsets, mask = program_tile(R, C, tiles_c, BR, BC)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     if COLUMN_SUMS:
-        sum_cols = first_col + tl.arange(0, BC)
-        tiles_r = tl.num_programs(0) // tiles_c
-        tl.store(sums_ptr + sum_cols * tiles_r + first_row // BR, tl.sum(x, axis=0),
-                 mask=sum_cols < C)  # fmt: skip
+        store_column_sums(sums_ptr, x, first_row, first_col, C, tiles_c, BR, BC)
     bits = magnitude_bits(x, mask)
     if BY == BY_COLUMN:
         cols = first_col + tl.arange(0, BC)
