@@ -89,6 +89,15 @@ def _row_split(cols: int, chunk: int) -> tuple[int, int]:
     return head, _pow2_at_least(cols - head) if cols > head else 0
 
 
+def bound_split(keys_beyond: int, head: int) -> int:
+    """How many groups the rows kernel splits a row's first `head` values into to bound a
+    threshold search (`order_stats._bounds`): the least power of two at least the number of
+    the row's values at or beyond the threshold's rank (at or above it for the upper rank, at
+    or below for the lower), or 0 (no bound) when the head has fewer values."""
+    split = _pow2_at_least(keys_beyond)
+    return split if split <= head else 0
+
+
 @dataclass(frozen=True)
 class Clamp:
     """Per-row clamping to the values of 0-based ascending ranks low and high, with the
@@ -238,6 +247,8 @@ def _launch_rows(
         (x, out, scale_out, amax_out, rows, cols,
          clamp.low if clamp else 0, clamp.high if clamp else 0),
         dict(BR=br, BC=bc, ONE_CHUNK=cols <= bc + tail, TAIL=tail, CLAMP=clamp is not None,
+             SPLIT_LOW=bound_split(clamp.low + 1, bc) if clamp else 0,
+             SPLIT_HIGH=bound_split(cols - clamp.high, bc) if clamp else 0,
              ZERO_BITS=KEY_ZERO_BITS.get(x.dtype, 0),
              RESIDUAL=clamp is not None and clamp.residual, **flags),
         warps,

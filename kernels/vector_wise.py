@@ -4,7 +4,7 @@ block "row", "column" or "tensor"), and Wang et al.'s per-row outlier clamp fuse
 per-row pass.
 
 - `rows_kernel`: a program per block of rows. It finds each row's clamp thresholds (exact order
-  statistics: a bitwise search on the values' order keys, `row_thresholds`), clamps, reduces
+  statistics without a sort, `order_stats.row_thresholds`), clamps, reduces
   the row's amax and quantizes, holding the row in registers when it fits one chunk and looping
   over column chunks otherwise (the repeated reads then come from the cache).
 - `amax_kernel` + `scaled_kernel`: per-column or per-tensor scales, whose amax spans programs:
@@ -24,6 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fp4cli.kernels.order_stats import block_at, order_key, row_thresholds
 from fp4cli.kernels.tile_io import store_column_sums
 from fp4cli.kernels.tile_ops import (
     e8m0_exponent,
@@ -33,40 +34,11 @@ from fp4cli.kernels.tile_ops import (
     unsigned_minifloat_value,
 )
 
-INT32_MIN = tl.constexpr(-2147483648)
 INT32_MAX = tl.constexpr(2147483647)
 NON_FINITE_BITS = tl.constexpr(0x7F800000)
 BY_ROW = tl.constexpr(0)
 BY_COLUMN = tl.constexpr(1)
 BY_TENSOR = tl.constexpr(2)
-
-
-@triton.jit
-def order_key(x):
-    """An int32 key per float32 value, ordered as torch.sort orders the values: +|x| bits for
-    x >= 0, -|x| bits below (so -0.0 and +0.0 share the key 0, as they compare equal), NaN
-    (any sign) after +Inf. A value whose low bits are zero (a bf16 or fp16 value in float32)
-    keeps them zero in its key."""
-    bits = x.to(tl.int32, bitcast=True)
-    magnitude = bits & 0x7FFFFFFF
-    key = tl.where(bits < 0, -magnitude, magnitude)
-    return tl.where(x != x, INT32_MAX, key)
-
-
-@triton.jit
-def key_value(key):
-    """The float32 value of an order key (NaN for the NaN key)."""
-    bits = tl.where(key < 0, (-key) | INT32_MIN, key)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def block_at(first_row, first_col, R, C, BR: tl.constexpr, BC: tl.constexpr):
-    """(offsets, mask) of the [BR, BC] block at (first_row, first_col) of a contiguous (R, C)."""
-    rows = first_row + tl.arange(0, BR)
-    cols = first_col + tl.arange(0, BC)
-    mask = (rows < R)[:, None] & (cols < C)[None, :]
-    return rows.to(tl.int64)[:, None] * C + cols[None, :], mask
 
 
 @triton.jit
@@ -77,68 +49,6 @@ def program_tile(R, C, tiles_c, BR: tl.constexpr, BC: tl.constexpr):
     first_row, first_col = (pid // tiles_c) * BR, (pid % tiles_c) * BC
     offsets, mask = block_at(first_row, first_col, R, C, BR, BC)
     return first_row, first_col, offsets, mask
-
-
-@triton.jit
-def _packed_counts(keys, trial_low, trial_high):
-    """Per row, (keys below trial_low) + (keys below trial_high) << 16: one reduction for both
-    counts (a row in registers holds fewer than 2^16 values)."""
-    packed = (keys < trial_low[:, None]).to(tl.int32)
-    packed += (keys < trial_high[:, None]).to(tl.int32) << 16
-    return tl.sum(packed, axis=1)
-
-
-@triton.jit
-def _counts_below(keys, tail_keys, x_ptr, first_row, R, C, trial_low, trial_high,
-                  BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                  TAIL: tl.constexpr):  # fmt: skip
-    """How many keys of each row lie below trial_low and below trial_high ([BR] each): from
-    the register tiles `keys` and (TAIL > 0) `tail_keys`, or by reading the rows chunk by
-    chunk."""
-    if ONE_CHUNK:
-        both = _packed_counts(keys, trial_low, trial_high)
-        if TAIL > 0:
-            both += _packed_counts(tail_keys, trial_low, trial_high)
-        below_low, below_high = both & 0xFFFF, both >> 16
-    else:
-        below_low = tl.zeros([BR], tl.int32)
-        below_high = tl.zeros([BR], tl.int32)
-        for start in range(0, C, BC):
-            offsets, mask = block_at(first_row, start, R, C, BR, BC)
-            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            chunk_keys = tl.where(mask, order_key(x), INT32_MAX)
-            below_low += tl.sum((chunk_keys < trial_low[:, None]).to(tl.int32), axis=1)
-            below_high += tl.sum((chunk_keys < trial_high[:, None]).to(tl.int32), axis=1)
-    return below_low, below_high
-
-
-@triton.jit
-def row_thresholds(keys, tail_keys, x_ptr, first_row, R, C, low_rank, high_rank,
-                   BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                   TAIL: tl.constexpr, ZERO_BITS: tl.constexpr):  # fmt: skip
-    """The values of 0-based ascending ranks low_rank and high_rank of each row ([BR] float32).
-
-    The value of rank r is the largest key t with fewer than r + 1 keys below it; t is built bit
-    by bit from the top (the sign first, as int32 keys are signed), keeping each bit whose
-    trial still has at most r keys below. Exact, with no sort: 32 - ZERO_BITS counting passes,
-    where the input's dtype leaves the low ZERO_BITS bits of every key zero (16 for bf16, 13 for
-    fp16), so of t too: t is some value's key, or for the NaN rank bits that decode to NaN."""
-    zero = tl.zeros([BR], tl.int32)
-    below_low, below_high = _counts_below(
-        keys, tail_keys, x_ptr, first_row, R, C, zero, zero, BR, BC, ONE_CHUNK, TAIL
-    )
-    low = tl.where(below_low <= low_rank, zero, INT32_MIN)
-    high = tl.where(below_high <= high_rank, zero, INT32_MIN)
-    for step in tl.static_range(31 - ZERO_BITS):
-        trial_low = low | (1 << (30 - step))
-        trial_high = high | (1 << (30 - step))
-        below_low, below_high = _counts_below(
-            keys, tail_keys, x_ptr, first_row, R, C, trial_low, trial_high,
-            BR, BC, ONE_CHUNK, TAIL,
-        )  # fmt: skip
-        low = tl.where(below_low <= low_rank, trial_low, low)
-        high = tl.where(below_high <= high_rank, trial_high, high)
-    return key_value(low), key_value(high)
 
 
 @triton.jit
@@ -215,7 +125,8 @@ def rows_kernel(
     x_ptr, out_ptr, scales_ptr, amax_out_ptr,
     R, C, low_rank, high_rank,
     BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr, TAIL: tl.constexpr,
-    CLAMP: tl.constexpr, ZERO_BITS: tl.constexpr, RESIDUAL: tl.constexpr,
+    CLAMP: tl.constexpr, SPLIT_LOW: tl.constexpr, SPLIT_HIGH: tl.constexpr,
+    ZERO_BITS: tl.constexpr, RESIDUAL: tl.constexpr,
     WRITE_CODES: tl.constexpr,
     WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
     MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
@@ -224,7 +135,8 @@ def rows_kernel(
 ):  # fmt: skip
     """One scale per row of a contiguous (R, C) tensor, rows clamped to their values of ranks
     low_rank and high_rank first when CLAMP (with RESIDUAL, the clamped-off part added back to
-    the written values). Writes values (or codes), the scales as float32 (NaN for a non-finite
+    the written values; SPLIT_LOW, SPLIT_HIGH: the searches' bounds, `order_stats._bounds`).
+    Writes values (or codes), the scales as float32 (NaN for a non-finite
     row) when WRITE_SCALES, and atomically maxes the written |values|' bits into amax_out_ptr
     when AMAX_OUT."""
     first_row = tl.program_id(0) * BR
@@ -242,8 +154,8 @@ def rows_kernel(
             keys = tl.where(mask, order_key(x), INT32_MAX)
             tail_keys = tl.where(tail_mask, order_key(tail_x), INT32_MAX)
             low, high = row_thresholds(
-                keys, tail_keys, x_ptr, first_row, R, C, low_rank, high_rank,
-                BR, BC, True, TAIL, ZERO_BITS,
+                keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C, low_rank, high_rank,
+                BR, BC, True, TAIL, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS,
             )  # fmt: skip
         amax_bits = tl.max(magnitude_bits(clamp_rows(x, low, high) if CLAMP else x, mask), axis=1)
         if TAIL > 0:
@@ -264,8 +176,8 @@ def rows_kernel(
     else:
         if CLAMP:
             low, high = row_thresholds(
-                low, low, x_ptr, first_row, R, C, low_rank, high_rank,
-                BR, BC, False, 0, ZERO_BITS,
+                low, low, low, low, x_ptr, first_row, R, C, low_rank, high_rank,
+                BR, BC, False, 0, 0, 0, ZERO_BITS,
             )  # fmt: skip
         amax_bits = tl.zeros([BR], tl.int32)
         for start in range(0, C, BC):

@@ -57,6 +57,9 @@ def test_fused_clamp_matches_the_reference_quantiles(shape):
     x = bf16_gpu_input(*shape, seed=2)
     x[200, :] = 0.0
     x[201, : shape[1] // 2] = 3.0  # ties
+    x[100:200, ::97] *= 40  # outlier channels: the search's bounds far apart
+    x[202, 3] = 3e30
+    x[203] = -x[203].abs()  # one sign: both ranks below zero
     clamped, residual = clamp_outliers(x, config)
     quantized = fake_quantize(clamped, spec, axis=1, backend="torch")
     low, high = nearest_ranks(shape[1], 0.99)
