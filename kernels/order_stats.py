@@ -5,11 +5,12 @@ Each value becomes an int32 key ordered as `torch.sort` orders floats (`order_ke
 of rank r is the largest key t with at most r keys below it, found bit by bit from the top:
 one counting pass over the row per bit, both ranks' counts in one reduction (`search_keys`).
 
-Passes are saved with bounds that cost a reduction, not a search (`_bounds`): split the row
-into s groups; each group's maximum is a key, so at least s keys lie at or above the smallest
-group maximum, and with s at least the number of keys at or above rank r's, that key is a
-floor for it; the row's largest key is a ceiling. Likewise below with the group minima. The
-search then builds only the offset from the floor, over the bits of the widest interval.
+Passes are saved with bounds that cost a reduction, not a search (`_bounds`): split the row's
+keys in registers into s groups; each group's maximum is a key, so at least s keys lie at or
+above the smallest group maximum, and with s at least the number of keys at or above rank
+r's, that key is a floor for it; the row's largest key is a ceiling. Likewise below with the
+group minima. The search then builds only the offset from the floor, over the bits of the
+widest interval.
 """
 
 from __future__ import annotations
@@ -136,48 +137,30 @@ def _width(floor, ceiling):
 
 
 @triton.jit
-def _split_tile(x_ptr, first_row, R, C, BR: tl.constexpr, BC: tl.constexpr,
-                SPLIT: tl.constexpr, UPPER: tl.constexpr):  # fmt: skip
-    """The keys of the rows' first BC values as a tile of SPLIT groups: [SPLIT, BC // SPLIT]
-    for one row, else [BR, SPLIT, BC // SPLIT]; lanes outside the tensor INT32_MIN (UPPER)
-    or INT32_MAX."""
-    cols = tl.arange(0, SPLIT)[:, None] * (BC // SPLIT) + tl.arange(0, BC // SPLIT)[None, :]
-    if BR == 1:
-        mask = (cols < C) & (first_row < R)
-        x = tl.load(x_ptr + first_row.to(tl.int64) * C + cols, mask=mask)
+def group_bound(keys, mask, BR: tl.constexpr, BC: tl.constexpr, SPLIT: tl.constexpr,
+                UPPER: tl.constexpr):  # fmt: skip
+    """Per row ([BR]), its first BC keys (`keys`, lanes outside `mask` INT32_MAX) in SPLIT
+    groups: the smallest group maximum (UPPER), at or below SPLIT of the row's keys, or the
+    largest group minimum, at or above SPLIT keys. Group g holds the columns congruent to g
+    modulo SPLIT (any partition bounds alike), so that the reshape leaves each value in its
+    thread (a one-warp row compiles to no shared memory for it; a second read of the head in
+    groups of contiguous columns took longer). For one row the bound is reduced to a scalar,
+    so that no layout ties it to the row's tile. Rows past the mask give INT32_MIN (UPPER) or
+    INT32_MAX."""
+    if UPPER:
+        groups = tl.reshape(tl.where(mask, keys, INT32_MIN), [BR, BC // SPLIT, SPLIT])
+        bound = tl.min(tl.max(groups, axis=1), axis=1)
     else:
-        rows = first_row + tl.arange(0, BR)
-        mask = (rows < R)[:, None, None] & (cols < C)[None, :, :]
-        x = tl.load(x_ptr + rows.to(tl.int64)[:, None, None] * C + cols[None, :, :], mask=mask)
-    return tl.where(mask, order_key(x.to(tl.float32)), INT32_MIN if UPPER else INT32_MAX)
-
-
-@triton.jit
-def split_bound(x_ptr, first_row, R, C, BR: tl.constexpr, BC: tl.constexpr,
-                SPLIT: tl.constexpr, UPPER: tl.constexpr):  # fmt: skip
-    """Per row ([BR]), its first BC values split into SPLIT groups of BC // SPLIT: the key of
-    the smallest group maximum (UPPER), at or below SPLIT of the row's keys, or of the
-    largest group minimum, at or above SPLIT keys. The tile is read again in a layout of its
-    own; for one row the bound is reduced to a scalar, so that no layout ties it to the
-    row's tile. Rows past R give INT32_MIN (UPPER) or INT32_MAX."""
-    keys = _split_tile(x_ptr, first_row, R, C, BR, BC, SPLIT, UPPER)
+        groups = tl.reshape(keys, [BR, BC // SPLIT, SPLIT])
+        bound = tl.max(tl.min(groups, axis=1), axis=1)
     if BR == 1:
-        if UPPER:
-            bound = tl.min(tl.max(keys, axis=1), axis=0)
-        else:
-            bound = tl.max(tl.min(keys, axis=1), axis=0)
-        bound = tl.full([BR], bound, tl.int32)
-    elif UPPER:
-        bound = tl.min(tl.max(keys, axis=2), axis=1)
-    else:
-        bound = tl.max(tl.min(keys, axis=2), axis=1)
+        bound = tl.full([BR], tl.sum(bound, axis=0), tl.int32)
     return bound
 
 
 @triton.jit
-def _bounds(keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C,
-            BR: tl.constexpr, BC: tl.constexpr, TAIL: tl.constexpr,
-            SPLIT_LOW: tl.constexpr, SPLIT_HIGH: tl.constexpr,
+def _bounds(keys, mask, tail_keys, tail_mask, BR: tl.constexpr, BC: tl.constexpr,
+            TAIL: tl.constexpr, SPLIT_LOW: tl.constexpr, SPLIT_HIGH: tl.constexpr,
             ZERO_BITS: tl.constexpr):  # fmt: skip
     """(floor_low, width_low, floor_high, width_high) for `search_keys`. The key of rank
     low_rank lies between the row's smallest key and the largest minimum of SPLIT_LOW >=
@@ -192,12 +175,10 @@ def _bounds(keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C,
     floor_low = smallest & -(1 << ZERO_BITS)
     ceiling_low = tl.full([BR], INT32_MAX, tl.int32)
     if SPLIT_LOW > 0:
-        ceiling_low = split_bound(x_ptr, first_row, R, C, BR, BC, SPLIT_LOW, False)
-        ceiling_low = tl.maximum(ceiling_low, floor_low)
+        ceiling_low = tl.maximum(group_bound(keys, mask, BR, BC, SPLIT_LOW, False), floor_low)
     floor_high = tl.full([BR], INT32_MIN, tl.int32)
     if SPLIT_HIGH > 0:
-        floor_high = split_bound(x_ptr, first_row, R, C, BR, BC, SPLIT_HIGH, True)
-        floor_high = floor_high & -(1 << ZERO_BITS)
+        floor_high = group_bound(keys, mask, BR, BC, SPLIT_HIGH, True) & -(1 << ZERO_BITS)
     return floor_low, _width(floor_low, ceiling_low), floor_high, _width(floor_high, largest)
 
 
@@ -212,9 +193,8 @@ def row_thresholds(keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C,
     says) or read chunk by chunk (every bit counted)."""
     if ONE_CHUNK:
         floor_low, width_low, floor_high, width_high = _bounds(
-            keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C,
-            BR, BC, TAIL, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS,
-        )  # fmt: skip
+            keys, mask, tail_keys, tail_mask, BR, BC, TAIL, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS
+        )
         span = tl.reduce(width_low | width_high, 0, _bit_or)
     else:
         floor_low, width_low = _unbounded(BR)
