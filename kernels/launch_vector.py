@@ -108,6 +108,16 @@ class Clamp:
     residual: bool = False
 
 
+def search_splits(clamp: Clamp | None, cols: int, head: int, one_chunk: bool) -> tuple[int, int]:
+    """(SPLIT_LOW, SPLIT_HIGH) of the rows kernel: the groups that bound the search for each
+    of the clamp's ranks in rows of `cols` values whose first `head` are held in registers
+    (`bound_split` of the keys at or below the lower rank, at or above the upper); (0, 0)
+    without a clamp or for rows read in chunks, which the search does not bound."""
+    if clamp is None or not one_chunk:
+        return 0, 0
+    return bound_split(clamp.low + 1, head), bound_split(cols - clamp.high, head)
+
+
 @torch.compiler.disable
 def quantize_vector(
     x: torch.Tensor,
@@ -242,13 +252,14 @@ def _launch_rows(
         bc, tail = _row_split(cols, ROW_CHUNK)
         br = max(1, min(_pow2_at_least(rows), ROW_CHUNK // _pow2_at_least(bc + tail)))
         warps = 8 if br * (bc + tail) >= 4096 else 4
+    one_chunk = cols <= bc + tail
+    split_low, split_high = search_splits(clamp, cols, bc, one_chunk)
     launch(
         rows_kernel, (-(-rows // br),),
         (x, out, scale_out, amax_out, rows, cols,
          clamp.low if clamp else 0, clamp.high if clamp else 0),
-        dict(BR=br, BC=bc, ONE_CHUNK=cols <= bc + tail, TAIL=tail, CLAMP=clamp is not None,
-             SPLIT_LOW=bound_split(clamp.low + 1, bc) if clamp else 0,
-             SPLIT_HIGH=bound_split(cols - clamp.high, bc) if clamp else 0,
+        dict(BR=br, BC=bc, ONE_CHUNK=one_chunk, TAIL=tail, CLAMP=clamp is not None,
+             SPLIT_LOW=split_low, SPLIT_HIGH=split_high,
              ZERO_BITS=KEY_ZERO_BITS.get(x.dtype, 0),
              RESIDUAL=clamp is not None and clamp.residual, **flags),
         warps,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fp4cli.kernels.tile_io import block_at
+
 INT32_MIN = tl.constexpr(-2147483648)
 INT32_MAX = tl.constexpr(2147483647)
 
@@ -39,15 +41,6 @@ def key_value(key):
     """The float32 value of an order key (NaN for the NaN key)."""
     bits = tl.where(key < 0, (-key) | INT32_MIN, key)
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def block_at(first_row, first_col, R, C, BR: tl.constexpr, BC: tl.constexpr):
-    """(offsets, mask) of the [BR, BC] block at (first_row, first_col) of a contiguous (R, C)."""
-    rows = first_row + tl.arange(0, BR)
-    cols = first_col + tl.arange(0, BC)
-    mask = (rows < R)[:, None] & (cols < C)[None, :]
-    return rows.to(tl.int64)[:, None] * C + cols[None, :], mask
 
 
 @triton.jit
@@ -137,21 +130,20 @@ def _width(floor, ceiling):
 
 
 @triton.jit
-def group_bound(keys, mask, BR: tl.constexpr, BC: tl.constexpr, SPLIT: tl.constexpr,
+def group_bound(keys, BR: tl.constexpr, BC: tl.constexpr, SPLIT: tl.constexpr,
                 UPPER: tl.constexpr):  # fmt: skip
-    """Per row ([BR]), its first BC keys (`keys`, lanes outside `mask` INT32_MAX) in SPLIT
-    groups: the smallest group maximum (UPPER), at or below SPLIT of the row's keys, or the
-    largest group minimum, at or above SPLIT keys. Group g holds the columns congruent to g
-    modulo SPLIT (any partition bounds alike), so that the reshape leaves each value in its
-    thread (a one-warp row compiles to no shared memory for it; a second read of the head in
-    groups of contiguous columns took longer). For one row the bound is reduced to a scalar,
-    so that no layout ties it to the row's tile. Rows past the mask give INT32_MIN (UPPER) or
-    INT32_MAX."""
+    """Per row ([BR]), its first BC keys (`keys`, lanes outside the tensor INT32_MIN when UPPER,
+    else INT32_MAX) in SPLIT groups: the smallest group maximum (UPPER), at or below SPLIT of
+    the row's keys, or the largest group minimum, at or above SPLIT keys. Group g holds the
+    columns congruent to g modulo SPLIT (any partition bounds alike), so that the reshape leaves
+    each value in its thread (a one-warp row compiles to no shared memory for it; a second read
+    of the head in groups of contiguous columns took longer). For one row the bound is reduced
+    to a scalar, so that no layout ties it to the row's tile. Rows past the tensor give
+    INT32_MIN (UPPER) or INT32_MAX."""
+    groups = tl.reshape(keys, [BR, BC // SPLIT, SPLIT])
     if UPPER:
-        groups = tl.reshape(tl.where(mask, keys, INT32_MIN), [BR, BC // SPLIT, SPLIT])
         bound = tl.min(tl.max(groups, axis=1), axis=1)
     else:
-        groups = tl.reshape(keys, [BR, BC // SPLIT, SPLIT])
         bound = tl.max(tl.min(groups, axis=1), axis=1)
     if BR == 1:
         bound = tl.full([BR], tl.sum(bound, axis=0), tl.int32)
@@ -167,18 +159,19 @@ def _bounds(keys, mask, tail_keys, tail_mask, BR: tl.constexpr, BC: tl.constexpr
     low_rank + 1 groups of the row's first BC keys; that of rank high_rank between the
     smallest maximum of SPLIT_HIGH >= C - high_rank such groups and the row's largest key
     (SPLIT 0: no such bound). Floors lose their low ZERO_BITS bits (still lower bounds)."""
+    keys_or_min = tl.where(mask, keys, INT32_MIN)  # lanes outside the tensor below every key
     smallest = tl.min(keys, axis=1)
-    largest = tl.max(tl.where(mask, keys, INT32_MIN), axis=1)
+    largest = tl.max(keys_or_min, axis=1)
     if TAIL > 0:
         smallest = tl.minimum(smallest, tl.min(tail_keys, axis=1))
         largest = tl.maximum(largest, tl.max(tl.where(tail_mask, tail_keys, INT32_MIN), axis=1))
     floor_low = smallest & -(1 << ZERO_BITS)
     ceiling_low = tl.full([BR], INT32_MAX, tl.int32)
     if SPLIT_LOW > 0:
-        ceiling_low = tl.maximum(group_bound(keys, mask, BR, BC, SPLIT_LOW, False), floor_low)
+        ceiling_low = tl.maximum(group_bound(keys, BR, BC, SPLIT_LOW, False), floor_low)
     floor_high = tl.full([BR], INT32_MIN, tl.int32)
     if SPLIT_HIGH > 0:
-        floor_high = group_bound(keys, mask, BR, BC, SPLIT_HIGH, True) & -(1 << ZERO_BITS)
+        floor_high = group_bound(keys_or_min, BR, BC, SPLIT_HIGH, True) & -(1 << ZERO_BITS)
     return floor_low, _width(floor_low, ceiling_low), floor_high, _width(floor_high, largest)
 
 

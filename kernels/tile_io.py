@@ -46,6 +46,15 @@ def line_mask(first_line, first_inner, lines, inner, ROWS: tl.constexpr, TRANSPO
 
 
 @triton.jit
+def block_at(first_row, first_col, R, C, BR: tl.constexpr, BC: tl.constexpr):
+    """(offsets, mask) of the [BR, BC] block at (first_row, first_col) of a contiguous (R, C)."""
+    rows = first_row + tl.arange(0, BR)
+    cols = first_col + tl.arange(0, BC)
+    mask = (rows < R)[:, None] & (cols < C)[None, :]
+    return rows.to(tl.int64)[:, None] * C + cols[None, :], mask
+
+
+@triton.jit
 def load_tile(
     x_ptr,
     first_line,

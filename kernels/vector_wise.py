@@ -24,8 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.order_stats import block_at, order_key, row_thresholds
-from fp4cli.kernels.tile_io import store_column_sums
+from fp4cli.kernels.order_stats import INT32_MAX, order_key, row_thresholds
+from fp4cli.kernels.tile_io import block_at, store_column_sums
 from fp4cli.kernels.tile_ops import (
     e8m0_exponent,
     pow2,
@@ -34,7 +34,6 @@ from fp4cli.kernels.tile_ops import (
     unsigned_minifloat_value,
 )
 
-INT32_MAX = tl.constexpr(2147483647)
 NON_FINITE_BITS = tl.constexpr(0x7F800000)
 BY_ROW = tl.constexpr(0)
 BY_COLUMN = tl.constexpr(1)

@@ -10,8 +10,15 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.launch import launch
-from fp4cli.kernels.launch_vector import KEY_ZERO_BITS, _row_split, bound_split
-from fp4cli.kernels.order_stats import INT32_MAX, block_at, order_key, row_thresholds
+from fp4cli.kernels.launch_vector import (
+    KEY_ZERO_BITS,
+    Clamp,
+    _row_split,
+    bound_split,
+    search_splits,
+)
+from fp4cli.kernels.order_stats import INT32_MAX, order_key, row_thresholds
+from fp4cli.kernels.tile_io import block_at
 from fp4cli.techniques.outliers import nearest_ranks
 from tests.kernel_cases import DEVICE, INF, NAN
 
@@ -47,12 +54,12 @@ def thresholds(x: torch.Tensor, low: int, high: int, chunk: int, rows_a_program:
     rows, cols = x.shape
     bc, tail = _row_split(cols, chunk)
     one_chunk = cols <= bc + tail
+    split_low, split_high = search_splits(Clamp(low, high), cols, bc, one_chunk)
     out = torch.empty(rows, 2, dtype=torch.float32, device=x.device)
     launch(
         _thresholds_kernel, (-(-rows // rows_a_program),), (x, out, rows, cols, low, high),
         dict(BR=rows_a_program, BC=bc, ONE_CHUNK=one_chunk, TAIL=tail,
-             SPLIT_LOW=bound_split(low + 1, bc) if one_chunk else 0,
-             SPLIT_HIGH=bound_split(cols - high, bc) if one_chunk else 0,
+             SPLIT_LOW=split_low, SPLIT_HIGH=split_high,
              ZERO_BITS=KEY_ZERO_BITS.get(x.dtype, 0)),
         1,
     )  # fmt: skip
