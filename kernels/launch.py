@@ -29,6 +29,7 @@ from fp4cli.kernels.dequantize import dequantize_kernel
 from fp4cli.kernels.prescale import prescale_constants
 from fp4cli.kernels.quantize import amax_kernel, quantize_kernel
 from fp4cli.kernels.tile_io import GRID_Y
+from fp4cli.kernels.two_level import ENCODE_TABLE, encode_table_kernel
 from fp4cli.quant import two_level
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
@@ -87,6 +88,9 @@ def choose_tile(
 
 
 QUANTIZE_ROW_WARPS = 2  # rows of 2 x 1024 (bf16 on an H100: 0.855x the copy, 4 warps 0.831x)
+# two-level specs, reading their encode table: a row of 1024 a program (8192 x 8192 bf16 nvfp4
+# on an H100: 0.805x the copy, 2 x 1024 at 2 warps 0.779x; see docs/benchmarks.md)
+TWO_LEVEL_ROW_WARPS = 1
 
 
 def _grid(view: AxisView, tile: Tile, padded_length: int) -> tuple[tuple[int, ...], int]:
@@ -219,6 +223,39 @@ def two_level_constants(spec: QuantSpec) -> dict[str, float]:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _table_constants(spec: QuantSpec) -> dict[str, object]:
+    """The constexprs of `two_level.encode_table_kernel` for `spec`'s two-level scaling."""
+    mini = spec.scale_format.minifloat
+    assert mini is not None, "two-level scaling needs a minifloat block scale"
+    constants = two_level_constants(spec)
+    return dict(
+        SCALE_MBITS=mini.mbits,
+        SCALE_MIN_EXP=mini.min_exponent,
+        SCALE_MAX_CODE=mini.max_code,
+        TWO_LEVEL_TARGET=constants["TWO_LEVEL_TARGET"],
+        ELEM_INV=constants["ELEM_INV"],
+    )
+
+
+def same_tables(a: QuantSpec, b: QuantSpec) -> bool:
+    """Whether tensors under these two two-level specs get their encode tables from one
+    formula (one launch makes both)."""
+    return _table_constants(a) == _table_constants(b)
+
+
+def encode_tables(amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """(n, ENCODE_TABLE) float32: the encode table (`two_level.encode_table_kernel`) of each of
+    the n tensor amaxes in `amax` (float32, n elements) under `spec`'s two-level scaling, from
+    one launch."""
+    amax = amax.reshape(-1)
+    tables = torch.empty(
+        (amax.numel(), ENCODE_TABLE.value), dtype=torch.float32, device=amax.device
+    )
+    launch(encode_table_kernel, (amax.numel(),), (amax, tables), _table_constants(spec), 4)
+    return tables
+
+
 def _hadamard_constants(hadamard: int | None) -> dict[str, object]:
     if not hadamard:
         return dict(HADAMARD=0, LOG2_HADAMARD=0, HADAMARD_NORM=1.0)
@@ -277,12 +314,16 @@ def quantize_e2m1(
     block = int(spec.block)
     out_length = _round_up(view.length, hadamard) if hadamard else view.length
     padded = _round_up(out_length, block)
-    tile = tile or choose_tile(view, padded, block, hadamard, QUANTIZE_ROW_WARPS)
+    row_warps = TWO_LEVEL_ROW_WARPS if spec.tensor_scale else QUANTIZE_ROW_WARPS
+    tile = tile or choose_tile(view, padded, block, hadamard, row_warps)
     grid, along = _grid(view, tile, padded)
+    table = None
     if not spec.tensor_scale:
         t_amax = None
-    elif t_amax is None:
-        t_amax = tensor_amax(x, axis, hadamard, hadamard_seed)[0]
+    else:
+        if t_amax is None:
+            t_amax = tensor_amax(x, axis, hadamard, hadamard_seed)[0]
+        table = encode_tables(t_amax, spec)
     lead = [*x.shape[:axis], *x.shape[axis + 1 :]]
     codes = scales = values = None
     if values_dtype is not None:
@@ -298,14 +339,14 @@ def quantize_e2m1(
     grouped = contiguous % 4 == 0 and (tile.rows % 4 == 0 or not view.transposed)
     launch(
         quantize_kernel, grid,
-        (x, guide, codes, scales, values, t_amax, seed_ptr, seed_value, rht_ptr, rht_value,
+        (x, guide, codes, scales, values, t_amax, table, seed_ptr, seed_value, rht_ptr, rht_value,
          view.outer, view.length, view.inner, out_length, padded, along),
         dict(ROWS=tile.rows, COLS=tile.cols, BLOCK=block, TRANSPOSED=view.transposed,
              CEIL=spec.scale_rule == "ceil", SR=spec.rounding == "sr",
              AWAY=spec.rounding == "away", GROUPED=grouped,
              SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
              **prescale_constants(spec), TENSOR_SCALE=spec.tensor_scale,
-             **two_level_constants(spec),
+             DECODE_INV=two_level_constants(spec)["DECODE_INV"],
              WRITE_VALUES=values_dtype is not None, GUIDED=guide is not None,
              **_scale_constants(spec), **_hadamard_constants(hadamard)),
         tile.warps,

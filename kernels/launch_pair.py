@@ -21,8 +21,10 @@ from fp4cli.kernels.launch import (
     _scale_constants,
     _seed_args,
     add_column_sums,
+    encode_tables,
     launch,
     partial_column_sums,
+    same_tables,
     two_level_constants,
 )
 from fp4cli.kernels.prescale import prescale_constants
@@ -105,14 +107,15 @@ def _direction_args(
     length: int,
     lines: int,
     amax: torch.Tensor | None,
+    table: torch.Tensor | None,
     device: torch.device,
     prefix: str,
 ) -> tuple[list[object], dict[str, object], Quantized | None, int, int]:
     """(pointer/seed arguments, constexprs, outputs, out_length, padded_length) of a direction
-    quantizing `lines` lines of `length` positions; `amax`: its tensor amax (two-level). The
-    constexprs are shared between calls: not to be changed."""
+    quantizing `lines` lines of `length` positions; `amax` and `table`: its tensor amax and
+    encode table (two-level). The constexprs are shared between calls: not to be changed."""
     if d is None:
-        args: list[object] = [None, None, None, None, 0, None, 0, None]
+        args: list[object] = [None, None, None, None, 0, None, 0, None, None]
         return args, _direction_constants(None, None, False, False, False, prefix), None, 1, 1
     block = int(d.spec.block)
     out_length = _round_up(length, d.hadamard) if d.hadamard else length
@@ -127,7 +130,8 @@ def _direction_args(
         out = Quantized(codes, scales, tensor_amax=amax)
     seed_ptr, seed_value, seed_from_ptr = _seed_args(d.seed, device)
     rht_ptr, rht_value, rht_from_ptr = _seed_args(d.hadamard_seed, device)
-    args = [out.codes, out.scales, out.values, seed_ptr, seed_value, rht_ptr, rht_value, amax]
+    args = [out.codes, out.scales, out.values, seed_ptr, seed_value, rht_ptr, rht_value, amax,
+            table]  # fmt: skip
     constants = _direction_constants(
         d.spec, d.hadamard, d.values_dtype is not None, seed_from_ptr, rht_from_ptr, prefix,
         d.block_values,
@@ -169,7 +173,7 @@ def _direction_constants(
 
 
 def _spec_constants(spec: QuantSpec) -> dict[str, object]:
-    return _scale_constants(spec) | two_level_constants(spec)
+    return _scale_constants(spec) | {"DECODE_INV": two_level_constants(spec)["DECODE_INV"]}
 
 
 def _check_directions(row: Direction | None, col: Direction | None, double: bool) -> None:
@@ -182,6 +186,22 @@ def _check_directions(row: Direction | None, col: Direction | None, double: bool
         raise ValueError("double quantization re-quantizes the row direction's whole values")
     if double and col is not None and col.spec.tensor_scale:
         raise ValueError("double quantization into a two-level spec needs the row values' amax")
+
+
+def pair_tables(
+    amax: torch.Tensor, row: Direction | None, col: Direction | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The two-level directions' encode tables from their amaxes (`pair_amax`), in one launch
+    where both have one and their specs share the formula."""
+    scaled = [d.spec for d in (row, col) if d is not None and d.spec.tensor_scale]
+    if len(scaled) == 2 and same_tables(scaled[0], scaled[1]):
+        both = encode_tables(amax, scaled[0])
+        return both[0], both[1]
+    tables: list[torch.Tensor | None] = [None, None]
+    for i, d in enumerate((row, col)):
+        if d is not None and d.spec.tensor_scale:
+            tables[i] = encode_tables(amax[i : i + 1], d.spec)[0]
+    return tables[0], tables[1]
 
 
 @torch.compiler.disable
@@ -294,15 +314,16 @@ def quantize_pair(
     if chosen is None:
         raise ValueError("these directions do not fit one tile; quantize them one at a time")
     br, bc = chosen
-    row_amax = col_amax = None
+    row_amax = col_amax = row_table = col_table = None
     if any(d is not None and d.spec.tensor_scale for d in (row, col)):
         amax = pair_amax(x, row, col, chosen)
         row_amax, col_amax = amax[0:1], amax[1:2]
+        row_table, col_table = pair_tables(amax, row, col)
     row_args, row_constants, row_out, row_length, row_padded = _direction_args(
-        row, cols, rows, row_amax, x.device, "ROW"
+        row, cols, rows, row_amax, row_table, x.device, "ROW"
     )
     col_args, col_constants, col_out, col_length, col_padded = _direction_args(
-        col, rows, cols, col_amax, x.device, "COL"
+        col, rows, cols, col_amax, col_table, x.device, "COL"
     )
     tiles_r = -(-max(rows, col_length) // br)
     tiles_c = -(-max(cols, row_length) // bc)

@@ -7,7 +7,8 @@ scale codes, or the dequantized values (the fake-quantization path), along the i
 axis or any other.
 
 Two-level (tensor-scaled) specs first reduce the tensor's finite amax with `amax_kernel` (one
-read); a tensor small enough for the L2 cache is then read the second time from there.
+read); a tensor small enough for the L2 cache is then read the second time from there. The
+blocks' encode multipliers come from the tensor's table (`two_level`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from fp4cli.kernels.tile_ops import (
     round_unsigned_minifloat,
     signed_e2m1_value,
 )
+from fp4cli.kernels.two_level import two_level_scales
 
 
 @triton.jit
@@ -103,45 +105,11 @@ def square_max(amax_bits, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.cons
 
 
 @triton.jit
-def two_level_scales(
-    amax, tensor_amax, SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr,
-    SCALE_MAX: tl.constexpr, CEIL: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr,
-    ELEM_INV: tl.constexpr,
-):  # fmt: skip
-    """(scale values, scale codes, encode multipliers) of blocks with these finite amaxes in a
-    tensor of finite amax `tensor_amax` (a scalar), in `fp4cli.quant.two_level`'s order of
-    operations. The tensor's constants G * fl(1 / E) and D = 1 / G are scalars, computed once
-    per program; per block, one rounding onto the scale grid and one division."""
-    target = tl.full(tensor_amax.shape, TWO_LEVEL_TARGET, tl.float32)
-    global_encode = tl.minimum(_quotient(target, tensor_amax), FLOAT32_MAX)
-    block_encode = global_encode * ELEM_INV
-    global_decode = tl.div_rn(tl.full(tensor_amax.shape, 1.0, tl.float32), global_encode)
-    # min(min(a * (G * fl(1/E)), FLT_MAX), S) in one: the product is never NaN
-    raw = tl.minimum(amax * block_encode, SCALE_MAX)
-    scale, scale_code = round_unsigned_minifloat(
-        raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, True
-    )
-    # a zero scale (or s * D under the float32 range) divides by zero: +inf, then FLT_MAX
-    ones = tl.full(amax.shape, 1.0, tl.float32)
-    multiplier = tl.minimum(tl.div_rn(ones, scale * global_decode), FLOAT32_MAX)
-    return scale, scale_code, multiplier
-
-
-@triton.jit
-def _quotient(numerator, denominator):
-    """numerator / denominator (correctly rounded) for positive numerators, +inf where the
-    denominator is 0 (without dividing by zero)."""
-    nonzero = denominator > 0
-    quotient = tl.div_rn(numerator, tl.where(nonzero, denominator, 1.0))
-    return tl.where(nonzero, quotient, float("inf"))
-
-
-@triton.jit
 def quantize_tile(
     x,
     random_bits,
     guide,
-    tensor_amax,
+    encode_table_ptr,
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -155,8 +123,6 @@ def quantize_tile(
     AWAY: tl.constexpr,
     PRESCALE: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
-    TWO_LEVEL_TARGET: tl.constexpr,
-    ELEM_INV: tl.constexpr,
     GUIDED: tl.constexpr,
     BLOCK_AXIS: tl.constexpr,
     TILE2D: tl.constexpr,
@@ -171,8 +137,8 @@ def quantize_tile(
     `random_bits`; AWAY: to nearest, ties away from zero; else ties to even); the sign is x's.
     GUIDED: rounded toward the float32 `guide` tile (Q-EMA), scaled like x but without the
     pre-scale.
-    TENSOR_SCALE: two-level scaling relative to the tensor's amax (`fp4cli.quant.two_level`:
-    TWO_LEVEL_TARGET = scale max * element max, ELEM_INV = 1 / element max in float32).
+    TENSOR_SCALE: two-level scaling relative to the tensor's amax (`fp4cli.quant.two_level`),
+    by the tensor's table at encode_table_ptr (`two_level.encode_table_kernel`).
     TILE2D: each block's scale is its BLOCK x BLOCK square's (the tile's origin and sides are
     multiples of BLOCK). RAW_SIGN: a negative value's sign joins its code even where the code
     is 0 (code 8, which `store_codes` turns back into 0 eight codes at a time); else a value
@@ -195,9 +161,8 @@ def quantize_tile(
         guide_units = block_view(guide, ROWS, COLS, BLOCK, BLOCK_AXIS)
     if TENSOR_SCALE:
         scale, scale_code, multiplier = two_level_scales(
-            amax, tensor_amax, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL,
-            TWO_LEVEL_TARGET, ELEM_INV,
-        )  # fmt: skip
+            amax, encode_table_ptr, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL
+        )
         per_value = tl.broadcast_to(tl.expand_dims(multiplier, BLOCK_AXIS + 1), magnitude.shape)
         magnitude = magnitude * per_value
         if GUIDED:
@@ -256,6 +221,7 @@ def quantize_kernel(
     scales_ptr,
     out_ptr,
     tensor_amax_ptr,
+    encode_table_ptr,
     seed_ptr,
     seed_value,
     rht_seed_ptr,
@@ -286,8 +252,6 @@ def quantize_kernel(
     PRESCALE_FIX: tl.constexpr,
     PRESCALE_FIX_RATIO: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
-    TWO_LEVEL_TARGET: tl.constexpr,
-    ELEM_INV: tl.constexpr,
     DECODE_INV: tl.constexpr,
     HADAMARD: tl.constexpr,
     LOG2_HADAMARD: tl.constexpr,
@@ -334,7 +298,7 @@ def quantize_kernel(
         x,
         random_bits,
         guide,
-        tensor_amax,
+        encode_table_ptr,
         ROWS,
         COLS,
         BLOCK,
@@ -348,8 +312,6 @@ def quantize_kernel(
         AWAY,
         PRESCALE,
         TENSOR_SCALE,
-        TWO_LEVEL_TARGET,
-        ELEM_INV,
         GUIDED,
         1,
         False,

@@ -37,7 +37,8 @@ from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows, signed_e2m1_va
 @triton.jit
 def quantize_direction(
     tile, guide, row0, col0, seed_ptr, seed_value, rht_seed_ptr, rht_seed_value,
-    codes_ptr, scales_ptr, values_ptr, amax_ptr, rows, cols, out_length, padded_length,
+    codes_ptr, scales_ptr, values_ptr, amax_ptr, table_ptr, rows, cols, out_length,
+    padded_length,
     ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK_AXIS: tl.constexpr,
     BLOCK: tl.constexpr, POW2_SCALE: tl.constexpr, CEIL: tl.constexpr,
     SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr, SCALE_MAX: tl.constexpr,
@@ -46,15 +47,16 @@ def quantize_direction(
     PRESCALE_INV: tl.constexpr, PRESCALE_FIX: tl.constexpr, PRESCALE_FIX_RATIO: tl.constexpr,
     HADAMARD: tl.constexpr, LOG2_HADAMARD: tl.constexpr, HADAMARD_NORM: tl.constexpr,
     WRITE_VALUES: tl.constexpr, RETURN_VALUES: tl.constexpr, GUIDED: tl.constexpr,
-    TENSOR_SCALE: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr, ELEM_INV: tl.constexpr,
-    DECODE_INV: tl.constexpr, TILE2D: tl.constexpr, VALUES_TENSOR_SCALE: tl.constexpr,
+    TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr, TILE2D: tl.constexpr,
+    VALUES_TENSOR_SCALE: tl.constexpr,
 ):  # fmt: skip
     """Quantize the float32 [ROWS, COLS] tile at (row0, col0) of the (rows, cols) input with
     blocks along the tile's last axis (BLOCK_AXIS 1, out_length columns after the transform) or
     its first (BLOCK_AXIS 0, out_length rows), and store it. Returns the dequantized tile when
     RETURN_VALUES (for double quantization), else the input. GUIDED: rounded toward the
     `guide` tile (Q-EMA), transformed alike. TENSOR_SCALE: two-level, relative to the tensor
-    amax at amax_ptr (of the transformed input). TILE2D: BLOCK x BLOCK square scales.
+    amax at amax_ptr (of the transformed input), by its encode table at table_ptr
+    (`two_level`). TILE2D: BLOCK x BLOCK square scales.
     VALUES_TENSOR_SCALE: values carry the tensor scale (else q * s, a two-level spec's block
     values)."""
     if HADAMARD > 0:
@@ -82,9 +84,9 @@ def quantize_direction(
         tensor_amax = tl.load(amax_ptr)
     # values written and no codes: grid values in place of the codes
     code, scale, scale_code, finite_blocks = quantize_tile(
-        tile, random_bits, guide, tensor_amax, ROWS, COLS, BLOCK, POW2_SCALE, CEIL,
+        tile, random_bits, guide, table_ptr, ROWS, COLS, BLOCK, POW2_SCALE, CEIL,
         SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, SCALE_NAN, SR, AWAY, PRESCALE, TENSOR_SCALE,
-        TWO_LEVEL_TARGET, ELEM_INV, GUIDED, BLOCK_AXIS, TILE2D,
+        GUIDED, BLOCK_AXIS, TILE2D,
         BLOCK_AXIS == 1 and not (WRITE_VALUES or RETURN_VALUES), WRITE_VALUES,
     )  # fmt: skip
     values = tile
@@ -121,8 +123,10 @@ def quantize_pair_kernel(
     x_ptr, guide_ptr, sums_ptr,
     row_codes_ptr, row_scales_ptr, row_values_ptr,
     row_seed_ptr, row_seed_value, row_rht_seed_ptr, row_rht_seed_value, row_amax_ptr,
+    row_table_ptr,
     col_codes_ptr, col_scales_ptr, col_values_ptr,
     col_seed_ptr, col_seed_value, col_rht_seed_ptr, col_rht_seed_value, col_amax_ptr,
+    col_table_ptr,
     rows, cols, row_out_length, row_padded_length, col_out_length, col_padded_length, tiles_c,
     BR: tl.constexpr, BC: tl.constexpr, DOUBLE: tl.constexpr, SOURCE_BF16: tl.constexpr,
     SOURCE_F16: tl.constexpr, ROW_GUIDED: tl.constexpr, COLUMN_SUMS: tl.constexpr,
@@ -135,7 +139,7 @@ def quantize_pair_kernel(
     ROW_PRESCALE_FIX_RATIO: tl.constexpr,
     ROW_LOG2_HADAMARD: tl.constexpr, ROW_HADAMARD_NORM: tl.constexpr,
     ROW_WRITE_VALUES: tl.constexpr, ROW_TENSOR_SCALE: tl.constexpr,
-    ROW_TWO_LEVEL_TARGET: tl.constexpr, ROW_ELEM_INV: tl.constexpr, ROW_DECODE_INV: tl.constexpr,
+    ROW_DECODE_INV: tl.constexpr,
     ROW_TILE2D: tl.constexpr, ROW_VALUES_TENSOR_SCALE: tl.constexpr,
     COL_ON: tl.constexpr, COL_BLOCK: tl.constexpr, COL_POW2_SCALE: tl.constexpr,
     COL_CEIL: tl.constexpr, COL_SCALE_MBITS: tl.constexpr, COL_SCALE_MIN_EXP: tl.constexpr,
@@ -146,7 +150,7 @@ def quantize_pair_kernel(
     COL_PRESCALE_FIX_RATIO: tl.constexpr,
     COL_LOG2_HADAMARD: tl.constexpr, COL_HADAMARD_NORM: tl.constexpr,
     COL_WRITE_VALUES: tl.constexpr, COL_TENSOR_SCALE: tl.constexpr,
-    COL_TWO_LEVEL_TARGET: tl.constexpr, COL_ELEM_INV: tl.constexpr, COL_DECODE_INV: tl.constexpr,
+    COL_DECODE_INV: tl.constexpr,
     COL_TILE2D: tl.constexpr, COL_VALUES_TENSOR_SCALE: tl.constexpr,
 ):  # fmt: skip
     """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
@@ -165,14 +169,14 @@ def quantize_pair_kernel(
         values = quantize_direction(
             x, guide, row0, col0, row_seed_ptr, row_seed_value, row_rht_seed_ptr,
             row_rht_seed_value, row_codes_ptr, row_scales_ptr, row_values_ptr, row_amax_ptr,
-            rows, cols,
+            row_table_ptr, rows, cols,
             row_out_length, row_padded_length, BR, BC, 1, ROW_BLOCK, ROW_POW2_SCALE, ROW_CEIL,
             ROW_SCALE_MBITS, ROW_SCALE_MIN_EXP, ROW_SCALE_MAX, ROW_SCALE_NAN, ROW_SR, ROW_AWAY,
             ROW_GROUPED,
             ROW_SEED_FROM_PTR, ROW_RHT_SEED_FROM_PTR, ROW_PRESCALE, ROW_PRESCALE_INV,
             ROW_PRESCALE_FIX, ROW_PRESCALE_FIX_RATIO, ROW_HADAMARD,
             ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_WRITE_VALUES, DOUBLE, ROW_GUIDED,
-            ROW_TENSOR_SCALE, ROW_TWO_LEVEL_TARGET, ROW_ELEM_INV, ROW_DECODE_INV, ROW_TILE2D,
+            ROW_TENSOR_SCALE, ROW_DECODE_INV, ROW_TILE2D,
             ROW_VALUES_TENSOR_SCALE,
         )  # fmt: skip
         if DOUBLE:  # the reference re-quantizes the forward operand in the compute dtype
@@ -185,12 +189,12 @@ def quantize_pair_kernel(
         quantize_direction(
             source, source, row0, col0, col_seed_ptr, col_seed_value, col_rht_seed_ptr,
             col_rht_seed_value, col_codes_ptr, col_scales_ptr, col_values_ptr, col_amax_ptr,
-            rows, cols,
+            col_table_ptr, rows, cols,
             col_out_length, col_padded_length, BR, BC, 0, COL_BLOCK, COL_POW2_SCALE, COL_CEIL,
             COL_SCALE_MBITS, COL_SCALE_MIN_EXP, COL_SCALE_MAX, COL_SCALE_NAN, COL_SR, COL_AWAY,
             COL_GROUPED, COL_SEED_FROM_PTR, COL_RHT_SEED_FROM_PTR, COL_PRESCALE, COL_PRESCALE_INV,
             COL_PRESCALE_FIX, COL_PRESCALE_FIX_RATIO, COL_HADAMARD,
             COL_LOG2_HADAMARD, COL_HADAMARD_NORM, COL_WRITE_VALUES, False, False,
-            COL_TENSOR_SCALE, COL_TWO_LEVEL_TARGET, COL_ELEM_INV, COL_DECODE_INV, COL_TILE2D,
+            COL_TENSOR_SCALE, COL_DECODE_INV, COL_TILE2D,
             COL_VALUES_TENSOR_SCALE,
         )  # fmt: skip

@@ -231,5 +231,6 @@ elif __name__ == "__main__":
         (launch_pair, "amax_rht16_cols_kernel"),
         (launch, "quantize_kernel"),
         (launch, "dequantize_kernel"),
+        (launch, "encode_table_kernel"),
     ]
     print(compile_launches(quantized_linear_launches, kernels))

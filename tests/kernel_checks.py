@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp4cli.quant import QuantizedTensor, QuantSpec, fake_quantize, quantize
+from fp4cli.formats import decode
+from fp4cli.quant import QuantizedTensor, QuantSpec, fake_quantize, quantize, two_level
 from fp4cli.quant.backend import interpreter_on, triton_available
 
 # The marks of a test module that runs the compiled kernels on a GPU (`make gpu-test`).
@@ -128,3 +129,31 @@ def check_backends_agree(
     # ... and the reference's, up to the sign of zero.
     assert_same_up_to_zero_sign(fake_kernel, fake_reference, "fake_quantize")
     return fake_reference
+
+
+def reference_encode_table(tensor_amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """`fp4cli.quant.two_level`'s encode multiplier of every code of spec's scale format, then
+    G * fl(1 / E): what a kernel's encode table holds where it is read (float32, CPU)."""
+    fmt = spec.scale_format.minifloat
+    assert fmt is not None
+    tensor_amax = tensor_amax.reshape(()).to("cpu", torch.float32)
+    values = decode(torch.arange(fmt.max_code + 1, dtype=torch.uint8), fmt).to(torch.float32)
+    multipliers = two_level.encode_multipliers(values, tensor_amax, spec)
+    g = two_level.global_encode_scale(tensor_amax, spec)
+    block_encode = g * torch.tensor(two_level.constants(spec)[1], dtype=torch.float32)
+    return torch.cat([multipliers, block_encode.reshape(1)])
+
+
+def assert_encode_table(table: torch.Tensor, tensor_amax: torch.Tensor, spec: QuantSpec) -> None:
+    """A kernel's encode table (ENCODE_TABLE float32 values) holds the reference's entries for
+    a tensor of amax `tensor_amax` (`reference_encode_table`), bit for bit, and only finite
+    values."""
+    from fp4cli.kernels.two_level import BLOCK_ENCODE_SLOT
+
+    fmt = spec.scale_format.minifloat
+    assert fmt is not None
+    table = table.cpu()
+    read = torch.cat([table[: fmt.max_code + 1], table[BLOCK_ENCODE_SLOT.value :]])
+    what = f"encode table of amax {tensor_amax.item()!r}"
+    assert_bits(read, reference_encode_table(tensor_amax, spec), what)
+    assert table.isfinite().all(), f"{what}: a non-finite entry"

@@ -91,7 +91,7 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         found = intercepted_launches(
             lambda: launch_pair.quantize_pair(x, row, col),
             [(launch_pair, "quantize_pair_kernel"), (launch_pair, "amax_pair_kernel"),
-             (launch_pair, "amax_rht16_cols_kernel")],
+             (launch_pair, "amax_rht16_cols_kernel"), (launch, "encode_table_kernel")],
         )  # fmt: skip
         kernel, args, kwargs = next(f for f in found if f[0].fn.__name__ == "quantize_pair_kernel")
         named = named_arguments(kernel, args, kwargs)
@@ -101,9 +101,10 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
     x = torch.zeros(8, 8192, dtype=torch.bfloat16)
     amax = torch.ones(1) if spec.tensor_scale else None
     launches = intercepted_launches(
-        lambda: launch.quantize_e2m1(x, spec, 1, 0, t_amax=amax), [(launch, "quantize_kernel")]
+        lambda: launch.quantize_e2m1(x, spec, 1, 0, t_amax=amax),
+        [(launch, "quantize_kernel"), (launch, "encode_table_kernel")],
     )
-    kernel, args, kwargs = launches[0]
+    kernel, args, kwargs = next(f for f in launches if f[0].fn.__name__ == "quantize_kernel")
     named = named_arguments(kernel, args, kwargs)
     return kernel, args, kwargs, named["ROWS"] * named["COLS"] / (32 * kwargs["num_warps"])
 

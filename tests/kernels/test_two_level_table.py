@@ -1,0 +1,65 @@
+"""The two-level encode tables (`fp4cli.kernels.two_level`) against `fp4cli.quant.two_level`'s
+formulas, bit for bit: every scale code's encode multiplier and the block factor G * fl(1 / E),
+for tensor amaxes from 0 through subnormal tensor decode scales to FLT_MAX.
+
+Runs on the CPU under TRITON_INTERPRET=1, or on a CUDA GPU without it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp4cli.quant import QuantSpec
+from tests.kernel_cases import FP32_MAX, on_device
+from tests.kernel_checks import assert_encode_table
+
+from fp4cli.kernels.launch import encode_tables, same_tables  # isort: skip
+from fp4cli.kernels.launch_pair import Direction, pair_tables  # isort: skip
+from fp4cli.kernels.two_level import ENCODE_TABLE  # isort: skip
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+
+TABLE_SPECS = {
+    "nvfp4": QuantSpec.preset("nvfp4"),
+    "nvfp4-ceil": QuantSpec.preset("nvfp4", scale_rule="ceil"),
+    "mxfp4-ue5m3": QuantSpec.preset("mxfp4-ue5m3"),
+    "nvfp4-4over6": QuantSpec.preset("nvfp4-4over6"),
+}
+
+# 0 (G = FLT_MAX), amaxes whose D = 1 / G is subnormal or whose s * D underflows, 1, the
+# amax that makes G exactly 1 (448 * 6), ordinary ones, and the largest floats
+AMAXES = [0.0, 1e-45, 1e-40, 3e-39, 1e-30, 1.0, 2688.0, 3.7, 0.017, 6e4, 3e38, FP32_MAX]
+
+
+@pytest.mark.parametrize("spec_name", list(TABLE_SPECS))
+def test_tables_are_the_reference_formulas(spec_name):
+    spec = TABLE_SPECS[spec_name]
+    amax = torch.tensor(AMAXES, dtype=torch.float32)
+    tables = encode_tables(on_device(amax), spec)
+    assert tables.shape == (len(AMAXES), ENCODE_TABLE.value)
+    for table, tensor_amax in zip(tables, amax, strict=True):
+        assert_encode_table(table, tensor_amax, spec)
+
+
+def test_one_launch_serves_specs_of_one_formula():
+    nvfp4 = TABLE_SPECS["nvfp4"]
+    assert same_tables(nvfp4, nvfp4.replace(rounding="sr"))
+    assert same_tables(nvfp4, TABLE_SPECS["nvfp4-ceil"])  # the rule rounds; the table does not
+    assert not same_tables(nvfp4, TABLE_SPECS["nvfp4-4over6"])  # S = 256, not 448
+    assert not same_tables(nvfp4, TABLE_SPECS["mxfp4-ue5m3"])
+
+
+@pytest.mark.parametrize("row_spec", ["nvfp4", "mxfp4-ue5m3", None])
+def test_a_pairs_directions_get_their_own_specs_tables(row_spec):
+    """`pair_tables`: a table per two-level direction, from its own amax and spec (one launch
+    for both when they share the formula)."""
+    amax = on_device(torch.tensor([3.5, 1e-39]))
+    row = Direction(TABLE_SPECS[row_spec], None) if row_spec else None
+    col = Direction(TABLE_SPECS["nvfp4"].replace(rounding="sr"), 3)
+    row_table, col_table = pair_tables(amax, row, col)
+    assert_encode_table(col_table, amax[1], col.spec)
+    if row is None:
+        assert row_table is None
+    else:
+        assert_encode_table(row_table, amax[0], row.spec)
