@@ -44,6 +44,7 @@ CONFIGS: dict[str, BenchConfig] = {
         _config("mxfp4", "mxfp4"),
         _config("mxfp4-rht32-sr", "mxfp4", hadamard=32, rounding="sr", sr_prescale=0.75),
         _config("nvfp4", "nvfp4"),
+        _config("nvfp4-rht16-sr", "nvfp4", hadamard=16, rounding="sr"),
         _config("mxfp4-ceil", "mxfp4-ceil"),
         _config("mxfp4-ue5m3", "mxfp4-ue5m3"),
     )

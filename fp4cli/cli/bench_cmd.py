@@ -31,7 +31,10 @@ def quantize_command(
     ),
     configs: Annotated[
         str,
-        Opt(help="Comma-separated: mxfp4, mxfp4-rht32-sr, nvfp4, mxfp4-ceil, mxfp4-ue5m3."),
+        Opt(
+            help="Comma-separated: mxfp4, mxfp4-rht32-sr, nvfp4, nvfp4-rht16-sr, mxfp4-ceil, "
+            "mxfp4-ue5m3."
+        ),
     ] = DEFAULT_CONFIGS,
     dtype: Annotated[str, Opt(help="Input dtype: bf16, fp16 or fp32.")] = "bf16",
     axis: Annotated[int, Opt(help="Quantization axis: -1 (along rows) or 0 (along columns).")] = -1,
