@@ -213,28 +213,25 @@ def _scale_constants(spec: QuantSpec) -> dict[str, object]:
 
 
 def two_level_constants(spec: QuantSpec) -> dict[str, float]:
-    """TWO_LEVEL_TARGET (scale max * element max), ELEM_INV (1 / element max) and DECODE_INV
-    (1 / target), each a float32 value: `fp4cli.quant.two_level.constants`."""
-    target, element_inverse, decode_inverse = two_level.constants(spec)
-    return dict(
-        TWO_LEVEL_TARGET=float32(target),
-        ELEM_INV=float32(element_inverse),
-        DECODE_INV=float32(decode_inverse),
-    )
+    """DECODE_INV, the quantize and dequantize kernels' two-level constant: 1 / (scale max *
+    element max) as a float32 value (`fp4cli.quant.two_level.constants`). The encode side's
+    constants live in the tensor's table (`encode_tables`)."""
+    return dict(DECODE_INV=float32(two_level.constants(spec)[2]))
 
 
 @functools.lru_cache(maxsize=64)
 def _table_constants(spec: QuantSpec) -> dict[str, object]:
-    """The constexprs of `two_level.encode_table_kernel` for `spec`'s two-level scaling."""
+    """The constexprs of `two_level.encode_table_kernel` for `spec`'s two-level scaling: the
+    scale format's, and S * E and 1 / E as float32 values."""
     mini = spec.scale_format.minifloat
     assert mini is not None, "two-level scaling needs a minifloat block scale"
-    constants = two_level_constants(spec)
+    target, element_inverse, _ = two_level.constants(spec)
     return dict(
         SCALE_MBITS=mini.mbits,
         SCALE_MIN_EXP=mini.min_exponent,
         SCALE_MAX_CODE=mini.max_code,
-        TWO_LEVEL_TARGET=constants["TWO_LEVEL_TARGET"],
-        ELEM_INV=constants["ELEM_INV"],
+        TWO_LEVEL_TARGET=float32(target),
+        ELEM_INV=float32(element_inverse),
     )
 
 
@@ -346,7 +343,7 @@ def quantize_e2m1(
              AWAY=spec.rounding == "away", GROUPED=grouped,
              SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
              **prescale_constants(spec), TENSOR_SCALE=spec.tensor_scale,
-             DECODE_INV=two_level_constants(spec)["DECODE_INV"],
+             **two_level_constants(spec),
              WRITE_VALUES=values_dtype is not None, GUIDED=guide is not None,
              **_scale_constants(spec), **_hadamard_constants(hadamard)),
         tile.warps,
@@ -383,7 +380,7 @@ def dequantize_e2m1(
              SCALE_MIN_EXP=constants["SCALE_MIN_EXP"],
              SCALE_MAX_CODE=mini.max_code if mini is not None else 254,
              **prescale_constants(spec), TENSOR_SCALE=t_amax is not None,
-             DECODE_INV=two_level_constants(spec)["DECODE_INV"]),
+             **two_level_constants(spec)),
         tile.warps,
     )  # fmt: skip
     return out

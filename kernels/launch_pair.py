@@ -173,7 +173,7 @@ def _direction_constants(
 
 
 def _spec_constants(spec: QuantSpec) -> dict[str, object]:
-    return _scale_constants(spec) | {"DECODE_INV": two_level_constants(spec)["DECODE_INV"]}
+    return _scale_constants(spec) | two_level_constants(spec)
 
 
 def _check_directions(row: Direction | None, col: Direction | None, double: bool) -> None:

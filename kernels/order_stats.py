@@ -178,22 +178,32 @@ def _bounds(keys, mask, tail_keys, tail_mask, BR: tl.constexpr, BC: tl.constexpr
 @triton.jit
 def row_thresholds(keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C,
                    low_rank, high_rank, BR: tl.constexpr, BC: tl.constexpr,
-                   ONE_CHUNK: tl.constexpr, TAIL: tl.constexpr, SPLIT_LOW: tl.constexpr,
-                   SPLIT_HIGH: tl.constexpr, ZERO_BITS: tl.constexpr):  # fmt: skip
+                   TAIL: tl.constexpr, SPLIT_LOW: tl.constexpr, SPLIT_HIGH: tl.constexpr,
+                   ZERO_BITS: tl.constexpr):  # fmt: skip
     """The values of 0-based ascending ranks low_rank and high_rank of each row ([BR]
-    float32), from the rows' keys in registers (ONE_CHUNK: `keys` [BR, BC] with `mask`, then
-    TAIL more when TAIL > 0, lanes outside the masks holding INT32_MAX; bounded as `_bounds`
-    says) or read chunk by chunk (every bit counted)."""
-    if ONE_CHUNK:
-        floor_low, width_low, floor_high, width_high = _bounds(
-            keys, mask, tail_keys, tail_mask, BR, BC, TAIL, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS
-        )
-        span = tl.reduce(width_low | width_high, 0, _bit_or)
-    else:
-        floor_low, width_low = _unbounded(BR)
-        floor_high, width_high, span = floor_low, width_low, 0xFFFFFFFF
+    float32), from the rows' keys in registers (`keys` [BR, BC] with `mask`, then TAIL more
+    when TAIL > 0, lanes outside the masks holding INT32_MAX), the search bounded as `_bounds`
+    says."""
+    floor_low, width_low, floor_high, width_high = _bounds(
+        keys, mask, tail_keys, tail_mask, BR, BC, TAIL, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS
+    )
+    span = tl.reduce(width_low | width_high, 0, _bit_or)
     low, high = search_keys(
         keys, tail_keys, x_ptr, first_row, R, C, low_rank, high_rank,
-        floor_low, floor_high, width_low, width_high, span, BR, BC, ONE_CHUNK, TAIL, ZERO_BITS,
+        floor_low, floor_high, width_low, width_high, span, BR, BC, True, TAIL, ZERO_BITS,
+    )  # fmt: skip
+    return key_value(low), key_value(high)
+
+
+@triton.jit
+def read_row_thresholds(x_ptr, first_row, R, C, low_rank, high_rank, BR: tl.constexpr,
+                        BC: tl.constexpr, ZERO_BITS: tl.constexpr):  # fmt: skip
+    """`row_thresholds` of rows too long for registers, read chunk by chunk of BC columns in
+    every pass (every bit counted: no bounds)."""
+    floor, width = _unbounded(BR)
+    # no keys in registers: `search_keys` reads the rows, its key tiles stand unused
+    low, high = search_keys(
+        floor, floor, x_ptr, first_row, R, C, low_rank, high_rank,
+        floor, floor, width, width, 0xFFFFFFFF, BR, BC, False, 0, ZERO_BITS,
     )  # fmt: skip
     return key_value(low), key_value(high)

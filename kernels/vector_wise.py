@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.order_stats import INT32_MAX, order_key, row_thresholds
+from fp4cli.kernels.order_stats import INT32_MAX, order_key, read_row_thresholds, row_thresholds
 from fp4cli.kernels.tile_io import block_at, store_column_sums
 from fp4cli.kernels.tile_ops import (
     e8m0_exponent,
@@ -154,7 +154,7 @@ def rows_kernel(
             tail_keys = tl.where(tail_mask, order_key(tail_x), INT32_MAX)
             low, high = row_thresholds(
                 keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C, low_rank, high_rank,
-                BR, BC, True, TAIL, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS,
+                BR, BC, TAIL, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS,
             )  # fmt: skip
         amax_bits = tl.max(magnitude_bits(clamp_rows(x, low, high) if CLAMP else x, mask), axis=1)
         if TAIL > 0:
@@ -174,10 +174,9 @@ def rows_kernel(
             written = tl.maximum(written, tail_written)
     else:
         if CLAMP:
-            low, high = row_thresholds(
-                low, low, low, low, x_ptr, first_row, R, C, low_rank, high_rank,
-                BR, BC, False, 0, 0, 0, ZERO_BITS,
-            )  # fmt: skip
+            low, high = read_row_thresholds(
+                x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, ZERO_BITS
+            )
         amax_bits = tl.zeros([BR], tl.int32)
         for start in range(0, C, BC):
             offsets, mask = block_at(first_row, start, R, C, BR, BC)

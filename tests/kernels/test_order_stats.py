@@ -17,7 +17,12 @@ from fp4cli.kernels.launch_vector import (
     bound_split,
     search_splits,
 )
-from fp4cli.kernels.order_stats import INT32_MAX, order_key, row_thresholds
+from fp4cli.kernels.order_stats import (
+    INT32_MAX,
+    order_key,
+    read_row_thresholds,
+    row_thresholds,
+)
 from fp4cli.kernels.tile_io import block_at
 from fp4cli.techniques.outliers import nearest_ranks
 from tests.kernel_cases import DEVICE, INF, NAN
@@ -39,10 +44,15 @@ def _thresholds_kernel(
         tail_offsets, tail_mask = block_at(first_row, BC, R, C, BR, TAIL)
         tail_x = tl.load(x_ptr + tail_offsets, mask=tail_mask).to(tl.float32)
         tail_keys = tl.where(tail_mask, order_key(tail_x), INT32_MAX)
-    low, high = row_thresholds(
-        keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C, low_rank, high_rank,
-        BR, BC, ONE_CHUNK, TAIL, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS,
-    )  # fmt: skip
+    if ONE_CHUNK:
+        low, high = row_thresholds(
+            keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C, low_rank, high_rank,
+            BR, BC, TAIL, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS,
+        )  # fmt: skip
+    else:
+        low, high = read_row_thresholds(
+            x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, ZERO_BITS
+        )
     rows = first_row + tl.arange(0, BR)
     tl.store(out_ptr + rows * 2, low, mask=rows < R)
     tl.store(out_ptr + rows * 2 + 1, high, mask=rows < R)
