@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fp4cli.kernels.philox import philox_words
+
 FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 
 
@@ -232,7 +234,7 @@ def word_of(w0, w1, w2, w3, lane):
 def random_bits_at(seed, index):
     """The stochastic-rounding bits (uint32) of each int64 element index: word (index mod 4)
     of Philox for counter index // 4 (one call per element; for any index pattern)."""
-    w0, w1, w2, w3 = tl.randint4x(seed, index >> 2)
+    w0, w1, w2, w3 = philox_words(seed, index >> 2)
     return word_of(w0, w1, w2, w3, (index & 3).to(tl.int32))
 
 
@@ -243,7 +245,7 @@ def random_bits_rows(seed, first_index, row_stride, ROWS: tl.constexpr, COLS: tl
     rows = tl.arange(0, ROWS).to(tl.int64)[:, None]
     groups = tl.arange(0, COLS // 4).to(tl.int64)[None, :]
     counters = (first_index + rows * row_stride) // 4 + groups
-    w0, w1, w2, w3 = tl.randint4x(seed, counters)
+    w0, w1, w2, w3 = philox_words(seed, counters)
     words = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [r, g, i, j] holds word 2 i + j
     return tl.reshape(words, (ROWS, COLS))
 
