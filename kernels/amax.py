@@ -10,7 +10,8 @@ rows, a 16-point transform down the columns, for the weight-gradient GEMM) witho
 anything: a program loads 16 "slabs", slab j holding rows 16 g + j of its tile (g < G), so each
 butterfly stage adds and subtracts whole slabs element by element. Every element takes the
 operations `hadamard_cols` applies to it, in the same order (sign, stages h = 1, 2, 4, 8, then
-the normalization), so the amax has the same bits.
+the normalization), so the amax has the same bits. Its maxima skip the per-element finite test
+(a float max leaves NaN out); a program whose maxima come out Inf reads its tiles again with it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import triton.language as tl
 
 from fp4cli.kernels.quantize import finite_amax, finite_magnitude
 from fp4cli.kernels.tile_io import load_program_tile, seed_of
-from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows, random_bits_at
+from fp4cli.kernels.tile_ops import FLOAT32_MAX, hadamard_cols, hadamard_rows, random_bits_at
 
 
 @triton.jit(do_not_specialize=["row_rht_seed_value", "col_rht_seed_value"])
@@ -73,10 +74,19 @@ def _largest(a, b, c, d):
 
 
 @triton.jit
+def _magnitude(values, FINITE: tl.constexpr):
+    """|values|, with NaN and Inf as 0 when FINITE (else as they are: a float max leaves NaN
+    out, and the caller checks the result for Inf)."""
+    if FINITE:
+        return finite_magnitude(values)
+    return tl.abs(values)
+
+
+@triton.jit
 def _rht16_slab_maxima(x_ptr, row0, col0, rows, cols, seed, G: tl.constexpr, BC: tl.constexpr,
-                       NORM: tl.constexpr):  # fmt: skip
-    """(largest finite |x|, largest finite |transformed x|) at each of the [G, BC] positions
-    of the tile's 16 slabs (rows row0 + 16 g + j, columns col0 + c)."""
+                       NORM: tl.constexpr, FINITE: tl.constexpr):  # fmt: skip
+    """(largest |x|, largest |transformed x|) at each of the [G, BC] positions of the tile's
+    16 slabs (rows row0 + 16 g + j, columns col0 + c); finite values only when FINITE."""
     r0, s0 = _signed_slab(x_ptr, row0, col0, rows, cols, seed, 0, G, BC)
     r1, s1 = _signed_slab(x_ptr, row0, col0, rows, cols, seed, 1, G, BC)
     r2, s2 = _signed_slab(x_ptr, row0, col0, rows, cols, seed, 2, G, BC)
@@ -95,16 +105,16 @@ def _rht16_slab_maxima(x_ptr, row0, col0, rows, cols, seed, G: tl.constexpr, BC:
     r15, s15 = _signed_slab(x_ptr, row0, col0, rows, cols, seed, 15, G, BC)
     plain = tl.maximum(
         tl.maximum(
-            _largest(finite_magnitude(r0), finite_magnitude(r1),
-                     finite_magnitude(r2), finite_magnitude(r3)),
-            _largest(finite_magnitude(r4), finite_magnitude(r5),
-                     finite_magnitude(r6), finite_magnitude(r7)),
+            _largest(_magnitude(r0, FINITE), _magnitude(r1, FINITE),
+                     _magnitude(r2, FINITE), _magnitude(r3, FINITE)),
+            _largest(_magnitude(r4, FINITE), _magnitude(r5, FINITE),
+                     _magnitude(r6, FINITE), _magnitude(r7, FINITE)),
         ),
         tl.maximum(
-            _largest(finite_magnitude(r8), finite_magnitude(r9),
-                     finite_magnitude(r10), finite_magnitude(r11)),
-            _largest(finite_magnitude(r12), finite_magnitude(r13),
-                     finite_magnitude(r14), finite_magnitude(r15)),
+            _largest(_magnitude(r8, FINITE), _magnitude(r9, FINITE),
+                     _magnitude(r10, FINITE), _magnitude(r11, FINITE)),
+            _largest(_magnitude(r12, FINITE), _magnitude(r13, FINITE),
+                     _magnitude(r14, FINITE), _magnitude(r15, FINITE)),
         ),
     )  # fmt: skip
     # stage h = 1: slabs (j, j + 1) for even j
@@ -145,19 +155,38 @@ def _rht16_slab_maxima(x_ptr, row0, col0, rows, cols, seed, G: tl.constexpr, BC:
     s7, s15 = s7 + s15, s7 - s15
     transformed = tl.maximum(
         tl.maximum(
-            _largest(finite_magnitude(s0 * NORM), finite_magnitude(s1 * NORM),
-                     finite_magnitude(s2 * NORM), finite_magnitude(s3 * NORM)),
-            _largest(finite_magnitude(s4 * NORM), finite_magnitude(s5 * NORM),
-                     finite_magnitude(s6 * NORM), finite_magnitude(s7 * NORM)),
+            _largest(_magnitude(s0 * NORM, FINITE), _magnitude(s1 * NORM, FINITE),
+                     _magnitude(s2 * NORM, FINITE), _magnitude(s3 * NORM, FINITE)),
+            _largest(_magnitude(s4 * NORM, FINITE), _magnitude(s5 * NORM, FINITE),
+                     _magnitude(s6 * NORM, FINITE), _magnitude(s7 * NORM, FINITE)),
         ),
         tl.maximum(
-            _largest(finite_magnitude(s8 * NORM), finite_magnitude(s9 * NORM),
-                     finite_magnitude(s10 * NORM), finite_magnitude(s11 * NORM)),
-            _largest(finite_magnitude(s12 * NORM), finite_magnitude(s13 * NORM),
-                     finite_magnitude(s14 * NORM), finite_magnitude(s15 * NORM)),
+            _largest(_magnitude(s8 * NORM, FINITE), _magnitude(s9 * NORM, FINITE),
+                     _magnitude(s10 * NORM, FINITE), _magnitude(s11 * NORM, FINITE)),
+            _largest(_magnitude(s12 * NORM, FINITE), _magnitude(s13 * NORM, FINITE),
+                     _magnitude(s14 * NORM, FINITE), _magnitude(s15 * NORM, FINITE)),
         ),
     )  # fmt: skip
     return plain, transformed
+
+
+@triton.jit
+def _program_maxima(x_ptr, rows, cols, tiles, tiles_c, seed, G: tl.constexpr, BC: tl.constexpr,
+                    NORM: tl.constexpr, FINITE: tl.constexpr):  # fmt: skip
+    """(largest |x|, largest |transformed x|) over this program's tiles of
+    `amax_rht16_cols_kernel`; finite values only when FINITE."""
+    plain = tl.zeros((G, BC), tl.float32)
+    transformed = tl.zeros((G, BC), tl.float32)
+    for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        row0 = ((tile // tiles_c) * 16 * G).to(tl.int64)
+        col0 = ((tile % tiles_c) * BC).to(tl.int64)
+        tile_plain, tile_transformed = _rht16_slab_maxima(
+            x_ptr, row0, col0, rows, cols, seed, G, BC, NORM, FINITE
+        )
+        plain = tl.maximum(plain, tile_plain)
+        transformed = tl.maximum(transformed, tile_transformed)
+    return (tl.max(tl.max(plain, axis=1), axis=0),
+            tl.max(tl.max(transformed, axis=1), axis=0))  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["rht_seed_value"])
@@ -170,18 +199,15 @@ def amax_rht16_cols_kernel(
     Hadamard transform down its columns (rows padded with zeros to a multiple of 16); with
     PLAIN, amax_ptr[0]: the largest finite |x|. Tile t holds rows [16 G (t // tiles_c),
     16 G (t // tiles_c + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p,
-    p + programs, .. and adds its maxima by one atomic per direction."""
+    p + programs, .. and adds its maxima by one atomic per direction. The maxima leave NaN
+    out by themselves (the running maxima start at 0); only a program that meets an Inf reads
+    its tiles again with the finite filter."""
     seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
-    plain = tl.zeros((G, BC), tl.float32)
-    transformed = tl.zeros((G, BC), tl.float32)
-    for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
-        row0 = ((tile // tiles_c) * 16 * G).to(tl.int64)
-        col0 = ((tile % tiles_c) * BC).to(tl.int64)
-        tile_plain, tile_transformed = _rht16_slab_maxima(
-            x_ptr, row0, col0, rows, cols, seed, G, BC, NORM
-        )
-        plain = tl.maximum(plain, tile_plain)
-        transformed = tl.maximum(transformed, tile_transformed)
+    plain, transformed = _program_maxima(x_ptr, rows, cols, tiles, tiles_c, seed, G, BC, NORM,
+                                         False)  # fmt: skip
+    if not ((plain <= FLOAT32_MAX) & (transformed <= FLOAT32_MAX)):  # an Inf (or a kept NaN)
+        plain, transformed = _program_maxima(x_ptr, rows, cols, tiles, tiles_c, seed, G, BC,
+                                             NORM, True)  # fmt: skip
     if PLAIN:
-        tl.atomic_max(amax_ptr, tl.max(tl.max(plain, axis=1), axis=0))
-    tl.atomic_max(amax_ptr + 1, tl.max(tl.max(transformed, axis=1), axis=0))
+        tl.atomic_max(amax_ptr, plain)
+    tl.atomic_max(amax_ptr + 1, transformed)
