@@ -36,6 +36,8 @@ def cases(seed: torch.Tensor) -> dict:
 
 
 def main() -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("error: amax_probe.py times CUDA kernels and needs a GPU")
     print(torch.cuda.get_device_name(), torch.__version__)
     seed = torch.tensor(7, device="cuda")
     generator = torch.Generator("cuda").manual_seed(0)
