@@ -4,12 +4,13 @@ without a GPU: what `fp4 bench quantize` times, counted instead of timed.
 `python -m tests.kernel_instructions [CONFIG ...]` (without TRITON_INTERPRET) compiles, per
 config, either the launch `quantize_e2m1` makes for a bf16 tensor of 8192-wide rows along its
 last axis (a two-level spec given its tensor amax, as `fp4 bench quantize`'s
-quantize-given-amax row), or, for a `pair:` config, the `quantize_pair` launch the fast
-executor makes for one operand of a layer (a bf16 256 x 768 tensor), with the argument
-specialization a GPU launch gets (pointers and sizes divisible by 16), and prints per config:
-PTX instructions, SASS instructions up to the kernel's exit (division slow paths left out),
-float<->int conversions and registers per thread, each per element where it says so. Needs
-triton's bundled cuobjdump (triton.backends.nvidia)."""
+quantize-given-amax row; `mxfp4-rht32-sr`: with a 32-point transform and SR, to codes, or with
+`-values` to bf16 values as fake-quantization), or, for a `pair:` config, the `quantize_pair`
+launch the fast executor makes for one operand of a layer (a bf16 256 x 768 tensor), with the
+argument specialization a GPU launch gets (pointers and sizes divisible by 16), and prints per
+config: PTX instructions, SASS instructions up to the kernel's exit (division slow paths left
+out), float<->int conversions and registers per thread, each per element where it says so.
+Needs triton's bundled cuobjdump (triton.backends.nvidia)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,16 @@ import torch
 
 from tests.hopper_compile import compile_launch, intercepted_launches, named_arguments
 
-CONFIGS = {
-    "nvfp4": ("nvfp4", {}),
-    "mxfp4": ("mxfp4", {}),
-    "mxfp4-ue5m3": ("mxfp4-ue5m3", {}),
-    "mxfp4-sr": ("mxfp4-sr", {}),
-    "nvfp4-sr": ("nvfp4", {"rounding": "sr"}),
+TSENG = {"rounding": "sr", "sr_prescale": 0.75}
+RHT32 = {"hadamard": 32, "hadamard_seed": 5}
+CONFIGS = {  # (preset, its overrides, quantize_e2m1's other arguments)
+    "nvfp4": ("nvfp4", {}, {}),
+    "mxfp4": ("mxfp4", {}, {}),
+    "mxfp4-ue5m3": ("mxfp4-ue5m3", {}, {}),
+    "mxfp4-sr": ("mxfp4-sr", {}, {}),
+    "nvfp4-sr": ("nvfp4", {"rounding": "sr"}, {}),
+    "mxfp4-rht32-sr": ("mxfp4", TSENG, RHT32),
+    "mxfp4-rht32-sr-values": ("mxfp4", TSENG, {**RHT32, "values_dtype": torch.bfloat16}),
 }
 CONVERSIONS = ("F2I", "I2F", "I2FP", "FRND", "F2F")
 
@@ -96,12 +101,12 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         kernel, args, kwargs = next(f for f in found if f[0].fn.__name__ == "quantize_pair_kernel")
         named = named_arguments(kernel, args, kwargs)
         return kernel, args, kwargs, named["BR"] * named["BC"] / (32 * kwargs["num_warps"])
-    preset, overrides = CONFIGS[config]
+    preset, overrides, arguments = CONFIGS[config]
     spec = QuantSpec.preset(preset, **overrides)
     x = torch.zeros(8, 8192, dtype=torch.bfloat16)
     amax = torch.ones(1) if spec.tensor_scale else None
     launches = intercepted_launches(
-        lambda: launch.quantize_e2m1(x, spec, 1, 0, t_amax=amax),
+        lambda: launch.quantize_e2m1(x, spec, 1, 0, t_amax=amax, **arguments),
         [(launch, "quantize_kernel"), (launch, "encode_table_kernel")],
     )
     kernel, args, kwargs = next(f for f in launches if f[0].fn.__name__ == "quantize_kernel")
