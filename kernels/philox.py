@@ -25,21 +25,14 @@ WIDE_PRODUCTS = tl.constexpr(not interpreter_on())
 
 @triton.jit
 def _wide_product(x, CONSTANT: tl.constexpr):
-    """(high, low) 32-bit halves of CONSTANT * x for uint32 x (CONSTANT: ROUND_A or ROUND_B)."""
+    """(high, low) 32-bit halves of CONSTANT * x for uint32 x."""
+    constant = tl.full(x.shape, CONSTANT, tl.uint32)
     if WIDE_PRODUCTS:
-        if CONSTANT == ROUND_A:
-            high, low = tl.inline_asm_elementwise(
-                "{ .reg .b64 p; mul.wide.u32 p, $2, 0xD2511F53; mov.b64 {$1, $0}, p; }",
-                "=r,=r,r", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
-            )  # fmt: skip
-        else:
-            tl.static_assert(CONSTANT == ROUND_B)
-            high, low = tl.inline_asm_elementwise(
-                "{ .reg .b64 p; mul.wide.u32 p, $2, 0xCD9E8D57; mov.b64 {$1, $0}, p; }",
-                "=r,=r,r", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
-            )  # fmt: skip
+        high, low = tl.inline_asm_elementwise(
+            "{ .reg .b64 p; mul.wide.u32 p, $2, $3; mov.b64 {$1, $0}, p; }",
+            "=r,=r,r,r", [x, constant], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
+        )  # fmt: skip
     else:
-        constant = tl.full(x.shape, CONSTANT, tl.uint32)
         high, low = tl.umulhi(x, constant), x * constant
     return high, low
 
