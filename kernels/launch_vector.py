@@ -15,6 +15,7 @@ import torch
 
 from fp4cli.kernels.dge import dge_apply_kernel, dge_position_kernel
 from fp4cli.kernels.launch import _pow2_at_least, add_column_sums, launch, partial_column_sums
+from fp4cli.kernels.order_stats import candidate_groups
 from fp4cli.kernels.vector_wise import amax_kernel, decode_kernel, rows_kernel, scaled_kernel
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.techniques.dge import DGEConfig
@@ -24,6 +25,7 @@ VECTOR_BLOCKS = ("row", "column", "tensor")
 BY_CODE = {"row": 0, "column": 1, "tensor": 2}
 ROW_CHUNK = 4096  # the longest row held in registers; longer rows are read in chunks
 CLAMP_ROW_CHUNK = 16384  # the same for the clamp's programs on a GPU (a row each, 8 warps)
+CLAMP_WARP_VALUES = 1024  # the values of a row a warp of the clamp's programs holds (timed)
 TILE = (32, 128)  # the elementwise kernels' tile: rows, columns
 TILE_T = (64, 128)  # scaled_kernel's tile when it writes the transpose's codes
 # Low bits of float32 that every value of a narrower dtype leaves zero: the clamp's threshold
@@ -89,13 +91,13 @@ def _row_split(cols: int, chunk: int) -> tuple[int, int]:
     return head, _pow2_at_least(cols - head) if cols > head else 0
 
 
-def bound_split(keys_beyond: int, head: int) -> int:
-    """How many groups the rows kernel splits a row's first `head` values into to bound a
-    threshold search (`order_stats._bounds`): the least power of two at least the number of
-    the row's values at or beyond the threshold's rank (at or above it for the upper rank, at
-    or below for the lower), or 0 (no bound) when the head has fewer values."""
+def bound_split(keys_beyond: int, groups: int) -> int:
+    """How many sets the rows kernel splits the `groups` candidate groups of a row's head into
+    to bound a threshold search (`order_stats._bounds`): the least power of two at least the
+    number of the row's values at or beyond the threshold's rank (at or above it for the upper
+    rank, at or below for the lower), or 0 (no bound) when there are fewer groups."""
     split = _pow2_at_least(keys_beyond)
-    return split if split <= head else 0
+    return split if split <= groups else 0
 
 
 @dataclass(frozen=True)
@@ -108,14 +110,15 @@ class Clamp:
     residual: bool = False
 
 
-def search_splits(clamp: Clamp | None, cols: int, head: int, one_chunk: bool) -> tuple[int, int]:
-    """(SPLIT_LOW, SPLIT_HIGH) of the rows kernel: the groups that bound the search for each
-    of the clamp's ranks in rows of `cols` values whose first `head` are held in registers
-    (`bound_split` of the keys at or below the lower rank, at or above the upper); (0, 0)
-    without a clamp or for rows read in chunks, which the search does not bound."""
+def search_splits(clamp: Clamp | None, cols: int, groups: int, one_chunk: bool) -> tuple[int, int]:
+    """(SPLIT_LOW, SPLIT_HIGH) of the rows kernel: the sets that bound the search for each of
+    the clamp's ranks in rows of `cols` values whose head in registers gives `groups` groups
+    of candidates (`bound_split` of the keys at or below the lower rank, at or above the
+    upper); (0, 0) without a clamp or for rows read in chunks, which the search does not
+    bound."""
     if clamp is None or not one_chunk:
         return 0, 0
-    return bound_split(clamp.low + 1, head), bound_split(cols - clamp.high, head)
+    return bound_split(clamp.low + 1, groups), bound_split(cols - clamp.high, groups)
 
 
 @torch.compiler.disable
@@ -245,21 +248,22 @@ def _launch_rows(
     flags: dict[str, object],
 ) -> None:
     rows, cols = x.shape
-    if clamp is not None and x.is_cuda:  # compute-bound: a row a program, a warp per 1,024
-        bc, tail = _row_split(cols, CLAMP_ROW_CHUNK)  # (each timed: the fastest)
-        br, warps = 1, max(1, min(8, _pow2_at_least(cols) // 1024))
+    if clamp is not None and x.is_cuda:  # compute-bound: a row a program
+        bc, tail = _row_split(cols, CLAMP_ROW_CHUNK)
+        br, warps = 1, max(1, min(8, _pow2_at_least(cols) // CLAMP_WARP_VALUES))
     else:
         bc, tail = _row_split(cols, ROW_CHUNK)
         br = max(1, min(_pow2_at_least(rows), ROW_CHUNK // _pow2_at_least(bc + tail)))
         warps = 8 if br * (bc + tail) >= 4096 else 4
     one_chunk = cols <= bc + tail
-    split_low, split_high = search_splits(clamp, cols, bc, one_chunk)
+    group, tail_group = candidate_groups(bc, tail)
+    split_low, split_high = search_splits(clamp, cols, bc // group, one_chunk)
     launch(
         rows_kernel, (-(-rows // br),),
         (x, out, scale_out, amax_out, rows, cols,
          clamp.low if clamp else 0, clamp.high if clamp else 0),
         dict(BR=br, BC=bc, ONE_CHUNK=one_chunk, TAIL=tail, CLAMP=clamp is not None,
-             SPLIT_LOW=split_low, SPLIT_HIGH=split_high,
+             GROUP=group, TAIL_GROUP=tail_group, SPLIT_LOW=split_low, SPLIT_HIGH=split_high,
              ZERO_BITS=KEY_ZERO_BITS.get(x.dtype, 0),
              RESIDUAL=clamp is not None and clamp.residual, **flags),
         warps,

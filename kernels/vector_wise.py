@@ -124,9 +124,9 @@ def rows_kernel(
     x_ptr, out_ptr, scales_ptr, amax_out_ptr,
     R, C, low_rank, high_rank,
     BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr, TAIL: tl.constexpr,
-    CLAMP: tl.constexpr, SPLIT_LOW: tl.constexpr, SPLIT_HIGH: tl.constexpr,
-    ZERO_BITS: tl.constexpr, RESIDUAL: tl.constexpr,
-    WRITE_CODES: tl.constexpr,
+    CLAMP: tl.constexpr, GROUP: tl.constexpr, TAIL_GROUP: tl.constexpr,
+    SPLIT_LOW: tl.constexpr, SPLIT_HIGH: tl.constexpr, ZERO_BITS: tl.constexpr,
+    RESIDUAL: tl.constexpr, WRITE_CODES: tl.constexpr,
     WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
     MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
     ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr, CEIL: tl.constexpr,
@@ -134,7 +134,8 @@ def rows_kernel(
 ):  # fmt: skip
     """One scale per row of a contiguous (R, C) tensor, rows clamped to their values of ranks
     low_rank and high_rank first when CLAMP (with RESIDUAL, the clamped-off part added back to
-    the written values; SPLIT_LOW, SPLIT_HIGH: the searches' bounds, `order_stats._bounds`).
+    the written values; GROUP, TAIL_GROUP: the columns of a pair of the search's candidates,
+    SPLIT_LOW, SPLIT_HIGH: its bounds, `order_stats.row_thresholds`).
     Writes values (or codes), the scales as float32 (NaN for a non-finite
     row) when WRITE_SCALES, and atomically maxes the written |values|' bits into amax_out_ptr
     when AMAX_OUT."""
@@ -149,18 +150,17 @@ def rows_kernel(
         if TAIL > 0:
             tail_offsets, tail_mask = block_at(first_row, BC, R, C, BR, TAIL)
             tail_x = tl.load(x_ptr + tail_offsets, mask=tail_mask, other=0.0).to(tl.float32)
-        if CLAMP:
+        if CLAMP:  # the clamped row's amax from its thresholds
             keys = tl.where(mask, order_key(x), INT32_MAX)
             tail_keys = tl.where(tail_mask, order_key(tail_x), INT32_MAX)
-            low, high = row_thresholds(
+            low, high, amax_bits, _ = row_thresholds(
                 keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C, low_rank, high_rank,
-                BR, BC, TAIL, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS,
+                BR, BC, TAIL, GROUP, TAIL_GROUP, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS,
             )  # fmt: skip
-        amax_bits = tl.max(magnitude_bits(clamp_rows(x, low, high) if CLAMP else x, mask), axis=1)
-        if TAIL > 0:
-            tail_clamped = clamp_rows(tail_x, low, high) if CLAMP else tail_x
-            tail_amax = tl.max(magnitude_bits(tail_clamped, tail_mask), axis=1)
-            amax_bits = tl.maximum(amax_bits, tail_amax)
+        else:
+            amax_bits = tl.max(magnitude_bits(x, mask), axis=1)
+            if TAIL > 0:
+                amax_bits = tl.maximum(amax_bits, tl.max(magnitude_bits(tail_x, tail_mask), axis=1))
         exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
         written = _finish_rows(
             x_ptr, out_ptr, offsets, mask, x, low, high, exponent, finite, CLAMP, RESIDUAL,

@@ -19,6 +19,7 @@ from fp4cli.kernels.launch_vector import (
 )
 from fp4cli.kernels.order_stats import (
     INT32_MAX,
+    candidate_groups,
     order_key,
     read_row_thresholds,
     row_thresholds,
@@ -32,10 +33,13 @@ from tests.kernel_cases import DEVICE, INF, NAN
 def _thresholds_kernel(
     x_ptr, out_ptr, R, C, low_rank, high_rank,
     BR: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr, TAIL: tl.constexpr,
-    SPLIT_LOW: tl.constexpr, SPLIT_HIGH: tl.constexpr, ZERO_BITS: tl.constexpr,
+    GROUP: tl.constexpr, TAIL_GROUP: tl.constexpr, SPLIT_LOW: tl.constexpr,
+    SPLIT_HIGH: tl.constexpr, ZERO_BITS: tl.constexpr,
 ):  # fmt: skip
-    """out[row] = (value of rank low_rank, value of rank high_rank), as the rows kernel finds
-    them: the row's keys in registers (ONE_CHUNK, as head and tail) or read in chunks."""
+    """out[row] = (value of rank low_rank, value of rank high_rank, 1.0 when the row's program
+    searched over every key, not the candidates, the bits of the clamped row's amax as float32
+    bits), as the rows kernel finds them: the row's keys in registers (ONE_CHUNK, as head and
+    tail) or read in chunks (every key searched; no amax: 0)."""
     first_row = tl.program_id(0) * BR
     offsets, mask = block_at(first_row, 0, R, C, BR, BC)
     keys = tl.where(mask, order_key(tl.load(x_ptr + offsets, mask=mask).to(tl.float32)), INT32_MAX)
@@ -45,35 +49,51 @@ def _thresholds_kernel(
         tail_x = tl.load(x_ptr + tail_offsets, mask=tail_mask).to(tl.float32)
         tail_keys = tl.where(tail_mask, order_key(tail_x), INT32_MAX)
     if ONE_CHUNK:
-        low, high = row_thresholds(
+        low, high, amax_bits, searched_all = row_thresholds(
             keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C, low_rank, high_rank,
-            BR, BC, TAIL, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS,
+            BR, BC, TAIL, GROUP, TAIL_GROUP, SPLIT_LOW, SPLIT_HIGH, ZERO_BITS,
         )  # fmt: skip
     else:
         low, high = read_row_thresholds(
             x_ptr, first_row, R, C, low_rank, high_rank, BR, BC, ZERO_BITS
         )
+        searched_all = 1
+        amax_bits = tl.zeros([BR], tl.int32)
     rows = first_row + tl.arange(0, BR)
-    tl.store(out_ptr + rows * 2, low, mask=rows < R)
-    tl.store(out_ptr + rows * 2 + 1, high, mask=rows < R)
+    tl.store(out_ptr + rows * 4, low, mask=rows < R)
+    tl.store(out_ptr + rows * 4 + 1, high, mask=rows < R)
+    tl.store(out_ptr + rows * 4 + 2, tl.full([BR], searched_all, tl.float32), mask=rows < R)
+    tl.store(out_ptr + rows * 4 + 3, amax_bits.to(tl.float32, bitcast=True), mask=rows < R)
 
 
-def thresholds(x: torch.Tensor, low: int, high: int, chunk: int, rows_a_program: int):
-    """(rows, 2) float32: each row's values of ranks low and high, found by the kernel with
-    the row held as the rows kernel holds it (`chunk`: the longest row in registers)."""
+def searched(x: torch.Tensor, low: int, high: int, chunk: int, rows_a_program: int):
+    """(rows, 4) float32: each row's values of ranks low and high, found by the kernel with
+    the row held as the rows kernel holds it (`chunk`: the longest row in registers), whether
+    its program searched over every key, and the bits of the clamped row's amax (rows in
+    registers)."""
     rows, cols = x.shape
     bc, tail = _row_split(cols, chunk)
     one_chunk = cols <= bc + tail
-    split_low, split_high = search_splits(Clamp(low, high), cols, bc, one_chunk)
-    out = torch.empty(rows, 2, dtype=torch.float32, device=x.device)
+    group, tail_group = candidate_groups(bc, tail)
+    split_low, split_high = search_splits(Clamp(low, high), cols, bc // group, one_chunk)
+    out = torch.empty(rows, 4, dtype=torch.float32, device=x.device)
     launch(
         _thresholds_kernel, (-(-rows // rows_a_program),), (x, out, rows, cols, low, high),
-        dict(BR=rows_a_program, BC=bc, ONE_CHUNK=one_chunk, TAIL=tail,
-             SPLIT_LOW=split_low, SPLIT_HIGH=split_high,
+        dict(BR=rows_a_program, BC=bc, ONE_CHUNK=one_chunk, TAIL=tail, GROUP=group,
+             TAIL_GROUP=tail_group, SPLIT_LOW=split_low, SPLIT_HIGH=split_high,
              ZERO_BITS=KEY_ZERO_BITS.get(x.dtype, 0)),
         1,
     )  # fmt: skip
     return out
+
+
+def clamped_amax_bits(values: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """The bits of each row's largest |x| once clamped to its values of ranks low and high
+    (int32; 0x7FFFFFFF for a row with a NaN)."""
+    ordered = values.float().sort(dim=1).values
+    clamped = values.float().clamp(ordered[:, low : low + 1], ordered[:, high : high + 1])
+    bits = clamped.abs().amax(dim=1).view(torch.int32)
+    return torch.where(values.float().isnan().any(dim=1), 0x7FFFFFFF, bits)
 
 
 def keys(values: torch.Tensor) -> torch.Tensor:
@@ -128,9 +148,34 @@ def test_thresholds_equal_the_sorted_rows(cols):
         for q in QUANTILES:
             low, high = nearest_ranks(cols, q)
             want = keys(ordered[:, [low, high]].contiguous())
+            amax_bits = clamped_amax_bits(values.cpu(), low, high)
             for chunk, rows_a_program in layouts(cols, dtype, q):
-                got = thresholds(values, low, high, chunk, rows_a_program).cpu()
-                assert torch.equal(keys(got), want), (dtype, q, chunk, rows_a_program)
+                got = searched(values, low, high, chunk, rows_a_program).cpu()
+                case = (dtype, q, chunk, rows_a_program)
+                assert torch.equal(keys(got[:, :2].contiguous()), want), case
+                if cols <= chunk:
+                    assert torch.equal(got[:, 3].contiguous().view(torch.int32), amax_bits), case
+
+
+def test_candidates_decide_unless_a_group_holds_three_keys_beyond_a_rank():
+    """A row's thresholds come from the candidates (two per side per group of 8 columns)
+    when no group holds more than two keys beyond either rank, and from a search over every
+    key otherwise, with the same values as torch.sort's: the sorted row's top 8 in one group,
+    its bottom 8, three of them, and the top 8 in groups of their own. The searched rows stand
+    among rows that the candidates decide, each row a program."""
+    cols, (low, high) = 768, nearest_ranks(768, 0.99)
+    assert (low, high) == (7, 760)
+    x = torch.randn(6, cols, generator=torch.Generator().manual_seed(5))
+    x[1, 40:48] = 9.0
+    x[2, 100:108] = -9.0 - torch.arange(8.0)
+    x[3, 16:19] = 9.0  # three at or above the upper rank's key in group 2
+    x[4, ::96] = 9.0 + torch.arange(8.0)  # 8 top values, each its own group
+    x[5, 3:5] = 9.0  # two in one group: still candidates
+    values = x.to(DEVICE)
+    got = searched(values, low, high, 4096, 1).cpu()
+    want = keys(values.cpu().sort(dim=1).values[:, [low, high]].contiguous())
+    assert torch.equal(keys(got[:, :2].contiguous()), want)
+    assert got[:, 2].tolist() == [0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
 
 
 def test_bound_split_covers_the_keys_beyond_the_rank():
