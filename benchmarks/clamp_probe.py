@@ -1,7 +1,9 @@
 """What Wang et al.'s per-token outlier clamp costs: the clamped per-row FP4 quantization of the
 vector-wise executor (its X operand) against the same quantization without the clamp, each
-timed from a CUDA graph of 20 calls, on normal bf16 rows and on rows with outlier channels
-(every 97th channel 40 times larger, which widens the threshold search most), with the values
+timed from a CUDA graph of 20 calls, on normal bf16 rows, on rows with outlier channels
+(every 97th channel 40 times larger, which widens the threshold search most) and on rows with
+eight adjacent outlier channels (more than two beyond a threshold in one group of candidates:
+every row is searched again over all its keys, the slowest case), with the values
 checked bit for bit against the reference (`clamp_outliers`, then `fake_quantize`). A diagnosis
 script; `fp4 bench step` is the benchmark.
 
@@ -23,11 +25,14 @@ SPEC = QuantSpec.preset("fp4-row")
 
 
 def rows_of(pattern: str, rows: int, cols: int) -> torch.Tensor:
-    """bf16 rows, seeded by their width: normal values, or with outlier channels."""
+    """bf16 rows, seeded by their width: normal values, or with outlier channels spread out or
+    side by side."""
     generator = torch.Generator(device="cuda").manual_seed(cols)
     x = torch.randn(rows, cols, generator=generator, device="cuda").to(torch.bfloat16)
     if pattern == "outliers":
         x[:, ::97] *= 40
+    if pattern == "adjacent":
+        x[:, 8:16] *= 40
     return x
 
 
@@ -56,7 +61,7 @@ def main() -> None:
     print(f"{'tensor':<14}{'values':<10}{'clamp us':>10}{'no clamp us':>13}{'unlike ref':>12}")
     for cols in (int(width) for width in args.widths.split(",")):
         clamp = Clamp(*nearest_ranks(cols, args.quantile))
-        for pattern in ("normal", "outliers"):
+        for pattern in ("normal", "outliers", "adjacent"):
             x = rows_of(pattern, args.rows, cols)
             clamped, _ = quantize_vector(x, SPEC, 1, torch.bfloat16, clamp=clamp)
             wrong = unlike_the_reference(x, clamped, args.quantile)
