@@ -7,11 +7,12 @@ one counting pass per bit, both ranks' counts in one reduction (`search_keys`).
 
 A row held in registers is searched over candidates, not over all its keys (`row_thresholds`):
 the two smallest and the two largest keys of each group of a few consecutive columns
-(`extreme_pairs`, a reduction inside each thread). A key of the lower rank and the keys below
-it are few; when they are all among the candidates (a group holds at most two of them), the
-counts the search needs are the candidates' counts, and the search over them finds the same
-key. One count over the whole row at the two keys found says whether that held; a program
-where it did not for some row searches its rows again over every key.
+(`extreme_pairs`, a reduction inside each thread). The keys below the lower threshold and
+those at or above the upper one are few; when no group holds more than two of either, they are
+all candidates, the candidates' counts are the row's wherever the search needs them, and the
+search over them finds the same keys. One count over the whole row at the two keys found says
+whether that held; a program where it did not for some row searches its rows again over every
+key.
 
 Passes are saved with bounds that cost a reduction of the candidates (`_bounds`): split the
 row's groups into s sets; each set's maximum is a key, so at least s keys lie at or above the

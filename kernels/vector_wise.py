@@ -4,9 +4,10 @@ block "row", "column" or "tensor"), and Wang et al.'s per-row outlier clamp fuse
 per-row pass.
 
 - `rows_kernel`: a program per block of rows. It finds each row's clamp thresholds (exact order
-  statistics without a sort, `order_stats.row_thresholds`), clamps, reduces
-  the row's amax and quantizes, holding the row in registers when it fits one chunk and looping
-  over column chunks otherwise (the repeated reads then come from the cache).
+  statistics without a sort, `order_stats.row_thresholds`), clamps and quantizes with the
+  row's amax, holding the row in registers when it fits one chunk (the clamped row's amax
+  then comes from its thresholds) and looping over column chunks otherwise (reduced from the
+  clamped chunks; the repeated reads then come from the cache).
 - `amax_kernel` + `scaled_kernel`: per-column or per-tensor scales, whose amax spans programs:
   the first reduces the finite amax (and whether anything is NaN or Inf) into an int32 buffer
   with atomics, the second quantizes elementwise with the scales derived from it.
