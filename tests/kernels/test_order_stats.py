@@ -1,8 +1,9 @@
 """The per-row order statistics of kernels/order_stats.py (the clamp thresholds of the rows
 kernel) against torch.sort, compared as order keys (so -0.0 and 0.0 are one value, as they
-compare equal, and every NaN one): rows whose ranks sit on the search's bounds, all launch
-layouts the rows kernel uses (several rows a program, one, rows read in chunks), float32,
-bfloat16 and float16 values."""
+compare equal, and every NaN one): rows whose ranks sit on the search's bounds, rows that the
+candidates decide and rows searched again over every key, all launch layouts the rows kernel
+uses (several rows a program, one, rows read in chunks), float32, bfloat16 and float16 values;
+and the clamped rows' amax against torch's clamp."""
 
 import pytest
 import torch
