@@ -7,12 +7,13 @@ one counting pass per bit, both ranks' counts in one reduction (`search_keys`).
 
 A row held in registers is searched over candidates, not over all its keys (`row_thresholds`):
 the two smallest and the two largest keys of each group of a few consecutive columns
-(`extreme_pairs`, a reduction inside each thread). The keys below the lower threshold and
-those at or above the upper one are few; when no group holds more than two of either, they are
-all candidates, the candidates' counts are the row's wherever the search needs them, and the
-search over them finds the same keys. One count over the whole row at the two keys found says
-whether that held; a program where it did not for some row searches its rows again over every
-key.
+(`extreme_pairs`, one reduction of pairs inside each thread; under the interpreter, which runs
+a combine function value by value, standard reductions that give the same pairs). The keys
+below the lower threshold and those at or above the upper one are few; when no group holds
+more than two of either, they are all candidates, the candidates' counts are the row's wherever
+the search needs them, and the search over them finds the same keys. One count over the whole
+row at the two keys found says whether that held; a program where it did not for some row
+searches its rows again over every key.
 
 Passes are saved with bounds that cost a reduction of the candidates (`_bounds`): split the
 row's groups into s sets; each set's maximum is a key, so at least s keys lie at or above the
@@ -27,10 +28,12 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.tile_io import block_at
+from fp4cli.quant.backend import interpreter_on
 
 INT32_MIN = tl.constexpr(-2147483648)
 INT32_MAX = tl.constexpr(2147483647)
 CANDIDATE_GROUP = 8  # consecutive columns a pair of candidates per side is taken from
+PAIRS_BY_COMBINE = tl.constexpr(not interpreter_on())
 
 
 def candidate_groups(head: int, tail: int) -> tuple[int, int]:
@@ -178,25 +181,38 @@ def _smaller_two(first_a, second_a, first_b, second_b):
 
 
 @triton.jit
-def extreme_pairs(keys, BR: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr,
-                  UPPER: tl.constexpr):  # fmt: skip
-    """(first, second) [BR, N // GROUP] each: per group of GROUP consecutive columns of keys
-    [BR, N], its largest and second largest key (UPPER), or its smallest and second smallest
-    (a key held twice is both). The columns of a group lie in one thread."""
-    groups = tl.reshape(keys, [BR, N // GROUP, GROUP])
+def _pair_by_reductions(groups, UPPER: tl.constexpr):
+    """`extreme_pairs` of [BR, G, GROUP] groups from standard reductions: the extreme, and the
+    extreme of the rest unless the extreme is held twice."""
     if UPPER:
-        unset = tl.full([BR, N // GROUP, GROUP], INT32_MIN, tl.int32)
-        first, second = tl.reduce((groups, unset), 2, _larger_two)
+        first = tl.max(groups, axis=2)
+        rest = tl.max(tl.where(groups < first[:, :, None], groups, INT32_MIN), axis=2)
     else:
-        unset = tl.full([BR, N // GROUP, GROUP], INT32_MAX, tl.int32)
-        first, second = tl.reduce((groups, unset), 2, _smaller_two)
-    return first, second
+        first = tl.min(groups, axis=2)
+        rest = tl.min(tl.where(groups > first[:, :, None], groups, INT32_MAX), axis=2)
+    held = tl.sum((groups == first[:, :, None]).to(tl.int32), axis=2)
+    return first, tl.where(held > 1, first, rest)
 
 
 @triton.jit
-def _pair_tile(first, second, BR: tl.constexpr, GROUPS: tl.constexpr):
-    """The candidates of `extreme_pairs` as one [BR, 2 * GROUPS] tile."""
-    return tl.reshape(tl.join(first, second), [BR, 2 * GROUPS])
+def extreme_pairs(keys, BR: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr,
+                  UPPER: tl.constexpr, BY_COMBINE: tl.constexpr):  # fmt: skip
+    """(first, second) [BR, N // GROUP] each: per group of GROUP consecutive columns of keys
+    [BR, N], its largest and second largest key (UPPER), or its smallest and second smallest
+    (a key held twice is both). The columns of a group lie in one thread. BY_COMBINE: one
+    reduction of pairs (on a GPU); else `_pair_by_reductions` (the interpreter runs a combine
+    function value by value), the same pairs."""
+    groups = tl.reshape(keys, [BR, N // GROUP, GROUP])
+    if BY_COMBINE:
+        if UPPER:
+            unset = tl.full([BR, N // GROUP, GROUP], INT32_MIN, tl.int32)
+            first, second = tl.reduce((groups, unset), 2, _larger_two)
+        else:
+            unset = tl.full([BR, N // GROUP, GROUP], INT32_MAX, tl.int32)
+            first, second = tl.reduce((groups, unset), 2, _smaller_two)
+    else:
+        first, second = _pair_by_reductions(groups, UPPER)
+    return first, second
 
 
 @triton.jit
@@ -281,15 +297,20 @@ def row_thresholds(keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C,
     and every key at or above high is a candidate: the candidates then count the keys outside
     [low, high) as the row does. searched_all (a scalar, 0 or 1) says that a row of the
     program had one outside the candidates, so that the program searched again over every key."""
-    low_first, low_second = extreme_pairs(keys, BR, BC, GROUP, False)
-    high_first, high_second = extreme_pairs(tl.where(mask, keys, INT32_MIN), BR, BC, GROUP, True)
+    by_combine: tl.constexpr = PAIRS_BY_COMBINE
+    low_first, low_second = extreme_pairs(keys, BR, BC, GROUP, False, by_combine)
+    high_first, high_second = extreme_pairs(
+        tl.where(mask, keys, INT32_MIN), BR, BC, GROUP, True, by_combine
+    )
     low_tail_first, high_tail_first = low_first, high_first  # no tail: unused
     low_candidates, high_candidates = ((low_first, low_second),), ((high_first, high_second),)
     all_keys, row_keys = ((keys,),), (keys,)
     if TAIL > 0:
-        low_tail_first, low_tail_second = extreme_pairs(tail_keys, BR, TAIL, TAIL_GROUP, False)
+        low_tail_first, low_tail_second = extreme_pairs(
+            tail_keys, BR, TAIL, TAIL_GROUP, False, by_combine
+        )
         high_tail_first, high_tail_second = extreme_pairs(
-            tl.where(tail_mask, tail_keys, INT32_MIN), BR, TAIL, TAIL_GROUP, True
+            tl.where(tail_mask, tail_keys, INT32_MIN), BR, TAIL, TAIL_GROUP, True, by_combine
         )
         low_candidates = ((low_first, low_second), (low_tail_first, low_tail_second))
         high_candidates = ((high_first, high_second), (high_tail_first, high_tail_second))

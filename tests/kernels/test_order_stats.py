@@ -21,6 +21,7 @@ from fp4cli.kernels.launch_vector import (
 from fp4cli.kernels.order_stats import (
     INT32_MAX,
     candidate_groups,
+    extreme_pairs,
     order_key,
     read_row_thresholds,
     row_thresholds,
@@ -177,6 +178,39 @@ def test_candidates_decide_unless_a_group_holds_three_keys_beyond_a_rank():
     want = keys(values.cpu().sort(dim=1).values[:, [low, high]].contiguous())
     assert torch.equal(keys(got[:, :2].contiguous()), want)
     assert got[:, 2].tolist() == [0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+
+
+@triton.jit
+def _pairs_kernel(keys_ptr, out_ptr, N: tl.constexpr, GROUP: tl.constexpr, UPPER: tl.constexpr,
+                  BY_COMBINE: tl.constexpr):  # fmt: skip
+    """out = (first, second) of each group of a (2, N) int32 tile, as `extreme_pairs` gives them."""
+    offsets = tl.arange(0, 2)[:, None] * N + tl.arange(0, N)[None, :]
+    first, second = extreme_pairs(tl.load(keys_ptr + offsets), 2, N, GROUP, UPPER, BY_COMBINE)
+    groups = tl.arange(0, 2)[:, None] * (N // GROUP) + tl.arange(0, N // GROUP)[None, :]
+    tl.store(out_ptr + groups * 2, first)
+    tl.store(out_ptr + groups * 2 + 1, second)
+
+
+@pytest.mark.parametrize("by_combine", [True, False])
+def test_extreme_pairs_are_each_groups_two_extremes(by_combine):
+    """Both ways of reducing the pairs (one combine on a GPU, standard reductions under the
+    interpreter) give torch.topk's two largest or smallest keys of every group of 8, ties, a
+    key held twice, the int32 extremes and a group of one key included."""
+    generator = torch.Generator().manual_seed(3)
+    keys = torch.randint(-5, 5, (2, 64), generator=generator, dtype=torch.int32)
+    keys[0, :8] = 2**31 - 1
+    keys[1, 8:16] = -(2**31)
+    keys[1, 16:24] = torch.tensor([7, 7, 1, 1, 1, 1, 1, 1], dtype=torch.int32)
+    for upper in (True, False):
+        for group in (8, 1):
+            want = keys.view(2, -1, group).topk(min(2, group), dim=2, largest=upper).values
+            if group == 1:  # a group of one key: its second is the unset extreme
+                unset = -(2**31) if upper else 2**31 - 1
+                want = torch.cat([want, torch.full_like(want, unset)], dim=2)
+            out = torch.empty(2, 64 // group, 2, dtype=torch.int32, device=DEVICE)
+            launch(_pairs_kernel, (1,), (keys.to(DEVICE), out),
+                   dict(N=64, GROUP=group, UPPER=upper, BY_COMBINE=by_combine), 1)  # fmt: skip
+            assert torch.equal(out.cpu(), want), (upper, group)
 
 
 def test_bound_split_covers_the_keys_beyond_the_rank():
