@@ -62,7 +62,7 @@ def key_value(key):
 
 
 @triton.jit
-def _magnitude(x):
+def abs_bits(x):
     """The bits of |x| (float32) as int32."""
     return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
@@ -258,7 +258,7 @@ def group_bound(keys, BR: tl.constexpr, BC: tl.constexpr, SPLIT: tl.constexpr,
 def _bounds(low_first, high_first, low_tail_first, high_tail_first, BR: tl.constexpr,
             GROUPS: tl.constexpr, TAIL: tl.constexpr, SPLIT_LOW: tl.constexpr,
             SPLIT_HIGH: tl.constexpr, ZERO_BITS: tl.constexpr):  # fmt: skip
-    """(floor_low, width_low, floor_high, width_high) for `search_keys`, from the groups'
+    """(floor_low, width_low, floor_high, width_high, largest) for `search_keys`, from the groups'
     minima (`low_first`, GROUPS of them in the head) and maxima (`high_first`). The key of
     rank low_rank lies between the row's smallest key and the largest minimum of SPLIT_LOW >=
     low_rank + 1 sets of the head's groups; that of rank high_rank between the smallest
@@ -277,7 +277,8 @@ def _bounds(low_first, high_first, low_tail_first, high_tail_first, BR: tl.const
     floor_high = tl.full([BR], INT32_MIN, tl.int32)
     if SPLIT_HIGH > 0:
         floor_high = group_bound(high_first, BR, GROUPS, SPLIT_HIGH, True) & -(1 << ZERO_BITS)
-    return floor_low, _width(floor_low, ceiling_low), floor_high, _width(floor_high, largest)
+    width_low = _width(floor_low, ceiling_low)
+    return floor_low, width_low, floor_high, _width(floor_high, largest), largest
 
 
 @triton.jit
@@ -315,7 +316,7 @@ def row_thresholds(keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C,
         low_candidates = ((low_first, low_second), (low_tail_first, low_tail_second))
         high_candidates = ((high_first, high_second), (high_tail_first, high_tail_second))
         all_keys, row_keys = ((keys,), (tail_keys,)), (keys, tail_keys)
-    floor_low, width_low, floor_high, width_high = _bounds(
+    floor_low, width_low, floor_high, width_high, largest = _bounds(
         low_first, high_first, low_tail_first, high_tail_first, BR, BC // GROUP, TAIL,
         SPLIT_LOW, SPLIT_HIGH, ZERO_BITS,
     )  # fmt: skip
@@ -342,8 +343,7 @@ def row_thresholds(keys, mask, tail_keys, tail_mask, x_ptr, first_row, R, C,
         )  # fmt: skip
         low, high = _unplaced(low, BR), _unplaced(high, BR)
     low, high = key_value(low), key_value(high)
-    amax_bits = tl.maximum(_magnitude(low), _magnitude(high))
-    largest = (floor_high.to(tl.uint32, bitcast=True) + width_high).to(tl.int32, bitcast=True)
+    amax_bits = tl.maximum(abs_bits(low), abs_bits(high))
     amax_bits = tl.where(largest == INT32_MAX, INT32_MAX, amax_bits)
     return low, high, amax_bits, searched_all
 

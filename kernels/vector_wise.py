@@ -25,7 +25,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.order_stats import INT32_MAX, order_key, read_row_thresholds, row_thresholds
+from fp4cli.kernels.order_stats import (
+    INT32_MAX,
+    abs_bits,
+    order_key,
+    read_row_thresholds,
+    row_thresholds,
+)
 from fp4cli.kernels.tile_io import block_at, store_column_sums
 from fp4cli.kernels.tile_ops import (
     e8m0_exponent,
@@ -60,7 +66,7 @@ def clamp_rows(x, low, high):
 @triton.jit
 def magnitude_bits(x, mask):
     """The bits of |x| as int32 (0 outside the mask)."""
-    return tl.where(mask, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0)
+    return tl.where(mask, abs_bits(x), 0)
 
 
 @triton.jit
