@@ -57,6 +57,8 @@ def main() -> None:
     parser.add_argument("--widths", default="768,3072,11008")
     parser.add_argument("--quantile", type=float, default=0.99)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("error: clamp_probe.py times CUDA kernels and needs a GPU")
     print(torch.cuda.get_device_name(), torch.__version__)
     print(f"{'tensor':<14}{'values':<10}{'clamp us':>10}{'no clamp us':>13}{'unlike ref':>12}")
     for cols in (int(width) for width in args.widths.split(",")):
