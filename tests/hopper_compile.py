@@ -211,6 +211,10 @@ def quantized_linear_launches() -> None:
     quantize_pair(x, Direction(away, None, values_dtype=bf16),
                   Direction(away, None, values_dtype=bf16))  # fmt: skip
     quantize_e2m1(x, nvfp4.replace(rounding="away"), 0, None, t_amax=torch.ones(1))
+    # ue5m3-hadamard-sr's dY (RHT-32 both ways, two-level: the 32-slab amax pass)
+    ue5m3_sr = QuantSpec.preset("mxfp4-ue5m3", rounding="sr", scale_rule="ceil")
+    quantize_pair(x, Direction(ue5m3_sr, (seed, 2), 32, (seed, 7), bf16),
+                  Direction(ue5m3_sr, (seed, 4), 32, (seed, 8), bf16))  # fmt: skip
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["gemm"]:
@@ -229,6 +233,7 @@ elif __name__ == "__main__":
         (launch_pair, "quantize_pair_kernel"),
         (launch_pair, "amax_pair_kernel"),
         (launch_pair, "amax_rht16_cols_kernel"),
+        (launch_pair, "amax_rht32_both_kernel"),
         (launch, "quantize_kernel"),
         (launch, "dequantize_kernel"),
         (launch, "encode_table_kernel"),

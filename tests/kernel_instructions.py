@@ -96,7 +96,8 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         found = intercepted_launches(
             lambda: launch_pair.quantize_pair(x, row, col),
             [(launch_pair, "quantize_pair_kernel"), (launch_pair, "amax_pair_kernel"),
-             (launch_pair, "amax_rht16_cols_kernel"), (launch, "encode_table_kernel")],
+             (launch_pair, "amax_rht16_cols_kernel"), (launch_pair, "amax_rht32_both_kernel"),
+             (launch, "encode_table_kernel")],
         )  # fmt: skip
         kernel, args, kwargs = next(f for f in found if f[0].fn.__name__ == "quantize_pair_kernel")
         named = named_arguments(kernel, args, kwargs)
