@@ -47,6 +47,9 @@ CONFIGS: dict[str, BenchConfig] = {
         _config("nvfp4-rht16-sr", "nvfp4", hadamard=16, rounding="sr"),
         _config("mxfp4-ceil", "mxfp4-ceil"),
         _config("mxfp4-ue5m3", "mxfp4-ue5m3"),
+        _config(  # ue5m3-hadamard-sr's backward operands
+            "mxfp4-ue5m3-rht32-sr", "mxfp4-ue5m3", hadamard=32, rounding="sr", scale_rule="ceil"
+        ),
     )
 }
 
