@@ -2,6 +2,9 @@
 # On the GPU machine there is no .venv: PY falls back to the image's python3.
 PY ?= $(shell [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)
 PYTEST_FLAGS ?=
+# `make test` runs the CPU suite on this many pytest-xdist workers (two cores: 17 instead of 24
+# minutes); PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: install test lint gpu-test clean
 
@@ -12,7 +15,7 @@ install:
 	.venv/bin/python -m pip install -e ".[test]"
 
 test:
-	TRITON_INTERPRET=1 $(PY) -m pytest -q $(PYTEST_FLAGS)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_FLAGS)
 
 lint:
 	$(PY) -m ruff check .
