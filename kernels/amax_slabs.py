@@ -296,8 +296,7 @@ def _eight(x_ptr, row0, col0, rows, cols, flips, Q: tl.constexpr, R: tl.constexp
     mask = (lines < rows)[:, None, None] & (positions < cols)[None, :, :]
     offsets = lines[:, None, None] * cols + positions[None, :, :]
     chunk = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    odd_fours = tl.reshape(chunk, (R, BC // 32, 4, 2))
-    even, odd = tl.split(odd_fours)  # positions 0, 2, 4, 6 and 1, 3, 5, 7
+    even, odd = tl.split(tl.reshape(chunk, (R, BC // 32, 4, 2)))  # positions 0, 2, 4, 6; 1, 3, 5, 7
     e04, e26 = tl.split(tl.reshape(even, (R, BC // 32, 2, 2)))
     o15, o37 = tl.split(tl.reshape(odd, (R, BC // 32, 2, 2)))
     e0, e4 = tl.split(e04)
