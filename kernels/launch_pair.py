@@ -268,13 +268,25 @@ def multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _striding_grid(
+    x: torch.Tensor, tile_rows: int, tile_cols: int, per_multiprocessor: int
+) -> tuple[int, int, int]:
+    """(programs, tiles, tiles along the columns) of a slab amax pass over x (rows, cols) in
+    tiles of tile_rows x tile_cols: at most per_multiprocessor programs an SM, each striding
+    over the tiles."""
+    rows, cols = x.shape
+    tiles_c = -(-cols // tile_cols)
+    tiles = -(-rows // tile_rows) * tiles_c
+    return min(tiles, per_multiprocessor * multiprocessors(x.device)), tiles, tiles_c
+
+
 def _amax_rht16_cols(x: torch.Tensor, amax: torch.Tensor, col: Direction, plain: bool) -> None:
     """amax[1]: the column direction's amax after its 16-point transform; with `plain`,
     amax[0]: x's own (a row direction without a transform)."""
     rows, cols = x.shape
-    tiles_c = -(-cols // AMAX_SLAB_COLS)
-    tiles = -(-rows // (16 * AMAX_SLAB_LINES)) * tiles_c
-    programs = min(tiles, AMAX_PROGRAMS_PER_SM * multiprocessors(x.device))
+    programs, tiles, tiles_c = _striding_grid(
+        x, 16 * AMAX_SLAB_LINES, AMAX_SLAB_COLS, AMAX_PROGRAMS_PER_SM
+    )
     rht_ptr, rht_value, rht_from_ptr = _seed_args(col.hadamard_seed, x.device)
     launch(
         amax_rht16_cols_kernel, (programs,),
@@ -296,9 +308,9 @@ def _amax_rht32_both(x: torch.Tensor, amax: torch.Tensor, row: Direction, col: D
     """amax[0], amax[1]: the row and column directions' amaxes after their 32-point
     transforms, from the slab kernel."""
     rows, cols = x.shape
-    tiles_c = -(-cols // AMAX32_COLS)
-    tiles = -(-rows // (32 * AMAX32_SLAB_LINES)) * tiles_c
-    programs = min(tiles, AMAX32_PROGRAMS_PER_SM * multiprocessors(x.device))
+    programs, tiles, tiles_c = _striding_grid(
+        x, 32 * AMAX32_SLAB_LINES, AMAX32_COLS, AMAX32_PROGRAMS_PER_SM
+    )
     row_ptr, row_value, row_from_ptr = _seed_args(row.hadamard_seed, x.device)
     col_ptr, col_value, col_from_ptr = _seed_args(col.hadamard_seed, x.device)
     launch(
