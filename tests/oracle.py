@@ -8,7 +8,8 @@ How it differs in method from fp4cli (on purpose, so that the two do not share m
   * power-of-two block scales are found with exact rational arithmetic (fractions.Fraction);
   * blocks are never padded: every element gets a block id, and padding zeros are irrelevant
     to amax;
-  * the stochastic-rounding bits come from a separate Philox4x32-10 written from Random123.
+  * the stochastic-rounding bits come from a separate Philox4x32-10 written from Random123
+    (tests/oracle_philox.py).
 
 Where float32 rounding is part of the contract (quant/reference.py: "in float32"), the oracle
 mirrors the exact float32 operation order with numpy float32 scalars/arrays. Each such place is

@@ -1,7 +1,7 @@
 """The oracle's stochastic-rounding bits (`tests.oracle`), written from Random123's
-Philox4x32-10, not from fp4cli: counter (i lo, i hi, 0, 0) for the call of element index 4 i..4 i
-+ 3, key (seed lo, seed hi); element 4 i + j takes word j, and its uniform number is
-(word >> 8) * 2^-24."""
+Philox4x32-10, not from fp4cli. Elements 4 i to 4 i + 3 share the call with counter
+(i lo, i hi, 0, 0) and key (seed lo, seed hi); element 4 i + j takes word j, and its uniform
+number is (word >> 8) * 2^-24."""
 
 from __future__ import annotations
 
