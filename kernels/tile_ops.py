@@ -261,6 +261,24 @@ def hadamard_signs(seed, COLS: tl.constexpr, SIZE: tl.constexpr):
 
 
 @triton.jit
+def add(a, b):
+    """a + b, as a reduction's combining function."""
+    return a + b
+
+
+@triton.jit
+def butterfly_by_sums(pairs):
+    """(a, b) -> (a + b, a - b) along the middle axis (size 2) of [N, 2, H], as two sums over
+    that axis: a + b, and a + (-b), which is a - b exactly. Reduced with `add`, not `tl.sum`,
+    whose interpreter starts from +0.0 (-0.0 + -0.0 came out +0.0)."""
+    pair_sign = 1.0 - 2.0 * tl.arange(0, 2).to(tl.float32)
+    total = tl.reduce(pairs, 1, add)
+    difference = tl.reduce(pairs * pair_sign[None, :, None], 1, add)
+    first = (tl.arange(0, 2) == 0)[None, :, None]
+    return tl.where(first, tl.expand_dims(total, 1), tl.expand_dims(difference, 1))
+
+
+@triton.jit
 def hadamard_rows(
     x,
     seed,
@@ -269,14 +287,24 @@ def hadamard_rows(
     SIZE: tl.constexpr,
     LOG2_SIZE: tl.constexpr,
     NORM: tl.constexpr,
+    BY_SUMS: tl.constexpr = False,
 ):
     """The random Hadamard transform of each SIZE-block along the last axis of a float32 tile:
-    signs, the butterfly stages h = 1, 2, .., SIZE/2 ((a, b) -> (a + b, a - b)), then * NORM."""
+    signs, the butterfly stages h = 1, 2, .., SIZE/2 ((a, b) -> (a + b, a - b)), then * NORM.
+
+    Two ways to the same values: the pairs split out and joined back (the compiler moves them
+    through shared memory where they lie in different threads), or, BY_SUMS, each pair's sum
+    and difference as sums over the pair (`butterfly_by_sums`: warp shuffles, and the tile
+    keeps the layout it was loaded in; the faster for rows of one-row-per-warp tiles)."""
     x = x * hadamard_signs(seed, COLS, SIZE)[None, :]
     for stage in tl.static_range(LOG2_SIZE):
         pairs = tl.reshape(x, (ROWS * COLS // (2 << stage), 2, 1 << stage))
-        a, b = tl.split(tl.permute(pairs, (0, 2, 1)))
-        x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (ROWS, COLS))
+        if BY_SUMS:
+            pairs = butterfly_by_sums(pairs)
+        else:
+            a, b = tl.split(tl.permute(pairs, (0, 2, 1)))
+            pairs = tl.permute(tl.join(a + b, a - b), (0, 2, 1))
+        x = tl.reshape(pairs, (ROWS, COLS))
     return x * NORM
 
 

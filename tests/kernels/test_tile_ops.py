@@ -1,6 +1,7 @@
 """The kernels' building blocks (fp4cli.kernels.tile_ops) on dense sweeps of float32 values,
 against the reference rounding of fp4cli.formats, bit for bit: every grid point and midpoint of
-a format, their float32 neighbours, subnormal inputs, values past the largest grid point."""
+a format, their float32 neighbours, subnormal inputs, values past the largest grid point; and
+the Hadamard butterflies, both ways, against the reference transform."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import triton
 import triton.language as tl
 
 from fp4cli.formats import encode, round_to_grid
-from fp4cli.kernels.tile_ops import round_unsigned_minifloat
+from fp4cli.kernels.tile_ops import hadamard_rows, round_unsigned_minifloat
 from fp4cli.quant import QuantSpec
+from fp4cli.techniques.hadamard import normalization, rht
 from tests.kernel_cases import assert_bits, on_device
 
 FORMATS = {
@@ -67,3 +69,43 @@ def test_round_unsigned_minifloat_is_the_reference_rounding(name, rule, zero_ok)
     )  # fmt: skip
     assert_bits(values_d.cpu(), expected, f"{name} {rule} values")
     assert_bits(codes_d.cpu(), encode(expected, fmt).to(torch.int32), f"{name} {rule} codes")
+
+
+@triton.jit
+def _hadamard_rows_kernel(
+    x_ptr, out_ptr, seed, ROWS: tl.constexpr, COLS: tl.constexpr, SIZE: tl.constexpr,
+    LOG2_SIZE: tl.constexpr, NORM: tl.constexpr, BY_SUMS: tl.constexpr,
+):  # fmt: skip
+    offsets = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+    x = tl.load(x_ptr + offsets)
+    transformed = hadamard_rows(x, seed.to(tl.int64), ROWS, COLS, SIZE, LOG2_SIZE, NORM, BY_SUMS)
+    tl.store(out_ptr + offsets, transformed)
+
+
+def butterfly_edge_rows(cols: int) -> torch.Tensor:
+    """Rows that test each butterfly's float32 operations: signed zeros (alone and among
+    values), subnormals, sums that overflow to Inf (and Inf - Inf), Inf and NaN."""
+    generator = torch.Generator().manual_seed(7)
+    values = torch.randn(cols, generator=generator) * 4
+    zeros = torch.where(torch.arange(cols) % 3 == 0, -0.0, 0.0)
+    mixed = torch.where(torch.arange(cols) % 4 == 1, -0.0, values)
+    subnormal = torch.randn(cols, generator=generator) * 1e-40
+    huge = torch.where(torch.arange(cols) % 2 == 0, 3.0e38, -3.0e38)
+    special = values.clone()
+    special[3], special[cols // 2 + 5] = float("inf"), float("nan")
+    return torch.stack([values, zeros, mixed, subnormal, huge, special, -zeros, values * 1e30])
+
+
+@pytest.mark.parametrize("by_sums", [False, True])
+@pytest.mark.parametrize("size", [4, 16, 32])
+def test_hadamard_rows_is_the_reference_transform(size, by_sums):
+    """Both ways to the butterflies (pairs split and joined, or sums over each pair) give the
+    reference `rht`'s bits, the sign of zero included."""
+    x = butterfly_edge_rows(64)
+    expected = rht(x, -1, size, 11)
+    out = on_device(torch.empty_like(x))
+    _hadamard_rows_kernel[(1,)](
+        on_device(x), out, 11, ROWS=x.shape[0], COLS=x.shape[1], SIZE=size,
+        LOG2_SIZE=size.bit_length() - 1, NORM=normalization(size), BY_SUMS=by_sums,
+    )  # fmt: skip
+    assert_bits(out.cpu(), expected, f"RHT-{size}, by sums: {by_sums}")
