@@ -295,7 +295,9 @@ def hadamard_rows(
     Two ways to the same values: the pairs split out and joined back (the compiler moves them
     through shared memory where they lie in different threads), or, BY_SUMS, each pair's sum
     and difference as sums over the pair (`butterfly_by_sums`: warp shuffles, and the tile
-    keeps the layout it was loaded in; the faster for rows of one-row-per-warp tiles)."""
+    keeps the layout it was loaded in). Which is faster depends on the kernel: sums for the
+    row kernel's packed codes, the split for its values, the amax pass and the pair kernel
+    (docs/benchmarks.md, "The Hadamard butterflies as sums, for packed codes")."""
     x = x * hadamard_signs(seed, COLS, SIZE)[None, :]
     for stage in tl.static_range(LOG2_SIZE):
         pairs = tl.reshape(x, (ROWS * COLS // (2 << stage), 2, 1 << stage))
