@@ -141,22 +141,23 @@ def layouts(cols: int, dtype: torch.dtype, q: float) -> list[tuple[int, int]]:
     return held
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cols", [1, 5, 9, 45, 130, 768])
-def test_thresholds_equal_the_sorted_rows(cols):
-    x = awkward_rows(cols, seed=cols)
-    for dtype in DTYPES:
-        values = x.to(dtype).to(DEVICE)
-        ordered = values.float().cpu().sort(dim=1).values
-        for q in QUANTILES:
-            low, high = nearest_ranks(cols, q)
-            want = keys(ordered[:, [low, high]].contiguous())
-            amax_bits = clamped_amax_bits(values.cpu(), low, high)
-            for chunk, rows_a_program in layouts(cols, dtype, q):
-                got = searched(values, low, high, chunk, rows_a_program).cpu()
-                case = (dtype, q, chunk, rows_a_program)
-                assert torch.equal(keys(got[:, :2].contiguous()), want), case
-                if cols <= chunk:
-                    assert torch.equal(got[:, 3].contiguous().view(torch.int32), amax_bits), case
+def test_thresholds_equal_the_sorted_rows(cols, dtype):
+    """Every quantile and layout of one dtype (a test per dtype: compiled for a GPU, each case
+    is a kernel variant of its own)."""
+    values = awkward_rows(cols, seed=cols).to(dtype).to(DEVICE)
+    ordered = values.float().cpu().sort(dim=1).values
+    for q in QUANTILES:
+        low, high = nearest_ranks(cols, q)
+        want = keys(ordered[:, [low, high]].contiguous())
+        amax_bits = clamped_amax_bits(values.cpu(), low, high)
+        for chunk, rows_a_program in layouts(cols, dtype, q):
+            got = searched(values, low, high, chunk, rows_a_program).cpu()
+            case = (q, chunk, rows_a_program)
+            assert torch.equal(keys(got[:, :2].contiguous()), want), case
+            if cols <= chunk:
+                assert torch.equal(got[:, 3].contiguous().view(torch.int32), amax_bits), case
 
 
 def test_candidates_decide_unless_a_group_holds_three_keys_beyond_a_rank():
