@@ -9,7 +9,8 @@ quantize-given-amax row; `mxfp4-rht32-sr`: with a 32-point transform and SR, to 
 launch the fast executor makes for one operand of a layer (a bf16 256 x 768 tensor), with the
 argument specialization a GPU launch gets (pointers and sizes divisible by 16), and prints per
 config: PTX instructions, SASS instructions up to the kernel's exit (division slow paths left
-out), float<->int conversions and registers per thread, each per element where it says so.
+out), float<->int conversions, registers per thread, barriers (values exchanged through shared
+memory wait at one) and warp shuffles, each per element where it says so.
 Needs triton's bundled cuobjdump (triton.backends.nvidia)."""
 
 from __future__ import annotations
@@ -134,14 +135,19 @@ def counts(config: str) -> dict[str, float]:
         "sass": len(main) / per_thread,
         "conversions": sum(_opcode(line) in CONVERSIONS for line in main) / per_thread,
         "registers": float(registers.group(1)) if registers else float("nan"),
+        "barriers": sum(_opcode(line) == "BAR" for line in main) / per_thread,
+        "shuffles": sum(_opcode(line) == "SHFL" for line in main) / per_thread,
     }
 
 
 if __name__ == "__main__":
-    print("config                PTX/elem  SASS/elem  conversions/elem  registers")
+    print(
+        "config                PTX/elem  SASS/elem  conversions/elem  registers"
+        "  barriers/elem  shuffles/elem"
+    )
     for name in sys.argv[1:] or [*CONFIGS, *(f"pair:{pair}" for pair in pair_directions())]:
         c = counts(name)
         print(
             f"{name:20s}  {c['ptx']:8.1f}  {c['sass']:9.1f}  {c['conversions']:16.2f}"
-            f"  {c['registers']:9.0f}"
+            f"  {c['registers']:9.0f}  {c['barriers']:13.2f}  {c['shuffles']:13.2f}"
         )
