@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from fp4cli.cli.main import app
 from fp4cli.store import SCHEMA_VERSION, RunStore, StoreError
 from fp4cli.store.schema import MIGRATIONS
+from tests.run_ids import unique_prefix
 
 VERSIONS = {"torch": "2.9.0", "triton": "3.5.0", "python": "3.11.7"}
 runner = CliRunner()
@@ -411,8 +412,9 @@ def test_runs_list(tmp_path: Path) -> None:
 
 def test_runs_show(tmp_path: Path) -> None:
     path = tmp_path / "fp4.db"
-    gpt, _ = filled_store(path)
-    result = runner.invoke(app, ["runs", "show", gpt[:-1], "--store", str(path)], env=WIDE)
+    gpt, vit = filled_store(path)
+    prefix = unique_prefix(gpt, [vit], drop=1)
+    result = runner.invoke(app, ["runs", "show", prefix, "--store", str(path)], env=WIDE)
     assert result.exit_code == 0, result.output
     for text in (gpt, "mxfp4", "lr: 0.0003", "val_loss", "3.25", "step100.pt", "sqnr", "20.5"):
         assert text in result.stdout, text

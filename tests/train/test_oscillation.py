@@ -19,6 +19,7 @@ from fp4cli.store import RunStore
 from fp4cli.train import run_training
 from fp4cli.train.progress import SilentReporter
 from fp4cli.train.stats import QuantStatsCollector, confidence_histogram, quant_confidence
+from tests.run_ids import unique_prefix
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -173,9 +174,9 @@ def filled(tmp_path):
 
 
 def test_summaries_match_hand_computed_means(filled) -> None:
-    path, a, _, c = filled
+    path, a, b, c = filled
     with RunStore(path) as store:
-        run = load_oscillation(store, a[:-2])  # a unique prefix works
+        run = load_oscillation(store, unique_prefix(a, (b, c)))  # a unique prefix works
         with pytest.raises(AnalysisError, match="has no oscillation statistics"):
             load_oscillation(store, c)
     assert run.run_id == a and run.steps == [5, 10]
