@@ -77,16 +77,15 @@ def quantize_command(
     backend_list = parse_choices("backends", backends, BACKENDS)
     torch_dtype, torch_device = parse_dtype(dtype), bench_device(device)
     check_request(shape_list, axis, backend_list, iters, torch_device, timing)
-    recorder = _Recorder("quantize", store, no_store, torch_device)
-    try:
-        with _CaseProgress(len(shape_list) * len(config_names), "quantize") as progress:
-            rows = run_quantize_bench(
-                shape_list, config_names, torch_dtype, axis, backend_list, iters, torch_device,
-                timing=timing, compile_timeout_s=compile_timeout, on_case=progress.case,
-                on_rows=recorder.record,
-            )  # fmt: skip
-    finally:
-        recorder.close()
+    with (
+        _Recorder("quantize", store, no_store, torch_device) as recorder,
+        _CaseProgress(len(shape_list) * len(config_names), "quantize") as progress,
+    ):
+        rows = run_quantize_bench(
+            shape_list, config_names, torch_dtype, axis, backend_list, iters, torch_device,
+            timing=timing, compile_timeout_s=compile_timeout, on_case=progress.case,
+            on_rows=recorder.record,
+        )  # fmt: skip
     table = _table(rows, torch_device, dtype, axis, iters, timing)
     console_for(table).print(table)
     typer.echo(recorder.summary())
@@ -141,13 +140,22 @@ class _CaseProgress:
 
 class _Recorder:
     """Benchmark rows of one kind into the run store (or nowhere, --no-store) as they are
-    measured: an interrupted run keeps what it did."""
+    measured: an interrupted run keeps what it did, says so on one line and exits 130."""
 
     def __init__(self, kind: str, path: Path | None, no_store: bool, device: Any) -> None:
         from fp4cli.store import RunStore
 
         self.kind, self.device, self.logged = kind, device, 0
         self.store = None if no_store else RunStore(path)
+
+    def __enter__(self) -> _Recorder:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.close()
+        if kind is KeyboardInterrupt:
+            typer.echo(f"interrupted: {self.summary()}", err=True)
+            raise typer.Exit(130)
 
     def record(self, rows: list[Any]) -> None:
         from fp4cli.bench.record import store_rows
@@ -275,15 +283,14 @@ def gemm_command(
     torch_device = bench_device(device)
     outliers = Outliers(outlier_channels, outlier_scale) if outlier_channels else None
     check_gemm_request(shape_list, torch_device, timing, outliers)
-    recorder = _Recorder("gemm", store, no_store, torch_device)
-    try:
-        with _CaseProgress(len(shape_list), "gemm") as progress:
-            rows = run_gemm_bench(
-                shape_list, impl_list, torch_device, rep_ms=rep_ms, timing=timing,
-                outliers=outliers, on_case=progress.gemm_case, on_rows=recorder.record,
-            )  # fmt: skip
-    finally:
-        recorder.close()
+    with (
+        _Recorder("gemm", store, no_store, torch_device) as recorder,
+        _CaseProgress(len(shape_list), "gemm") as progress,
+    ):
+        rows = run_gemm_bench(
+            shape_list, impl_list, torch_device, rep_ms=rep_ms, timing=timing,
+            outliers=outliers, on_case=progress.gemm_case, on_rows=recorder.record,
+        )  # fmt: skip
     table = _gemm_table(rows, torch_device, timing)
     console_for(table).print(table)
     typer.echo(recorder.summary())

@@ -71,15 +71,14 @@ def layer_command(
         load_recipe(recipe)  # RecipeError names what is wrong
     check_kernel_backends(backend_list, torch_device)
     case_list = bench.cases(shape_list, recipe_list, backend_list, gemm_list)
-    recorder = _Recorder("layer", store, no_store, torch_device)
-    try:
-        with _CaseProgress(len(case_list), "layer") as progress:
-            rows = bench.run_layer_bench(
-                case_list, torch_device, iters, timing, on_case=progress.layer_case,
-                on_rows=recorder.record,
-            )  # fmt: skip
-    finally:
-        recorder.close()
+    with (
+        _Recorder("layer", store, no_store, torch_device) as recorder,
+        _CaseProgress(len(case_list), "layer") as progress,
+    ):
+        rows = bench.run_layer_bench(
+            case_list, torch_device, iters, timing, on_case=progress.layer_case,
+            on_rows=recorder.record,
+        )  # fmt: skip
     table = _layer_table(rows, torch_device, timing, iters)
     console_for(table).print(table)
     typer.echo(recorder.summary())

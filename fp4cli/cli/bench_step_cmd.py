@@ -74,9 +74,8 @@ def step_command(
     case_list = bench.cases(
         task_list, size, batch_size, recipe_list, backend_list, mode_list, gemm_list
     )
-    recorder = _Recorder("step", store, no_store, torch_device)
     batch_rows = []
-    try:
+    with _Recorder("step", store, no_store, torch_device) as recorder:
         with _CaseProgress(len(case_list), "step") as progress:
             rows = bench.run_step_bench(
                 case_list, torch_device, steps, on_case=progress.step_case,
@@ -91,8 +90,6 @@ def step_command(
                 )  # fmt: skip
                 recorder.record([found])
                 batch_rows.append(found)
-    finally:
-        recorder.close()
     table = _step_table(rows, torch_device)
     console_for(table).print(table)
     if batch_rows:

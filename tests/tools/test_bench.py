@@ -239,7 +239,7 @@ def test_a_slow_compile_is_given_up_once_per_config(monkeypatch: pytest.MonkeyPa
 
 def test_an_interrupted_bench_keeps_the_cases_it_measured(tmp_path: Path, monkeypatch) -> None:
     """Each case is stored as soon as it is measured: stopping during the second case keeps the
-    first one's rows."""
+    first one's rows, and the command says so on one line and exits 130."""
     from fp4cli.bench import quantize as bench_quantize
 
     measured_case = bench_quantize._Runner.case_rows
@@ -254,10 +254,13 @@ def test_an_interrupted_bench_keeps_the_cases_it_measured(tmp_path: Path, monkey
     monkeypatch.setattr(bench_quantize._Runner, "case_rows", interrupted_on_second)
     path = tmp_path / "fp4.db"
     result = bench(*SMALL, "--configs", "mxfp4,nvfp4", "--backends", "torch", "--store", str(path))
-    assert result.exit_code != 0
+    assert result.exit_code == 130
     with RunStore(path) as store:
         rows = store.benchmarks("quantize")
     assert rows and {row["config"]["config"] for row in rows} == {"mxfp4"}
+    assert result.output.strip().splitlines()[-1] == (
+        f"interrupted: {len(rows)} measurements stored in {path}"
+    )
 
 
 def test_a_call_graph_capture_refuses_gets_a_note() -> None:
