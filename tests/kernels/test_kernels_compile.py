@@ -23,41 +23,43 @@ def test_the_gemm_kernels_compile_for_hopper_as_a_gpu_launch_specializes_them():
     assert done.stdout.split()[-1] == "10"
 
 
+def counted(*configs: str) -> dict[str, dict[str, float]]:
+    """`python -m tests.kernel_instructions CONFIG ...`'s table: per config, in its order, each
+    column by its header's name (PTX/elem, SASS/elem, conversions/elem, registers, ...)."""
+    done = run_compiler_module("tests.kernel_instructions", *configs)
+    assert done.returncode == 0, done.stderr[-3000:]
+    header, *lines = done.stdout.splitlines()
+    columns = header.split()[1:]
+    rows = [line.split() for line in lines]
+    return {row[0]: dict(zip(columns, map(float, row[1:]), strict=True)) for row in rows}
+
+
 def test_rounding_to_nearest_converts_nothing_between_float_and_int():
     """The RNE quantize kernels round on float32 bits (tests/kernel_instructions.py): their sm_90
     code holds no float<->int conversion, a quarter-rate instruction on Hopper."""
-    done = run_compiler_module("tests.kernel_instructions", "nvfp4", "mxfp4")
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [line.split() for line in done.stdout.splitlines()[1:]]
-    assert [row[0] for row in rows] == ["nvfp4", "mxfp4"]
-    for name, ptx, sass, conversions, *_rest in rows:
-        assert float(ptx) > 10 and float(sass) > 10, name
-        assert float(conversions) == 0.0, name
+    rows = counted("nvfp4", "mxfp4")
+    assert list(rows) == ["nvfp4", "mxfp4"]
+    for name, row in rows.items():
+        assert row["PTX/elem"] > 10 and row["SASS/elem"] > 10, name
+        assert row["conversions/elem"] == 0.0, name
 
 
 def test_pair_launches_are_counted():
     """`python -m tests.kernel_instructions pair:...` counts the fast executor's pair launches
     (docs/fast-linear.md quotes them): stochastic rounding adds instructions to every value."""
-    done = run_compiler_module("tests.kernel_instructions", "pair:mxfp4-x", "pair:tseng-x-no-rht")
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()[1:]}
+    rows = counted("pair:mxfp4-x", "pair:tseng-x-no-rht")
     assert list(rows) == ["pair:mxfp4-x", "pair:tseng-x-no-rht"]
-    plain, rounded = float(rows["pair:mxfp4-x"][1]), float(rows["pair:tseng-x-no-rht"][1])
+    plain, rounded = (row["SASS/elem"] for row in rows.values())
     assert 10 < plain < rounded
 
 
 def test_packed_codes_take_the_hadamard_butterflies_as_shuffles():
     """Writing packed codes with RHT-32 and SR along the last axis, the quantize kernel keeps
-    the tile in its loaded layout (`tile_ops.butterfly_by_sums`): it waits at no more barriers
-    than the kernel writing values, and issues about as many instructions (with the split
-    butterflies it took 35 barriers a thread against 15, and 84.6 instructions a value against
-    63.3; docs/benchmarks.md)."""
-    configs = ("mxfp4-rht32-sr", "mxfp4-rht32-sr-values")
-    done = run_compiler_module("tests.kernel_instructions", *configs)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()[1:]}
-    codes, values = (rows[config] for config in configs)
-    sass, barriers, shuffles = 1, 4, 5
-    assert float(codes[barriers]) < 0.5 * float(values[barriers])
-    assert float(codes[shuffles]) >= 2.0  # the butterflies' stages across lanes
-    assert float(codes[sass]) < 1.1 * float(values[sass])
+    the tile in its loaded layout (`tile_ops.butterfly_by_sums`): it waits at fewer than half
+    the barriers of the kernel writing values, and issues about as many instructions (with the
+    split butterflies it took 35 barriers a thread against 15, and 84.6 instructions a value
+    against 63.3; docs/benchmarks.md)."""
+    codes, values = counted("mxfp4-rht32-sr", "mxfp4-rht32-sr-values").values()
+    assert codes["barriers/elem"] < 0.5 * values["barriers/elem"]
+    assert codes["shuffles/elem"] >= 2.0  # the butterflies' stages across lanes
+    assert codes["SASS/elem"] < 1.1 * values["SASS/elem"]
