@@ -164,11 +164,12 @@ def e2m1_code_away(magnitude):
 
 @triton.jit
 def e2m1_value(code):
-    """Float32 magnitude of an E2M1 magnitude code (0..7)."""
-    exponent = code >> 1
-    mantissa = (code & 1).to(tl.float32)
-    binade = (tl.full(code.shape, 1, tl.int32) << exponent).to(tl.float32) * 0.25
-    return tl.where(exponent == 0, 0.5 * mantissa, (2.0 + mantissa) * binade)
+    """Float32 magnitude of an E2M1 magnitude code (0..7), built from its bits: from code 2 up,
+    the code is the value's exponent and first mantissa bit, so (code + 252) << 22 is the
+    float32 (2 -> 1.0, 3 -> 1.5, ..., 7 -> 6.0); codes 0 and 1 are 0 and 0.5 (0x3F000000)."""
+    code = code.to(tl.int32)
+    bits = tl.where(code >= 2, (code + 252) << 22, code * 0x3F000000)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -181,8 +182,10 @@ def signed(magnitude, negative):
 
 @triton.jit
 def signed_e2m1_value(code):
-    """Float32 value of a signed E2M1 code (0..15: sign << 3 | magnitude code)."""
-    return signed(e2m1_value(code & 7), code >= 8)
+    """Float32 value of a signed E2M1 code (0..15: sign << 3 | magnitude code): `e2m1_value`'s
+    bits with the code's sign bit moved to bit 31 (-0.0 for code 8)."""
+    magnitude = e2m1_value(code & 7).to(tl.int32, bitcast=True)
+    return (magnitude | ((code & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

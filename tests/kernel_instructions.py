@@ -5,7 +5,8 @@ without a GPU: what `fp4 bench quantize` times, counted instead of timed.
 config, either the launch `quantize_e2m1` makes for a bf16 tensor of 8192-wide rows along its
 last axis (a two-level spec given its tensor amax, as `fp4 bench quantize`'s
 quantize-given-amax row; `mxfp4-rht32-sr`: with a 32-point transform and SR, to codes, or with
-`-values` to bf16 values as fake-quantization), or, for a `pair:` config, the `quantize_pair`
+`-values` to bf16 values as fake-quantization), for `dequantize:PRESET` the dequantization of
+a 3072 x 8192 bf16 tensor along its last axis, or, for a `pair:` config, the `quantize_pair`
 launch the fast executor makes for one operand of a layer (a bf16 256 x 768 tensor), with the
 argument specialization a GPU launch gets (pointers and sizes divisible by 16), and prints per
 config: PTX instructions, SASS instructions up to the kernel's exit (division slow paths left
@@ -103,6 +104,8 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         kernel, args, kwargs = next(f for f in found if f[0].fn.__name__ == "quantize_pair_kernel")
         named = named_arguments(kernel, args, kwargs)
         return kernel, args, kwargs, named["BR"] * named["BC"] / (32 * kwargs["num_warps"])
+    if config.startswith("dequantize:"):
+        return _dequantize_launch(QuantSpec.preset(config.removeprefix("dequantize:")))
     preset, overrides, arguments = CONFIGS[config]
     spec = QuantSpec.preset(preset, **overrides)
     x = torch.zeros(8, 8192, dtype=torch.bfloat16)
@@ -112,6 +115,25 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         [(launch, "quantize_kernel"), (launch, "encode_table_kernel")],
     )
     kernel, args, kwargs = next(f for f in launches if f[0].fn.__name__ == "quantize_kernel")
+    named = named_arguments(kernel, args, kwargs)
+    return kernel, args, kwargs, named["ROWS"] * named["COLS"] / (32 * kwargs["num_warps"])
+
+
+def _dequantize_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
+    """`dequantize_e2m1`'s launch writing a bf16 3072 x 8192 tensor along its last axis."""
+    import fp4cli.kernels.launch as launch
+
+    lines, length = 3072, 8192
+    codes = torch.zeros(lines, length // 2, dtype=torch.uint8)
+    scales = torch.zeros(lines, length // int(spec.block), dtype=torch.uint8)
+    amax = torch.ones(1) if spec.tensor_scale else None
+    found = intercepted_launches(
+        lambda: launch.dequantize_e2m1(
+            codes, scales, amax, spec, (lines, length), 1, torch.bfloat16
+        ),
+        [(launch, "dequantize_kernel")],
+    )
+    kernel, args, kwargs = found[0]
     named = named_arguments(kernel, args, kwargs)
     return kernel, args, kwargs, named["ROWS"] * named["COLS"] / (32 * kwargs["num_warps"])
 
