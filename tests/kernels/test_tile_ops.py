@@ -11,8 +11,14 @@ import triton
 import triton.language as tl
 
 from fp4cli.formats import encode, round_to_grid
-from fp4cli.kernels.tile_ops import hadamard_rows, round_unsigned_minifloat
+from fp4cli.kernels.tile_ops import (
+    e2m1_code_sr,
+    e2m1_sr_grid,
+    hadamard_rows,
+    round_unsigned_minifloat,
+)
 from fp4cli.quant import QuantSpec
+from fp4cli.quant.random_bits import uniform_from_bits
 from fp4cli.techniques.hadamard import normalization, rht
 from tests.kernel_cases import assert_bits, on_device
 
@@ -109,3 +115,49 @@ def test_hadamard_rows_is_the_reference_transform(size, by_sums):
         LOG2_SIZE=size.bit_length() - 1, NORM=normalization(size), BY_SUMS=by_sums,
     )  # fmt: skip
     assert_bits(out.cpu(), expected, f"RHT-{size}, by sums: {by_sums}")
+
+
+@triton.jit
+def _sr_kernel(x_ptr, bits_ptr, code_ptr, value_ptr, n, SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * SIZE + tl.arange(0, SIZE)
+    mask = offsets < n
+    magnitude = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    bits = tl.load(bits_ptr + offsets, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    tl.store(code_ptr + offsets, e2m1_code_sr(magnitude, bits), mask=mask)
+    tl.store(value_ptr + offsets, e2m1_sr_grid(magnitude, bits), mask=mask)
+
+
+def sr_cases() -> tuple[torch.Tensor, torch.Tensor]:
+    """Magnitudes of the E2M1 sweep (subnormals, grid points, midpoints, their neighbours, past
+    6) each with random bits at and around its threshold: the top 24 bits equal to
+    floor and ceil of F = fraction * 2^24, one either side, 0 and 2^24 - 1, and random words."""
+    magnitude = sweep(FORMATS["e2m1"]).double()
+    magnitude = magnitude[magnitude.isfinite()]
+    spacing = torch.where(magnitude < 1, 0.5, torch.exp2(torch.floor(torch.log2(magnitude)) - 1))
+    fraction = magnitude / spacing - torch.floor(magnitude / spacing)
+    threshold = fraction * 2.0**24
+    floor, ceil = torch.floor(threshold), torch.ceil(threshold)
+    tops = [floor, ceil, floor - 1, ceil + 1, 0 * threshold, 0 * threshold + 2**24 - 1]
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        tops.append(torch.randint(0, 2**24, threshold.shape, generator=generator).double())
+    top = torch.cat(tops).clamp(0, 2**24 - 1).long()
+    low_bits = torch.randint(0, 256, top.shape, generator=generator)
+    words = (top << 8) | low_bits
+    return magnitude.repeat(len(tops)).float(), (words - (words >= 2**31) * 2**32).to(torch.int32)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # 2|v| of the largest
+def test_stochastic_rounding_is_the_reference_rounding():
+    """`e2m1_code_sr` and `e2m1_sr_grid` round up exactly where the reference's uniform number
+    (the word's top 24 bits times 2^-24) is below the fraction, on words at the threshold."""
+    magnitude, words = sr_cases()
+    expected = round_to_grid(
+        magnitude, FORMATS["e2m1"], "sr", uniform_from_bits(words.long() & 0xFFFFFFFF)
+    )
+    x, bits = on_device(magnitude), on_device(words)
+    codes = torch.empty_like(bits)
+    values = torch.empty_like(x)
+    _sr_kernel[(triton.cdiv(x.numel(), 1024),)](x, bits, codes, values, x.numel(), SIZE=1024)
+    assert_bits(values.cpu(), expected, "sr grid values")
+    assert_bits(encode(values.cpu(), FORMATS["e2m1"]).to(torch.int32) & 7, codes.cpu() & 7)
