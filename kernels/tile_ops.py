@@ -184,6 +184,7 @@ def signed(magnitude, negative):
 def signed_e2m1_value(code):
     """Float32 value of a signed E2M1 code (0..15: sign << 3 | magnitude code): `e2m1_value`'s
     bits with the code's sign bit moved to bit 31 (-0.0 for code 8)."""
+    code = code.to(tl.int32)
     magnitude = e2m1_value(code & 7).to(tl.int32, bitcast=True)
     return (magnitude | ((code & 8) << 28)).to(tl.float32, bitcast=True)
 
