@@ -101,9 +101,7 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
              (launch_pair, "amax_rht16_cols_kernel"), (launch_pair, "amax_rht32_both_kernel"),
              (launch, "encode_table_kernel")],
         )  # fmt: skip
-        kernel, args, kwargs = next(f for f in found if f[0].fn.__name__ == "quantize_pair_kernel")
-        named = named_arguments(kernel, args, kwargs)
-        return kernel, args, kwargs, named["BR"] * named["BC"] / (32 * kwargs["num_warps"])
+        return _per_thread(found, "quantize_pair_kernel", "BR", "BC")
     if config.startswith("dequantize:"):
         return _dequantize_launch(QuantSpec.preset(config.removeprefix("dequantize:")))
     preset, overrides, arguments = CONFIGS[config]
@@ -114,9 +112,7 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         lambda: launch.quantize_e2m1(x, spec, 1, 0, t_amax=amax, **arguments),
         [(launch, "quantize_kernel"), (launch, "encode_table_kernel")],
     )
-    kernel, args, kwargs = next(f for f in launches if f[0].fn.__name__ == "quantize_kernel")
-    named = named_arguments(kernel, args, kwargs)
-    return kernel, args, kwargs, named["ROWS"] * named["COLS"] / (32 * kwargs["num_warps"])
+    return _per_thread(launches, "quantize_kernel", "ROWS", "COLS")
 
 
 def _dequantize_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
@@ -133,9 +129,17 @@ def _dequantize_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
         ),
         [(launch, "dequantize_kernel")],
     )
-    kernel, args, kwargs = found[0]
+    return _per_thread(found, "dequantize_kernel", "ROWS", "COLS")
+
+
+def _per_thread(
+    found: list[tuple[Any, tuple, dict]], name: str, rows: str, cols: str
+) -> tuple[Any, tuple, dict, float]:
+    """(kernel, args, kwargs, elements per thread) of the intercepted launch of kernel `name`,
+    whose tile is its constexprs `rows` x `cols`."""
+    kernel, args, kwargs = next(f for f in found if f[0].fn.__name__ == name)
     named = named_arguments(kernel, args, kwargs)
-    return kernel, args, kwargs, named["ROWS"] * named["COLS"] / (32 * kwargs["num_warps"])
+    return kernel, args, kwargs, named[rows] * named[cols] / (32 * kwargs["num_warps"])
 
 
 def counts(config: str) -> dict[str, float]:
