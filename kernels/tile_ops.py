@@ -96,12 +96,23 @@ def round_unsigned_minifloat(
 def unsigned_minifloat_value(
     code, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_CODE: tl.constexpr
 ):
-    """Float32 value of an unsigned minifloat scale code (codes above MAX_CODE are NaN)."""
-    field = code >> MBITS
-    mantissa = code & ((1 << MBITS) - 1)
-    subnormal = mantissa.to(tl.float32) * pow2(tl.full(code.shape, MIN_EXP - MBITS, tl.int32))
-    normal = (mantissa + (1 << MBITS)).to(tl.float32) * pow2(field - 1 + MIN_EXP - MBITS)
-    value = tl.where(field == 0, subnormal, normal)
+    """Float32 value of an unsigned minifloat code (codes above MAX_CODE are NaN).
+
+    Where every normal code's exponent is a float32 normal exponent, the code's bits are the
+    float32's: shifted onto its mantissa and rebiased, `code << (23 - MBITS)` plus
+    (MIN_EXP + 126) << 23. A subnormal code (field 0) is given exponent MIN_EXP the same way,
+    2^MIN_EXP (1 + m / 2^MBITS), less 2^MIN_EXP: exact. No int->float conversion."""
+    if MIN_EXP > -126 and (MAX_CODE >> MBITS) + MIN_EXP <= 128:
+        biased = (code << (23 - MBITS)) + ((MIN_EXP + 126) << 23)
+        normal = biased.to(tl.float32, bitcast=True)
+        raised = (biased + (1 << 23)).to(tl.float32, bitcast=True)
+        value = tl.where(code < (1 << MBITS), raised - 2.0**MIN_EXP, normal)
+    else:
+        field = code >> MBITS
+        mantissa = code & ((1 << MBITS) - 1)
+        subnormal = mantissa.to(tl.float32) * pow2(tl.full(code.shape, MIN_EXP - MBITS, tl.int32))
+        normal = (mantissa + (1 << MBITS)).to(tl.float32) * pow2(field - 1 + MIN_EXP - MBITS)
+        value = tl.where(field == 0, subnormal, normal)
     return tl.where(code > MAX_CODE, float("nan"), value)
 
 

@@ -6,12 +6,14 @@ config, either the launch `quantize_e2m1` makes for a bf16 tensor of 8192-wide r
 last axis (a two-level spec given its tensor amax, as `fp4 bench quantize`'s
 quantize-given-amax row; `mxfp4-rht32-sr`: with a 32-point transform and SR, to codes, or with
 `-values` to bf16 values as fake-quantization), for `dequantize:PRESET` the dequantization of
-a 3072 x 8192 bf16 tensor along its last axis, or, for a `pair:` config, the `quantize_pair`
-launch the fast executor makes for one operand of a layer (a bf16 256 x 768 tensor), with the
-argument specialization a GPU launch gets (pointers and sizes divisible by 16), and prints per
-config: PTX instructions, SASS instructions up to the kernel's exit (division slow paths left
-out), float<->int conversions, registers per thread, barriers (values exchanged through shared
-memory wait at one) and warp shuffles, each per element where it says so.
+a 3072 x 8192 bf16 tensor along its last axis, for `decode-vector:PRESET` the vector-wise
+executor's decode of one-byte codes to an 8192 x 3072 bf16 tensor, or, for a `pair:` config,
+the `quantize_pair` launch the fast executor makes for one operand of a layer (a bf16 256 x 768
+tensor), with the argument specialization a GPU launch gets (pointers and sizes divisible by
+16), and prints per config: PTX instructions, SASS instructions up to the kernel's exit
+(division slow paths left out), float<->int conversions, registers per thread, barriers (values
+exchanged through shared memory wait at one) and warp shuffles, each per element where it says
+so.
 Needs triton's bundled cuobjdump (triton.backends.nvidia)."""
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         return _per_thread(found, "quantize_pair_kernel", "BR", "BC")
     if config.startswith("dequantize:"):
         return _dequantize_launch(QuantSpec.preset(config.removeprefix("dequantize:")))
+    if config.startswith("decode-vector:"):
+        return _decode_vector_launch(QuantSpec.preset(config.removeprefix("decode-vector:")))
     preset, overrides, arguments = CONFIGS[config]
     spec = QuantSpec.preset(preset, **overrides)
     x = torch.zeros(8, 8192, dtype=torch.bfloat16)
@@ -130,6 +134,20 @@ def _dequantize_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
         [(launch, "dequantize_kernel")],
     )
     return _per_thread(found, "dequantize_kernel", "ROWS", "COLS")
+
+
+def _decode_vector_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
+    """`decode_vector`'s launch writing a bf16 8192 x 3072 tensor from one-byte codes with a
+    float32 scale per row (a row-, column- or tensor-scaled spec)."""
+    import fp4cli.kernels.launch_vector as launch_vector
+
+    codes = torch.zeros(8192, 3072, dtype=torch.uint8)
+    scales = torch.ones(8192)
+    found = intercepted_launches(
+        lambda: launch_vector.decode_vector(codes, scales, spec, 1, torch.bfloat16),
+        [(launch_vector, "decode_kernel")],
+    )
+    return _per_thread(found, "decode_kernel", "BR", "BC")
 
 
 def _per_thread(

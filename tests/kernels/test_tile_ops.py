@@ -10,12 +10,13 @@ import torch
 import triton
 import triton.language as tl
 
-from fp4cli.formats import encode, round_to_grid
+from fp4cli.formats import ELEMENT_FORMATS, encode, round_to_grid
 from fp4cli.kernels.tile_ops import (
     e2m1_code_sr,
     e2m1_sr_grid,
     hadamard_rows,
     round_unsigned_minifloat,
+    unsigned_minifloat_value,
 )
 from fp4cli.quant import QuantSpec
 from fp4cli.quant.random_bits import uniform_from_bits
@@ -75,6 +76,39 @@ def test_round_unsigned_minifloat_is_the_reference_rounding(name, rule, zero_ok)
     )  # fmt: skip
     assert_bits(values_d.cpu(), expected, f"{name} {rule} values")
     assert_bits(codes_d.cpu(), encode(expected, fmt).to(torch.int32), f"{name} {rule} codes")
+
+
+@triton.jit
+def _value_kernel(
+    code_ptr, value_ptr, n, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_CODE: tl.constexpr,
+    SIZE: tl.constexpr,
+):  # fmt: skip
+    offsets = tl.program_id(0) * SIZE + tl.arange(0, SIZE)
+    mask = offsets < n
+    code = tl.load(code_ptr + offsets, mask=mask, other=0)
+    value = unsigned_minifloat_value(code, MBITS, MIN_EXP, MAX_CODE)
+    tl.store(value_ptr + offsets, value, mask=mask)
+
+
+MINIFLOATS = {**FORMATS, **{name: f for name, f in ELEMENT_FORMATS.items() if f.ebits > 0}}
+
+
+@pytest.mark.parametrize("name", MINIFLOATS)
+def test_unsigned_minifloat_value_of_every_code(name):
+    """Every magnitude code's float32 value (normal, subnormal, zero; NaN past the largest
+    code), as the format's own decoding gives it."""
+    fmt = MINIFLOATS[name]
+    codes = torch.arange(256 if not fmt.signed else fmt.sign_bit, dtype=torch.int32)
+    expected = torch.tensor(
+        [fmt.decode_magnitude(c) if c <= fmt.max_code else float("nan") for c in codes.tolist()],
+        dtype=torch.float32,
+    )
+    values = on_device(torch.empty(codes.shape, dtype=torch.float32))
+    _value_kernel[(1,)](
+        on_device(codes), values, codes.numel(), MBITS=fmt.mbits, MIN_EXP=fmt.min_exponent,
+        MAX_CODE=fmt.max_code, SIZE=256,
+    )  # fmt: skip
+    assert_bits(values.cpu(), expected, name)
 
 
 @triton.jit
