@@ -151,6 +151,10 @@ def bench_device(device: torch.device | str) -> torch.device:
     return pick_device(check_device(device))
 
 
+INTERPRETED_NOTICE = (
+    "TRITON_INTERPRET=1 on the CPU: each triton row is one call in Triton's interpreter "
+    "(seconds each), which times the interpreter, not the kernels"
+)
 CPU_MAX_ELEMENTS = 1 << 22  # larger tensors take minutes per case on a CPU
 
 
@@ -227,7 +231,13 @@ class _Runner:
         return rows
 
     def row(self, case: Case, kernel: str, backend: str, bytes_moved: int) -> BenchRow:
-        return BenchRow(case, kernel, backend, bytes_moved, self.iters, self.timing)
+        iters = 1 if self._interpreted(backend) else self.iters
+        return BenchRow(case, kernel, backend, bytes_moved, iters, self.timing)
+
+    def _interpreted(self, backend: str) -> bool:
+        """Triton's interpreter runs the kernels on the CPU, seconds a call: such a row is one
+        call (`INTERPRETED_NOTICE`), its time the interpreter's, not a kernel's."""
+        return backend == "triton" and self.device.type != "cuda" and interpreter_on()
 
     def measure(self, row: BenchRow, x: torch.Tensor) -> None:
         """Time the row's call, or note why it cannot run."""
@@ -256,8 +266,9 @@ class _Runner:
     def _time_ms(self, row: BenchRow, x: torch.Tensor) -> float:
         call = kernel_call(row.kernel, row.backend, x, row.case.config, row.case.axis)
         limit = self.compile_timeout_s if row.backend == "compile" else 0.0
+        warmup, repeats = (0, 1) if self._interpreted(row.backend) else (self.warmup, self.repeats)
         with time_limit(limit):
-            return median_ms(call, self.device, self.iters, self.warmup, self.repeats, self.timing)
+            return median_ms(call, self.device, row.iters, warmup, repeats, self.timing)
 
 
 def _triton_gap(case: Case, device: torch.device) -> str | None:

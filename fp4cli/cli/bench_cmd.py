@@ -68,8 +68,15 @@ def quantize_command(
     """
     from fp4cli.bench.configs import bench_configs
     from fp4cli.bench.parsing import parse_choices, parse_dtype, parse_shapes, split_list
-    from fp4cli.bench.quantize import BACKENDS, bench_device, check_request, run_quantize_bench
+    from fp4cli.bench.quantize import (
+        BACKENDS,
+        INTERPRETED_NOTICE,
+        bench_device,
+        check_request,
+        run_quantize_bench,
+    )
     from fp4cli.cli.output import console_for
+    from fp4cli.quant.backend import interpreter_on
 
     quiet_compiler_warnings()
     shape_list = parse_shapes(shapes)
@@ -77,6 +84,8 @@ def quantize_command(
     backend_list = parse_choices("backends", backends, BACKENDS)
     torch_dtype, torch_device = parse_dtype(dtype), bench_device(device)
     check_request(shape_list, axis, backend_list, iters, torch_device, timing)
+    if "triton" in backend_list and torch_device.type != "cuda" and interpreter_on():
+        typer.echo(f"note: {INTERPRETED_NOTICE}", err=True)
     with (
         _Recorder("quantize", store, no_store, torch_device) as recorder,
         _CaseProgress(len(shape_list) * len(config_names), "quantize") as progress,

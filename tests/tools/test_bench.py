@@ -79,6 +79,25 @@ def test_quantize_command_prints_and_stores(tmp_path: Path) -> None:
         assert config["timing"] == "loop"
 
 
+@pytest.mark.skipif(not TRITON_RUNS, reason="runs the kernels under TRITON_INTERPRET=1")
+def test_interpreted_triton_rows_are_one_call_and_said_so(tmp_path: Path) -> None:
+    """Triton's interpreter takes seconds a call (minutes for 5 loops of 20 with a Hadamard
+    transform): its rows are timed over one call, stored as such, and the run says why."""
+    path = tmp_path / "fp4.db"
+    args = ["--shapes", "64x64", "--iters", "3", "--device", "cpu", "--configs", "mxfp4"]
+    result = bench(*args, "--backends", "triton,torch", "--store", str(path))
+    assert result.exit_code == 0, result.output
+    assert "note: TRITON_INTERPRET=1 on the CPU" in " ".join(result.output.split())
+    with RunStore(path) as store:
+        rows = [row for row in store.benchmarks("quantize") if row["name"] == "gbps"]
+    iters = {(r["config"]["kernel"], r["config"]["backend"]): r["config"]["iters"] for r in rows}
+    assert {key: n for key, n in iters.items() if key[1] == "triton"} == {
+        ("quantize", "triton"): 1, ("fake-quantize", "triton"): 1, ("dequantize", "triton"): 1,
+        ("quantize-pair", "triton"): 1,
+    }  # fmt: skip
+    assert iters[("quantize", "torch")] == iters[("copy", "torch")] == 3
+
+
 def test_no_store_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "fp4.db"
     result = bench(
