@@ -3,7 +3,11 @@ against a device copy (each timed from a CUDA graph of 20 calls, so launches cos
 the GPU time of one GPT-2-small step by kernel. A diagnosis script; `fp4 bench step` is the
 benchmark.
 
-    python benchmarks/step_probe.py [--recipes mxfp4,tetrajet] [--batch 8]
+    python benchmarks/step_probe.py [--recipes mxfp4,tetrajet] [--batch 8] [--compile]
+        [--no-kernels]
+
+`--compile` profiles the step of the torch.compile'd model (after its compiling steps);
+`--no-kernels` skips the per-kernel table.
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ def kernel_table() -> None:
             print(f"{rows}x{cols:<9}{name:<34}{us:>8.1f}{us / copy:>8.2f}", flush=True)
 
 
-def step_profile(recipe: str, batch: int) -> None:
+def step_profile(recipe: str, batch: int, compiled: bool = False) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from fp4cli.tasks.gpt_model import GPT, GPTConfig
@@ -90,10 +94,11 @@ def step_profile(recipe: str, batch: int) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     fp4cli.attach_qema(model, optimizer)
     tokens = torch.randint(0, 256, (batch, 1024), device="cuda")
+    forward = torch.compile(model) if compiled else model
 
     def step():
         with torch.autocast("cuda", torch.bfloat16):
-            loss = F.cross_entropy(model(tokens).float().view(-1, 256), tokens.view(-1))
+            loss = F.cross_entropy(forward(tokens).float().view(-1, 256), tokens.view(-1))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -110,8 +115,10 @@ def step_profile(recipe: str, batch: int) -> None:
         if event.device_type.name == "CUDA":
             by_name[event.name[:60]].append(event.device_time)
     total = sum(sum(v) for v in by_name.values())
-    print(f"\n{recipe}: GPU {total / 1e3:.2f} ms in {sum(map(len, by_name.values()))} kernels")
-    for name, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:14]:
+    label = f"{recipe} (compiled)" if compiled else recipe
+    count = sum(map(len, by_name.values()))
+    print(f"\n{label}: GPU {total / 1e3:.2f} ms in {count} kernels")
+    for name, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:24]:
         print(f"  {sum(times) / 1e3:7.2f} ms {len(times):5}x  {name}")
     ops = prof.key_averages(group_by_input_shape=True)
     print("  operators by GPU time, with their input shapes:")
@@ -124,11 +131,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--recipes", default="bf16,mxfp4,tetrajet")
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--no-kernels", action="store_true")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
-    kernel_table()
+    if not args.no_kernels:
+        kernel_table()
     for recipe in args.recipes.split(","):
-        step_profile(recipe, args.batch)
+        step_profile(recipe, args.batch, args.compile)
 
 
 if __name__ == "__main__":
