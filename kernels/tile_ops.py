@@ -117,32 +117,40 @@ def unsigned_minifloat_value(
 
 
 @triton.jit
+def _e2m1_twice_magic(magnitude):
+    """(2|v| + M, M's bits, |v|'s exponent bits raised to 1's) for rounding 2|v| to the E2M1
+    grid's doubled spacing: M = 1.5 * 2^(23 + k), k = max(floor(log2 |v|), 0), whose ulp is
+    that spacing (1 below 2, 2 in [2, 4), 4 in [4, 8), and so on), so the sum rounds 2|v| to a
+    multiple of it, ties to an even multiple, and stays in M's binade. M comes from |v|'s
+    exponent bits, unsigned: from |v| >= 2^105 (and Inf, NaN) its exponent wraps past the sign
+    bit, which leaves M a tiny negative number, 2|v| + M = 2|v|, and the code's difference
+    of bits huge; both saturate. (2|v|, not |v|: the product that made |v| cannot be fused into
+    the addition, and the doubling is exact.)"""
+    exponent = tl.maximum(magnitude.to(tl.uint32, bitcast=True) & 0x7F800000, 0x3F800000)
+    magic = exponent + ((23 << 23) | 0x400000)
+    twice = magnitude * 2.0 + magic.to(tl.float32, bitcast=True)
+    return twice, magic, exponent
+
+
+@triton.jit
 def e2m1_code_rne(magnitude):
     """E2M1 magnitude code (0..7) of |v| rounded to nearest, ties to the even code, saturating.
 
-    Below 1 the grid is 0, 0.5, 1: the code is 2|v| rounded to an integer, which adding
-    1.5 * 2^23 does in float32 (ties to even). From 1 up the grid is float32 with one mantissa
-    bit: the bits are rounded to one mantissa bit (ties to even) and the exponent and that bit
-    read off as the code; codes past 7 saturate."""
-    low = ((magnitude * 2.0 + 12582912.0).to(tl.int32, bitcast=True)) & 3
-    bits = magnitude.to(tl.int32, bitcast=True)
-    rounded = bits + 0x1FFFFF + ((bits >> 22) & 1)
-    high = tl.minimum((rounded >> 22) - 252, 7)
-    return tl.where(magnitude < 1.0, low, high)
+    2|v| + M (`_e2m1_twice_magic`) holds the rounded multiple n of the spacing in its low bits,
+    n = bits(2|v| + M) - bits(M) (0..4 below 2, 2..4 above), and the code is n + 2k; codes
+    past 7 saturate (Inf and NaN too)."""
+    twice, magic, exponent = _e2m1_twice_magic(magnitude)
+    steps = twice.to(tl.uint32, bitcast=True) - magic + (exponent >> 22) - 254
+    return tl.minimum(steps, 7).to(tl.int32)
 
 
 @triton.jit
 def e2m1_rne_grid(magnitude):
-    """`e2m1_value(e2m1_code_rne(magnitude))` without the code, for the dequantized values.
-
-    Below 1, 2|v| + 1.5 * 2^23 rounds 2|v| to an integer (ties to even) as in `e2m1_code_rne`,
-    and the integer is halved back; from 1 up the bits are rounded to one mantissa bit as there
-    and read as a float; 6 is the largest. (Not |v| + 1.5 * 2^22: the GPU compiler fuses the
-    product that made |v| into that addition, skipping its rounding; the doubling is exact.)"""
-    low = ((magnitude * 2.0 + 12582912.0) - 12582912.0) * 0.5
-    bits = magnitude.to(tl.int32, bitcast=True)
-    kept = (bits + 0x1FFFFF + ((bits >> 22) & 1)) & -0x400000
-    return tl.where(magnitude < 1.0, low, tl.minimum(kept.to(tl.float32, bitcast=True), 6.0))
+    """`e2m1_value(e2m1_code_rne(magnitude))` without the code, for the dequantized values:
+    (2|v| + M) - M is 2|v| rounded to the grid (`_e2m1_twice_magic`), halved; 6 is the largest
+    (Inf and NaN give 6 too)."""
+    twice, magic, _ = _e2m1_twice_magic(magnitude)
+    return tl.minimum((twice - magic.to(tl.float32, bitcast=True)) * 0.5, 6.0)
 
 
 @triton.jit

@@ -12,7 +12,9 @@ import triton.language as tl
 
 from fp4cli.formats import ELEMENT_FORMATS, encode, round_to_grid
 from fp4cli.kernels.tile_ops import (
+    e2m1_code_rne,
     e2m1_code_sr,
+    e2m1_rne_grid,
     e2m1_sr_grid,
     hadamard_rows,
     round_unsigned_minifloat,
@@ -149,6 +151,34 @@ def test_hadamard_rows_is_the_reference_transform(size, by_sums):
         LOG2_SIZE=size.bit_length() - 1, NORM=normalization(size), BY_SUMS=by_sums,
     )  # fmt: skip
     assert_bits(out.cpu(), expected, f"RHT-{size}, by sums: {by_sums}")
+
+
+@triton.jit
+def _rne_kernel(x_ptr, code_ptr, value_ptr, n, SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * SIZE + tl.arange(0, SIZE)
+    mask = offsets < n
+    magnitude = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    tl.store(code_ptr + offsets, e2m1_code_rne(magnitude), mask=mask)
+    tl.store(value_ptr + offsets, e2m1_rne_grid(magnitude), mask=mask)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter: 2|v| past float32
+def test_rounding_to_nearest_is_the_reference_rounding():
+    """`e2m1_code_rne` and `e2m1_rne_grid` on the E2M1 sweep (ties, their neighbours,
+    subnormal inputs, past 6 up to the largest float32) against the reference rounding, and
+    Inf and NaN saturated to code 7 (6.0): the kernels make NaN blocks NaN by their scale."""
+    magnitude = sweep(FORMATS["e2m1"])
+    # around 2^105, where the rounding's magic number would leave float32's exponents
+    wide = torch.tensor([2.0**104, 1.9 * 2.0**104, 2.0**105, 1.5 * 2.0**105, 2.0**106, 2.0**127])
+    magnitude = torch.cat([magnitude, wide, torch.tensor([float("inf"), float("nan")])])
+    finite = magnitude.isfinite()
+    expected = torch.where(finite, round_to_grid(magnitude, FORMATS["e2m1"], "rne"), 6.0)
+    x = on_device(magnitude)
+    codes = torch.empty(x.shape, dtype=torch.int32, device=x.device)
+    values = torch.empty_like(x)
+    _rne_kernel[(triton.cdiv(x.numel(), 1024),)](x, codes, values, x.numel(), SIZE=1024)
+    assert_bits(values.cpu(), expected, "rne grid values")
+    assert_bits(codes.cpu(), encode(expected, FORMATS["e2m1"]).to(torch.int32), "rne codes")
 
 
 @triton.jit
