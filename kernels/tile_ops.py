@@ -122,10 +122,10 @@ def _e2m1_twice_magic(magnitude):
     grid's doubled spacing: M = 1.5 * 2^(23 + k), k = max(floor(log2 |v|), 0), whose ulp is
     that spacing (1 below 2, 2 in [2, 4), 4 in [4, 8), and so on), so the sum rounds 2|v| to a
     multiple of it, ties to an even multiple, and stays in M's binade. M comes from |v|'s
-    exponent bits, unsigned: from |v| >= 2^105 (and Inf, NaN) its exponent wraps past the sign
-    bit, which leaves M a tiny negative number, 2|v| + M = 2|v|, and the code's difference
-    of bits huge; both saturate. (2|v|, not |v|: the product that made |v| cannot be fused into
-    the addition, and the doubling is exact.)"""
+    exponent bits, unsigned: for |v| in [2^105, 2^106) M is NaN, and from 2^106 (Inf and NaN
+    too) its exponent wraps past the sign bit, which leaves M a tiny negative number; the value
+    (6 at most) and the code (2k alone is past 7) saturate either way. (2|v|, not |v|: the
+    product that made |v| cannot be fused into the addition, and the doubling is exact.)"""
     exponent = tl.maximum(magnitude.to(tl.uint32, bitcast=True) & 0x7F800000, 0x3F800000)
     magic = exponent + ((23 << 23) | 0x400000)
     twice = magnitude * 2.0 + magic.to(tl.float32, bitcast=True)
