@@ -192,6 +192,8 @@ def _table(rows: list[Any], device: Any, dtype: str, axis: int, iters: int, timi
     from fp4cli.train.loop import device_name
 
     calls = f"{iters} calls per CUDA graph" if timing == "graph" else f"{iters} calls per loop"
+    if any(row.iters != iters for row in rows):  # Triton's interpreter: one call a row
+        calls += " (triton rows, interpreted: 1 call)"
     title = f"quantize on {device_name(device)}: {dtype}, axis {axis}, {calls}"
     table = Table(title=title, box=box.SIMPLE_HEAD, caption=_caption(rows))
     for column in COLUMNS:

@@ -87,7 +87,9 @@ def test_interpreted_triton_rows_are_one_call_and_said_so(tmp_path: Path) -> Non
     args = ["--shapes", "64x64", "--iters", "3", "--device", "cpu", "--configs", "mxfp4"]
     result = bench(*args, "--backends", "triton,torch", "--store", str(path))
     assert result.exit_code == 0, result.output
-    assert "note: TRITON_INTERPRET=1 on the CPU" in " ".join(result.output.split())
+    words = " ".join(result.output.split())
+    assert "note: TRITON_INTERPRET=1 on the CPU" in words
+    assert "3 calls per loop (triton rows, interpreted: 1 call)" in words
     with RunStore(path) as store:
         rows = [row for row in store.benchmarks("quantize") if row["name"] == "gbps"]
     iters = {(r["config"]["kernel"], r["config"]["backend"]): r["config"]["iters"] for r in rows}
