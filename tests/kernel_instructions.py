@@ -137,8 +137,8 @@ def _dequantize_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
 
 
 def _decode_vector_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
-    """`decode_vector`'s launch writing a bf16 8192 x 3072 tensor from one-byte codes with a
-    float32 scale per row (a row-, column- or tensor-scaled spec)."""
+    """`decode_vector`'s launch writing a bf16 8192 x 3072 tensor from one-byte codes and the
+    float32 scales of a row-, column- or tensor-scaled spec along the rows."""
     import fp4cli.kernels.launch_vector as launch_vector
 
     codes = torch.zeros(8192, 3072, dtype=torch.uint8)
