@@ -96,23 +96,18 @@ def round_unsigned_minifloat(
 def unsigned_minifloat_value(
     code, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_CODE: tl.constexpr
 ):
-    """Float32 value of an unsigned minifloat code (codes above MAX_CODE are NaN).
+    """Float32 value of an unsigned minifloat code (codes above MAX_CODE are NaN), for a format
+    whose normal exponents are float32 normal exponents (every minifloat fp4cli has).
 
-    Where every normal code's exponent is a float32 normal exponent, the code's bits are the
-    float32's: shifted onto its mantissa and rebiased, `code << (23 - MBITS)` plus
-    (MIN_EXP + 126) << 23. A subnormal code (field 0) is given exponent MIN_EXP the same way,
-    2^MIN_EXP (1 + m / 2^MBITS), less 2^MIN_EXP: exact. No int->float conversion."""
-    if MIN_EXP > -126 and (MAX_CODE >> MBITS) + MIN_EXP <= 128:
-        biased = (code << (23 - MBITS)) + ((MIN_EXP + 126) << 23)
-        normal = biased.to(tl.float32, bitcast=True)
-        raised = (biased + (1 << 23)).to(tl.float32, bitcast=True)
-        value = tl.where(code < (1 << MBITS), raised - 2.0**MIN_EXP, normal)
-    else:
-        field = code >> MBITS
-        mantissa = code & ((1 << MBITS) - 1)
-        subnormal = mantissa.to(tl.float32) * pow2(tl.full(code.shape, MIN_EXP - MBITS, tl.int32))
-        normal = (mantissa + (1 << MBITS)).to(tl.float32) * pow2(field - 1 + MIN_EXP - MBITS)
-        value = tl.where(field == 0, subnormal, normal)
+    The code's bits are the float32's: shifted onto its mantissa and rebiased,
+    `code << (23 - MBITS)` plus (MIN_EXP + 126) << 23. A subnormal code (field 0) is given
+    exponent MIN_EXP the same way, 2^MIN_EXP (1 + m / 2^MBITS), less 2^MIN_EXP: exact. No
+    int->float conversion."""
+    tl.static_assert((MIN_EXP > -126) & ((MAX_CODE >> MBITS) + MIN_EXP <= 128))
+    biased = (code << (23 - MBITS)) + ((MIN_EXP + 126) << 23)
+    normal = biased.to(tl.float32, bitcast=True)
+    raised = (biased + (1 << 23)).to(tl.float32, bitcast=True)
+    value = tl.where(code < (1 << MBITS), raised - 2.0**MIN_EXP, normal)
     return tl.where(code > MAX_CODE, float("nan"), value)
 
 
@@ -185,7 +180,10 @@ def e2m1_code_away(magnitude):
 def e2m1_value(code):
     """Float32 magnitude of an E2M1 magnitude code (0..7), built from its bits: from code 2 up,
     the code is the value's exponent and first mantissa bit, so (code + 252) << 22 is the
-    float32 (2 -> 1.0, 3 -> 1.5, ..., 7 -> 6.0); codes 0 and 1 are 0 and 0.5 (0x3F000000)."""
+    float32 (2 -> 1.0, 3 -> 1.5, ..., 7 -> 6.0); codes 0 and 1 are 0 and 0.5 (0x3F000000).
+    `unsigned_minifloat_value`'s E2M1 case, without its NaN codes (none below 8) and with the
+    two subnormals as integers: 16.1 SASS instructions a value in the dequantize kernel
+    against 17.8 through the general function (sm_90)."""
     code = code.to(tl.int32)
     bits = tl.where(code >= 2, (code + 252) << 22, code * 0x3F000000)
     return bits.to(tl.float32, bitcast=True)
