@@ -155,6 +155,14 @@ INTERPRETED_NOTICE = (
     "TRITON_INTERPRET=1 on the CPU: each triton row is one call in Triton's interpreter "
     "(seconds each), which times the interpreter, not the kernels"
 )
+
+
+def interpreted(backend: str, device: torch.device) -> bool:
+    """Whether `backend`'s rows run in Triton's interpreter (on the CPU, seconds a call): such
+    a row is one call, its time the interpreter's, not a kernel's (`INTERPRETED_NOTICE`)."""
+    return backend == "triton" and device.type != "cuda" and interpreter_on()
+
+
 CPU_MAX_ELEMENTS = 1 << 22  # larger tensors take minutes per case on a CPU
 
 
@@ -231,13 +239,8 @@ class _Runner:
         return rows
 
     def row(self, case: Case, kernel: str, backend: str, bytes_moved: int) -> BenchRow:
-        iters = 1 if self._interpreted(backend) else self.iters
+        iters = 1 if interpreted(backend, self.device) else self.iters
         return BenchRow(case, kernel, backend, bytes_moved, iters, self.timing)
-
-    def _interpreted(self, backend: str) -> bool:
-        """Triton's interpreter runs the kernels on the CPU, seconds a call: such a row is one
-        call (`INTERPRETED_NOTICE`), its time the interpreter's, not a kernel's."""
-        return backend == "triton" and self.device.type != "cuda" and interpreter_on()
 
     def measure(self, row: BenchRow, x: torch.Tensor) -> None:
         """Time the row's call, or note why it cannot run."""
@@ -266,7 +269,8 @@ class _Runner:
     def _time_ms(self, row: BenchRow, x: torch.Tensor) -> float:
         call = kernel_call(row.kernel, row.backend, x, row.case.config, row.case.axis)
         limit = self.compile_timeout_s if row.backend == "compile" else 0.0
-        warmup, repeats = (0, 1) if self._interpreted(row.backend) else (self.warmup, self.repeats)
+        once = interpreted(row.backend, self.device)
+        warmup, repeats = (0, 1) if once else (self.warmup, self.repeats)
         with time_limit(limit):
             return median_ms(call, self.device, row.iters, warmup, repeats, self.timing)
 

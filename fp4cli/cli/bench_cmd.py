@@ -73,10 +73,10 @@ def quantize_command(
         INTERPRETED_NOTICE,
         bench_device,
         check_request,
+        interpreted,
         run_quantize_bench,
     )
     from fp4cli.cli.output import console_for
-    from fp4cli.quant.backend import interpreter_on
 
     quiet_compiler_warnings()
     shape_list = parse_shapes(shapes)
@@ -84,7 +84,7 @@ def quantize_command(
     backend_list = parse_choices("backends", backends, BACKENDS)
     torch_dtype, torch_device = parse_dtype(dtype), bench_device(device)
     check_request(shape_list, axis, backend_list, iters, torch_device, timing)
-    if "triton" in backend_list and torch_device.type != "cuda" and interpreter_on():
+    if any(interpreted(backend, torch_device) for backend in backend_list):
         typer.echo(f"note: {INTERPRETED_NOTICE}", err=True)
     with (
         _Recorder("quantize", store, no_store, torch_device) as recorder,
