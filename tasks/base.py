@@ -106,13 +106,22 @@ def create_task(
 def task_defaults(name: str, size: str) -> TaskDefaults | None:
     """A built-in task's training defaults at `size` without building it (no data is read);
     None for a task that does not list them (its module's DEFAULTS)."""
+    return _listed_defaults(name).get(size)
+
+
+def task_sizes(name: str) -> list[str]:
+    """The sizes `task_defaults` knows for a task (none for an unknown one)."""
+    return list(_listed_defaults(name))
+
+
+def _listed_defaults(name: str) -> dict[str, TaskDefaults]:
     import importlib
 
     _import_builtin_tasks()
     if name not in _REGISTRY:
-        return None
+        return {}
     module = importlib.import_module(_REGISTRY[name].__module__)
-    return getattr(module, "DEFAULTS", {}).get(size)
+    return getattr(module, "DEFAULTS", {})
 
 
 def steps_per_epoch(task: Task, batch_size: int) -> int | None:

@@ -103,7 +103,7 @@ def _check_names(tasks: list[str], recipes: list[str], size: str | None) -> None
     from fp4cli.bench.configs import BenchError
     from fp4cli.bench.step import BENCH_SIZES
     from fp4cli.recipes import load_recipe
-    from fp4cli.tasks.base import task_defaults, task_names
+    from fp4cli.tasks.base import task_defaults, task_names, task_sizes
 
     if not tasks:
         raise BenchError("tasks: give at least one, e.g. gpt")
@@ -112,7 +112,8 @@ def _check_names(tasks: list[str], recipes: list[str], size: str | None) -> None
             raise BenchError(f"unknown task {task!r}; known: {', '.join(task_names())}")
         task_size = size or BENCH_SIZES.get(task, ("default", 8))[0]
         if task_defaults(task, task_size) is None:
-            raise BenchError(f"task {task!r} has no size {task_size!r}")
+            sizes = ", ".join(task_sizes(task))
+            raise BenchError(f"task {task!r} has no size {task_size!r}; sizes: {sizes}")
     for recipe in recipes:
         load_recipe(recipe)  # RecipeError names what is wrong
 

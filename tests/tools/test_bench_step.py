@@ -145,7 +145,10 @@ def test_max_batch_reports_a_start_that_does_not_fit(monkeypatch) -> None:
         (["--modes", "jit"], "modes: 'jit' is not one of"),
         (["--backends", "cuda"], "backends: 'cuda' is not one of"),
         (["--tasks", "chess", "--modes", "eager"], "unknown task 'chess'; known: "),
-        (["--tasks", "gpt", "--size", "huge", "--modes", "eager"], "has no size 'huge'"),
+        (
+            ["--tasks", "gpt", "--size", "huge", "--modes", "eager"],
+            "has no size 'huge'; sizes: debug, default, gpt2-small, gpt-345m",
+        ),
         (["--recipes", "no-such-recipe", "--modes", "eager"], "no-such-recipe"),
         (["--steps", "0"], "--steps"),
     ],
