@@ -70,6 +70,8 @@ def round_unsigned_minifloat(
     DROP: tl.constexpr = 23 - MBITS
     raw = tl.minimum(raw, MAX_VALUE)  # = rounding then saturating: MAX_VALUE is on the grid
     bits = raw.to(tl.int32, bitcast=True)
+    if not UP:
+        return _round_minifloat_rne(raw, bits, MBITS, MIN_EXP, ZERO_OK)
     if UP:
         kept = (bits + ((1 << DROP) - 1)) & -(1 << DROP)
     else:
@@ -86,6 +88,27 @@ def round_unsigned_minifloat(
     low = raw < pow2(tl.full(raw.shape, MIN_EXP, tl.int32))
     value = tl.where(low, low_value, kept.to(tl.float32, bitcast=True))
     code = tl.where(low, low_code, normal_code)
+    if not ZERO_OK:
+        value = tl.maximum(value, pow2(tl.full(raw.shape, MIN_EXP - MBITS, tl.int32)))
+        code = tl.maximum(code, 1)
+    return value, code
+
+
+@triton.jit
+def _round_minifloat_rne(raw, bits, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ZERO_OK: tl.constexpr):
+    """`round_unsigned_minifloat` to nearest even, one path for every binade: adding
+    M = 1.5 * 2^(k - MBITS + 23), k = max(floor(log2 raw), MIN_EXP) from raw's exponent bits,
+    whose float32 ulp is the grid's spacing in raw's binade (the subnormal spacing below
+    2^MIN_EXP), rounds raw to a multiple n of it (ties to even) in M's binade; (raw + M) - M is
+    the value and n + (k - MIN_EXP) * 2^MBITS the code (n counts from 2^MBITS in a normal
+    binade). raw is at most MAX_VALUE, and the minimum that made it keeps its product out of
+    the addition."""
+    exponent = tl.maximum(bits & 0x7F800000, (MIN_EXP + 127) << 23)
+    magic = exponent + (((23 - MBITS) << 23) | 0x400000)
+    shifted = raw + magic.to(tl.float32, bitcast=True)
+    value = shifted - magic.to(tl.float32, bitcast=True)  # exact
+    binades = (exponent - ((MIN_EXP + 127) << 23)) >> (23 - MBITS)
+    code = shifted.to(tl.int32, bitcast=True) - magic + binades
     if not ZERO_OK:
         value = tl.maximum(value, pow2(tl.full(raw.shape, MIN_EXP - MBITS, tl.int32)))
         code = tl.maximum(code, 1)

@@ -7,7 +7,8 @@ last axis (a two-level spec given its tensor amax, as `fp4 bench quantize`'s
 quantize-given-amax row; `mxfp4-rht32-sr`: with a 32-point transform and SR, to codes, or with
 `-values` to bf16 values as fake-quantization), for `dequantize:PRESET` the dequantization of
 a 3072 x 8192 bf16 tensor along its last axis, for `decode-vector:PRESET` the vector-wise
-executor's decode of one-byte codes to an 8192 x 3072 bf16 tensor, or, for a `pair:` config,
+executor's decode of one-byte codes to an 8192 x 3072 bf16 tensor, for `vector:PRESET` its
+quantization of one to bf16 values (column or tensor scales), or, for a `pair:` config,
 the `quantize_pair` launch the fast executor makes for one operand of a layer (a bf16 256 x 768
 tensor), with the argument specialization a GPU launch gets (pointers and sizes divisible by
 16), and prints per config: PTX instructions, SASS instructions up to the kernel's exit
@@ -106,6 +107,8 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         return _per_thread(found, "quantize_pair_kernel", "BR", "BC")
     if config.startswith("dequantize:"):
         return _dequantize_launch(QuantSpec.preset(config.removeprefix("dequantize:")))
+    if config.startswith("vector:"):
+        return _vector_launch(QuantSpec.preset(config.removeprefix("vector:")))
     if config.startswith("decode-vector:"):
         return _decode_vector_launch(QuantSpec.preset(config.removeprefix("decode-vector:")))
     preset, overrides, arguments = CONFIGS[config]
@@ -134,6 +137,20 @@ def _dequantize_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
         [(launch, "dequantize_kernel")],
     )
     return _per_thread(found, "dequantize_kernel", "ROWS", "COLS")
+
+
+def _vector_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
+    """`quantize_vector`'s launch of `scaled_kernel` writing bf16 values of an 8192 x 3072 bf16
+    tensor under a column- or tensor-scaled spec, its amax bits given (wang-fp4's dY pass)."""
+    import fp4cli.kernels.launch_vector as launch_vector
+
+    x = torch.zeros(8192, 3072, dtype=torch.bfloat16)
+    amax = torch.zeros(1, dtype=torch.int32)
+    found = intercepted_launches(
+        lambda: launch_vector.quantize_vector(x, spec, 1, torch.bfloat16, amax=amax),
+        [(launch_vector, "scaled_kernel")],
+    )
+    return _per_thread(found, "scaled_kernel", "BR", "BC")
 
 
 def _decode_vector_launch(spec: Any) -> tuple[Any, tuple, dict, float]:

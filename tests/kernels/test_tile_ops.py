@@ -60,11 +60,14 @@ def sweep(fmt) -> torch.Tensor:
     return torch.unique(values)
 
 
+ROUNDED = {**FORMATS, "e4m3": ELEMENT_FORMATS["e4m3"], "e5m2": ELEMENT_FORMATS["e5m2"]}
+
+
 @pytest.mark.parametrize("rule", ["rne", "up"])
 @pytest.mark.parametrize("zero_ok", [True, False])
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", ROUNDED)
 def test_round_unsigned_minifloat_is_the_reference_rounding(name, rule, zero_ok):
-    fmt = FORMATS[name]
+    fmt = ROUNDED[name]
     raw = sweep(fmt)
     expected = round_to_grid(raw, fmt, rule)
     if not zero_ok:
