@@ -95,7 +95,9 @@ def round_unsigned_minifloat(
 
 
 @triton.jit
-def _round_minifloat_rne(raw, bits, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ZERO_OK: tl.constexpr):
+def _round_minifloat_rne(
+    raw, bits, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ZERO_OK: tl.constexpr
+):
     """`round_unsigned_minifloat` to nearest even, one path for every binade: adding
     M = 1.5 * 2^(k - MBITS + 23), k = max(floor(log2 raw), MIN_EXP) from raw's exponent bits,
     whose float32 ulp is the grid's spacing in raw's binade (the subnormal spacing below
