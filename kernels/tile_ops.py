@@ -59,35 +59,15 @@ def round_unsigned_minifloat(
 ):  # fmt: skip
     """Round raw >= 0 onto an unsigned minifloat grid (MBITS mantissa bits, smallest normal
     2^MIN_EXP; nearest even, or up), saturating at MAX_VALUE (a grid point) and, unless
-    ZERO_OK, at least the smallest subnormal; returns (value, code).
-
-    All on the float32 bits: a normal value keeps MBITS of its mantissa bits (adding just under
-    half the dropped bits' weight, plus the last kept bit for ties to even, or all of it for
-    up), so its code is the top exponent and mantissa bits less the bias difference; below
-    2^MIN_EXP adding 1.5 * 2^(MIN_EXP - MBITS + 23), whose float32 ulp is the subnormal
-    spacing, rounds to nearest even, and the sum's low bits count the spacings (the code)."""
+    ZERO_OK, at least the smallest subnormal; returns (value, code). All on the float32 bits
+    (`_round_minifloat_rne`, `_round_minifloat_up`)."""
     tl.static_assert((MBITS >= 1) & (MBITS <= 22))
-    DROP: tl.constexpr = 23 - MBITS
     raw = tl.minimum(raw, MAX_VALUE)  # = rounding then saturating: MAX_VALUE is on the grid
     bits = raw.to(tl.int32, bitcast=True)
-    if not UP:
-        return _round_minifloat_rne(raw, bits, MBITS, MIN_EXP, ZERO_OK)
     if UP:
-        kept = (bits + ((1 << DROP) - 1)) & -(1 << DROP)
+        value, code = _round_minifloat_up(raw, bits, MBITS, MIN_EXP)
     else:
-        kept = (bits + ((1 << (DROP - 1)) - 1) + ((bits >> DROP) & 1)) & -(1 << DROP)
-    normal_code = (kept >> DROP) - ((126 + MIN_EXP) << MBITS)
-    magic_bits = tl.full(raw.shape, ((MIN_EXP - MBITS + 150) << 23) | 0x400000, tl.int32)
-    magic = magic_bits.to(tl.float32, bitcast=True)
-    shifted = raw + magic  # rounded to nearest even, to a multiple of the subnormal spacing
-    low_code = shifted.to(tl.int32, bitcast=True) - magic_bits
-    low_value = shifted - magic  # exact
-    if UP:
-        low_code = low_code + (low_value < raw).to(tl.int32)
-        low_value = low_code.to(tl.float32) * pow2(tl.full(raw.shape, MIN_EXP - MBITS, tl.int32))
-    low = raw < pow2(tl.full(raw.shape, MIN_EXP, tl.int32))
-    value = tl.where(low, low_value, kept.to(tl.float32, bitcast=True))
-    code = tl.where(low, low_code, normal_code)
+        value, code = _round_minifloat_rne(raw, bits, MBITS, MIN_EXP)
     if not ZERO_OK:
         value = tl.maximum(value, pow2(tl.full(raw.shape, MIN_EXP - MBITS, tl.int32)))
         code = tl.maximum(code, 1)
@@ -95,25 +75,41 @@ def round_unsigned_minifloat(
 
 
 @triton.jit
-def _round_minifloat_rne(
-    raw, bits, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ZERO_OK: tl.constexpr
-):
-    """`round_unsigned_minifloat` to nearest even, one path for every binade: adding
-    M = 1.5 * 2^(k - MBITS + 23), k = max(floor(log2 raw), MIN_EXP) from raw's exponent bits,
-    whose float32 ulp is the grid's spacing in raw's binade (the subnormal spacing below
-    2^MIN_EXP), rounds raw to a multiple n of it (ties to even) in M's binade; (raw + M) - M is
-    the value and n + (k - MIN_EXP) * 2^MBITS the code (n counts from 2^MBITS in a normal
-    binade). raw is at most MAX_VALUE, and the minimum that made it keeps its product out of
-    the addition."""
+def _round_minifloat_rne(raw, bits, MBITS: tl.constexpr, MIN_EXP: tl.constexpr):
+    """To nearest even, one path for every binade: adding M = 1.5 * 2^(k - MBITS + 23),
+    k = max(floor(log2 raw), MIN_EXP) from raw's exponent bits, whose float32 ulp is the grid's
+    spacing in raw's binade (the subnormal spacing below 2^MIN_EXP), rounds raw to a multiple n
+    of it (ties to even) in M's binade; (raw + M) - M is the value and
+    n + (k - MIN_EXP) * 2^MBITS the code (n counts from 2^MBITS in a normal binade). raw is at
+    most MAX_VALUE, and the minimum that made it keeps its product out of the addition."""
     exponent = tl.maximum(bits & 0x7F800000, (MIN_EXP + 127) << 23)
     magic = exponent + (((23 - MBITS) << 23) | 0x400000)
     shifted = raw + magic.to(tl.float32, bitcast=True)
     value = shifted - magic.to(tl.float32, bitcast=True)  # exact
     binades = (exponent - ((MIN_EXP + 127) << 23)) >> (23 - MBITS)
     code = shifted.to(tl.int32, bitcast=True) - magic + binades
-    if not ZERO_OK:
-        value = tl.maximum(value, pow2(tl.full(raw.shape, MIN_EXP - MBITS, tl.int32)))
-        code = tl.maximum(code, 1)
+    return value, code
+
+
+@triton.jit
+def _round_minifloat_up(raw, bits, MBITS: tl.constexpr, MIN_EXP: tl.constexpr):
+    """Up: a normal value keeps MBITS of its mantissa bits after adding all of the dropped
+    bits' weight less one, so its code is the top exponent and mantissa bits less the bias
+    difference; below 2^MIN_EXP adding 1.5 * 2^(MIN_EXP - MBITS + 23), whose float32 ulp is the
+    subnormal spacing, rounds to nearest, the sum's low bits count the spacings (the code), and
+    one more spacing where that fell below raw."""
+    DROP: tl.constexpr = 23 - MBITS
+    kept = (bits + ((1 << DROP) - 1)) & -(1 << DROP)
+    normal_code = (kept >> DROP) - ((126 + MIN_EXP) << MBITS)
+    magic_bits = tl.full(raw.shape, ((MIN_EXP - MBITS + 150) << 23) | 0x400000, tl.int32)
+    magic = magic_bits.to(tl.float32, bitcast=True)
+    shifted = raw + magic
+    low_code = shifted.to(tl.int32, bitcast=True) - magic_bits
+    low_code = low_code + ((shifted - magic) < raw).to(tl.int32)
+    low_value = low_code.to(tl.float32) * pow2(tl.full(raw.shape, MIN_EXP - MBITS, tl.int32))
+    low = raw < pow2(tl.full(raw.shape, MIN_EXP, tl.int32))
+    value = tl.where(low, low_value, kept.to(tl.float32, bitcast=True))
+    code = tl.where(low, low_code, normal_code)
     return value, code
 
 
