@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from fp4cli.quant.spec import QuantSpec
 
@@ -61,25 +62,29 @@ def fp8_mm(
     dtype: torch.dtype,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """a @ b (+ bias) in `dtype`, from a = (codes (M, K), scale) and b_t = (codes (N, K), scale)
+    """a @ b + bias in `dtype`, from a = (codes (M, K), scale) and b_t = (codes (N, K), scale)
     of b's transpose, uint8 codes of `specs` (a's, b's) with one float32 scale each (NaN for a
-    tensor that had NaN or Inf: the product is then NaN)."""
+    tensor that had NaN or Inf: the product is then NaN). The bias joins the sums before their
+    one rounding (on the tensor cores, a bf16 bias to a bf16 output: cuBLAS's epilogue takes
+    no other; any other is added to the rounded product there)."""
     (a_codes, a_scale), (b_codes, b_scale) = a, b_t
     a_spec, b_spec = specs
     aligned = all(size % ALIGNMENT == 0 for size in (*a_codes.shape, b_codes.shape[0]))
     if aligned and tensor_cores(a_codes.device):
-        return torch._scaled_mm(
+        # cuBLAS adds a bf16 bias to a bf16 output in its epilogue; any other, after
+        in_epilogue = bias is not None and bias.dtype == dtype == torch.bfloat16
+        product = torch._scaled_mm(
             a_codes.view(FP8_DTYPES[a_spec.element]),
             b_codes.view(FP8_DTYPES[b_spec.element]).t(),
             a_scale,
             b_scale,
-            bias=bias,
+            bias=bias if in_epilogue else None,
             out_dtype=dtype,
             use_fast_accum=False,
         )
+        return product if bias is None or in_epilogue else product.add_(bias)
     from fp4cli.kernels.launch_vector import decode_vector
 
     a_values = decode_vector(a_codes, a_scale, a_spec, 1, dtype)
     b_values = decode_vector(b_codes, b_scale, b_spec, 1, dtype)
-    product = a_values.mm(b_values.t())
-    return product if bias is None else product + bias
+    return F.linear(a_values, b_values, bias)

@@ -17,9 +17,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from fp4cli.gemm.operands import (
     GemmError,
+    check_bias,
     check_inputs,
     check_out,
     kernel_gap,
@@ -40,9 +42,12 @@ def mxfp4_matmul(
     mode: str = "exact",
     backend: str = "auto",
     out: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """a.dequantize() @ b.dequantize().T, shape (*, N), for a (*, K) and b (N, K) quantized
-    along K (their last axis); `a` may be a float tensor (weight-only).
+    """a.dequantize() @ b.dequantize().T (+ bias), shape (*, N), for a (*, K) and b (N, K)
+    quantized along K (their last axis); `a` may be a float tensor (weight-only). bias: an
+    optional (N,) tensor added, in its dtype's values, to the sums before their one rounding to
+    `out_dtype`, as cuBLAS's epilogue (and `F.linear`) adds it.
 
     mode "exact": the float32 accumulation of the exact products (the numbers a
         dequantize-then-float32 GEMM gives, up to float32 summation order); rows or columns
@@ -60,9 +65,10 @@ def mxfp4_matmul(
     lead = tuple(a.shape[:-1])
     device = b.codes.device
     check_out(out, (*lead, n), out_dtype, device)
+    check_bias(bias, n, device)
     path = gemm_path(a, b, backend)
     if path == "reference":
-        result = matmul_reference(a, b, out_dtype)
+        result = matmul_reference(a, b, out_dtype, bias)
         return out.copy_(result) if out is not None else result
     target = out if out is not None else torch.empty((*lead, n), dtype=out_dtype, device=device)
     rows = math.prod(lead)
@@ -70,7 +76,7 @@ def mxfp4_matmul(
         return target
     flat = _flat_view(target, rows, n)
     written = flat if flat is not None else torch.empty((rows, n), dtype=out_dtype, device=device)
-    _run(path, a, b, written, mode)
+    _run(path, a, b, written, mode, bias)
     if flat is None:
         target.copy_(written.reshape(target.shape))
     return target
@@ -106,7 +112,12 @@ def gemm_path(a: QuantizedTensor | torch.Tensor, b: QuantizedTensor, backend: st
 
 
 def _run(
-    path: str, a: QuantizedTensor | torch.Tensor, b: QuantizedTensor, out: torch.Tensor, mode: str
+    path: str,
+    a: QuantizedTensor | torch.Tensor,
+    b: QuantizedTensor,
+    out: torch.Tensor,
+    mode: str,
+    bias: torch.Tensor | None,
 ) -> None:
     from fp4cli.kernels.gemm import launch as gemm_launch
     from fp4cli.kernels.launch import launches_skipped
@@ -116,23 +127,23 @@ def _run(
     b_operand = kernel_operand(b)
     if path == "weight-only":
         assert isinstance(a, torch.Tensor)
-        gemm_launch.weight_only_matmul(a.reshape(-1, a.shape[-1]), b_operand, out)
+        gemm_launch.weight_only_matmul(a.reshape(-1, a.shape[-1]), b_operand, out, bias=bias)
         return
     assert isinstance(a, QuantizedTensor)
     if path == "bf16":  # bf16 holds every value exactly; cuBLAS accumulates in float32
         dtype = torch.bfloat16 if out.dtype == torch.bfloat16 else torch.float32
         values = a.dequantize(dtype).reshape(-1, a.shape[-1])
-        out.copy_(values @ b.dequantize(dtype).T)
+        out.copy_(F.linear(values, b.dequantize(dtype), None if bias is None else bias.to(dtype)))
         return
     a_operand = kernel_operand(a)
     if path == "blackwell":
-        gemm_launch.scaled_dot_matmul(a_operand, b_operand, out)
+        gemm_launch.scaled_dot_matmul(a_operand, b_operand, out, bias=bias)
     elif mode == "exact":
-        gemm_launch.exact_matmul(a_operand, b_operand, out)
-    elif gemm_launch.cublas_fast_supported(a_operand, b_operand, out):
-        gemm_launch.fast_cublas_matmul(a_operand, b_operand, out)
+        gemm_launch.exact_matmul(a_operand, b_operand, out, bias=bias)
+    elif gemm_launch.cublas_fast_supported(a_operand, b_operand, out, bias):
+        gemm_launch.fast_cublas_matmul(a_operand, b_operand, out, bias=bias)
     else:
-        gemm_launch.fast_fp8_matmul(a_operand, b_operand, out)
+        gemm_launch.fast_fp8_matmul(a_operand, b_operand, out, bias=bias)
 
 
 def _flat_view(target: torch.Tensor, rows: int, n: int) -> torch.Tensor | None:

@@ -105,8 +105,10 @@ def block_scaled_mm(
     amaxes: tuple[torch.Tensor, torch.Tensor],
     factor: float,
     out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out_dtype(fl32(alpha * (a @ b))) for matrices a (M, K) and b (K, N) of block values
+    """out_dtype(fl32(alpha * (a @ b)) (+ bias (N,), added in float32 before the rounding, as
+    Blackwell's GEMM epilogue adds it)) for matrices a (M, K) and b (K, N) of block values
     (`QuantizedTensor.block_values`: q * s, exact in their dtype) of two two-level tensors (NVFP4,
     or any `block_scaled_gap` takes) with these tensor amaxes, alpha = fl32(fl32(amax_a *
     amax_b) / factor) (`nvfp4_factor`): the contract of `nvfp4_matmul` on operands already
@@ -120,9 +122,10 @@ def block_scaled_mm(
 
         amax_a, amax_b = (t.to(torch.float32).reshape(1) for t in amaxes)
         out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=device)
-        return block_values_matmul(a, b.t(), (amax_a, amax_b), factor, out)
+        return block_values_matmul(a, b.t(), (amax_a, amax_b), factor, out, bias)
     sums = torch.mm(a.to(torch.float32), b.to(torch.float32))
-    return (sums * block_scaled_alpha(*amaxes, factor)).to(out_dtype)
+    scaled = sums * block_scaled_alpha(*amaxes, factor)
+    return (scaled if bias is None else scaled + bias.to(torch.float32)).to(out_dtype)
 
 
 def nvfp4_path(

@@ -71,6 +71,16 @@ def check_out(
         )
 
 
+def check_bias(bias: torch.Tensor | None, n: int, device: torch.device) -> None:
+    if bias is None:
+        return
+    if bias.shape != (n,) or not bias.is_floating_point() or bias.device != device:
+        raise GemmError(
+            f"bias must be a floating-point tensor of shape ({n},) on {device} "
+            f"(got {bias.dtype} {tuple(bias.shape)} on {bias.device})"
+        )
+
+
 def kernel_gap(a: QuantizedTensor | torch.Tensor, b: QuantizedTensor) -> str | None:
     """Why the GEMM kernels cannot take this pair, or None when they can."""
     if isinstance(a, QuantizedTensor):

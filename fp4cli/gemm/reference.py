@@ -31,11 +31,14 @@ def matmul_reference(
     a: QuantizedTensor | torch.Tensor,
     b: QuantizedTensor,
     out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(*, N) = dequantize(a) @ dequantize(b)^T computed in float64, in `out_dtype`."""
+    """(*, N) = dequantize(a) @ dequantize(b)^T (+ bias (N,)) computed in float64, in
+    `out_dtype`."""
     a_values = a.dequantize(torch.float64) if isinstance(a, QuantizedTensor) else a.double()
     b_values = b.dequantize(torch.float64)
-    return (a_values @ b_values.T).to(out_dtype)
+    sums = a_values @ b_values.T
+    return (sums if bias is None else sums + bias.double()).to(out_dtype)
 
 
 def nvfp4_factor(a: QuantizedTensor, b: QuantizedTensor) -> float:

@@ -18,8 +18,9 @@ operands `mxfp4_matmul` takes gets both packed and multiplies them there, in tha
 ("exact" gives the reference's products up to float32 summation order, "fast" flushes what its
 mode flushes, `fp4cli.gemm.matmul`); one of two NVFP4 operands gets their block values q * s and
 tensor amaxes and multiplies them as Blackwell's block-scaled MMA does (`block_scaled_mm`, the
-reference executor's product too). The bias is added to the rounded product; W's grad_input
-operand is kept in its GEMM's form.
+reference executor's product too). The bias (in the compute dtype, as `F.linear` under
+autocast takes it) is added to the float32 sums before their one rounding, in the GEMM's
+epilogue; W's grad_input operand is kept in its GEMM's form.
 
 `fast_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
 every quantized operand must be an E2M1 spec the kernels take (two-level NVFP4 specs included;
@@ -150,14 +151,15 @@ def _product(
     lines: int,
     mode: str,
     dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """mxfp4_matmul of `a` (a direction's packed result for `request`, `lines` lines of b's
-    length) and b, in `mode`, rounded to `dtype`."""
+    length) and b, in `mode`, plus the bias, rounded to `dtype`."""
     from fp4cli.gemm import mxfp4_matmul
 
     assert request.spec is not None
     a_operand = packed_operand(a, request.spec, lines, b.shape[1], dtype)
-    return mxfp4_matmul(a_operand, b, out_dtype=dtype, mode=mode, backend="triton")
+    return mxfp4_matmul(a_operand, b, out_dtype=dtype, mode=mode, backend="triton", bias=bias)
 
 
 def _request(
@@ -321,14 +323,13 @@ def fast_forward(
     route = config.routes["forward"]
     if route is None:
         return F.linear(x_q[0], w_q[0], bias), *saved
+    bias = None if bias is None else bias.to(dtype)  # as F.linear under autocast
     if route == "block":
-        y = block_product(x_q[0], w_q[0].t(), (x_q[1], w_q[1]), config, "forward", dtype)
+        y = block_product(x_q[0], w_q[0].t(), (x_q[1], w_q[1]), config, "forward", dtype, bias)
     else:
         w_shape = (weight.shape[0], _quantized_length(weight.shape[1], w_request))
         w_operand = Saved(w_request.spec, w_shape, dtype, axis=1).operand(w_q)
-        y = _product(x_q, w_operand, x_request, x.shape[0], config.gemm, dtype)
-    if bias is not None:
-        y = y.add_(bias.to(dtype))
+        y = _product(x_q, w_operand, x_request, x.shape[0], config.gemm, dtype, bias)
     return y, *saved
 
 

@@ -301,10 +301,15 @@ def _pair(kept: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _product(
-    a: Operand, b: Operand, config: LinearConfig, gemm: str, dtype: torch.dtype
+    a: Operand,
+    b: Operand,
+    config: LinearConfig,
+    gemm: str,
+    dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`gemm`'s a @ b: of codes on the FP8 route (`fp8_mm`; b given as its transpose's codes),
-    else of values."""
+    """`gemm`'s a @ b: of codes on the FP8 route (`fp8_mm`; b given as its transpose's codes,
+    the bias, on that route only, in its epilogue), else of values."""
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor)
         return a.mm(b)
@@ -314,7 +319,7 @@ def _product(
     assert isinstance(b, tuple)
     a_spec, b_spec = (config.spec(name) for name in GEMM_OPERANDS[gemm])
     assert a_spec is not None and b_spec is not None
-    return fp8_mm(a, b, (a_spec, b_spec), dtype)
+    return fp8_mm(a, b, (a_spec, b_spec), dtype, bias)
 
 
 def vector_forward(
@@ -339,8 +344,8 @@ def vector_forward(
     w_q, w_kept, w_scales = _source_operands(weight, w_plan, dtype, slots[3:])
     if x_plan.forward_codes:  # the FP8 route: W's codes are (out, in), b's transpose's
         assert x_scales is not None and w_scales is not None
-        y = _product((x_q, x_scales), (w_q, w_scales), config, "forward", dtype)
-        y = y if bias is None else y.add_(bias)
+        bias = None if bias is None else bias.to(dtype)  # as F.linear under autocast
+        y = _product((x_q, x_scales), (w_q, w_scales), config, "forward", dtype, bias)
     else:
         y = F.linear(x_q, w_q, bias)
     dge_tensors = (weight, w_scales) if w_plan.forward_scales and w_scales is not None else ()

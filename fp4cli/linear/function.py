@@ -240,8 +240,8 @@ class QuantLinearFunction(torch.autograd.Function):
                     "forward_w"), backend)  # fmt: skip
         if config.routes["forward"] == "block":  # no double quantization, no clamping
             x_b, w_b, amaxes = block_operands(*operands)
-            y = block_product(x_b, w_b.t(), amaxes, config, "forward", x_b.dtype)
-            y = y if bias is None else y.add_(bias.to(y.dtype))
+            bias_b = None if bias is None else bias.to(x_b.dtype)
+            y = block_product(x_b, w_b.t(), amaxes, config, "forward", x_b.dtype, bias_b)
             x_source, w_source = x, weight
         else:
             x_q, w_q = gemm_operands(*operands)

@@ -91,9 +91,11 @@ def block_product(
     config: LinearConfig,
     gemm: str,
     dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`gemm`'s block-scaled product of block values a @ b (`block_scaled_mm`)."""
+    """`gemm`'s block-scaled product of block values a @ b (`block_scaled_mm`), plus the bias
+    before the rounding."""
     names = GEMM_OPERANDS[gemm]
     a_spec, b_spec = config.spec(names[0]), config.spec(names[1])
     assert a_spec is not None and b_spec is not None
-    return block_scaled_mm(a, b, amaxes, block_scaled_factor(a_spec, b_spec), dtype)
+    return block_scaled_mm(a, b, amaxes, block_scaled_factor(a_spec, b_spec), dtype, bias)

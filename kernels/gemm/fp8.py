@@ -51,9 +51,10 @@ def load_e5m2(codes_ptr, scales_ptr, staged_ptr, rows64, row_ok, ref, k0, k_padd
 @triton.jit
 def mxfp4_fp8_gemm_kernel(
     a_codes_ptr, a_scales_ptr, a_e5m2_ptr, b_codes_ptr, b_scales_ptr, b_e5m2_ptr, facts_ptr,
-    out_ptr, M, N, k_padded, stride_om, stride_on,
+    out_ptr, bias_ptr, M, N, k_padded, stride_om, stride_on,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     BLOCK: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr, SKIP_NARROW: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     ra, ra_ok, ra64, rb, rb_ok, rb64 = tile_rows(M, N, BM, BN, GROUP_M)
     ref_a, flags_a = load_facts(facts_ptr, ra, ra_ok, 0, M + N)
@@ -83,4 +84,5 @@ def mxfp4_fp8_gemm_kernel(
                 acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BK)
         # the values were q * 2^(code - ref + 13): undo both operands' folding
         value = scale_outer(acc, ref_a - 127 - FP8_TOP, ref_b - 127 - FP8_TOP)
-    store_tile(out_ptr, value, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on)
+    store_tile(out_ptr, bias_ptr, value, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om,
+               stride_on, HAS_BIAS)  # fmt: skip

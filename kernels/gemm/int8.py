@@ -55,10 +55,10 @@ def int8_segment(a_int8_ptr, b_int8_ptr, ra64, ra_ok, rb64, rb_ok, k_start, k_pa
 
 @triton.jit
 def mxfp4_int8_gemm_kernel(
-    a_int8_ptr, b_int8_ptr, a_e5m2_ptr, b_e5m2_ptr, facts_ptr, lo_start_ptr, out_ptr,
+    a_int8_ptr, b_int8_ptr, a_e5m2_ptr, b_e5m2_ptr, facts_ptr, lo_start_ptr, out_ptr, bias_ptr,
     M, N, k_padded, stride_om, stride_on,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT: tl.constexpr, HI_BK: tl.constexpr,
+    SPLIT: tl.constexpr, HI_BK: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     ra, ra_ok, ra64, rb, rb_ok, rb64 = tile_rows(M, N, BM, BN, GROUP_M)
     ref_a, flags_a = load_facts(facts_ptr, ra, ra_ok, 0, M + N)
@@ -83,4 +83,5 @@ def mxfp4_int8_gemm_kernel(
         value = fp8_segment(value, a_e5m2_ptr, b_e5m2_ptr, ra64, ra_ok, rb64, rb_ok, k_lo,
                             k_padded, HI_BK)  # fmt: skip
         value = scale_outer(value, ref_a - 127 - FP8_TOP, ref_b - 127 - FP8_TOP)
-    store_tile(out_ptr, value, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on)
+    store_tile(out_ptr, bias_ptr, value, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om,
+               stride_on, HAS_BIAS)  # fmt: skip

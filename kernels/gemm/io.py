@@ -58,12 +58,24 @@ def tile_flags(flags_a, flags_b, FLAG: tl.constexpr):
 
 
 @triton.jit
-def store_tile(out_ptr, value, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on):
-    """Store a tile, NaN in the rows of A and columns of B that hold a NaN block."""
+def store_tile(out_ptr, bias_ptr, value, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om,
+               stride_on, HAS_BIAS: tl.constexpr):  # fmt: skip
+    """Store a tile plus the bias (`store_sums`), NaN in the rows of A and columns of B that
+    hold a NaN block."""
     nan = ((flags_a & FLAG_NAN)[:, None] + (flags_b & FLAG_NAN)[None, :]) != 0
     value = tl.where(nan, float("nan"), value)
+    store_sums(out_ptr, bias_ptr, value, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on, HAS_BIAS)
+
+
+@triton.jit
+def store_sums(out_ptr, bias_ptr, sums, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on,
+               HAS_BIAS: tl.constexpr):  # fmt: skip
+    """Store float32 sums rounded once to the output's dtype, with HAS_BIAS the bias (N,) added
+    in float32 first, as cuBLAS's epilogue adds it."""
+    if HAS_BIAS:
+        sums = sums + tl.load(bias_ptr + rb64, mask=rb_ok, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + ra64[:, None] * stride_om + rb64[None, :] * stride_on
-    tl.store(out, value.to(out_ptr.dtype.element_ty), mask=ra_ok[:, None] & rb_ok[None, :])
+    tl.store(out, sums.to(out_ptr.dtype.element_ty), mask=ra_ok[:, None] & rb_ok[None, :])
 
 
 @triton.jit

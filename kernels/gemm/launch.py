@@ -1,6 +1,8 @@
 """Python side of the MXFP4 GEMM kernels: operands, per-row preparation, tiles and launches.
 
-Every launcher computes out = dequantize(A) @ dequantize(B)^T into a given `out` and returns it:
+Every launcher computes out = dequantize(A) @ dequantize(B)^T (+ bias, an optional (N,) tensor
+added to the float32 sums before their one rounding, as cuBLAS's epilogue adds it) into a given
+`out` and returns it:
 
 - `exact_matmul`: the float32 accumulation of the exact products, in up to three tiers chosen
   per output tile by its rows' scale spread (`gemm.prep` flags): INT8 tensor cores (rows within
@@ -31,8 +33,11 @@ from fp4cli.kernels.gemm.split import KSplit, k_split
 from fp4cli.quant.backend import interpreter_on
 
 STAGED_DTYPES = {"int8": torch.int8, "e5m2": torch.float8_e5m2, "e4m3": torch.float8_e4m3fn}
-PREP_ROWS = (8, 4)  # rows per preparation program writing at most one staged format, or more
-PREP_WORDS = 64  # code words (8 codes each) per row and step of the preparation kernel
+# the preparation kernel's programs: (rows, code words of 8 codes per row and step), writing
+# at most one staged format by the step that divides a row's words (no masked half steps: 96
+# words at K = 768, 288 at 2304), or more formats
+PREP_SHAPES = {32: (16, 32), 64: (8, 64), 128: (8, 128)}
+PREP_SHAPE_FORMATS = (4, 64)
 PREP_SCALE_CHUNK = 64
 PREP_WARPS = 4
 
@@ -131,12 +136,12 @@ def prepare(
     staged_shape = (len(formats), rows, k_padded) if formats else (1, 1, 4)
     staged = torch.empty(staged_shape, dtype=torch.uint8, device=device)
     scales = torch.empty(rows if e4m3 else 1, dtype=torch.float32, device=device)
-    rows_per_program = PREP_ROWS[len(formats) > 1]
+    rows_per_program, words = _prep_shape(k_padded, len(formats))
     programs = triton.cdiv(rows_a, rows_per_program) + triton.cdiv(rows_b, rows_per_program)
     operand_prep_kernel[(programs,)](
         a.codes.view(torch.int32), a.scales, b.codes.view(torch.int32), b.scales,
         staged.view(torch.int32), facts, scales, *_split_pointers(split, facts), rows_a, rows_b,
-        k_padded, ROWS=rows_per_program, WORDS=PREP_WORDS, SCALE_CHUNK=PREP_SCALE_CHUNK,
+        k_padded, ROWS=rows_per_program, WORDS=words, SCALE_CHUNK=PREP_SCALE_CHUNK,
         BLOCK=a.block, WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3, TIER_FLAGS=tier_flags,
         SPLIT=split is not None, num_warps=PREP_WARPS,
     )  # fmt: skip
@@ -150,6 +155,20 @@ def prepare(
     )
 
 
+def _prep_shape(k_padded: int, formats: int) -> tuple[int, int]:
+    """(rows, words) of a preparation program (`PREP_SHAPES`) for rows of k_padded codes."""
+    if formats > 1:
+        return PREP_SHAPE_FORMATS
+    words = next((w for w in (128, 64) if (k_padded // 8) % w == 0), 32)
+    return PREP_SHAPES[words]
+
+
+def _bias_pointer(bias: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
+    """The (N,) bias the kernels add to their float32 sums, contiguous; without one, a tensor
+    never read."""
+    return stand_in if bias is None else bias.contiguous()
+
+
 def _split_pointers(
     split: KSplit | None, stand_in: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,39 +177,56 @@ def _split_pointers(
 
 
 @torch.compiler.disable
-def exact_matmul(a: Operand, b: Operand, out: torch.Tensor) -> torch.Tensor:
+def exact_matmul(
+    a: Operand, b: Operand, out: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """Exact, by the spread of each tile's rows: INT8 tiles (K's outlier windows on FP8 in the
     same program), then the FP8 kernel for the rest (folded, or per window beyond E5M2's
     range)."""
     split = k_split(a.scales, b.scales, a.block)
     prepared = prepare(a, b, int8=True, e5m2=True, tier_flags=True, split=split)
-    launch_int8(a, b, prepared, out)
-    return launch_fp8(a, b, prepared, out, exact=True, skip_narrow=True)
+    launch_int8(a, b, prepared, out, bias=bias)
+    return launch_fp8(a, b, prepared, out, exact=True, skip_narrow=True, bias=bias)
 
 
 @torch.compiler.disable
 def exact_fp8_matmul(
-    a: Operand, b: Operand, out: torch.Tensor, fused: bool = False, tile: GemmTile | None = None
+    a: Operand,
+    b: Operand,
+    out: torch.Tensor,
+    fused: bool = False,
+    tile: GemmTile | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exact on FP8 tensor cores only (no INT8 tier): E5M2 staged in memory, or decoded in
     registers (`fused`)."""
     prepared = prepare(a, b, e5m2=not fused, tier_flags=True)
-    return launch_fp8(a, b, prepared, out, exact=True, tile=tile)
+    return launch_fp8(a, b, prepared, out, exact=True, tile=tile, bias=bias)
 
 
 @torch.compiler.disable
 def fast_fp8_matmul(
-    a: Operand, b: Operand, out: torch.Tensor, fused: bool = False, tile: GemmTile | None = None
+    a: Operand,
+    b: Operand,
+    out: torch.Tensor,
+    fused: bool = False,
+    tile: GemmTile | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fast on the FP8 kernel: promotion every BK, blocks beyond 26 binades flushed."""
     prepared = prepare(a, b, e5m2=not fused)
-    return launch_fp8(a, b, prepared, out, exact=False, tile=tile)
+    return launch_fp8(a, b, prepared, out, exact=False, tile=tile, bias=bias)
 
 
-def cublas_fast_supported(a: Operand, b: Operand, out: torch.Tensor) -> bool:
+def cublas_fast_supported(
+    a: Operand, b: Operand, out: torch.Tensor, bias: torch.Tensor | None = None
+) -> bool:
     """Whether `fast_cublas_matmul` can run: a CUDA device with FP8 tensor cores, a contiguous
-    bf16 output and sizes cuBLAS's FP8 GEMM takes (M, N and K multiples of 16)."""
+    bf16 output (and bias, if any), and sizes cuBLAS's FP8 GEMM takes (M, N and K multiples of
+    16)."""
     if out.device.type != "cuda" or interpreter_on():
+        return False
+    if bias is not None and bias.dtype != torch.bfloat16:
         return False
     return (
         torch.cuda.get_device_capability(out.device) >= (8, 9)
@@ -203,15 +239,18 @@ def cublas_fast_supported(a: Operand, b: Operand, out: torch.Tensor) -> bool:
 
 
 @torch.compiler.disable
-def fast_cublas_matmul(a: Operand, b: Operand, out: torch.Tensor) -> torch.Tensor:
+def fast_cublas_matmul(
+    a: Operand, b: Operand, out: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """Fast, through cuBLAS's FP8 GEMM with row-wise scales (`torch._scaled_mm`): each operand
     folded to E4M3 against its rows' largest scale (blocks more than 11 binades below flushed),
-    the rows' scales applied in cuBLAS's epilogue. Needs `cublas_fast_supported`."""
+    the rows' scales and the (bf16) bias applied in cuBLAS's epilogue. Needs
+    `cublas_fast_supported`."""
     prepared = prepare(a, b, e4m3=True)
     assert prepared.e4m3 is not None and prepared.e4m3_scales is not None
     (a8, b8), (scale_a, scale_b) = prepared.e4m3, prepared.e4m3_scales
     return torch._scaled_mm(
-        a8, b8.T, scale_a[:, None], scale_b[None, :], out_dtype=torch.bfloat16, out=out
+        a8, b8.T, scale_a[:, None], scale_b[None, :], bias=bias, out_dtype=torch.bfloat16, out=out
     )
 
 
@@ -223,6 +262,7 @@ def launch_int8(
     out: torch.Tensor,
     tile: GemmTile | None = None,
     hi_bk: int = 64,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The INT8 kernel on INT8-staged operands (and E5M2-staged ones for a split's FP8
     segment); tiles with a row beyond INT8's range are left unwritten."""
@@ -235,9 +275,9 @@ def launch_int8(
     _, lo_start = _split_pointers(split, prepared.facts)
     mxfp4_int8_gemm_kernel[_grid(a.rows, b.rows, tile)](
         *prepared.int8, e5m2_a, e5m2_b, prepared.facts, lo_start,
-        out, a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1),
+        out, _bias_pointer(bias, out), a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1),
         BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, SPLIT=split is not None,
-        HI_BK=hi_bk, num_warps=tile.warps, num_stages=tile.stages,
+        HI_BK=hi_bk, HAS_BIAS=bias is not None, num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 
@@ -251,6 +291,7 @@ def launch_fp8(
     exact: bool,
     skip_narrow: bool = False,
     tile: GemmTile | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The FP8 kernel, on E5M2-staged operands or (none staged) decoding in registers; with
     `skip_narrow`, tiles within INT8's range are left unwritten."""
@@ -259,25 +300,29 @@ def launch_fp8(
     staged_a, staged_b = staged_a.view(torch.uint8), staged_b.view(torch.uint8)
     mxfp4_fp8_gemm_kernel[_grid(a.rows, b.rows, tile)](
         a.codes, a.scales, staged_a, b.codes, b.scales, staged_b, prepared.facts,
-        out, a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1),
+        out, _bias_pointer(bias, out), a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1),
         BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, BLOCK=a.block,
         FUSED=prepared.e5m2 is None, EXACT=exact, SKIP_NARROW=skip_narrow,
-        num_warps=tile.warps, num_stages=tile.stages,
+        HAS_BIAS=bias is not None, num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 
 
 @torch.compiler.disable
 def scaled_dot_matmul(
-    a: Operand, b: Operand, out: torch.Tensor, tile: GemmTile | None = None
+    a: Operand,
+    b: Operand,
+    out: torch.Tensor,
+    tile: GemmTile | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Through Triton's `tl.dot_scaled` (e2m1 x e2m1, block 32): the native MXFP4 MMA on
     Blackwell, a bf16 emulation elsewhere."""
     tile = _tile(tile, SCALED_DOT_TILE)
     scaled_dot_kernel[_grid(a.rows, b.rows, tile)](
-        a.codes, a.scales, b.codes, b.scales, out, a.rows, b.rows, a.k_padded,
-        out.stride(0), out.stride(1),
-        BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m,
+        a.codes, a.scales, b.codes, b.scales, out, _bias_pointer(bias, out), a.rows, b.rows,
+        a.k_padded, out.stride(0), out.stride(1),
+        BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, HAS_BIAS=bias is not None,
         num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
@@ -285,7 +330,11 @@ def scaled_dot_matmul(
 
 @torch.compiler.disable
 def weight_only_matmul(
-    a: torch.Tensor, b: Operand, out: torch.Tensor, tile: GemmTile | None = None
+    a: torch.Tensor,
+    b: Operand,
+    out: torch.Tensor,
+    tile: GemmTile | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out = a @ dequantize(b)^T for a float a (M, K): B decoded in registers to a's dtype
     (exact: an E2M1 value times an E8M0 scale is a bfloat16 number) and multiplied on the
@@ -293,9 +342,9 @@ def weight_only_matmul(
     tile = _tile(tile, WEIGHT_ONLY_TILE)
     a = a.contiguous()
     weight_only_kernel[_grid(a.shape[0], b.rows, tile)](
-        a, b.codes, b.scales, out, a.shape[0], b.rows, a.shape[1], b.k_padded,
-        out.stride(0), out.stride(1),
+        a, b.codes, b.scales, out, _bias_pointer(bias, out), a.shape[0], b.rows, a.shape[1],
+        b.k_padded, out.stride(0), out.stride(1),
         BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, BLOCK=b.block,
-        num_warps=tile.warps, num_stages=tile.stages,
+        HAS_BIAS=bias is not None, num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out

@@ -5,8 +5,9 @@
 the fused kernel's bit arithmetic (`gemm.nvfp4`) on bytes: a byte sign-extended to int32 has
 its high code's sign on bit 31 already, so one shift and a mask decode it.
 
-`nvfp4_alpha_kernel`: the float32 GEMM result times alpha = fl32(amax_a * amax_b) / factor,
-rounded once to the output's dtype: the epilogue the fused kernel applies in registers.
+`nvfp4_alpha_kernel`: the float32 GEMM result times alpha = fl32(amax_a * amax_b) / factor
+(plus a bias, in float32), rounded once to the output's dtype: the epilogue the fused kernel
+applies in registers.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def nvfp4_decode_kernel(
 
 @triton.jit
 def nvfp4_alpha_kernel(
-    product_ptr, a_amax_ptr, b_amax_ptr, factor, out_ptr, M, N, stride_om, stride_on,
-    BM: tl.constexpr, BN: tl.constexpr,
+    product_ptr, a_amax_ptr, b_amax_ptr, factor, out_ptr, bias_ptr, M, N, stride_om, stride_on,
+    BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -74,5 +75,7 @@ def nvfp4_alpha_kernel(
     ok = (rm < M)[:, None] & (rn < N)[None, :]
     product = tl.load(product_ptr + rm64 * N + rn64, mask=ok, other=0.0)
     value = product * epilogue_alpha(a_amax_ptr, b_amax_ptr, factor)
+    if HAS_BIAS:  # fl32(fl32(alpha * sum) + bias)
+        value = value + tl.load(bias_ptr + rn64, mask=rn64 < N, other=0.0).to(tl.float32)
     tl.store(out_ptr + rm64 * stride_om + rn64 * stride_on, value.to(out_ptr.dtype.element_ty),
              mask=ok)  # fmt: skip

@@ -138,10 +138,12 @@ def block_values_matmul(
     amaxes: tuple[torch.Tensor, torch.Tensor],
     factor: float,
     out: torch.Tensor,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out = out_dtype(fl32(alpha * a @ b^T)) for block values a (M, K) and b (N, K) (any
-    strides torch.mm takes; bfloat16 or float32) and the two tensor amaxes (float32, one
-    element each): torch.mm with a float32 result, then one launch of the alpha epilogue."""
+    """out = out_dtype(fl32(alpha * a @ b^T) (+ bias, in float32)) for block values a (M, K)
+    and b (N, K) (any strides torch.mm takes; bfloat16 or float32), the two tensor amaxes
+    (float32, one element each) and an optional (N,) bias: torch.mm with a float32 result, then
+    one launch of the alpha epilogue."""
     from fp4cli.kernels.launch import launches_skipped
 
     product = _float32_product(a, b, out)
@@ -149,8 +151,9 @@ def block_values_matmul(
     if launches_skipped():  # a custom op's fake implementation: the output's layout only
         return out
     nvfp4_alpha_kernel[(triton.cdiv(m, ALPHA_BM), triton.cdiv(n, ALPHA_BN))](
-        product, amaxes[0], amaxes[1], factor, out, m, n, out.stride(0), out.stride(1),
-        BM=ALPHA_BM, BN=ALPHA_BN, num_warps=ALPHA_WARPS,
+        product, amaxes[0], amaxes[1], factor, out, out if bias is None else bias.contiguous(),
+        m, n, out.stride(0), out.stride(1),
+        BM=ALPHA_BM, BN=ALPHA_BN, HAS_BIAS=bias is not None, num_warps=ALPHA_WARPS,
     )  # fmt: skip
     return out
 

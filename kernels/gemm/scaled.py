@@ -14,15 +14,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.gemm.io import load_codes, load_window_scales, tile_rows
+from fp4cli.kernels.gemm.io import load_codes, load_window_scales, store_sums, tile_rows
 from fp4cli.kernels.gemm.tiles import decode_float, per_byte
 
 
 @triton.jit
 def scaled_dot_kernel(
     a_codes_ptr, a_scales_ptr, b_codes_ptr, b_scales_ptr,
-    out_ptr, M, N, k_padded, stride_om, stride_on,
+    out_ptr, bias_ptr, M, N, k_padded, stride_om, stride_on,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     ra, ra_ok, ra64, rb, rb_ok, rb64 = tile_rows(M, N, BM, BN, GROUP_M)
     acc = tl.zeros([BM, BN], tl.float32)
@@ -32,15 +33,14 @@ def scaled_dot_kernel(
         scale_a = load_window_scales(a_scales_ptr, ra64, ra_ok, k0, k_padded, BK, 32)
         scale_b = load_window_scales(b_scales_ptr, rb64, rb_ok, k0, k_padded, BK, 32)
         acc = tl.dot_scaled(a, scale_a, "e2m1", tl.trans(b), scale_b, "e2m1", acc)
-    out = out_ptr + ra64[:, None] * stride_om + rb64[None, :] * stride_on
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ra_ok[:, None] & rb_ok[None, :])
+    store_sums(out_ptr, bias_ptr, acc, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on, HAS_BIAS)
 
 
 @triton.jit
 def weight_only_kernel(
-    a_ptr, b_codes_ptr, b_scales_ptr, out_ptr, M, N, K, k_padded, stride_om, stride_on,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    BLOCK: tl.constexpr,
+    a_ptr, b_codes_ptr, b_scales_ptr, out_ptr, bias_ptr, M, N, K, k_padded, stride_om,
+    stride_on, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     ra, ra_ok, ra64, rb, rb_ok, rb64 = tile_rows(M, N, BM, BN, GROUP_M)
     dtype: tl.constexpr = a_ptr.dtype.element_ty
@@ -59,5 +59,4 @@ def weight_only_kernel(
             acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, tl.trans(b), acc)
-    out = out_ptr + ra64[:, None] * stride_om + rb64[None, :] * stride_on
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ra_ok[:, None] & rb_ok[None, :])
+    store_sums(out_ptr, bias_ptr, acc, ra64, ra_ok, rb64, rb_ok, stride_om, stride_on, HAS_BIAS)

@@ -147,6 +147,29 @@ def test_fast_cublas_path_flushes_within_its_bound() -> None:
     assert not torch.allclose(fast, reference.to(torch.bfloat16).double())  # something flushed
 
 
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_the_bias_joins_the_sums_in_the_epilogue(mode) -> None:
+    """A bf16 bias: the exact kernels round fl32(sum + bias) once (the reference's bits where
+    float32 sums are exact); cuBLAS's FP8 GEMM (fast, bf16) adds it in its epilogue."""
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm.launch import cublas_fast_supported
+
+    a, b = exact_sum_pair(304, 272, 256, seed=6, device="cuda")
+    bias = torch.randn(272, device="cuda").to(torch.bfloat16)
+    got = mxfp4_matmul(a, b, torch.bfloat16, mode, bias=bias)
+    expected = matmul_reference(a, b, torch.float32, bias).to(torch.bfloat16)
+    if mode == "exact":
+        assert_matches(got, expected)
+        return
+    out = torch.empty(304, 272, device="cuda", dtype=torch.bfloat16)
+    assert cublas_fast_supported(kernel_operand(a), kernel_operand(b), out, bias) == FP8_GPU
+    reference = matmul_reference(a, b, torch.float64, bias)
+    magnitude = a.dequantize(torch.float64).abs() @ b.dequantize(torch.float64).abs().T
+    bound = 2.0**-12 * magnitude + 2.0**-8 * reference.abs()
+    assert ((got.double() - reference).abs() <= bound).all()
+    assert ((got.double() - expected.double()).abs() > 0).float().mean() < 0.01
+
+
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_exact_is_bit_exact_where_float32_sums_are(out_dtype) -> None:
     a, b = exact_sum_pair(300, 272, 256, seed=4, device="cuda")

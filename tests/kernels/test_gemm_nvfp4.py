@@ -322,8 +322,8 @@ def launches():
         launch.fused_matmul(op, op, 7225344.0, out, tile=tile)
     launch.decode_values(op)
     launch.nvfp4_alpha_kernel[(1, 1)](
-        out.float(), op.amax, op.amax, 7225344.0, out, 64, 64, 64, 1,
-        BM=launch.ALPHA_BM, BN=launch.ALPHA_BN, num_warps=launch.ALPHA_WARPS,
+        out.float(), op.amax, op.amax, 7225344.0, out, out, 64, 64, 64, 1,
+        BM=launch.ALPHA_BM, BN=launch.ALPHA_BN, HAS_BIAS=False, num_warps=launch.ALPHA_WARPS,
     )
     assert launch.decode_type() == "bf16"
 

@@ -111,6 +111,25 @@ def test_products_are_the_reference_sums(name, mode):
             assert_same_sum(a, b, f"output {index}")
 
 
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_the_forward_gemm_adds_the_bias_before_rounding(mode):
+    """The bias goes into the forward product's epilogue (in the compute dtype, as F.linear
+    takes it under autocast), not onto the rounded product; the backward products take none."""
+    fast, _, x, grad_y = routed_pair(with_gemm(ROUTED["mxfp4"], mode))
+    biases = []
+    real_matmul = fp4cli.gemm.mxfp4_matmul
+
+    def matmul(a, b, **kwargs):
+        biases.append(kwargs.get("bias"))
+        return real_matmul(a, b, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fp4cli.gemm, "mxfp4_matmul", matmul)
+        training_passes(fast, x, grad_y, calls=1)
+    assert len(biases) == 3 and biases[1] is None and biases[2] is None
+    assert torch.equal(biases[0], fast.bias.detach().to(x.dtype))
+
+
 @pytest.mark.parametrize("name", ["tetrajet", "wide-rht"])
 def test_ragged_tokens_and_features(name):
     """45 input and 33 output features, 19 tokens: K padded to whole blocks (and transforms)
@@ -308,7 +327,7 @@ def test_executor_summary_names_the_block_scaled_products():
 
 def test_block_scaled_mm_without_kernels_gives_the_kernels_bits(monkeypatch):
     """Where no kernel runs (a CPU without the interpreter), torch computes the same product:
-    the same float32 GEMM, then alpha from `block_scaled_alpha` and one rounding."""
+    the same float32 GEMM, then alpha from `block_scaled_alpha`, the bias and one rounding."""
     import fp4cli.gemm.nvfp4 as nvfp4
 
     generator = torch.Generator().manual_seed(13)
@@ -316,8 +335,16 @@ def test_block_scaled_mm_without_kernels_gives_the_kernels_bits(monkeypatch):
     b = torch.randn(48, 21, generator=generator).to(DEVICE)
     amaxes = (torch.tensor(3.7, device=DEVICE), torch.tensor([12.5], device=DEVICE))
     factor = 2688.0**2
+    bias = torch.randn(21, generator=generator).to(DEVICE)
     with_kernels = nvfp4.block_scaled_mm(a, b, amaxes, factor, torch.float32)
+    with_bias = nvfp4.block_scaled_mm(a, b, amaxes, factor, torch.float32, bias)
     monkeypatch.setattr(nvfp4, "triton_available", lambda: False)
     without = nvfp4.block_scaled_mm(a, b, amaxes, factor, torch.float32)
     assert torch.equal(with_kernels, without)
     assert not torch.equal(without, a @ b)
+    # the bias joins fl32(alpha * sum) in float32 before the rounding, as Blackwell's epilogue
+    without_bias_kernels = nvfp4.block_scaled_mm(a, b, amaxes, factor, torch.float32, bias)
+    assert torch.equal(with_bias, without_bias_kernels)
+    assert torch.equal(with_bias, without + bias)
+    half = nvfp4.block_scaled_mm(a, b, amaxes, factor, torch.float16, bias)
+    assert torch.equal(half, (without + bias).half())

@@ -84,6 +84,40 @@ def test_output_dtypes_round_the_float32_result(out_dtype: torch.dtype) -> None:
     assert_matches(run(a, b, out_dtype=out_dtype), expected)
 
 
+@needs_kernels
+@pytest.mark.parametrize("path", ["exact", "fast", "weight-only", "scaled-dot"])
+def test_the_bias_joins_the_sums_before_their_rounding(path: str) -> None:
+    """Every kernel adds the bias to its float32 sums and rounds once, as the reference (and
+    cuBLAS's epilogue) does: sums exact in float32, so the bits are the reference's; and a
+    sum on a float16 tie that the bias decides."""
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm.launch import scaled_dot_matmul
+
+    a, b = exact_sum_pair(19, 24, 96, seed=21, device=DEVICE)
+    bias = torch.randn(24, generator=torch.Generator().manual_seed(22)).to(DEVICE)
+    expected = matmul_reference(a, b, torch.float32, bias)
+    if path == "scaled-dot":
+        got = torch.full((19, 24), float("nan"), device=DEVICE)
+        scaled_dot_matmul(kernel_operand(a), kernel_operand(b), got, bias=bias)
+    elif path == "weight-only":
+        got = run(a.dequantize(torch.float32), b, bias=bias)
+    else:
+        got = run(a, b, path, bias=bias)
+    assert_matches(got, expected)
+    assert not torch.equal(expected, matmul_reference(a, b, torch.float32))
+    # 1 + 2^-11 lies halfway between two float16 numbers; 2^-13 more rounds it up
+    row = torch.zeros(1, 64)
+    row[0, 0], row[0, 32] = 1.0, 2.0**-11
+    ones = torch.zeros(1, 64)
+    ones[0, 0] = ones[0, 32] = 1.0
+    a_tie, b_tie = (quantize(t.to(DEVICE), MXFP4, axis=-1, backend="torch") for t in (row, ones))
+    bias_tie = torch.tensor([2.0**-13], device=DEVICE)
+    if path in ("exact", "fast"):
+        tie = run(a_tie, b_tie, path, torch.float16, bias=bias_tie)
+        assert tie.item() == 1 + 2.0**-10
+        assert_matches(tie, matmul_reference(a_tie, b_tie, torch.float16, bias_tie))
+
+
 # --------------------------------------------------------------------------------------------
 # The exact GEMM's tiers, chosen per tile by the spread of its rows' block scales
 # --------------------------------------------------------------------------------------------
@@ -430,6 +464,8 @@ def test_bad_inputs_fail_in_one_line() -> None:
         (lambda: mxfp4_matmul(a, b, out=torch.empty(6, 7)), "out must be a torch.bfloat16"),
         (lambda: mxfp4_matmul(a, b, backend="cuda"), "backend: must be one of"),
         (lambda: mxfp4_matmul("a", b), "a must be a QuantizedTensor or a tensor"),
+        (lambda: mxfp4_matmul(a, b, bias=torch.zeros(7)), r"bias must be .* shape \(8,\)"),
+        (lambda: mxfp4_matmul(a, b, bias=torch.zeros(8, dtype=torch.int32)), "floating-point"),
     ]
     for call, message in cases:
         with pytest.raises((GemmError, SpecError), match=message) as error:
