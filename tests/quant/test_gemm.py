@@ -430,6 +430,37 @@ def test_staged_operands_hold_every_code_at_every_shift() -> None:
     assert prepared.flags(3)[0].tolist() == [6, 6, 6]
 
 
+@needs_kernels
+@pytest.mark.parametrize("k", [256, 512, 1024, 2304])
+def test_one_format_preparation_is_the_same_in_every_program_shape(monkeypatch, k) -> None:
+    """The kernel's program shape (rows, code words a step: `_prep_shape` picks the step that
+    divides a row's words) moves no staged byte, reference, flag or E4M3 scale."""
+    import fp4cli.kernels.gemm.launch as gemm_launch
+    from fp4cli.gemm.operands import kernel_operand
+
+    a = kernel_operand(quantized((21, k), 31, DEVICE))
+    b = kernel_operand(quantized((10, k), 32, DEVICE))
+    shapes = list(gemm_launch.PREP_SHAPES.values())
+    assert gemm_launch._prep_shape(k, 1) == gemm_launch.PREP_SHAPES[
+        128 if k % 1024 == 0 else 64 if k % 512 == 0 else 32
+    ]
+    results = []
+    for shape in shapes:
+        monkeypatch.setattr(gemm_launch, "_prep_shape", lambda *_, shape=shape: shape)
+        for e4m3 in (False, True):
+            prepared = gemm_launch.prepare(a, b, e5m2=not e4m3, e4m3=e4m3)
+            staged = prepared.e4m3 if e4m3 else prepared.e5m2
+            assert staged is not None
+            results.append(
+                (e4m3, prepared.facts, *(t.view(torch.uint8) for t in staged),
+                 *(prepared.e4m3_scales or ()))
+            )  # fmt: skip
+    for got in results[2:]:
+        expected = results[int(got[0])]
+        for index, (x, y) in enumerate(zip(got[1:], expected[1:], strict=True)):
+            assert_bits(x, y, f"output {index}")
+
+
 # --------------------------------------------------------------------------------------------
 # Paths and errors
 # --------------------------------------------------------------------------------------------
