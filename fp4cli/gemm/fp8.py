@@ -87,4 +87,4 @@ def fp8_mm(
 
     a_values = decode_vector(a_codes, a_scale, a_spec, 1, dtype)
     b_values = decode_vector(b_codes, b_scale, b_spec, 1, dtype)
-    return F.linear(a_values, b_values, bias)
+    return F.linear(a_values, b_values, None if bias is None else bias.to(dtype))
