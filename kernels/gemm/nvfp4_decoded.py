@@ -15,6 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fp4cli.kernels.gemm.io import store_sums
 from fp4cli.kernels.gemm.nvfp4 import E2M1_FLOAT_BITS, VALUE_UNDO, e4m3_scale_2p118, epilogue_alpha
 
 
@@ -71,11 +72,9 @@ def nvfp4_alpha_kernel(
 ):  # fmt: skip
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    rm64, rn64 = rm.to(tl.int64)[:, None], rn.to(tl.int64)[None, :]
-    ok = (rm < M)[:, None] & (rn < N)[None, :]
-    product = tl.load(product_ptr + rm64 * N + rn64, mask=ok, other=0.0)
+    rm64, rn64, rm_ok, rn_ok = rm.to(tl.int64), rn.to(tl.int64), rm < M, rn < N
+    product = tl.load(product_ptr + rm64[:, None] * N + rn64[None, :],
+                      mask=rm_ok[:, None] & rn_ok[None, :], other=0.0)  # fmt: skip
     value = product * epilogue_alpha(a_amax_ptr, b_amax_ptr, factor)
-    if HAS_BIAS:  # fl32(fl32(alpha * sum) + bias)
-        value = value + tl.load(bias_ptr + rn64, mask=rn64 < N, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rm64 * stride_om + rn64 * stride_on, value.to(out_ptr.dtype.element_ty),
-             mask=ok)  # fmt: skip
+    # fl32(fl32(alpha * sum) + bias), rounded once
+    store_sums(out_ptr, bias_ptr, value, rm64, rm_ok, rn64, rn_ok, stride_om, stride_on, HAS_BIAS)
