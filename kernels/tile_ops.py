@@ -75,15 +75,25 @@ def round_unsigned_minifloat(
 
 
 @triton.jit
-def _round_minifloat_rne(raw, bits, MBITS: tl.constexpr, MIN_EXP: tl.constexpr):
-    """To nearest even, one path for every binade: adding M = 1.5 * 2^(k - MBITS + 23),
-    k = max(floor(log2 raw), MIN_EXP) from raw's exponent bits, whose float32 ulp is the grid's
-    spacing in raw's binade (the subnormal spacing below 2^MIN_EXP), rounds raw to a multiple n
-    of it (ties to even) in M's binade; (raw + M) - M is the value and
-    n + (k - MIN_EXP) * 2^MBITS the code (n counts from 2^MBITS in a normal binade). raw is at
-    most MAX_VALUE, and the minimum that made it keeps its product out of the addition."""
+def binade_magic(bits, MBITS: tl.constexpr, MIN_EXP: tl.constexpr):
+    """(x's exponent bits, at least 2^MIN_EXP's; M's bits) for the float32 x with these bits:
+    M = 1.5 * 2^(k - MBITS + 23), k = max(floor(log2 x), MIN_EXP), whose float32 ulp is the
+    spacing of a grid of MBITS mantissa bits in x's binade (its subnormal spacing below
+    2^MIN_EXP), so x + M rounds x to that grid, ties to even. From x = 2^(105 + MBITS) up M
+    leaves float32's finite range (NaN, then its exponent wraps past the sign bit): callers
+    clamp x first or saturate what they derive from it."""
     exponent = tl.maximum(bits & 0x7F800000, (MIN_EXP + 127) << 23)
-    magic = exponent + (((23 - MBITS) << 23) | 0x400000)
+    return exponent, exponent + (((23 - MBITS) << 23) | 0x400000)
+
+
+@triton.jit
+def _round_minifloat_rne(raw, bits, MBITS: tl.constexpr, MIN_EXP: tl.constexpr):
+    """To nearest even, one path for every binade: adding M (`binade_magic`) rounds raw to a
+    multiple n of the grid's spacing in its binade (ties to even) in M's binade; (raw + M) - M
+    is the value and n + (k - MIN_EXP) * 2^MBITS the code (n counts from 2^MBITS in a normal
+    binade). raw is at most MAX_VALUE, and the minimum that made it keeps its product out of
+    the addition."""
+    exponent, magic = binade_magic(bits, MBITS, MIN_EXP)
     shifted = raw + magic.to(tl.float32, bitcast=True)
     value = shifted - magic.to(tl.float32, bitcast=True)  # exact
     binades = (exponent - ((MIN_EXP + 127) << 23)) >> (23 - MBITS)
@@ -142,8 +152,9 @@ def _e2m1_twice_magic(magnitude):
     too) its exponent wraps past the sign bit, which leaves M a tiny negative number; the value
     (6 at most) and the code (2k alone is past 7) saturate either way. (2|v|, not |v|: the
     product that made |v| cannot be fused into the addition, and the doubling is exact.)"""
-    exponent = tl.maximum(magnitude.to(tl.uint32, bitcast=True) & 0x7F800000, 0x3F800000)
-    magic = exponent + ((23 << 23) | 0x400000)
+    # |v|'s grid has one mantissa bit from 1 up; 2|v|'s M is one binade above |v|'s
+    exponent, magic = binade_magic(magnitude.to(tl.uint32, bitcast=True), 1, 0)
+    magic = magic + (1 << 23)
     twice = magnitude * 2.0 + magic.to(tl.float32, bitcast=True)
     return twice, magic, exponent
 
