@@ -96,7 +96,10 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
     from fp4cli.quant import QuantSpec
 
     if config.startswith("pair:"):
-        row, col = pair_directions()[config.removeprefix("pair:")]
+        pairs, name = pair_directions(), config.removeprefix("pair:")
+        if name not in pairs:
+            raise ValueError(f"unknown pair {name!r}; known: {', '.join(pairs)}")
+        row, col = pairs[name]
         x = torch.zeros(256, 768, dtype=torch.bfloat16)
         found = intercepted_launches(
             lambda: launch_pair.quantize_pair(x, row, col),
@@ -111,6 +114,12 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         return _vector_launch(QuantSpec.preset(config.removeprefix("vector:")))
     if config.startswith("decode-vector:"):
         return _decode_vector_launch(QuantSpec.preset(config.removeprefix("decode-vector:")))
+    if config not in CONFIGS:
+        raise ValueError(
+            f"unknown config {config!r}; known: {', '.join(CONFIGS)}, pair:NAME (NAME one of "
+            f"{', '.join(pair_directions())}), dequantize:PRESET, vector:PRESET, "
+            "decode-vector:PRESET"
+        )
     preset, overrides, arguments = CONFIGS[config]
     spec = QuantSpec.preset(preset, **overrides)
     x = torch.zeros(8, 8192, dtype=torch.bfloat16)
@@ -144,6 +153,8 @@ def _vector_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
     tensor under a column- or tensor-scaled spec, its amax bits given (wang-fp4's dY pass)."""
     import fp4cli.kernels.launch_vector as launch_vector
 
+    if spec.block not in ("column", "tensor"):
+        raise ValueError(f"vector:PRESET takes a column- or tensor-scaled spec, not {spec.block!r}")
     x = torch.zeros(8192, 3072, dtype=torch.bfloat16)
     amax = torch.zeros(1, dtype=torch.int32)
     found = intercepted_launches(
@@ -207,7 +218,10 @@ if __name__ == "__main__":
         "  barriers/elem  shuffles/elem"
     )
     for name in sys.argv[1:] or [*CONFIGS, *(f"pair:{pair}" for pair in pair_directions())]:
-        c = counts(name)
+        try:
+            c = counts(name)
+        except ValueError as error:  # a config or preset this script does not take
+            sys.exit(f"error: {error}")
         print(
             f"{name:20s}  {c['ptx']:8.1f}  {c['sass']:9.1f}  {c['conversions']:16.2f}"
             f"  {c['registers']:9.0f}  {c['barriers']:13.2f}  {c['shuffles']:13.2f}"
