@@ -68,8 +68,9 @@ def step_command(
     backend_list = parse_choices("backends", backends, BACKENDS)
     gemm_list = parse_gemms(gemm)
     recipe_list, task_list = split_list(recipes), split_list(tasks)
-    bench.check_step_request(mode_list, steps, torch_device)
+    # names first: a misspelt recipe is worth knowing before what the device lacks
     _check_names(task_list, recipe_list + split_list(max_batch or ""), size)
+    bench.check_step_request(mode_list, steps, torch_device)
     check_kernel_backends(backend_list, torch_device)
     case_list = bench.cases(
         task_list, size, batch_size, recipe_list, backend_list, mode_list, gemm_list

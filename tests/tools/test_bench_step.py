@@ -150,6 +150,7 @@ def test_max_batch_reports_a_start_that_does_not_fit(monkeypatch) -> None:
             "has no size 'huge'; sizes: debug, default, gpt2-small, gpt-345m",
         ),
         (["--recipes", "no-such-recipe", "--modes", "eager"], "no-such-recipe"),
+        (["--recipes", "no-such-recipe"], "no-such-recipe"),  # named before the device's lack
         (["--steps", "0"], "--steps"),
     ],
 )
