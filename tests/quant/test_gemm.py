@@ -147,6 +147,9 @@ def test_spread_chooses_the_tier_and_stays_exact(binades: int, flag: int) -> Non
     out = torch.full((48, 40), float("nan"), device=DEVICE)
     run(a, b, out=out)
     assert_matches(out, matmul_reference(a, b, torch.float32))
+    # each tile takes the bias once, whichever tier's kernel writes it
+    bias = torch.linspace(-3, 3, 40, device=DEVICE)
+    assert_matches(run(a, b, bias=bias), matmul_reference(a, b, torch.float32, bias))
 
 
 @needs_kernels
