@@ -40,6 +40,9 @@ PREP_SHAPES = {32: (16, 32), 64: (8, 64), 128: (8, 128)}
 PREP_SHAPE_FORMATS = (4, 64)
 PREP_SCALE_CHUNK = 64
 PREP_WARPS = 4
+# Triton's `maxnreg` for the preparation kernel: with it, Triton 3.6 gives the kernel 48-55
+# registers a thread where it chose 40-47, and the weight gradient's long rows run 15-20% faster
+PREP_MAX_REGISTERS: int | None = 80
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ def prepare(
         staged.view(torch.int32), facts, scales, *_split_pointers(split, facts), rows_a, rows_b,
         k_padded, ROWS=rows_per_program, WORDS=words, SCALE_CHUNK=PREP_SCALE_CHUNK,
         BLOCK=a.block, WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3, TIER_FLAGS=tier_flags,
-        SPLIT=split is not None, num_warps=PREP_WARPS,
+        SPLIT=split is not None, num_warps=PREP_WARPS, **_register_cap(PREP_MAX_REGISTERS),
     )  # fmt: skip
     pairs = {
         name: (part[:rows_a].view(STAGED_DTYPES[name]), part[rows_a:].view(STAGED_DTYPES[name]))
@@ -153,6 +156,11 @@ def prepare(
     return Prepared(
         facts, pairs.get("int8"), pairs.get("e5m2"), pairs.get("e4m3"), scale_pair, split
     )
+
+
+def _register_cap(registers: int | None) -> dict[str, int]:
+    """Triton's `maxnreg` launch option for a GPU launch, or nothing."""
+    return {} if registers is None or interpreter_on() else {"maxnreg": registers}
 
 
 def _prep_shape(k_padded: int, formats: int) -> tuple[int, int]:

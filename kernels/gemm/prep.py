@@ -56,15 +56,13 @@ def source_windows(source_ptr, slot, slot_ok):
 
 
 @triton.jit
-def load_words(code_words_ptr, scales_ptr, row64, ok, word, n_words, n_blocks,
-               BLOCK: tl.constexpr):  # fmt: skip
-    """[rows, words] code words (uint32) at word positions `word`, and their scale codes
-    (int32)."""
-    words = tl.load(code_words_ptr + row64[:, None] * n_words + word[None, :], mask=ok, other=0)
-    scale_codes = tl.load(
-        scales_ptr + row64[:, None] * n_blocks + (word * 8 // BLOCK)[None, :], mask=ok, other=0
-    )
-    return words.to(tl.uint32, bitcast=True), scale_codes.to(tl.int32)
+def load_windows(code_words_ptr, row64, ok, window, n_words):
+    """[rows, windows, 4] code words (uint32) of the given 32-code K windows: a window's 4 words
+    in the last axis, one block's (blocks are whole windows)."""
+    word = window[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]
+    words = tl.load(code_words_ptr + row64[:, None, None] * n_words + word, mask=ok[:, :, None],
+                    other=0)  # fmt: skip
+    return words.to(tl.uint32, bitcast=True)
 
 
 @triton.jit
@@ -97,14 +95,16 @@ def row_references(scales_ptr, source_ptr, lo_start, row64, row_ok, n_windows, n
 
 
 @triton.jit
-def store_staged(out_ptr, words, below, out_row64, out_word, out_ok, n_out_words,
+def store_staged(out_ptr, words, below, out_row64, slot, ok, n_out_words,
                  FORMAT: tl.constexpr):  # fmt: skip
-    """Fold [R, W] code words into FORMAT and store the [R, 2W] output words."""
-    out = decode_words(words, fold_range(FORMAT) - below, FORMAT)
+    """Fold [R, S, 4] code words into FORMAT (`below`: [R, S] binades) and store them as the
+    [R, S, 8] output words of staged slots `slot`."""
+    out = decode_words(words, fold_range(FORMAT) - below[:, :, None], FORMAT)
+    out_word = slot[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
     tl.store(
-        out_ptr + out_row64[:, None] * n_out_words + out_word[None, :],
+        out_ptr + out_row64[:, None, None] * n_out_words + out_word,
         out.to(tl.int32, bitcast=True),
-        mask=out_ok,
+        mask=ok[:, :, None],
     )
 
 
@@ -123,7 +123,7 @@ def prepare_rows(
     row64 = row.to(tl.int64)
     out_row64 = row64 + first_row
     n_blocks = k_padded // BLOCK
-    n_words = k_padded // 8
+    n_words = k_padded // 32 * 4  # whole windows: 16-byte aligned rows, for wide loads
     lo_start = 0
     if SPLIT:
         lo_start = tl.load(lo_start_ptr)
@@ -132,41 +132,36 @@ def prepare_rows(
     has_nan = top == E8M0_NAN
     ref = tl.where(has_nan, 127, top)
     ref_lo = tl.maximum(tl.where(has_nan, 127, top_lo), ref - GAP_LIMIT)
-    beyond_e5m2 = tl.zeros([ROWS, WORDS], tl.int1)  # reduced over words after the loop
-    beyond_int8 = tl.zeros([ROWS, WORDS], tl.int1)
+    SLOTS: tl.constexpr = WORDS // 4  # 32-code windows a step, 4 code words each
+    n_windows = n_words // 4
+    beyond_e5m2 = tl.zeros([ROWS, SLOTS], tl.int1)  # reduced over slots after the loop
+    beyond_int8 = tl.zeros([ROWS, SLOTS], tl.int1)
     format_words = tl.cast(all_rows, tl.int64) * (2 * n_words)  # one staged format, in words
-    for w0 in range(0, n_words, WORDS):
-        word = w0 + tl.arange(0, WORDS)  # in staged order: 4 code words to a slot
-        word_ok = word < n_words
-        ok = row_ok[:, None] & word_ok[None, :]
+    for s0 in range(0, n_windows, SLOTS):
+        slot = s0 + tl.arange(0, SLOTS)  # in staged order
+        slot_ok = slot < n_windows
+        ok = row_ok[:, None] & slot_ok[None, :]
+        window = slot
         if lo_start > 0:  # the split moves windows: each slot's words from its source window
-            source = source_windows(source_ptr, word // 4, word_ok) * 4 + word % 4
-            words, scale_codes = load_words(code_words_ptr, scales_ptr, row64, ok, source,
-                                            n_words, n_blocks, BLOCK)  # fmt: skip
-        else:  # in place (contiguous loads)
-            words, scale_codes = load_words(code_words_ptr, scales_ptr, row64, ok, word,
-                                            n_words, n_blocks, BLOCK)  # fmt: skip
+            window = source_windows(source_ptr, slot, slot_ok)
+        words = load_windows(code_words_ptr, row64, ok, window, n_words)
+        scale_codes = load_scale_codes(scales_ptr, row64, ok, window, n_blocks, BLOCK)
         below = ref[:, None] - scale_codes  # binades below the row's top block
         below_lo = ref_lo[:, None] - scale_codes  # below the INT8 segment's top
-        in_lo = (word // 4 >= lo_start)[None, :]
+        in_lo = (slot >= lo_start)[None, :]
         if TIER_FLAGS:
-            nonzero = ((words & 0x77777777) != 0) & ok
+            nonzero = (tl.max((words & 0x77777777).to(tl.int32, bitcast=True), axis=2) != 0) & ok
             beyond_e5m2 = beyond_e5m2 | (nonzero & (below > fold_range(FORMAT_E5M2)))
             beyond_int8 = beyond_int8 | (nonzero & in_lo & (below_lo > fold_range(FORMAT_INT8)))
-        out_word = 2 * w0 + tl.arange(0, 2 * WORDS)
-        out_ok = row_ok[:, None] & (out_word < 2 * n_words)[None, :]
         out_ptr = staged_ptr
         if WRITE_INT8:
-            store_staged(out_ptr, words, below_lo, out_row64, out_word, out_ok, 2 * n_words,
-                         FORMAT_INT8)  # fmt: skip
+            store_staged(out_ptr, words, below_lo, out_row64, slot, ok, 2 * n_words, FORMAT_INT8)
             out_ptr += format_words
         if WRITE_E5M2:
-            store_staged(out_ptr, words, below, out_row64, out_word, out_ok, 2 * n_words,
-                         FORMAT_E5M2)  # fmt: skip
+            store_staged(out_ptr, words, below, out_row64, slot, ok, 2 * n_words, FORMAT_E5M2)
             out_ptr += format_words
         if WRITE_E4M3:
-            store_staged(out_ptr, words, below, out_row64, out_word, out_ok, 2 * n_words,
-                         FORMAT_E4M3)  # fmt: skip
+            store_staged(out_ptr, words, below, out_row64, slot, ok, 2 * n_words, FORMAT_E4M3)
     wide = tl.max(beyond_e5m2.to(tl.int32), axis=1)
     narrow = tl.maximum(tl.max(beyond_int8.to(tl.int32), axis=1), wide)  # flag 2 implies 4
     tiers = wide * FLAG_BEYOND_E5M2 + narrow * FLAG_BEYOND_INT8

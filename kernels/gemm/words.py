@@ -71,10 +71,10 @@ def lanes_to_format(codes, shift, FORMAT: tl.constexpr):
 
 @triton.jit
 def decode_words(code_words, shift, FORMAT: tl.constexpr):
-    """[R, W] uint32 code words (8 codes each) and [R, W] int32 shifts -> [R, 2W] uint32
-    output words (4 bytes each), in the codes' order."""
+    """[R, S, 4] uint32 code words (a 32-code window's 4 words in the last axis) and int32 shifts
+    broadcast to them -> [R, S, 8] uint32 output words (4 bytes each), in the codes' order."""
     R: tl.constexpr = code_words.shape[0]
-    W: tl.constexpr = code_words.shape[1]
+    S: tl.constexpr = code_words.shape[1]
     low = lanes_to_format(nibbles_to_lanes(code_words & 0xFFFF), shift, FORMAT)
     high = lanes_to_format(nibbles_to_lanes(code_words >> 16), shift, FORMAT)
-    return tl.reshape(tl.join(low, high), (R, 2 * W))
+    return tl.reshape(tl.join(low, high), (R, S, 8))
