@@ -465,6 +465,18 @@ def test_one_format_preparation_is_the_same_in_every_program_shape(monkeypatch, 
             assert_bits(x, y, f"output {index}")
 
 
+def test_the_preparation_caps_its_registers_on_the_gpu_only(monkeypatch) -> None:
+    """`maxnreg` goes to a GPU launch (Triton's option), never to the interpreter's."""
+    import fp4cli.kernels.gemm.launch as gemm_launch
+
+    assert gemm_launch.PREP_MAX_REGISTERS == 80
+    monkeypatch.setattr(gemm_launch, "interpreter_on", lambda: False)
+    assert gemm_launch._register_cap(80) == {"maxnreg": 80}
+    assert gemm_launch._register_cap(None) == {}
+    monkeypatch.setattr(gemm_launch, "interpreter_on", lambda: True)
+    assert gemm_launch._register_cap(80) == {}
+
+
 # --------------------------------------------------------------------------------------------
 # Paths and errors
 # --------------------------------------------------------------------------------------------
