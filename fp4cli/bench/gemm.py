@@ -308,10 +308,10 @@ def _kernel_call(
     a_op, b_op = kernel_operand(a), kernel_operand(b)
     launchers: dict[str, Callable[[], object]] = {
         "dot-scaled": lambda: gemm_launch.scaled_dot_matmul(a_op, b_op, out),
-        "exact-fp8": lambda: gemm_launch.exact_fp8_matmul(a_op, b_op, out),
-        "fast-fp8": lambda: gemm_launch.fast_fp8_matmul(a_op, b_op, out),
-        "exact-fused": lambda: gemm_launch.exact_fp8_matmul(a_op, b_op, out, fused=True),
-        "fast-fused": lambda: gemm_launch.fast_fp8_matmul(a_op, b_op, out, fused=True),
+        "exact-fp8": lambda: gemm_launch.fp8_matmul(a_op, b_op, out, exact=True),
+        "fast-fp8": lambda: gemm_launch.fp8_matmul(a_op, b_op, out, exact=False),
+        "exact-fused": lambda: gemm_launch.fp8_matmul(a_op, b_op, out, exact=True, fused=True),
+        "fast-fused": lambda: gemm_launch.fp8_matmul(a_op, b_op, out, exact=False, fused=True),
     }
     direct = {"cublas-bf16", "cublas-fp8", "exact", "fast", *NVFP4_IMPLS}
     assert set(launchers) | direct == set(IMPLS)

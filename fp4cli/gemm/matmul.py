@@ -143,7 +143,7 @@ def _run(
     elif gemm_launch.cublas_fast_supported(a_operand, b_operand, out, bias):
         gemm_launch.fast_cublas_matmul(a_operand, b_operand, out, bias=bias)
     else:
-        gemm_launch.fast_fp8_matmul(a_operand, b_operand, out, bias=bias)
+        gemm_launch.fp8_matmul(a_operand, b_operand, out, exact=False, bias=bias)
 
 
 def _flat_view(target: torch.Tensor, rows: int, n: int) -> torch.Tensor | None:

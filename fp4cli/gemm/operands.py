@@ -72,6 +72,7 @@ def check_out(
 
 
 def check_bias(bias: torch.Tensor | None, n: int, device: torch.device) -> None:
+    """A GemmError unless the bias is None or a floating-point (N,) tensor on the device."""
     if bias is None:
         return
     if bias.shape != (n,) or not bias.is_floating_point() or bias.device != device:

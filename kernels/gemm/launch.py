@@ -9,9 +9,10 @@ added to the float32 sums before their one rounding, as cuBLAS's epilogue adds i
   4 binades over K's INT8 segment, exact int32 sums; the few outlier windows of K split off to
   FP8 in the same program, `gemm.split`), FP8 tensor cores (within 27; promotion every 32) and
   per-window FP8 (wider), the last two in one kernel.
-- `exact_fp8_matmul`: the same without the INT8 tier (FP8 and per-window only).
+- `fp8_matmul(exact=True)`: the same without the INT8 tier (FP8 and per-window only).
 - `fast_cublas_matmul`: cuBLAS's FP8 GEMM with row-wise scales on E4M3-folded operands.
-- `fast_fp8_matmul`: the FP8 kernel with promotion every BK, blocks beyond 26 binades flushed.
+- `fp8_matmul(exact=False)`: the FP8 kernel with promotion every BK, blocks beyond 26 binades
+  flushed.
 - `scaled_dot_matmul`: Triton's `tl.dot_scaled` (native MXFP4 on Blackwell).
 - `weight_only_matmul`: a float A against a quantized B.
 
@@ -198,32 +199,20 @@ def exact_matmul(
 
 
 @torch.compiler.disable
-def exact_fp8_matmul(
+def fp8_matmul(
     a: Operand,
     b: Operand,
     out: torch.Tensor,
+    exact: bool,
     fused: bool = False,
     tile: GemmTile | None = None,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Exact on FP8 tensor cores only (no INT8 tier): E5M2 staged in memory, or decoded in
-    registers (`fused`)."""
-    prepared = prepare(a, b, e5m2=not fused, tier_flags=True)
-    return launch_fp8(a, b, prepared, out, exact=True, tile=tile, bias=bias)
-
-
-@torch.compiler.disable
-def fast_fp8_matmul(
-    a: Operand,
-    b: Operand,
-    out: torch.Tensor,
-    fused: bool = False,
-    tile: GemmTile | None = None,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Fast on the FP8 kernel: promotion every BK, blocks beyond 26 binades flushed."""
-    prepared = prepare(a, b, e5m2=not fused)
-    return launch_fp8(a, b, prepared, out, exact=False, tile=tile, bias=bias)
+    """On the FP8 kernel only (no INT8 tier), E5M2 staged in memory or decoded in registers
+    (`fused`): `exact` (FP8 and per-window tiers, from the tier flags), or fast (promotion every
+    BK, blocks beyond 26 binades flushed)."""
+    prepared = prepare(a, b, e5m2=not fused, tier_flags=exact)
+    return launch_fp8(a, b, prepared, out, exact=exact, tile=tile, bias=bias)
 
 
 def cublas_fast_supported(

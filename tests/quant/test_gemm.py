@@ -381,19 +381,20 @@ def test_fused_decode_matches_staged() -> None:
     14-bit accumulation between promotions may round: tests/gpu bounds it) fused and staged
     alike."""
     from fp4cli.gemm.operands import kernel_operand
-    from fp4cli.kernels.gemm.launch import exact_fp8_matmul, fast_fp8_matmul
+    from fp4cli.kernels.gemm.launch import fp8_matmul
 
     a, b = exact_sum_pair(40, 36, 160, seed=12, device=DEVICE)
     a = spread_rows(a, [1, 2], 9)
     expected = matmul_reference(a, b, torch.float32)
-    for launcher in (exact_fp8_matmul, fast_fp8_matmul):
+    for exact in (True, False):
+        name = "exact" if exact else "fast"
         outs = []
         for fused in (False, True):
             out = torch.full((40, 36), float("nan"), device=DEVICE)
-            outs.append(launcher(kernel_operand(a), kernel_operand(b), out, fused=fused))
-        assert_bits(outs[1], outs[0], f"{launcher.__name__}: fused against staged")
-        if launcher is exact_fp8_matmul or interpreter_on():
-            assert_matches(outs[0], expected, launcher.__name__)
+            outs.append(fp8_matmul(kernel_operand(a), kernel_operand(b), out, exact, fused))
+        assert_bits(outs[1], outs[0], f"{name}: fused against staged")
+        if exact or interpreter_on():
+            assert_matches(outs[0], expected, name)
 
 
 # --------------------------------------------------------------------------------------------
