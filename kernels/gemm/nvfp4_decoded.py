@@ -8,6 +8,9 @@ its high code's sign on bit 31 already, so one shift and a mask decode it.
 `nvfp4_alpha_kernel`: the float32 GEMM result times alpha = fl32(amax_a * amax_b) / factor
 (plus a bias, in float32), rounded once to the output's dtype: the epilogue the fused kernel
 applies in registers.
+
+`nvfp4_alpha_scalar_kernel`: alpha alone, into a one-element tensor, for a GEMM that applies it
+in its own epilogue (`gemm.cublaslt`).
 """
 
 from __future__ import annotations
@@ -78,3 +81,8 @@ def nvfp4_alpha_kernel(
     value = product * epilogue_alpha(a_amax_ptr, b_amax_ptr, factor)
     # fl32(fl32(alpha * sum) + bias), rounded once
     store_sums(out_ptr, bias_ptr, value, rm64, rm_ok, rn64, rn_ok, stride_om, stride_on, HAS_BIAS)
+
+
+@triton.jit
+def nvfp4_alpha_scalar_kernel(a_amax_ptr, b_amax_ptr, factor, alpha_ptr):
+    tl.store(alpha_ptr, epilogue_alpha(a_amax_ptr, b_amax_ptr, factor))

@@ -6,10 +6,11 @@ Both launchers compute out = out_dtype(fl32(alpha * sum_k (q_a s_a)(q_b s_b))) i
 - `fused_matmul`: one launch of `nvfp4_fused_kernel`, decoding in registers. On a GPU its tile
   is autotuned per (M, N, K) over `FUSED_TILES` (the first call of a shape measures them);
   under the interpreter it runs `INTERPRETER_TILE`.
-- `decoded_matmul`: both operands decoded to bfloat16 (`nvfp4_decode_kernel`), cuBLAS's bf16
-  GEMM with a float32 output (`torch.mm(..., out_dtype=torch.float32)`), and the alpha epilogue
-  (`nvfp4_alpha_kernel`). Under the interpreter the operands decode to float32 and the GEMM is
-  a float32 `torch.mm`.
+- `decoded_matmul`: both operands decoded to bfloat16 (`nvfp4_decode_kernel`), then cuBLASLt's
+  bf16 GEMM reading alpha from the GPU and applying it in its epilogue (`gemm.cublaslt`); where
+  that cannot run (a bias, another layout), cuBLAS's bf16 GEMM with a float32 output
+  (`torch.mm(..., out_dtype=torch.float32)`) and the alpha epilogue (`nvfp4_alpha_kernel`).
+  Under the interpreter the operands decode to float32 and the GEMM is a float32 `torch.mm`.
 
 The decode type is bfloat16 on a GPU and float32 under the interpreter (whose bfloat16 rounds
 wrongly); both are exact. The launchers run eagerly under torch.compile.
@@ -24,9 +25,14 @@ from typing import Any
 import torch
 import triton
 
+from fp4cli.kernels.gemm.cublaslt import alpha_matmul
 from fp4cli.kernels.gemm.launch import GemmTile, PackedRows
 from fp4cli.kernels.gemm.nvfp4 import nvfp4_fused_kernel
-from fp4cli.kernels.gemm.nvfp4_decoded import nvfp4_alpha_kernel, nvfp4_decode_kernel
+from fp4cli.kernels.gemm.nvfp4_decoded import (
+    nvfp4_alpha_kernel,
+    nvfp4_alpha_scalar_kernel,
+    nvfp4_decode_kernel,
+)
 from fp4cli.quant import QuantizedTensor
 from fp4cli.quant.backend import interpreter_on
 
@@ -142,10 +148,18 @@ def block_values_matmul(
 ) -> torch.Tensor:
     """out = out_dtype(fl32(alpha * a @ b^T) (+ bias, in float32)) for block values a (M, K)
     and b (N, K) (any strides torch.mm takes; bfloat16 or float32), the two tensor amaxes
-    (float32, one element each) and an optional (N,) bias: torch.mm with a float32 result, then
-    one launch of the alpha epilogue."""
+    (float32, one element each) and an optional (N,) bias: cuBLASLt with alpha in its epilogue
+    (`alpha_matmul`) where it takes the problem, else torch.mm with a float32 result and one
+    launch of the alpha epilogue."""
     from fp4cli.kernels.launch import launches_skipped
 
+    if bias is None and a.dtype != torch.float32 and a.is_cuda:
+        if launches_skipped():  # a custom op's fake implementation: the output's layout only
+            return out
+        alpha = torch.empty(1, dtype=torch.float32, device=out.device)
+        nvfp4_alpha_scalar_kernel[(1,)](amaxes[0], amaxes[1], factor, alpha)
+        if alpha_matmul(a, b, alpha, out):
+            return out
     product = _float32_product(a, b, out)
     m, n = out.shape
     if launches_skipped():  # a custom op's fake implementation: the output's layout only

@@ -463,3 +463,12 @@ def test_cost_uses_the_measured_nvfp4_gemm(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "measured: fp4 bench gemm nvfp4-decoded" in result.stdout
     assert "3 NVFP4 GEMM measurements" in result.stdout.replace("\n", " ")
+
+
+def test_cublaslt_route_leaves_cpu_tensors_to_the_caller() -> None:
+    from fp4cli.kernels.gemm.cublaslt import alpha_matmul
+
+    a = torch.ones(16, 32, dtype=torch.bfloat16)
+    out = torch.zeros(16, 16, dtype=torch.bfloat16)
+    assert not alpha_matmul(a, a[:16], torch.ones(1), out)
+    assert torch.equal(out, torch.zeros_like(out))

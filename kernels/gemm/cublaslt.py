@@ -1,0 +1,218 @@
+"""cuBLASLt's GEMM with its scale read from device memory:
+
+    out = out_dtype(fl32(alpha * (a @ b^T)))
+
+for 16-bit operands a (M, K) and b (N, K), float32 products summed in float32 and alpha a
+float32 scalar on the GPU. torch's GEMMs take alpha from the host only, which would need a
+host synchronization to read it; cuBLASLt's pointer mode "device" reads it when the kernel
+runs, so a CUDA graph replays it with each step's alpha, and the scaling happens in the GEMM's
+epilogue instead of a pass over a float32 result.
+
+Only tiled algorithms without a split of K run: a split whose parts each pass through the
+epilogue would scale every part by alpha and round each (reduction scheme "none" only), and
+an algorithm of no defined tile (cuBLASLt's choice for some problems of a few rows, measured on
+an H100 at 6 x 5 x 64) gave sums exact with alpha = 1 and results one float32 step away from
+fl32(alpha * sum) with another alpha. The library is the one torch loaded
+(`libcublasLt.so.*`), called through ctypes; `alpha_matmul` returns False where it cannot run
+(no CUDA, another dtype or layout, no library, no tiled algorithm), and the caller then runs
+its own route.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+from typing import Any
+
+import torch
+
+LIBRARY_NAMES = ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so")
+WORKSPACE_BYTES = 32 << 20  # NVIDIA's advice for Hopper
+
+# Enumerations of cublasLt.h, cublas_api.h and library_types.h.
+COMPUTE_32F = 68
+DATA_TYPES = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}
+OP_N, OP_T = 0, 1
+DESC_POINTER_MODE, DESC_TRANSA, DESC_TRANSB = 2, 3, 4
+POINTER_MODE_DEVICE = 1
+PREF_MAX_WORKSPACE_BYTES, PREF_REDUCTION_SCHEME_MASK = 1, 3
+PREF_MIN_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
+REDUCTION_SCHEME_NONE = 0
+ALGO_CONFIG_TILE_ID, TILE_UNDEFINED = 1, 0
+CANDIDATES = 8  # heuristic results read, best first
+
+
+class _Heuristic(ctypes.Structure):
+    """cublasLtMatmulHeuristicResult_t."""
+
+    _fields_ = [
+        ("algo", ctypes.c_uint64 * 8),
+        ("workspace_size", ctypes.c_size_t),
+        ("state", ctypes.c_int),
+        ("waves_count", ctypes.c_float),
+        ("reserved", ctypes.c_int * 4),
+    ]
+
+
+@cache
+def _library() -> Any:
+    """The cuBLASLt library torch loaded, or None."""
+    torch.cuda.current_blas_handle()  # makes torch load its cuBLAS first
+    for name in LIBRARY_NAMES:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        lib = _library()
+        lib.cublasLtGetStatusString.restype = ctypes.c_char_p
+        message = lib.cublasLtGetStatusString(status).decode()
+        raise RuntimeError(f"cuBLASLt {what} failed: {message} (status {status})")
+
+
+@cache
+def _device_state(index: int) -> tuple[ctypes.c_void_p, torch.Tensor, torch.Tensor]:
+    """(handle, workspace, a float32 zero for beta) of one GPU."""
+    lib = _library()
+    handle = ctypes.c_void_p()
+    with torch.cuda.device(index):
+        _check(lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
+    workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
+    zero = torch.zeros(1, dtype=torch.float32, device=f"cuda:{index}")
+    return handle, workspace, zero
+
+
+def _set(setter: Any, descriptor: ctypes.c_void_p, attribute: int, value: Any) -> None:
+    _check(
+        setter(descriptor, attribute, ctypes.byref(value), ctypes.sizeof(value)),
+        f"setting attribute {attribute}",
+    )
+
+
+def _layout(dtype: torch.dtype, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
+    layout = ctypes.c_void_p()
+    _check(
+        _library().cublasLtMatrixLayoutCreate(
+            ctypes.byref(layout), DATA_TYPES[dtype], ctypes.c_uint64(rows),
+            ctypes.c_uint64(cols), ctypes.c_int64(ld),
+        ),
+        "cublasLtMatrixLayoutCreate",
+    )  # fmt: skip
+    return layout
+
+
+def _alignment(pointer: int) -> int:
+    return min(256, pointer & -pointer) if pointer else 256
+
+
+@cache
+def _plan(key: tuple) -> tuple | None:
+    """(descriptor, layouts of A, B, D, algorithm) for one problem, or None when cuBLASLt
+    offers no tiled algorithm for it. Kept for the process."""
+    (index, m, n, k, b_op, b_ld, a_op, a_ld, in_dtype, out_dtype, aligns) = key
+    lib = _library()
+    handle = _device_state(index)[0]
+    desc = ctypes.c_void_p()
+    _check(
+        lib.cublasLtMatmulDescCreate(ctypes.byref(desc), COMPUTE_32F, DATA_TYPES[torch.float32]),
+        "cublasLtMatmulDescCreate",
+    )
+    setter = lib.cublasLtMatmulDescSetAttribute
+    _set(setter, desc, DESC_POINTER_MODE, ctypes.c_int32(POINTER_MODE_DEVICE))
+    _set(setter, desc, DESC_TRANSA, ctypes.c_int32(b_op))
+    _set(setter, desc, DESC_TRANSB, ctypes.c_int32(a_op))
+    # column-major: D (N, M) = op(B') (N, K) op(A') (K, M), B' = b and A' = a as stored
+    first = _layout(in_dtype, *((k, n) if b_op == OP_T else (n, k)), b_ld)
+    second = _layout(in_dtype, *((k, m) if a_op == OP_N else (m, k)), a_ld)
+    result = _layout(out_dtype, n, m, n)
+    preference = ctypes.c_void_p()
+    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(preference)), "preference")
+    pref_set = lib.cublasLtMatmulPreferenceSetAttribute
+    _set(pref_set, preference, PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES))
+    _set(pref_set, preference, PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(REDUCTION_SCHEME_NONE))
+    for name, align in zip("abcd", aligns, strict=True):
+        _set(pref_set, preference, PREF_MIN_ALIGNMENT[name], ctypes.c_uint32(align))
+    found, count = (_Heuristic * CANDIDATES)(), ctypes.c_int(0)
+    _check(
+        lib.cublasLtMatmulAlgoGetHeuristic(
+            handle, desc, first, second, result, result, preference, CANDIDATES,
+            found, ctypes.byref(count),
+        ),
+        "cublasLtMatmulAlgoGetHeuristic",
+    )  # fmt: skip
+    lib.cublasLtMatmulPreferenceDestroy(preference)
+    tiled = [h for h in found[: count.value] if h.state == 0 and _tile(h) != TILE_UNDEFINED]
+    return (desc, first, second, result, tiled[0]) if tiled else None
+
+
+def _tile(heuristic: _Heuristic) -> int:
+    """The tile id of a heuristic result's algorithm."""
+    tile, written = ctypes.c_uint32(TILE_UNDEFINED), ctypes.c_size_t(0)
+    _check(
+        _library().cublasLtMatmulAlgoConfigGetAttribute(
+            ctypes.byref(heuristic.algo), ALGO_CONFIG_TILE_ID, ctypes.byref(tile),
+            ctypes.sizeof(tile), ctypes.byref(written),
+        ),
+        "cublasLtMatmulAlgoConfigGetAttribute",
+    )  # fmt: skip
+    return tile.value
+
+
+def _operand(t: torch.Tensor, rows: int, k: int, as_rows_op: int) -> tuple[int, int] | None:
+    """(cuBLAS op, leading dimension) of a (rows, K) operand stored row- or column-major, or
+    None for other strides. A row-major (rows, K) matrix is column-major (K, rows)."""
+    if t.stride(1) == 1 and t.stride(0) >= max(k, 1):
+        return as_rows_op, t.stride(0)
+    if t.stride(0) == 1 and t.stride(1) >= max(rows, 1):
+        return OP_N if as_rows_op == OP_T else OP_T, t.stride(1)
+    return None
+
+
+def alpha_matmul(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out: torch.Tensor) -> bool:
+    """out = out.dtype(fl32(alpha * (a @ b^T))) for CUDA tensors a (M, K) and b (N, K) of one
+    16-bit dtype (row- or column-major), alpha a (1,) float32 tensor and out a contiguous
+    (M, N) tensor of the operands' dtype or float32. Returns whether it ran: False, having done
+    nothing, where cuBLASLt cannot take it."""
+    m, k = a.shape
+    n = b.shape[0]
+    if not (
+        a.is_cuda
+        and a.dtype in (torch.bfloat16, torch.float16)
+        and b.dtype == a.dtype
+        and out.dtype in (a.dtype, torch.float32)
+        and out.is_contiguous()
+        and alpha.dtype == torch.float32
+        and alpha.numel() == 1
+        and min(m, n, k) > 0
+        and b.device == a.device == out.device == alpha.device
+        and _library() is not None
+    ):
+        return False
+    first, second = _operand(b, n, k, OP_T), _operand(a, m, k, OP_N)
+    if first is None or second is None:
+        return False
+    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    aligns = tuple(_alignment(t.data_ptr()) for t in (b, a, out, out))
+    plan = _plan((index, m, n, k, *first, *second, a.dtype, out.dtype, aligns))
+    if plan is None:
+        return False
+    desc, first_layout, second_layout, result, found = plan
+    handle, workspace, zero = _device_state(index)
+    stream = torch.cuda.current_stream(a.device).cuda_stream
+    _check(
+        _library().cublasLtMatmul(
+            handle, desc, ctypes.c_void_p(alpha.data_ptr()),
+            ctypes.c_void_p(b.data_ptr()), first_layout,
+            ctypes.c_void_p(a.data_ptr()), second_layout,
+            ctypes.c_void_p(zero.data_ptr()), ctypes.c_void_p(out.data_ptr()), result,
+            ctypes.c_void_p(out.data_ptr()), result, ctypes.byref(found.algo),
+            ctypes.c_void_p(workspace.data_ptr()), ctypes.c_size_t(WORKSPACE_BYTES),
+            ctypes.c_void_p(stream),
+        ),
+        "cublasLtMatmul",
+    )  # fmt: skip
+    return True
