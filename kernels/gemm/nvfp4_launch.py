@@ -7,8 +7,9 @@ Both launchers compute out = out_dtype(fl32(alpha * sum_k (q_a s_a)(q_b s_b))) i
   is autotuned per (M, N, K) over `FUSED_TILES` (the first call of a shape measures them);
   under the interpreter it runs `INTERPRETER_TILE`.
 - `decoded_matmul`: both operands decoded to bfloat16 (`nvfp4_decode_kernel`), then cuBLASLt's
-  bf16 GEMM reading alpha from the GPU and applying it in its epilogue (`gemm.cublaslt`); where
-  that cannot run (a bias, another layout), cuBLAS's bf16 GEMM with a float32 output
+  bf16 GEMM reading alpha from the GPU and applying it (and a bias) in its epilogue
+  (`gemm.cublaslt`); where that cannot run (another layout, a problem of a few rows), cuBLAS's
+  bf16 GEMM with a float32 output
   (`torch.mm(..., out_dtype=torch.float32)`) and the alpha epilogue (`nvfp4_alpha_kernel`).
   Under the interpreter the operands decode to float32 and the GEMM is a float32 `torch.mm`.
 
@@ -153,12 +154,12 @@ def block_values_matmul(
     launch of the alpha epilogue."""
     from fp4cli.kernels.launch import launches_skipped
 
-    if bias is None and a.dtype != torch.float32 and a.is_cuda:
+    if a.dtype != torch.float32 and a.is_cuda:
         if launches_skipped():  # a custom op's fake implementation: the output's layout only
             return out
         alpha = torch.empty(1, dtype=torch.float32, device=out.device)
         nvfp4_alpha_scalar_kernel[(1,)](amaxes[0], amaxes[1], factor, alpha)
-        if alpha_matmul(a, b, alpha, out):
+        if alpha_matmul(a, b, alpha, out, bias):
             return out
     product = _float32_product(a, b, out)
     m, n = out.shape

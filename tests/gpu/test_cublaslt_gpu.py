@@ -1,8 +1,9 @@
 """On a CUDA GPU: cuBLASLt's GEMM with alpha read from the device (`gemm.cublaslt.alpha_matmul`)
 against fl32(alpha * sum) rounded once, on operands whose float32 sums are exact in any order:
-both 16-bit dtypes, three output dtypes, row- and column-major operands, ragged shapes, an
-output holding NaN beforehand (beta = 0 must not read it), a CUDA graph replayed with a new
-alpha, and the NVFP4 GEMM's decoded implementation taking this route."""
+both 16-bit dtypes, their own and float32 outputs, row- and column-major operands, ragged
+shapes, a bias added after the scaling, an output holding NaN beforehand (beta = 0 must not
+read it), a CUDA graph replayed with a new alpha, and the NVFP4 GEMM's decoded implementation
+taking this route."""
 
 from __future__ import annotations
 
@@ -60,6 +61,24 @@ def test_small_problems_exact_or_left_to_the_caller(m: int, n: int, k: int) -> N
             assert torch.equal(out, expected(a, b, alpha, f32)), alpha_value
 
 
+@pytest.mark.parametrize("out_dtype, bias_dtype", [(bf16, bf16), (f32, f32), (f32, bf16)])
+def test_bias_added_in_float32_after_the_scaling(out_dtype, bias_dtype) -> None:
+    """fl32(fl32(alpha * sum) + bias), then the output's rounding: two float32 roundings, not
+    one fused multiply-add (the data make the two differ, checked below)."""
+    m, n, k = 512, 384, 1024
+    a, b = integer_matrix(m, k, 11, bf16), integer_matrix(n, k, 12, bf16)
+    generator = torch.Generator(device="cuda").manual_seed(13)
+    bias = (torch.randn(n, generator=generator, device="cuda") * 50).to(bias_dtype)
+    alpha = torch.tensor([ALPHA], device="cuda")
+    out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+    assert alpha_matmul(a, b, alpha, out, bias)
+    sums = (a.double() @ b.double().T).float()
+    scaled = alpha * sums
+    assert torch.equal(out, (scaled + bias.float()).to(out_dtype))
+    fused = (alpha.double() * sums.double() + bias.double()).float()
+    assert out_dtype != f32 or (fused != scaled + bias.float()).any()
+
+
 def test_graph_replay_reads_the_new_alpha() -> None:
     a, b = integer_matrix(128, 256, 3, torch.bfloat16), integer_matrix(192, 256, 4, torch.bfloat16)
     alpha = torch.tensor([ALPHA], device="cuda")
@@ -82,6 +101,8 @@ def test_what_it_does_not_take_is_left_to_the_caller() -> None:
     assert not alpha_matmul(a, b, alpha, out.T)  # an output that is not contiguous
     assert not alpha_matmul(a, b, alpha.double(), out)
     assert not alpha_matmul(a, b, alpha, out.half())  # an output of a third dtype
+    assert not alpha_matmul(a, b, alpha, out, torch.zeros(63, device="cuda"))  # bias length
+    assert not alpha_matmul(a, b, alpha, out.bfloat16(), torch.zeros(64, device="cuda"))
     assert torch.equal(out, torch.zeros_like(out))  # untouched
 
 
