@@ -58,33 +58,52 @@ class _Heuristic(ctypes.Structure):
     ]
 
 
+_P, _I, _SIZE = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+SIGNATURES = {  # argument types of each function called, as cublasLt.h declares them
+    "cublasLtCreate": [_P],
+    "cublasLtMatmulDescCreate": [_P, _I, _I],
+    "cublasLtMatmulDescSetAttribute": [_P, _I, _P, _SIZE],
+    "cublasLtMatrixLayoutCreate": [_P, _I, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64],
+    "cublasLtMatmulPreferenceCreate": [_P],
+    "cublasLtMatmulPreferenceSetAttribute": [_P, _I, _P, _SIZE],
+    "cublasLtMatmulPreferenceDestroy": [_P],
+    "cublasLtMatmulAlgoGetHeuristic": [_P] * 7 + [_I, ctypes.POINTER(_Heuristic), _P],
+    "cublasLtMatmulAlgoConfigGetAttribute": [_P, _I, _P, _SIZE, _P],
+    "cublasLtMatmul": [_P] * 14 + [_SIZE, _P],
+    "cublasLtGetStatusString": [_I],
+}
+STATUS_NOT_SUPPORTED = 15
+
+
 @cache
 def _library() -> Any:
-    """The cuBLASLt library torch loaded, or None."""
-    torch.cuda.current_blas_handle()  # makes torch load its cuBLAS first
+    """The cuBLASLt library torch loaded (its functions typed), or None."""
+    if torch.cuda.is_available():
+        torch.cuda.current_blas_handle()  # makes torch load its cuBLAS first
     for name in LIBRARY_NAMES:
         try:
-            return ctypes.CDLL(name)
+            lib = ctypes.CDLL(name)
         except OSError:
             continue
+        for function, argtypes in SIGNATURES.items():
+            getattr(lib, function).argtypes = argtypes
+        lib.cublasLtGetStatusString.restype = ctypes.c_char_p
+        return lib
     return None
 
 
 def _check(status: int, what: str) -> None:
     if status != 0:
-        lib = _library()
-        lib.cublasLtGetStatusString.restype = ctypes.c_char_p
-        message = lib.cublasLtGetStatusString(status).decode()
+        message = _library().cublasLtGetStatusString(status).decode()
         raise RuntimeError(f"cuBLASLt {what} failed: {message} (status {status})")
 
 
 @cache
 def _device_state(index: int) -> tuple[ctypes.c_void_p, torch.Tensor]:
     """(handle, a float32 zero for beta) of one GPU."""
-    lib = _library()
     handle = ctypes.c_void_p()
     with torch.cuda.device(index):
-        _check(lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
+        _check(_library().cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
     zero = torch.zeros(1, dtype=torch.float32, device=f"cuda:{index}")
     return handle, zero
 
@@ -96,16 +115,50 @@ def _set(setter: Any, descriptor: ctypes.c_void_p, attribute: int, value: Any) -
     )
 
 
-def _layout(dtype: torch.dtype, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
-    layout = ctypes.c_void_p()
+def descriptor(b_op: int, a_op: int, bias_alignment: int) -> ctypes.c_void_p:
+    """A matmul descriptor: float32 compute and scale, alpha and beta on the device, the two
+    operations, and the bias epilogue where `bias_alignment` (the bias pointer's) is not 0."""
+    lib = _library()
+    desc = ctypes.c_void_p()
+    _check(
+        lib.cublasLtMatmulDescCreate(ctypes.byref(desc), COMPUTE_32F, DATA_TYPES[torch.float32]),
+        "cublasLtMatmulDescCreate",
+    )
+    setter = lib.cublasLtMatmulDescSetAttribute
+    _set(setter, desc, DESC_POINTER_MODE, ctypes.c_int32(POINTER_MODE_DEVICE))
+    _set(setter, desc, DESC_TRANSA, ctypes.c_int32(b_op))
+    _set(setter, desc, DESC_TRANSB, ctypes.c_int32(a_op))
+    if bias_alignment:
+        _set(setter, desc, DESC_EPILOGUE, ctypes.c_uint32(EPILOGUE_BIAS))
+        # the heuristic reads the bias pointer's alignment from its value
+        _set(setter, desc, DESC_BIAS_POINTER, ctypes.c_void_p(bias_alignment))
+    return desc
+
+
+def layout(dtype: torch.dtype, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
+    """A column-major matrix layout."""
+    result = ctypes.c_void_p()
     _check(
         _library().cublasLtMatrixLayoutCreate(
-            ctypes.byref(layout), DATA_TYPES[dtype], ctypes.c_uint64(rows),
-            ctypes.c_uint64(cols), ctypes.c_int64(ld),
+            ctypes.byref(result), DATA_TYPES[dtype], rows, cols, ld
         ),
         "cublasLtMatrixLayoutCreate",
-    )  # fmt: skip
-    return layout
+    )
+    return result
+
+
+def preference(alignments: tuple[int, int, int, int]) -> ctypes.c_void_p:
+    """Heuristic preferences: no workspace, no split of K, the pointers' alignments (A, B, C,
+    D in bytes). The caller destroys it."""
+    lib = _library()
+    result = ctypes.c_void_p()
+    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(result)), "preference")
+    pref_set = lib.cublasLtMatmulPreferenceSetAttribute
+    _set(pref_set, result, PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES))
+    _set(pref_set, result, PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(REDUCTION_SCHEME_NONE))
+    for name, align in zip("abcd", alignments, strict=True):
+        _set(pref_set, result, PREF_MIN_ALIGNMENT[name], ctypes.c_uint32(align))
+    return result
 
 
 def _alignment(pointer: int) -> int:
@@ -116,40 +169,23 @@ def _alignment(pointer: int) -> int:
 def _plan(key: tuple) -> tuple | None:
     """(descriptor, layouts of A, B, D, algorithm) for one problem, or None when cuBLASLt
     offers no tiled algorithm for it. Kept for the process."""
-    (index, m, n, k, b_op, b_ld, a_op, a_ld, in_dtype, out_dtype, aligns, has_bias) = key
-    lib = _library()
-    handle = _device_state(index)[0]
-    desc = ctypes.c_void_p()
-    _check(
-        lib.cublasLtMatmulDescCreate(ctypes.byref(desc), COMPUTE_32F, DATA_TYPES[torch.float32]),
-        "cublasLtMatmulDescCreate",
-    )
-    setter = lib.cublasLtMatmulDescSetAttribute
-    _set(setter, desc, DESC_POINTER_MODE, ctypes.c_int32(POINTER_MODE_DEVICE))
-    _set(setter, desc, DESC_TRANSA, ctypes.c_int32(b_op))
-    _set(setter, desc, DESC_TRANSB, ctypes.c_int32(a_op))
-    if has_bias:
-        _set(setter, desc, DESC_EPILOGUE, ctypes.c_uint32(EPILOGUE_BIAS))
+    (index, m, n, k, b_op, b_ld, a_op, a_ld, in_dtype, out_dtype, aligns, bias_align) = key
+    desc = descriptor(b_op, a_op, bias_align)
     # column-major: D (N, M) = op(B') (N, K) op(A') (K, M), B' = b and A' = a as stored
-    first = _layout(in_dtype, *((k, n) if b_op == OP_T else (n, k)), b_ld)
-    second = _layout(in_dtype, *((k, m) if a_op == OP_N else (m, k)), a_ld)
-    result = _layout(out_dtype, n, m, n)
-    preference = ctypes.c_void_p()
-    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(preference)), "preference")
-    pref_set = lib.cublasLtMatmulPreferenceSetAttribute
-    _set(pref_set, preference, PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES))
-    _set(pref_set, preference, PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(REDUCTION_SCHEME_NONE))
-    for name, align in zip("abcd", aligns, strict=True):
-        _set(pref_set, preference, PREF_MIN_ALIGNMENT[name], ctypes.c_uint32(align))
+    first = layout(in_dtype, *((k, n) if b_op == OP_T else (n, k)), b_ld)
+    second = layout(in_dtype, *((k, m) if a_op == OP_N else (m, k)), a_ld)
+    result = layout(out_dtype, n, m, n)
+    prefs = preference(aligns)
     found, count = (_Heuristic * CANDIDATES)(), ctypes.c_int(0)
+    lib = _library()
     _check(
         lib.cublasLtMatmulAlgoGetHeuristic(
-            handle, desc, first, second, result, result, preference, CANDIDATES,
+            _device_state(index)[0], desc, first, second, result, result, prefs, CANDIDATES,
             found, ctypes.byref(count),
         ),
         "cublasLtMatmulAlgoGetHeuristic",
     )  # fmt: skip
-    lib.cublasLtMatmulPreferenceDestroy(preference)
+    lib.cublasLtMatmulPreferenceDestroy(prefs)
     tiled = [h for h in found[: count.value] if h.state == 0 and _tile(h) != TILE_UNDEFINED]
     return (desc, first, second, result, tiled[0]) if tiled else None
 
@@ -227,25 +263,26 @@ def alpha_matmul(
         return False
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     aligns = tuple(_alignment(t.data_ptr()) for t in (b, a, out, out))
-    plan = _plan((index, m, n, k, *first, *second, a.dtype, out.dtype, aligns, bias is not None))
+    bias_align = 0 if bias is None else _alignment(bias.data_ptr())
+    plan = _plan((index, m, n, k, *first, *second, a.dtype, out.dtype, aligns, bias_align))
     if plan is None:
         return False
     desc, first_layout, second_layout, result, found = plan
+    lib = _library()
     if bias is not None:
-        pointer = ctypes.c_void_p(bias.data_ptr())
-        _set(_library().cublasLtMatmulDescSetAttribute, desc, DESC_BIAS_POINTER, pointer)
+        _set(
+            lib.cublasLtMatmulDescSetAttribute,
+            desc,
+            DESC_BIAS_POINTER,
+            ctypes.c_void_p(bias.data_ptr()),
+        )
     handle, zero = _device_state(index)
-    stream = torch.cuda.current_stream(a.device).cuda_stream
-    _check(
-        _library().cublasLtMatmul(
-            handle, desc, ctypes.c_void_p(alpha.data_ptr()),
-            ctypes.c_void_p(b.data_ptr()), first_layout,
-            ctypes.c_void_p(a.data_ptr()), second_layout,
-            ctypes.c_void_p(zero.data_ptr()), ctypes.c_void_p(out.data_ptr()), result,
-            ctypes.c_void_p(out.data_ptr()), result, ctypes.byref(found.algo),
-            None, ctypes.c_size_t(WORKSPACE_BYTES),
-            ctypes.c_void_p(stream),
-        ),
-        "cublasLtMatmul",
+    status = lib.cublasLtMatmul(
+        handle, desc, alpha.data_ptr(), b.data_ptr(), first_layout, a.data_ptr(), second_layout,
+        zero.data_ptr(), out.data_ptr(), result, out.data_ptr(), result, ctypes.byref(found.algo),
+        None, WORKSPACE_BYTES, torch.cuda.current_stream(a.device).cuda_stream,
     )  # fmt: skip
+    if status == STATUS_NOT_SUPPORTED:  # nothing was launched
+        return False
+    _check(status, "cublasLtMatmul")
     return True
