@@ -27,7 +27,9 @@ def test_graph_timing_leaves_out_the_host() -> None:
 
     loop_ms = median_ms(slow_to_issue, CUDA, iters=5, warmup=1, repeats=3)
     graph_ms = median_ms(slow_to_issue, CUDA, iters=5, warmup=1, repeats=3, timing="graph")
-    assert loop_ms >= 2.0 and 0 < graph_ms < 0.5
+    # 2 ms of sleep an iteration; a GPU shared with other test workers starts the loop's first
+    # event late: 1.94 ms was measured once (pytest -n 12 on one H100)
+    assert loop_ms >= 1.5 and 0 < graph_ms < 0.5
     # loop: a warm-up, 3 loops of 5; graph: a warm-up, the capture (runs nothing), the
     # uploading replay and 3 timed replays of 5 each
     assert x[0].item() == 1 + (1 + 3 * 5) + (1 + (1 + 3) * 5)
