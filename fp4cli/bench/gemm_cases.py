@@ -59,7 +59,7 @@ IMPLS: dict[str, str] = {
     "exact-fused": "exact FP8, E2M1 decoded in registers (no staged copy)",
     "fast-fused": "fast FP8, E2M1 decoded in registers (no staged copy)",
     "nvfp4": "fp4cli.gemm.nvfp4_matmul(impl='fused') on NVFP4 operands: decoded in registers",
-    "nvfp4-decoded": "nvfp4_matmul(impl='decoded'): bf16 q*s once, cuBLAS bf16, alpha epilogue",
+    "nvfp4-decoded": "nvfp4_matmul(impl='decoded'): bf16 q*s once, cuBLASLt, alpha in its epilogue",
 }
 # implementations that multiply NVFP4 operands (the others MXFP4), and their nvfp4_matmul impl
 NVFP4_IMPLS = {"nvfp4": "fused", "nvfp4-decoded": "decoded"}

@@ -114,8 +114,9 @@ def block_scaled_mm(
     amax_b) / factor) (`nvfp4_factor`): the contract of `nvfp4_matmul` on operands already
     decoded, as the quantized Linear holds them.
     The products are exact and summed in float32: where the kernels run, `nvfp4_matmul`'s
-    decoded implementation from its GEMM on (cuBLAS's bf16 GEMM with a float32 output, then one
-    alpha epilogue launch), else in torch."""
+    decoded implementation from its GEMM on (cuBLASLt's bf16 GEMM with alpha and the bias in its
+    epilogue, or cuBLAS's with a float32 output and one alpha epilogue launch), else in
+    torch."""
     device = a.device
     if b.dtype == a.dtype and triton_available() and (device.type == "cuda" or interpreter_on()):
         from fp4cli.kernels.gemm.nvfp4_launch import block_values_matmul
