@@ -213,19 +213,16 @@ def _operand(t: torch.Tensor, rows: int, k: int, as_rows_op: int) -> tuple[int, 
     return None
 
 
-def _bias_for(bias: torch.Tensor | None, n: int, out: torch.Tensor) -> Any:
-    """The bias as the epilogue reads it (contiguous, the output's dtype), None without one, or
-    False where none fits: a 16-bit bias for a float32 output widens exactly."""
-    if bias is None:
-        return None
-    if bias.dim() != 1 or bias.numel() != n or bias.device != out.device:
-        return False
-    if bias.dtype != out.dtype:
-        widens = out.dtype == torch.float32 and bias.dtype in (torch.bfloat16, torch.float16)
-        if not widens:
-            return False
-        bias = bias.to(torch.float32)
-    return bias.contiguous()
+def _bias_fits(bias: torch.Tensor, n: int, out: torch.Tensor) -> bool:
+    """Whether the epilogue takes this bias: (N,) on the output's device, of the output's dtype
+    or a 16-bit one that widens exactly to a float32 output."""
+    widens = out.dtype == torch.float32 and bias.dtype in (torch.bfloat16, torch.float16)
+    return (
+        bias.dim() == 1
+        and bias.numel() == n
+        and bias.device == out.device
+        and (bias.dtype == out.dtype or widens)
+    )
 
 
 def alpha_matmul(
@@ -242,9 +239,6 @@ def alpha_matmul(
     cuBLASLt cannot take it."""
     m, k = a.shape
     n = b.shape[0]
-    bias = _bias_for(bias, n, out)
-    if bias is False:
-        return False
     if not (
         a.is_cuda
         and a.dtype in (torch.bfloat16, torch.float16)
@@ -255,12 +249,15 @@ def alpha_matmul(
         and alpha.numel() == 1
         and min(m, n, k) > 0
         and b.device == a.device == out.device == alpha.device
+        and (bias is None or _bias_fits(bias, n, out))
         and _library() is not None
     ):
         return False
     first, second = _operand(b, n, k, OP_T), _operand(a, m, k, OP_N)
     if first is None or second is None:
         return False
+    if bias is not None:
+        bias = bias.to(out.dtype).contiguous()  # exact: the same dtype, or a widening
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     aligns = tuple(_alignment(t.data_ptr()) for t in (b, a, out, out))
     bias_align = 0 if bias is None else _alignment(bias.data_ptr())

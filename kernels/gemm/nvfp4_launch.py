@@ -154,17 +154,15 @@ def block_values_matmul(
     launch of the alpha epilogue."""
     from fp4cli.kernels.launch import launches_skipped
 
+    if launches_skipped():  # a custom op's fake implementation: the output's layout only
+        return out
     if a.dtype != torch.float32 and a.is_cuda:
-        if launches_skipped():  # a custom op's fake implementation: the output's layout only
-            return out
         alpha = torch.empty(1, dtype=torch.float32, device=out.device)
         nvfp4_alpha_scalar_kernel[(1,)](amaxes[0], amaxes[1], factor, alpha)
         if alpha_matmul(a, b, alpha, out, bias):
             return out
     product = _float32_product(a, b, out)
     m, n = out.shape
-    if launches_skipped():  # a custom op's fake implementation: the output's layout only
-        return out
     nvfp4_alpha_kernel[(triton.cdiv(m, ALPHA_BM), triton.cdiv(n, ALPHA_BN))](
         product, amaxes[0], amaxes[1], factor, out, out if bias is None else bias.contiguous(),
         m, n, out.stride(0), out.stride(1),
