@@ -331,6 +331,7 @@ def quantize_pair(
     tile: tuple[int, int] | None = None,
     guide: torch.Tensor | None = None,
     column_sums: torch.Tensor | None = None,
+    read_as: torch.dtype | None = None,
 ) -> tuple[Quantized | None, Quantized | None]:
     """x (rows, cols) quantized along axis 1 (`row`) and along axis 0 (`col`), in one launch.
 
@@ -338,10 +339,13 @@ def quantize_pair(
     this dtype (TetraJet's double quantization) instead of x. guide (x's shape): the row
     direction rounds toward it (Q-EMA). column_sums (cols,) float32: filled with the sums of
     x's columns (a linear layer's bias gradient, from dY's read), summed in float32 over each
-    tile's rows, then over the tiles. The caller checks `pair_tile` first: a pair it refuses
-    must be quantized one direction at a time."""
+    tile's rows, then over the tiles. read_as=torch.bfloat16: a float32 x is quantized as
+    x.to(torch.bfloat16), rounded as the kernel reads it (no cast pass; not with a two-level
+    spec, whose tensor amax pass reads x as it is). The caller checks `pair_tile` first: a
+    pair it refuses must be quantized one direction at a time."""
     if x.dim() != 2:
         raise ValueError(f"quantize_pair takes a 2-D tensor (got shape {tuple(x.shape)})")
+    round_bf16 = _rounds_to_bf16(x, read_as, row, col)
     if double is not None and (row is None or row.hadamard):
         raise ValueError(
             "double quantization needs the row direction, without a Hadamard transform"
@@ -376,7 +380,8 @@ def quantize_pair(
          rows, cols, row_length, row_padded, col_length, col_padded, tiles_c),
         dict(BR=br, BC=bc, DOUBLE=double is not None,
              SOURCE_BF16=double == torch.bfloat16, SOURCE_F16=double == torch.float16,
-             ROW_GUIDED=guide is not None, COLUMN_SUMS=column_sums is not None,
+             ROUND_BF16=round_bf16, ROW_GUIDED=guide is not None,
+             COLUMN_SUMS=column_sums is not None,
              **row_constants, **col_constants,
              # one Philox call per four elements along each direction's contiguous dimension
              ROW_GROUPED=row is not None and row_length % 4 == 0,
@@ -385,3 +390,17 @@ def quantize_pair(
     )  # fmt: skip
     add_column_sums(partial_sums, column_sums)
     return row_out, col_out
+
+
+def _rounds_to_bf16(
+    x: torch.Tensor, read_as: torch.dtype | None, row: Direction | None, col: Direction | None
+) -> bool:
+    """Whether the pair kernel rounds x to bfloat16 as it reads it (`quantize_pair`'s
+    read_as)."""
+    if read_as is None or read_as == x.dtype:
+        return False
+    if read_as != torch.bfloat16 or x.dtype != torch.float32:
+        raise ValueError(f"read_as rounds float32 to bfloat16 (got {x.dtype} as {read_as})")
+    if any(d is not None and d.spec.tensor_scale for d in (row, col)):
+        raise ValueError("read_as is not for two-level specs: cast x first")
+    return True

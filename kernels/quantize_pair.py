@@ -24,6 +24,7 @@ from fp4cli.kernels.quantize import quantize_tile
 from fp4cli.kernels.tile_io import (
     load_program_tile,
     load_tile,
+    rounded_to_bf16,
     seed_of,
     sr_bits,
     store_codes,
@@ -132,7 +133,8 @@ def quantize_pair_kernel(
     col_table_ptr,
     rows, cols, row_out_length, row_padded_length, col_out_length, col_padded_length, tiles_c,
     BR: tl.constexpr, BC: tl.constexpr, DOUBLE: tl.constexpr, SOURCE_BF16: tl.constexpr,
-    SOURCE_F16: tl.constexpr, ROW_GUIDED: tl.constexpr, COLUMN_SUMS: tl.constexpr,
+    SOURCE_F16: tl.constexpr, ROUND_BF16: tl.constexpr, ROW_GUIDED: tl.constexpr,
+    COLUMN_SUMS: tl.constexpr,
     ROW_ON: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_POW2_SCALE: tl.constexpr,
     ROW_CEIL: tl.constexpr, ROW_SCALE_MBITS: tl.constexpr, ROW_SCALE_MIN_EXP: tl.constexpr,
     ROW_SCALE_MAX: tl.constexpr, ROW_SCALE_NAN: tl.constexpr, ROW_SR: tl.constexpr,
@@ -160,8 +162,11 @@ def quantize_pair_kernel(
     (rows, row_padded_length / 2) codes; column direction: (col_out_length, cols) values or
     (cols, col_padded_length / 2) codes. ROW_GUIDED: the row direction rounds toward guide
     (rows, cols), Q-EMA's. COLUMN_SUMS: each tile's float32 column sums of x into column
-    (row tile) of sums (cols, row tiles), the bias gradient's partial sums."""
+    (row tile) of sums (cols, row tiles), the bias gradient's partial sums. ROUND_BF16: x
+    (float32) is quantized as x rounded to bfloat16, the compute dtype's cast done here."""
     row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
+    if ROUND_BF16:
+        x = rounded_to_bf16(x)
     if COLUMN_SUMS:
         store_column_sums(sums_ptr, x, row0, col0, cols, tiles_c, BR, BC)
     source = x

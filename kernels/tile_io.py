@@ -94,6 +94,16 @@ def load_program_tile(x_ptr, rows, cols, tiles_c, BR: tl.constexpr, BC: tl.const
 
 
 @triton.jit
+def rounded_to_bf16(x):
+    """float32 x rounded to the nearest bfloat16, ties to even, as float32: torch's
+    `x.to(torch.bfloat16)` bit for bit (NaN stays NaN, overflow goes to Inf). Integer steps, so
+    the interpreter gives the GPU's bits (its own float32 -> bfloat16 cast truncates)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def store_column_sums(sums_ptr, tile, row0, col0, cols, tiles_c, BR: tl.constexpr,
                       BC: tl.constexpr):  # fmt: skip
     """The float32 sum of each column of this program's [BR, BC] tile (zeros past x's edge)

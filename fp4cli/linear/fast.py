@@ -216,13 +216,15 @@ def quantize_both(
     double: bool = False,
     guide: torch.Tensor | None = None,
     column_sums: torch.Tensor | None = None,
+    read_as: torch.dtype | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """`tensor` (rows, cols) quantized along axis 1 (`row`) and axis 0 (`col`): each result is
     (values in `dtype`, the GEMM's compute dtype) or, for a packed request, (codes, scales); ()
     where not requested. With `double`, the column direction quantizes the row direction's
     values (TetraJet's double quantization), as the reference does. column_sums (cols,)
     float32: filled with the sums of `tensor`'s columns (from the same read when both
-    directions take one launch)."""
+    directions take one launch). read_as: `tensor` is quantized as tensor.to(read_as)
+    (`read_as_rounded`)."""
     from fp4cli.kernels.launch_pair import pair_tile, quantize_pair
 
     double = double and row is not None and row.spec is not None
@@ -232,9 +234,12 @@ def quantize_both(
     tile = pair_tile(row_dir, col_dir) if row_dir is not None and col_dir is not None else None
     if tile is not None:
         row_out, col_out = quantize_pair(
-            tensor, row_dir, col_dir, dtype if double else None, tile, guide, column_sums
-        )
+            tensor, row_dir, col_dir, dtype if double else None, tile, guide, column_sums,
+            read_as,
+        )  # fmt: skip
         return _result(row_out, row), _result(col_out, col)
+    if read_as is not None:  # read by torch below, or in two launches: cast once
+        tensor = tensor.to(read_as)
     if column_sums is not None:
         torch.sum(tensor, 0, dtype=torch.float32, out=column_sums)
     row_result: tuple[torch.Tensor, ...] = ()
@@ -303,21 +308,28 @@ def fast_forward(
     rank: int,
     needs_dx: bool,
     needs_dw: bool,
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[Saved, Saved]]:
     """y = x W^T + b, the backward operands of X and W, each () where its gradient is not
-    needed, and how to read them (`saved_layouts`)."""
-    x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
+    needed, and how to read them (`saved_layouts`). dtype: the compute dtype (default x's), to
+    which x and W are cast as autocast casts them (`read_as_rounded`)."""
+    dtype = dtype or x.dtype
+    x, weight = x.contiguous(), weight.contiguous()
     x_for_dw, w_for_dx, *layouts = saved_layouts(
         config, call_seed, rank, x.shape, weight.shape, dtype
     )
     x_request = _request(config, "forward", 0, call_seed, rank)
+    x_wanted = x_for_dw if needs_dw else None
+    x, x_read_as = read_as_rounded(x, dtype, x_request, x_wanted)
     x_q, x_saved = quantize_both(
-        x, x_request, x_for_dw if needs_dw else None, dtype, config.double_quant
+        x, x_request, x_wanted, dtype, config.double_quant, read_as=x_read_as
     )
     w_request = _request(config, "forward", 1, call_seed, rank)
+    w_wanted = w_for_dx if needs_dx else None
+    weight, w_read_as = read_as_rounded(weight, dtype, w_request, w_wanted)
     w_q, w_saved = quantize_both(
-        weight, w_request, w_for_dx if needs_dx else None, dtype, config.double_quant,
-        weight_guide,
+        weight, w_request, w_wanted, dtype, config.double_quant, weight_guide,
+        read_as=w_read_as,
     )  # fmt: skip
     saved = x_saved, w_saved, (layouts[0], layouts[1])
     route = config.routes["forward"]
@@ -331,6 +343,25 @@ def fast_forward(
         w_operand = Saved(w_request.spec, w_shape, dtype, axis=1).operand(w_q)
         y = _product(x_q, w_operand, x_request, x.shape[0], config.gemm, dtype, bias)
     return y, *saved
+
+
+def read_as_rounded(
+    tensor: torch.Tensor, dtype: torch.dtype, *requests: Request | None
+) -> tuple[torch.Tensor, torch.dtype | None]:
+    """(the tensor to quantize, the dtype the pair kernel rounds it to as it reads it) for a
+    tensor that the compute dtype casts: a float32 X or W under bfloat16 autocast (a
+    LayerNorm's output, the parameters) is rounded in the kernel, without a cast pass, when
+    every operand drawn from it is quantized there without a tensor scale (the bits of
+    `tensor.to(dtype)`); otherwise it is cast here."""
+    if tensor.dtype == dtype:
+        return tensor, None
+    quantized = [r for r in requests if r is not None]
+    in_kernel = (
+        tensor.dtype == torch.float32
+        and dtype == torch.bfloat16
+        and all(r.spec is not None and not r.spec.tensor_scale for r in quantized)
+    )
+    return (tensor, dtype) if in_kernel else (tensor.to(dtype), None)
 
 
 def _quantized_length(length: int, request: Request) -> int:
@@ -415,10 +446,11 @@ class FastQuantLinearFunction(torch.autograd.Function):
         call_seed: torch.Tensor,
         weight_guide: torch.Tensor | None,
         rank: int = 0,
+        dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         y, x_saved, w_saved, ctx.layouts = fast_forward(
-            x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw
+            x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw, dtype
         )
         ctx.save_for_backward(*x_saved, *w_saved)
         ctx.split = len(x_saved)
@@ -440,4 +472,4 @@ class FastQuantLinearFunction(torch.autograd.Function):
             ctx.layouts,
             (ctx.needs_input_grad[0], ctx.needs_input_grad[1], needs_db),
         )
-        return *grads, None, None, None, None
+        return *grads, None, None, None, None, None

@@ -98,26 +98,30 @@ class QuantLinear(nn.Linear):
         weight: torch.Tensor = self.weight
         bias: torch.Tensor | None = self.bias
         device_type = x.device.type
+        executor = self.executor(x)[0] if self.stats is None else "reference"
+        compiling = torch.compiler.is_compiling()
+        dtype = None
         if torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
-            x, weight = x.to(dtype), weight.to(dtype)
             bias = bias.to(dtype) if bias is not None else None
+            if executor != "fast" or compiling:  # the fast executor casts as it reads them
+                x, weight = x.to(dtype), weight.to(dtype)
         call_seed = torch.add(self.rng_seed, self.calls, alpha=SEED_STRIDE)  # one launch
         if self.training:
             with torch.no_grad():
                 self.calls.add_(1)
         with torch.autocast(device_type, enabled=False):
             rows = x.reshape(-1, self.in_features)
-            executor = self.executor(rows)[0] if self.stats is None else "reference"
-            if executor != "reference" and torch.compiler.is_compiling():
+            if executor != "reference" and compiling:
                 y = compiled_linear(
                     rows, weight, bias, executor, self._op_key, call_seed,
                     self._weight_guide(), self.rank,
                 )  # fmt: skip
             elif executor == "fast":
                 y = FastQuantLinearFunction.apply(
-                    rows, weight, bias, self.config, call_seed, self._weight_guide(), self.rank
-                )
+                    rows, weight, bias, self.config, call_seed, self._weight_guide(), self.rank,
+                    dtype,
+                )  # fmt: skip
             elif executor == "vector":
                 y = VectorQuantLinearFunction.apply(rows, weight, bias, self.config)
             else:

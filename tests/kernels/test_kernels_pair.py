@@ -269,6 +269,55 @@ def test_bfloat16_input_and_values():
     _check(x, row, Direction(CEIL, None))
 
 
+def _bf16_edges(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """float32 values bfloat16 rounds every way: random ones, ties to even up and down, the
+    largest float32 (overflows to Inf), subnormals (a tie among them too), signed zeros, Inf
+    and NaN, on the test device."""
+    x = _input(rows, cols, seed).cpu()
+    edges = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.4028235e38, -3.39e38,
+                          2**-134, 3 * 2**-134, 2**-133 + 2**-141, 2**-149, -0.0, 0.0])  # fmt: skip
+    x[5, : len(edges)] = edges
+    x[9, 3], x[12, cols - 1], x[rows - 1, 0] = NAN, INF, -INF
+    return on_device(x)
+
+
+@pytest.mark.parametrize(
+    "row,col,double",
+    [
+        (Direction(MXFP4, None, values_dtype=torch.float32), Direction(CEIL_SR, 4), None),
+        (Direction(CEIL, None, values_dtype=torch.float32), Direction(CEIL_SR, 4, 32, 5), None),
+        (Direction(CEIL, None), Direction(CEIL_SR, 4, values_dtype=torch.float32), torch.float32),
+        (Direction(MXFP4_SR_PRESCALE, 2, 64, 3), None, None),
+    ],
+    ids=["values+codes", "rht-cols", "double", "rht-sr-row"],
+)
+def test_float32_read_as_bfloat16_is_the_cast_input(row, col, double):
+    """read_as=bfloat16: a float32 input quantized as its bfloat16 cast, rounded in the kernel
+    as torch rounds it, bit for bit in every output (ragged shape, edge values)."""
+    x = _bf16_edges(70, 45, seed=12)
+    got = quantize_pair(x, row, col, double, read_as=torch.bfloat16)
+    expected = quantize_pair(x.to(torch.bfloat16).float(), row, col, double)
+    for got_out, expected_out in zip(got, expected, strict=True):
+        assert (got_out is None) == (expected_out is None)
+        for field in ("codes", "scales", "values"):
+            a, b = getattr(got_out, field, None), getattr(expected_out, field, None)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert_bits(a, b, field)
+
+
+def test_read_as_refuses_what_it_does_not_round():
+    x = _input(32, 64)
+    with pytest.raises(ValueError, match="rounds float32 to bfloat16"):
+        quantize_pair(x, Direction(MXFP4), None, read_as=torch.float16)
+    with pytest.raises(ValueError, match="rounds float32 to bfloat16"):
+        quantize_pair(x.to(torch.float16), Direction(MXFP4), None, read_as=torch.bfloat16)
+    with pytest.raises(ValueError, match="two-level"):
+        quantize_pair(x, Direction(NVFP4), Direction(MXFP4), read_as=torch.bfloat16)
+    same = quantize_pair(x, Direction(MXFP4), None, read_as=torch.float32)[0]  # nothing to round
+    assert_bits(same.codes, quantize_pair(x, Direction(MXFP4), None)[0].codes, "codes")
+
+
 def test_tiles_and_errors():
     assert pair_tile(Direction(MXFP4), Direction(MXFP4)) == (32, 64)
     assert pair_tile(None, Direction(MXFP4)) == (32, 64)

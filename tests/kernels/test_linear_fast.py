@@ -133,6 +133,43 @@ def test_frozen_weight_input_without_grad_and_no_bias():
         )
 
 
+@pytest.mark.parametrize(
+    "name", ["mxfp4", "tetrajet", "tetrajet-qema", "wide-rht", "tseng-baseline"]
+)
+def test_autocast_rounds_float32_inputs_in_the_kernels(name):
+    """Under bfloat16 autocast the fast executor reads the float32 input and weight and rounds
+    them to bfloat16 in the pair kernel instead of casting them first: the reference's bits
+    (its operands cast by autocast's rules) in every output and gradient, ties included. A
+    tensor with an operand the kernels do not take (tseng-baseline's BF16 forward) is cast."""
+    import fp4cli.kernels.launch_pair as launch_pair
+
+    fast, reference = seeded_layer(CONFIGS[name], "triton"), seeded_layer(CONFIGS[name], "torch")
+    x, grad_y = linear_inputs(seed=7)
+    with torch.no_grad():  # bfloat16 ties (to even, both ways) in the input and the weight
+        x.view(-1, 96)[3, :4] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2**-134])
+        for layer in (fast, reference):
+            layer.weight[5, :2] = torch.tensor([0.5 + 2**-9, -(0.5 + 3 * 2**-9)])
+    reads, real_pair = [], launch_pair.quantize_pair
+
+    def recording_pair(tensor, *args, **kwargs):
+        reads.append((tensor.dtype, kwargs.get("read_as", args[6] if len(args) > 6 else None)))
+        return real_pair(tensor, *args, **kwargs)
+
+    def passes(layer):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            return training_passes(layer, x, grad_y)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launch_pair, "quantize_pair", recording_pair)
+        assert_same_passes(passes(fast), passes(reference), summed_bias=True)
+    rounded = (torch.float32, torch.bfloat16)
+    if name == "tseng-baseline":  # X and W cast for the BF16 forward; dY is bfloat16
+        assert rounded not in reads and {dtype for dtype, _ in reads} == {torch.bfloat16}
+    else:  # X and W of each pass rounded as read, dY (bfloat16) read as it is
+        assert reads.count(rounded) == 4
+        assert {read for read in reads if read != rounded} == {(torch.bfloat16, None)}
+
+
 def test_rank_offsets_match_the_reference():
     config = CONFIGS["tetrajet"]
     fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")

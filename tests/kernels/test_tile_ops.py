@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from fp4cli.formats import ELEMENT_FORMATS, encode, round_to_grid
+from fp4cli.kernels.tile_io import rounded_to_bf16
 from fp4cli.kernels.tile_ops import (
     e2m1_code_rne,
     e2m1_code_sr,
@@ -228,3 +229,28 @@ def test_stochastic_rounding_is_the_reference_rounding():
     _sr_kernel[(triton.cdiv(x.numel(), 1024),)](x, bits, codes, values, x.numel(), SIZE=1024)
     assert_bits(values.cpu(), expected, "sr grid values")
     assert_bits(encode(values.cpu(), FORMATS["e2m1"]).to(torch.int32) & 7, codes.cpu() & 7)
+
+
+@triton.jit
+def _bf16_kernel(x_ptr, out_ptr, n, SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * SIZE + tl.arange(0, SIZE)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, rounded_to_bf16(tl.load(x_ptr + offsets, mask=mask)), mask=mask)
+
+
+def test_rounding_to_bfloat16_is_torchs_cast():
+    """`rounded_to_bf16` against torch's float32 -> bfloat16 cast on random bit patterns (every
+    exponent: subnormals, Inf, NaN payloads) and on each bfloat16 tie and its neighbours."""
+    generator = torch.Generator().manual_seed(0)
+    patterns = torch.randint(-(2**31), 2**31, (1 << 16,), dtype=torch.int64, generator=generator)
+    random = patterns.to(torch.int32).view(torch.float32)
+    halves = torch.randint(0, 1 << 16, (4096,), dtype=torch.int32, generator=generator)
+    ties = ((halves << 16) | 0x8000).view(torch.float32)  # exactly halfway: to even
+    x = torch.cat([random, ties, torch.nextafter(ties, ties * 2), torch.nextafter(ties, ties * 0)])
+    out = torch.empty_like(x)
+    x, out = on_device(x), on_device(out)
+    _bf16_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), SIZE=1024)
+    expected = x.to(torch.bfloat16).float()
+    assert torch.equal(out.isnan(), expected.isnan())
+    finite = ~expected.isnan()
+    assert_bits(out[finite], expected[finite], "bfloat16 rounding")
