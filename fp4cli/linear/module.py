@@ -171,8 +171,23 @@ class QuantLinear(nn.Linear):
         """One Q-EMA step (call after each optimizer step); a no-op without Q-EMA."""
         if self.config.qema is None:
             return
-        update_ema(self.weight_ema, self.weight, self.config.qema.beta, self.ema_updates)
+        beta = self.config.qema.beta
+        if self._ema_in_one_pass():
+            from fp4cli.kernels.qema import update_ema_kernel
+
+            update_ema_kernel(self.weight_ema, self.weight, beta, self.ema_updates)
+        else:
+            update_ema(self.weight_ema, self.weight, beta, self.ema_updates)
         self.ema_updates.add_(1)
+
+    def _ema_in_one_pass(self) -> bool:
+        """Whether the Q-EMA update runs as one kernel (`kernels/qema.py`, the reference's
+        bits): where this layer's quantizers run as kernels."""
+        if self.executor()[0] == "reference":
+            return False
+        from fp4cli.kernels.qema import ema_update_supported
+
+        return ema_update_supported(self.weight_ema, self.weight)
 
     @torch.no_grad()
     def quantized_weight(self) -> torch.Tensor:

@@ -91,3 +91,26 @@ def test_guide_shape_errors():
         quantize(x, MXFP4, guide=guide[:8], backend="triton")
     with pytest.raises(ValueError, match="a guide needs the row direction"):
         launch_pair.quantize_pair(x, None, launch_pair.Direction(MXFP4), guide=guide)
+
+
+@pytest.mark.parametrize("beta", [0.998, 0.9972, 0.5, 1e-3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ema_update_in_one_pass_is_the_reference(beta, dtype):
+    """`kernels/qema.py` against `update_ema`, bit for bit: the first update copies the weight,
+    later ones round both products on their own (no fused multiply-add); non-finite values,
+    subnormals and huge values included, a ragged length."""
+    from fp4cli.kernels.qema import update_ema_kernel
+    from fp4cli.techniques.qema import update_ema
+
+    weight = seeded_normal((3, 1001), 4) * torch.exp2(seeded_normal((3, 1), 5) * 20)
+    ema = weight + seeded_normal((3, 1001), 6) * weight.abs() * 0.01
+    weight[0, :6] = torch.tensor([NAN, float("inf"), -float("inf"), 1e-42, 3e38, -0.0])
+    ema[1, :4] = torch.tensor([NAN, 1e-44, -3e38, float("inf")])
+    weight = on_device(weight.to(dtype))
+    for count in (0, 1, 7):
+        updates = on_device(torch.tensor(count))
+        got, expected = on_device(ema.clone()), on_device(ema.clone())
+        update_ema_kernel(got, weight, beta, updates)
+        update_ema(expected, weight, beta, updates)
+        assert torch.equal(got.isnan(), expected.isnan())
+        assert_bits(torch.nan_to_num(got), torch.nan_to_num(expected), f"ema after {count}")

@@ -170,6 +170,23 @@ def test_autocast_rounds_float32_inputs_in_the_kernels(name):
         assert {read for read in reads if read != rounded} == {(torch.bfloat16, None)}
 
 
+def test_qema_update_runs_as_one_kernel_with_the_references_bits():
+    """Q-EMA's average (`kernels/qema.py` where the layer's quantizers are kernels) follows the
+    reference's update bit for bit over several steps, the first one a copy."""
+    config = CONFIGS["tetrajet-qema"]
+    fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
+    assert fast._ema_in_one_pass() and not reference._ema_in_one_pass()
+    generator = torch.Generator().manual_seed(9)
+    for _ in range(4):
+        step = torch.randn(fast.weight.shape, generator=generator).to(DEVICE) * 1e-2
+        for layer in (fast, reference):
+            with torch.no_grad():
+                layer.weight.add_(step)
+            layer.update_ema()
+        assert_bits(fast.weight_ema, reference.weight_ema, "weight average")
+    assert int(fast.ema_updates) == int(reference.ema_updates) == 4
+
+
 def test_rank_offsets_match_the_reference():
     config = CONFIGS["tetrajet"]
     fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
