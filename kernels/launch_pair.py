@@ -32,6 +32,7 @@ from fp4cli.kernels.prescale import prescale_constants
 from fp4cli.kernels.quantize_pair import quantize_pair_kernel
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
+from fp4cli.techniques.qema import AverageGuide
 
 # The smallest tile: whole blocks of 32 down its 32 rows, and 64 positions (128 bytes of a 16-bit
 # input) along each row; a direction's block or Hadamard size, or a 2-D square, can widen it.
@@ -329,7 +330,7 @@ def quantize_pair(
     col: Direction | None,
     double: torch.dtype | None = None,
     tile: tuple[int, int] | None = None,
-    guide: torch.Tensor | None = None,
+    guide: torch.Tensor | AverageGuide | None = None,
     column_sums: torch.Tensor | None = None,
     read_as: torch.dtype | None = None,
 ) -> tuple[Quantized | None, Quantized | None]:
@@ -337,9 +338,10 @@ def quantize_pair(
 
     double: the column direction quantizes the row direction's dequantized values rounded to
     this dtype (TetraJet's double quantization) instead of x. guide (x's shape): the row
-    direction rounds toward it (Q-EMA). column_sums (cols,) float32: filled with the sums of
-    x's columns (a linear layer's bias gradient, from dY's read), summed in float32 over each
-    tile's rows, then over the tiles. read_as=torch.bfloat16: a float32 x is quantized as
+    direction rounds toward it (Q-EMA); an AverageGuide is formed in the kernel from x as
+    read. column_sums (cols,) float32: filled with the sums of x's columns (a linear layer's
+    bias gradient, from dY's read), summed in float32 over each tile's rows, then over the
+    tiles. read_as=torch.bfloat16: a float32 x is quantized as
     x.to(torch.bfloat16), rounded as the kernel reads it (no cast pass; not with a two-level
     spec, whose tensor amax pass reads x as it is). The caller checks `pair_tile` first: a
     pair it refuses must be quantized one direction at a time."""
@@ -350,6 +352,9 @@ def quantize_pair(
         raise ValueError(
             "double quantization needs the row direction, without a Hadamard transform"
         )
+    average = isinstance(guide, AverageGuide)
+    count, warmup = (guide.updates, guide.warmup) if isinstance(guide, AverageGuide) else (None, 0)
+    guide = guide.average if isinstance(guide, AverageGuide) else guide  # the tensor read
     if guide is not None and (row is None or guide.shape != x.shape):
         raise ValueError("a guide needs the row direction and the input's shape")
     _check_directions(row, col, double is not None)
@@ -376,11 +381,11 @@ def quantize_pair(
     partial_sums = partial_column_sums(column_sums, cols, tiles_r, x.device)
     launch(
         quantize_pair_kernel, (tiles_r * tiles_c,),
-        (x, guide, partial_sums, *row_args, *col_args,
+        (x, guide, count, warmup, partial_sums, *row_args, *col_args,
          rows, cols, row_length, row_padded, col_length, col_padded, tiles_c),
         dict(BR=br, BC=bc, DOUBLE=double is not None,
              SOURCE_BF16=double == torch.bfloat16, SOURCE_F16=double == torch.float16,
-             ROUND_BF16=round_bf16, ROW_GUIDED=guide is not None,
+             ROUND_BF16=round_bf16, ROW_GUIDED=guide is not None, GUIDE_AVERAGE=average,
              COLUMN_SUMS=column_sums is not None,
              **row_constants, **col_constants,
              # one Philox call per four elements along each direction's contiguous dimension

@@ -120,11 +120,11 @@ def quantize_direction(
 
 
 @triton.jit(
-    do_not_specialize=["row_seed_value", "row_rht_seed_value", "col_seed_value",
-                       "col_rht_seed_value"]
+    do_not_specialize=["guide_warmup", "row_seed_value", "row_rht_seed_value",
+                       "col_seed_value", "col_rht_seed_value"]
 )  # fmt: skip
 def quantize_pair_kernel(
-    x_ptr, guide_ptr, sums_ptr,
+    x_ptr, guide_ptr, guide_count_ptr, guide_warmup, sums_ptr,
     row_codes_ptr, row_scales_ptr, row_values_ptr,
     row_seed_ptr, row_seed_value, row_rht_seed_ptr, row_rht_seed_value, row_amax_ptr,
     row_table_ptr,
@@ -134,7 +134,7 @@ def quantize_pair_kernel(
     rows, cols, row_out_length, row_padded_length, col_out_length, col_padded_length, tiles_c,
     BR: tl.constexpr, BC: tl.constexpr, DOUBLE: tl.constexpr, SOURCE_BF16: tl.constexpr,
     SOURCE_F16: tl.constexpr, ROUND_BF16: tl.constexpr, ROW_GUIDED: tl.constexpr,
-    COLUMN_SUMS: tl.constexpr,
+    GUIDE_AVERAGE: tl.constexpr, COLUMN_SUMS: tl.constexpr,
     ROW_ON: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_POW2_SCALE: tl.constexpr,
     ROW_CEIL: tl.constexpr, ROW_SCALE_MBITS: tl.constexpr, ROW_SCALE_MIN_EXP: tl.constexpr,
     ROW_SCALE_MAX: tl.constexpr, ROW_SCALE_NAN: tl.constexpr, ROW_SR: tl.constexpr,
@@ -161,10 +161,13 @@ def quantize_pair_kernel(
     """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
     (rows, row_padded_length / 2) codes; column direction: (col_out_length, cols) values or
     (cols, col_padded_length / 2) codes. ROW_GUIDED: the row direction rounds toward guide
-    (rows, cols), Q-EMA's. COLUMN_SUMS: each tile's float32 column sums of x into column
+    (rows, cols), Q-EMA's; with GUIDE_AVERAGE, guide is the weight average, which guides once
+    the update count at guide_count_ptr reaches guide_warmup, x as read (before ROUND_BF16)
+    until then. COLUMN_SUMS: each tile's float32 column sums of x into column
     (row tile) of sums (cols, row tiles), the bias gradient's partial sums. ROUND_BF16: x
     (float32) is quantized as x rounded to bfloat16, the compute dtype's cast done here."""
     row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
+    read = x
     if ROUND_BF16:
         x = rounded_to_bf16(x)
     if COLUMN_SUMS:
@@ -174,6 +177,8 @@ def quantize_pair_kernel(
         guide = x
         if ROW_GUIDED:
             guide = load_tile(guide_ptr, row0, col0, 0, 0, rows, cols, 1, BR, BC, False)
+            if GUIDE_AVERAGE:  # before warm-up the weight guides itself: nearest-even
+                guide = tl.where(tl.load(guide_count_ptr) >= guide_warmup, guide, read)
         values = quantize_direction(
             x, guide, row0, col0, row_seed_ptr, row_seed_value, row_rht_seed_ptr,
             row_rht_seed_value, row_codes_ptr, row_scales_ptr, row_values_ptr, row_amax_ptr,

@@ -172,6 +172,7 @@ def quantized_linear_launches() -> None:
     from fp4cli.kernels.launch import dequantize_e2m1, quantize_e2m1
     from fp4cli.kernels.launch_pair import Direction, quantize_pair
     from fp4cli.quant import QuantSpec
+    from fp4cli.techniques.qema import AverageGuide
 
     ceil = QuantSpec.preset("mxfp4-ceil")
     ceil_sr, prescale_sr = (
@@ -189,6 +190,11 @@ def quantized_linear_launches() -> None:
                   Direction(prescale_sr, (seed, 4), 64, (seed, 8), bf16))  # fmt: skip
     quantize_pair(x, Direction(ceil, None, values_dtype=bf16), Direction(ceil_sr, (seed, 3)),
                   bf16, guide=x.float())  # fmt: skip
+    # its float32 W under bf16 autocast, rounded as read, the guide formed from the average
+    average = AverageGuide(x.float(), torch.tensor(12), 10)
+    quantize_pair(x.float(), Direction(ceil, None, values_dtype=bf16),
+                  Direction(ceil_sr, (seed, 3)), bf16, guide=average,
+                  read_as=bf16)  # fmt: skip
     # the single-direction kernels: along the columns with RHT, guided, and decoding
     quantize_e2m1(x, ceil_sr, 0, seed, hadamard=32, hadamard_seed=seed)
     quantize_e2m1(x, ceil, 1, None, values_dtype=bf16, guide=x.float())

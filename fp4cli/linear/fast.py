@@ -25,7 +25,8 @@ epilogue; W's grad_input operand is kept in its GEMM's form.
 `fast_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
 every quantized operand must be an E2M1 spec the kernels take (two-level NVFP4 specs included;
 2-D weight tiles without a Hadamard transform); no DGE or outlier clamping. Q-EMA's guided
-rounding of the forward W runs in the kernel.
+rounding of the forward W runs in the kernel, which forms the guide from the weight average
+(`AverageGuide`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from fp4cli.quant import QuantizedTensor, QuantSpec
 from fp4cli.quant.backend import kernel_gap
 from fp4cli.quant.blocking import BlockLayout
 from fp4cli.techniques.hadamard import HadamardConfig
+from fp4cli.techniques.qema import AverageGuide
 
 
 def fast_gap(config: LinearConfig) -> str | None:
@@ -214,7 +216,7 @@ def quantize_both(
     col: Request | None,
     dtype: torch.dtype,
     double: bool = False,
-    guide: torch.Tensor | None = None,
+    guide: torch.Tensor | AverageGuide | None = None,
     column_sums: torch.Tensor | None = None,
     read_as: torch.dtype | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
@@ -238,6 +240,8 @@ def quantize_both(
             read_as,
         )  # fmt: skip
         return _result(row_out, row), _result(col_out, col)
+    if isinstance(guide, AverageGuide):  # formed from the tensor as given, before a cast
+        guide = guide.values(tensor)
     if read_as is not None:  # read by torch below, or in two launches: cast once
         tensor = tensor.to(read_as)
     if column_sums is not None:
@@ -304,7 +308,7 @@ def fast_forward(
     bias: torch.Tensor | None,
     config: LinearConfig,
     call_seed: torch.Tensor,
-    weight_guide: torch.Tensor | None,
+    weight_guide: torch.Tensor | AverageGuide | None,
     rank: int,
     needs_dx: bool,
     needs_dw: bool,
@@ -312,7 +316,8 @@ def fast_forward(
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[Saved, Saved]]:
     """y = x W^T + b, the backward operands of X and W, each () where its gradient is not
     needed, and how to read them (`saved_layouts`). dtype: the compute dtype (default x's), to
-    which x and W are cast as autocast casts them (`read_as_rounded`)."""
+    which x and W are cast as autocast casts them (`read_as_rounded`). weight_guide: Q-EMA's,
+    formed or (an AverageGuide) formed where W is read."""
     dtype = dtype or x.dtype
     x, weight = x.contiguous(), weight.contiguous()
     x_for_dw, w_for_dx, *layouts = saved_layouts(
@@ -326,7 +331,10 @@ def fast_forward(
     )
     w_request = _request(config, "forward", 1, call_seed, rank)
     w_wanted = w_for_dx if needs_dx else None
+    given = weight
     weight, w_read_as = read_as_rounded(weight, dtype, w_request, w_wanted)
+    if isinstance(weight_guide, AverageGuide) and weight is not given:  # W cast: a copy
+        weight_guide = weight_guide.values(given)
     w_q, w_saved = quantize_both(
         weight, w_request, w_wanted, dtype, config.double_quant, weight_guide,
         read_as=w_read_as,
@@ -444,7 +452,7 @@ class FastQuantLinearFunction(torch.autograd.Function):
         bias: torch.Tensor | None,
         config: LinearConfig,
         call_seed: torch.Tensor,
-        weight_guide: torch.Tensor | None,
+        weight_guide: torch.Tensor | AverageGuide | None,
         rank: int = 0,
         dtype: torch.dtype | None = None,
     ) -> torch.Tensor:

@@ -19,7 +19,7 @@ from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.quant import fake_quantize
 from fp4cli.quant.backend import check_backend, interpreter_on, triton_available
 from fp4cli.quant.random_bits import draw_seed
-from fp4cli.techniques.qema import update_ema
+from fp4cli.techniques.qema import AverageGuide, update_ema
 
 _SEED_MASK = (1 << 62) - 1
 
@@ -119,7 +119,7 @@ class QuantLinear(nn.Linear):
                 )  # fmt: skip
             elif executor == "fast":
                 y = FastQuantLinearFunction.apply(
-                    rows, weight, bias, self.config, call_seed, self._weight_guide(), self.rank,
+                    rows, weight, bias, self.config, call_seed, self._average_guide(), self.rank,
                     dtype,
                 )  # fmt: skip
             elif executor == "vector":
@@ -158,13 +158,16 @@ class QuantLinear(nn.Linear):
         return name, ""
 
     def _weight_guide(self) -> torch.Tensor | None:
-        """Q-EMA's guide for the forward weight's rounding, once the EMA has warmed up."""
+        """Q-EMA's guide for the forward weight's rounding (`AverageGuide.values`)."""
+        guide = self._average_guide()
+        return None if guide is None else guide.values(self.weight)
+
+    def _average_guide(self) -> AverageGuide | None:
+        """Q-EMA's guide unformed: the fast executor's pair kernel forms it as it reads W."""
         qema = self.config.qema
         if qema is None:
             return None
-        ready = self.ema_updates >= qema.warmup
-        # Before warm-up the guide is the weight itself: guided rounding then equals plain RNE.
-        return torch.where(ready, self.weight_ema, self.weight.detach().to(torch.float32))
+        return AverageGuide(self.weight_ema, self.ema_updates, qema.warmup)
 
     @torch.no_grad()
     def update_ema(self) -> None:

@@ -29,6 +29,25 @@ class QEMAConfig:
             raise SpecError(f"warmup: must be a non-negative integer (got {self.warmup!r})")
 
 
+@dataclass(frozen=True)
+class AverageGuide:
+    """Q-EMA's guide for a weight's rounding: the average (float32, the weight's shape) once
+    `updates` (a 0-d int64 tensor, on the average's device) has reached `warmup`; before that
+    the weight itself, so that guided rounding is plain nearest-even. Kept unformed, so that a
+    kernel reading the weight can choose per value instead of a pass writing the guide."""
+
+    average: torch.Tensor
+    updates: torch.Tensor
+    warmup: int
+
+    def values(self, weight: torch.Tensor) -> torch.Tensor:
+        """The guide as a float32 tensor: the definition."""
+        import torch
+
+        ready = self.updates >= self.warmup
+        return torch.where(ready, self.average, weight.detach().to(torch.float32))
+
+
 def update_ema(ema: torch.Tensor, weight: torch.Tensor, beta: float, updates: torch.Tensor) -> None:
     """One EMA step in place; the first update (updates == 0) copies the weight."""
     import torch

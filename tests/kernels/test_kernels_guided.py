@@ -85,6 +85,31 @@ def test_guided_pair_row_direction(hadamard):
     assert_bits(col_out.codes, col_reference.codes, "column codes")
 
 
+@pytest.mark.parametrize("read_as", [None, torch.bfloat16])
+def test_an_average_guide_is_formed_in_the_kernel(read_as):
+    """An AverageGuide (the weight average, which guides from `warmup` updates on, the weight
+    itself before): the pair's outputs equal those with the guide formed by `values`, before
+    and after warm-up, with the weight rounded to bfloat16 as read or not."""
+    from fp4cli.techniques.qema import AverageGuide
+
+    x, average = _pair((64, 96), seed=5)
+    Direction, quantize_pair = launch_pair.Direction, launch_pair.quantize_pair
+    row = Direction(QuantSpec.preset("mxfp4-ceil"), None, values_dtype=torch.float32)
+    col = Direction(QuantSpec.preset("mxfp4-ceil", rounding="sr"), 4)
+    for count in (2, 3, 9):
+        guide = AverageGuide(average, on_device(torch.tensor(count)), 3)
+        got = quantize_pair(x, row, col, guide=guide, read_as=read_as)
+        source = x if read_as is None else x.to(read_as).float()
+        formed = quantize_pair(source, row, col, guide=guide.values(x))
+        _assert_values(got[0].values, formed[0].values, f"row values after {count}")
+        assert_bits(got[1].codes, formed[1].codes, f"column codes after {count}")
+    plain = quantize_pair(x, row, col)[0].values  # before warm-up: nearest-even
+    early = quantize_pair(x, row, col, guide=AverageGuide(average, on_device(torch.tensor(0)), 3))
+    assert_bits(early[0].values, plain, "before warm-up")
+    late = quantize_pair(x, row, col, guide=AverageGuide(average, on_device(torch.tensor(3)), 3))
+    assert not torch.equal(late[0].values, plain)  # the average guides
+
+
 def test_guide_shape_errors():
     x, guide = _pair((16, 32), seed=4)
     with pytest.raises(ValueError, match="guide has shape"):

@@ -187,6 +187,41 @@ def test_qema_update_runs_as_one_kernel_with_the_references_bits():
     assert int(fast.ema_updates) == int(reference.ema_updates) == 4
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+def test_qema_guides_from_its_average_after_warm_up(autocast):
+    """tetrajet-qema past warm-up (the average guiding W's rounding): the fast executor forms
+    the guide in the pair kernel from the average and W as read (no pass writing it) and
+    gives the reference's bits, in float32 and under bf16 autocast."""
+    from fp4cli.techniques.qema import AverageGuide
+
+    config = CONFIGS["tetrajet-qema"]
+    fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
+    generator = torch.Generator().manual_seed(10)
+    drift = torch.randn(fast.weight.shape, generator=generator).to(DEVICE) * 0.05
+    with torch.no_grad():
+        for layer in (fast, reference):
+            layer.weight_ema.add_(drift * layer.weight.abs())
+            layer.ema_updates.fill_(config.qema.warmup)
+    x, grad_y = linear_inputs(seed=11)
+    formed, real_values = [], AverageGuide.values
+
+    def counting_values(self, weight):
+        formed.append(weight.shape)
+        return real_values(self, weight)
+
+    def passes(layer):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=autocast):
+            return training_passes(layer, x, grad_y)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AverageGuide, "values", counting_values)
+        got = passes(fast)
+        assert formed == []  # formed in the kernel
+        assert_same_passes(got, passes(reference), summed_bias=True)
+    plain = seeded_layer(config, "triton")  # the same layer before warm-up
+    assert not torch.equal(training_passes(plain, x, grad_y)[0][0], got[0][0])
+
+
 def test_rank_offsets_match_the_reference():
     config = CONFIGS["tetrajet"]
     fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
