@@ -204,10 +204,11 @@ def _direction(request: Request, dtype: torch.dtype) -> Any:
 def _reference_operand(
     tensor: torch.Tensor, request: Request, axis: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    """A high-precision operand (a Hadamard transform at most) as `function.py` makes it."""
-    call_seed, offset = request.seed
+    """A high-precision operand (a Hadamard transform at most) as `function.py` makes it. It
+    rounds nothing, so it takes no seed of its own (no launch adds one)."""
+    call_seed = request.seed[0]
     rht = (request.hadamard, call_seed + request.hadamard_seed[1]) if request.hadamard else None
-    return _quantize_operand(tensor, request.spec, axis, call_seed + offset, rht, dtype, "auto")
+    return _quantize_operand(tensor, request.spec, axis, call_seed, rht, dtype, "auto")
 
 
 def quantize_both(
