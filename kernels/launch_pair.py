@@ -341,10 +341,10 @@ def quantize_pair(
     direction rounds toward it (Q-EMA); an AverageGuide is formed in the kernel from x as
     read. column_sums (cols,) float32: filled with the sums of x's columns (a linear layer's
     bias gradient, from dY's read), summed in float32 over each tile's rows, then over the
-    tiles. read_as=torch.bfloat16: a float32 x is quantized as
-    x.to(torch.bfloat16), rounded as the kernel reads it (no cast pass; not with a two-level
-    spec, whose tensor amax pass reads x as it is). The caller checks `pair_tile` first: a
-    pair it refuses must be quantized one direction at a time."""
+    tiles. read_as=torch.bfloat16: a float32 x is quantized as x.to(torch.bfloat16), rounded
+    as the kernel reads it (no cast pass; not with a two-level spec, whose tensor amax pass
+    reads x as it is). The caller checks `pair_tile` first: a pair it refuses must be
+    quantized one direction at a time."""
     if x.dim() != 2:
         raise ValueError(f"quantize_pair takes a 2-D tensor (got shape {tuple(x.shape)})")
     round_bf16 = _rounds_to_bf16(x, read_as, row, col)
@@ -352,9 +352,9 @@ def quantize_pair(
         raise ValueError(
             "double quantization needs the row direction, without a Hadamard transform"
         )
-    average = isinstance(guide, AverageGuide)
-    count, warmup = (guide.updates, guide.warmup) if isinstance(guide, AverageGuide) else (None, 0)
-    guide = guide.average if isinstance(guide, AverageGuide) else guide  # the tensor read
+    average, count, warmup = isinstance(guide, AverageGuide), None, 0
+    if isinstance(guide, AverageGuide):  # the kernel reads the average and the update count
+        guide, count, warmup = guide.average, guide.updates, guide.warmup
     if guide is not None and (row is None or guide.shape != x.shape):
         raise ValueError("a guide needs the row direction and the input's shape")
     _check_directions(row, col, double is not None)
