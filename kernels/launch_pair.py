@@ -397,15 +397,26 @@ def quantize_pair(
     return row_out, col_out
 
 
+def rounds_as_read(source: torch.dtype, read_as: torch.dtype, specs: list[QuantSpec]) -> bool:
+    """Whether `quantize_pair` reads a `source` tensor as its cast to `read_as`, rounding in
+    the kernel, for directions of these specs: float32 as bfloat16, no tensor scale (a
+    two-level spec's amax pass reads the tensor as it is)."""
+    return (
+        source == torch.float32
+        and read_as == torch.bfloat16
+        and not any(spec.tensor_scale for spec in specs)
+    )
+
+
 def _rounds_to_bf16(
     x: torch.Tensor, read_as: torch.dtype | None, row: Direction | None, col: Direction | None
 ) -> bool:
     """Whether the pair kernel rounds x to bfloat16 as it reads it (`quantize_pair`'s
-    read_as)."""
+    read_as); a ValueError where it cannot."""
     if read_as is None or read_as == x.dtype:
         return False
+    if rounds_as_read(x.dtype, read_as, [d.spec for d in (row, col) if d is not None]):
+        return True
     if read_as != torch.bfloat16 or x.dtype != torch.float32:
         raise ValueError(f"read_as rounds float32 to bfloat16 (got {x.dtype} as {read_as})")
-    if any(d is not None and d.spec.tensor_scale for d in (row, col)):
-        raise ValueError("read_as is not for two-level specs: cast x first")
-    return True
+    raise ValueError("read_as is not for two-level specs: cast x first")

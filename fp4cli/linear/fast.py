@@ -361,16 +361,15 @@ def read_as_rounded(
     tensor that the compute dtype casts: a float32 X or W under bfloat16 autocast (a
     LayerNorm's output, the parameters) is rounded in the kernel, without a cast pass, when
     every operand drawn from it is quantized there without a tensor scale (the bits of
-    `tensor.to(dtype)`); otherwise it is cast here."""
+    `tensor.to(dtype)`, `launch_pair.rounds_as_read`); otherwise it is cast here."""
+    from fp4cli.kernels.launch_pair import rounds_as_read
+
     if tensor.dtype == dtype:
         return tensor, None
-    quantized = [r for r in requests if r is not None]
-    in_kernel = (
-        tensor.dtype == torch.float32
-        and dtype == torch.bfloat16
-        and all(r.spec is not None and not r.spec.tensor_scale for r in quantized)
-    )
-    return (tensor, dtype) if in_kernel else (tensor.to(dtype), None)
+    specs = [r.spec for r in requests if r is not None]
+    if None not in specs and rounds_as_read(tensor.dtype, dtype, specs):
+        return tensor, dtype
+    return tensor.to(dtype), None
 
 
 def _quantized_length(length: int, request: Request) -> int:
