@@ -321,6 +321,7 @@ def fast_forward(
     formed or (an AverageGuide) formed where W is read."""
     dtype = dtype or x.dtype
     x, weight = x.contiguous(), weight.contiguous()
+    bias = None if bias is None else bias.to(dtype)  # as F.linear under autocast
     x_for_dw, w_for_dx, *layouts = saved_layouts(
         config, call_seed, rank, x.shape, weight.shape, dtype
     )
@@ -344,7 +345,6 @@ def fast_forward(
     route = config.routes["forward"]
     if route is None:
         return F.linear(x_q[0], w_q[0], bias), *saved
-    bias = None if bias is None else bias.to(dtype)  # as F.linear under autocast
     if route == "block":
         y = block_product(x_q[0], w_q[0].t(), (x_q[1], w_q[1]), config, "forward", dtype, bias)
     else:
@@ -386,9 +386,12 @@ def fast_backward(
     rank: int,
     layouts: tuple[Saved, Saved],
     needs: tuple[bool, bool, bool],
+    targets: tuple[torch.dtype | None, ...] = (None, None, None),
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(grad_x, grad_w, grad_b) from dY and the forward's saved operands (`layouts`: X's and
-    W's); `needs` says which of the three to compute."""
+    W's); `needs` says which of the three to compute. targets: the dtypes of x, W and the bias
+    as the layer was given them (float32 under bfloat16 autocast): each gradient is returned
+    in it, with the bits of autocast's casts (`in_target_dtypes`); None: dY's dtype."""
     needs_dx, needs_dw, needs_db = needs
     bias_sums = None
     if needs_db:
@@ -403,7 +406,7 @@ def fast_backward(
         dtype,
         column_sums=bias_sums,
     )
-    grad_x = grad_w = grad_b = None
+    grad_x = grad_w = None
     if needs_dx:
         grad_x = _backward_product(
             "grad_input", dy_rows, dy_for_dx, tokens, (layouts[1], w_tensors), config, dtype
@@ -412,8 +415,30 @@ def fast_backward(
         grad_w = _backward_product(
             "grad_weight", dy_cols, dy_for_dw, features, (layouts[0], x_tensors), config, dtype
         )
-    if bias_sums is not None:  # grad_y.sum(0), summed in another order
-        grad_b = bias_sums.to(grad_y.dtype)
+    return in_target_dtypes((grad_x, grad_w), bias_sums, grad_y.dtype, targets)
+
+
+def in_target_dtypes(
+    grads: tuple[torch.Tensor | None, torch.Tensor | None],
+    bias_sums: torch.Tensor | None,
+    dtype: torch.dtype,
+    targets: tuple[torch.dtype | None, ...],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(grad_x, grad_w, grad_b): the GEMMs' gradients (in the compute dtype `dtype`) and the
+    bias sums (float32: grad_y.sum(0) in another order) rounded to `dtype`, each in its target
+    dtype. A bfloat16 gradient of a float32 tensor is widened, and float32 bias sums rounded,
+    in one launch (`kernels.gradients`) instead of autograd's casts: the same bits."""
+    from fp4cli.kernels.gradients import widen_gradients
+
+    wide = [t == torch.float32 and dtype == torch.bfloat16 for t in targets]
+    widened = widen_gradients(
+        [g if w else None for g, w in zip(grads, wide[:2], strict=True)],
+        bias_sums if wide[2] else None,
+    )
+    grad_x, grad_w = (n if w else g for g, n, w in zip(grads, widened, wide[:2], strict=True))
+    grad_b = None
+    if bias_sums is not None:
+        grad_b = bias_sums if wide[2] else bias_sums.to(dtype)
     return grad_x, grad_w, grad_b
 
 
@@ -464,6 +489,7 @@ class FastQuantLinearFunction(torch.autograd.Function):
         ctx.split = len(x_saved)
         ctx.config, ctx.call_seed, ctx.rank = config, call_seed, rank
         ctx.has_bias = bias is not None
+        ctx.targets = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
         return y
 
     @staticmethod
@@ -479,5 +505,6 @@ class FastQuantLinearFunction(torch.autograd.Function):
             ctx.rank,
             ctx.layouts,
             (ctx.needs_input_grad[0], ctx.needs_input_grad[1], needs_db),
+            ctx.targets,
         )
         return *grads, None, None, None, None, None

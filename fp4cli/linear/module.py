@@ -103,9 +103,9 @@ class QuantLinear(nn.Linear):
         dtype = None
         if torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
-            bias = bias.to(dtype) if bias is not None else None
             if executor != "fast" or compiling:  # the fast executor casts as it reads them
                 x, weight = x.to(dtype), weight.to(dtype)
+                bias = bias.to(dtype) if bias is not None else None
         call_seed = torch.add(self.rng_seed, self.calls, alpha=SEED_STRIDE)  # one launch
         if self.training:
             with torch.no_grad():

@@ -170,6 +170,36 @@ def test_autocast_rounds_float32_inputs_in_the_kernels(name):
         assert {read for read in reads if read != rounded} == {(torch.bfloat16, None)}
 
 
+@pytest.mark.parametrize("name", ["mxfp4", "tetrajet"])
+def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
+    """Under bf16 autocast the fast backward returns the float32 input's, weight's and bias's
+    gradients itself, widened and rounded in one `widen_gradients` launch (no cast by
+    autograd), with the reference's bits: the bias rounded through bfloat16 exactly as
+    autocast's cast rounds it (integer sums, where every summation order agrees)."""
+    import fp4cli.kernels.gradients as gradients
+
+    fast, reference = seeded_layer(CONFIGS[name], "triton"), seeded_layer(CONFIGS[name], "torch")
+    x, _ = linear_inputs(seed=8)
+    grad_y = torch.randint(-300, 300, (2, 37, 70), generator=torch.Generator().manual_seed(9))
+    grad_y = grad_y.to(DEVICE, torch.float32) + 2.0**-7  # bias sums past bfloat16's precision
+    launches, real = [], gradients.widen_gradients
+
+    def recording(grads, sums=None):
+        launches.append(([g is not None for g in grads], sums is not None))
+        return real(grads, sums)
+
+    def passes(layer):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            return training_passes(layer, x, grad_y.to(torch.bfloat16), calls=1)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gradients, "widen_gradients", recording)
+        got = passes(fast)
+    assert launches == [([True, True], True)]
+    assert all(g.dtype == torch.float32 for g in got[0][1:])
+    assert_same_passes(got, passes(reference))
+
+
 def test_qema_update_runs_as_one_kernel_with_the_references_bits():
     """Q-EMA's average (`kernels/qema.py` where the layer's quantizers are kernels) follows the
     reference's update bit for bit over several steps, the first one a copy."""
