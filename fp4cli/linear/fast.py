@@ -20,7 +20,10 @@ mode flushes, `fp4cli.gemm.matmul`); one of two NVFP4 operands gets their block 
 tensor amaxes and multiplies them as Blackwell's block-scaled MMA does (`block_scaled_mm`, the
 reference executor's product too). The bias (in the compute dtype, as `F.linear` under
 autocast takes it) is added to the float32 sums before their one rounding, in the GEMM's
-epilogue; W's grad_input operand is kept in its GEMM's form.
+epilogue; W's grad_input operand is kept in its GEMM's form. The gradients leave in the dtypes
+of x, W and the bias as the layer got them (float32 under bfloat16 autocast): widened, and the
+bias sums rounded through bfloat16, in one launch (`in_target_dtypes`) instead of autograd's
+casts, with their bits.
 
 `fast_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
 every quantized operand must be an E2M1 spec the kernels take (two-level NVFP4 specs included;
