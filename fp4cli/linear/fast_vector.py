@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from fp4cli.linear.config import GEMMS, OPERANDS, LinearConfig
+from fp4cli.linear.fast import in_target_dtypes
 from fp4cli.quant import QuantSpec
 from fp4cli.techniques.outliers import nearest_ranks
 
@@ -358,9 +359,11 @@ def vector_backward(
     config: LinearConfig,
     dtype: torch.dtype,
     needs: tuple[bool, bool, bool],
+    targets: tuple[torch.dtype | None, ...] = (None, None, None),
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(grad_x, grad_w, grad_b) from dY and `vector_forward`'s kept tensors (X's, W's, DGE's);
-    `needs` says which of the three to compute, dtype is the forward's compute dtype."""
+    `needs` says which of the three to compute, dtype is the forward's compute dtype. targets:
+    the dtypes x, W and the bias came in, as for `fast.fast_backward`."""
     from fp4cli.kernels.launch_vector import dge_scale_gradient
 
     needs_dx, needs_dw, needs_db = needs
@@ -377,7 +380,7 @@ def vector_backward(
         (w_plan.transposed, x_plan.transposed),
         bias_sums,
     )
-    grad_x = grad_w = grad_b = None
+    grad_x = grad_w = None
     if needs_dx:
         assert dy_rows is not None
         w_operand = _pair(w_kept) if w_plan.transposed else w_plan.kept(dtype).values(w_kept)
@@ -391,9 +394,7 @@ def vector_backward(
             weight, scales = dge_tensors
             assert config.forward_w is not None and config.dge is not None
             grad_w = dge_scale_gradient(grad_w, weight, scales, config.forward_w, config.dge)
-    if bias_sums is not None:  # grad_y.sum(0), summed in another order
-        grad_b = bias_sums.to(grad_y.dtype)
-    return grad_x, grad_w, grad_b
+    return in_target_dtypes((grad_x, grad_w), bias_sums, grad_y.dtype, targets)
 
 
 class VectorQuantLinearFunction(torch.autograd.Function):
@@ -408,8 +409,14 @@ class VectorQuantLinearFunction(torch.autograd.Function):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         config: LinearConfig,
+        dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
+        """dtype: the compute dtype x, W and the bias are cast to (autocast's), if not theirs."""
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        ctx.targets = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        if dtype is not None:
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = bias.to(dtype) if bias is not None else None
         y, x_kept, w_kept, dge_tensors = vector_forward(x, weight, bias, config, needs_dx, needs_dw)
         ctx.save_for_backward(*x_kept, *w_kept, *dge_tensors)
         ctx.split = (len(x_kept), len(x_kept) + len(w_kept))
@@ -427,5 +434,6 @@ class VectorQuantLinearFunction(torch.autograd.Function):
             ctx.config,
             ctx.dtype,
             (needs[0], needs[1], ctx.has_bias and needs[2]),
+            ctx.targets,
         )
-        return *grads, None
+        return *grads, None, None

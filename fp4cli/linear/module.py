@@ -103,7 +103,7 @@ class QuantLinear(nn.Linear):
         dtype = None
         if torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
-            if executor != "fast" or compiling:  # the fast executor casts as it reads them
+            if executor not in ("fast", "vector") or compiling:  # else cast in the executor
                 x, weight = x.to(dtype), weight.to(dtype)
                 bias = bias.to(dtype) if bias is not None else None
         call_seed = torch.add(self.rng_seed, self.calls, alpha=SEED_STRIDE)  # one launch
@@ -123,7 +123,7 @@ class QuantLinear(nn.Linear):
                     dtype,
                 )  # fmt: skip
             elif executor == "vector":
-                y = VectorQuantLinearFunction.apply(rows, weight, bias, self.config)
+                y = VectorQuantLinearFunction.apply(rows, weight, bias, self.config, dtype)
             else:
                 y = QuantLinearFunction.apply(
                     rows,

@@ -170,15 +170,17 @@ def test_autocast_rounds_float32_inputs_in_the_kernels(name):
         assert {read for read in reads if read != rounded} == {(torch.bfloat16, None)}
 
 
-@pytest.mark.parametrize("name", ["mxfp4", "tetrajet"])
+@pytest.mark.parametrize("name", ["mxfp4", "tetrajet", "wang-direct"])
 def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
-    """Under bf16 autocast the fast backward returns the float32 input's, weight's and bias's
-    gradients itself, widened and rounded in one `widen_gradients` launch (no cast by
-    autograd), with the reference's bits: the bias rounded through bfloat16 exactly as
-    autocast's cast rounds it (integer sums, where every summation order agrees)."""
+    """Under bf16 autocast the fast (and the vector-wise) backward returns the float32 input's,
+    weight's and bias's gradients itself, widened and rounded in one `widen_gradients` launch
+    (no cast by autograd), with the reference's bits: the bias rounded through bfloat16
+    exactly as autocast's cast rounds it (integer sums, where every summation order agrees)."""
     import fp4cli.kernels.gradients as gradients
 
-    fast, reference = seeded_layer(CONFIGS[name], "triton"), seeded_layer(CONFIGS[name], "torch")
+    config = load_recipe(name).linear
+    fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
+    assert fast.executor(torch.zeros(1, 96))[0] == ("vector" if name == "wang-direct" else "fast")
     x, _ = linear_inputs(seed=8)
     grad_y = torch.randint(-300, 300, (2, 37, 70), generator=torch.Generator().manual_seed(9))
     grad_y = grad_y.to(DEVICE, torch.float32) + 2.0**-7  # bias sums past bfloat16's precision
