@@ -180,7 +180,8 @@ def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
 
     config = load_recipe(name).linear
     fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
-    assert fast.executor(torch.zeros(1, 96, device=DEVICE))[0] == ("vector" if name == "wang-direct" else "fast")
+    executor = "vector" if name == "wang-direct" else "fast"
+    assert fast.executor(torch.zeros(1, 96, device=DEVICE))[0] == executor
     x, _ = linear_inputs(seed=8)
     grad_y = torch.randint(-300, 300, (2, 37, 70), generator=torch.Generator().manual_seed(9))
     grad_y = grad_y.to(DEVICE, torch.float32) + 2.0**-7  # bias sums past bfloat16's precision
