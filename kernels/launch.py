@@ -145,42 +145,23 @@ def launch(
     kernel[grid](*args, *[constexprs[name] for name in rest], num_warps=num_warps)
 
 
-@dataclass
-class ColumnSums:
-    """Column sums a kernel leaves unfinished, for whoever finishes a layer's gradients
-    (`kernels.gradients`): `partial` (cols, parts) float32, each column's partial sums
-    contiguous, set by the launcher given this in place of a (cols,) tensor."""
-
-    partial: torch.Tensor | None = None
-
-    def take_sums_of(self, tensor: torch.Tensor) -> None:
-        """The column sums of a (rows, cols) tensor, as one partial sum each (by torch)."""
-        self.partial = torch.sum(tensor, 0, dtype=torch.float32).unsqueeze(1)
-
-
 def partial_column_sums(
-    column_sums: torch.Tensor | ColumnSums | None, cols: int, tiles_r: int, device: torch.device
+    column_sums: torch.Tensor | None, cols: int, tiles_r: int, device: torch.device
 ) -> torch.Tensor | None:
-    """For `column_sums` (cols,) float32, checked here, or a ColumnSums (which keeps it), the
-    (cols, tiles_r) float32 buffer a kernel writes each row tile's column sums into
-    (`tile_io.store_column_sums`; each column's partial sums contiguous); None without column
-    sums."""
+    """For `column_sums` (cols,) float32, checked here, the (cols, tiles_r) float32 buffer a
+    kernel writes each row tile's column sums into (`tile_io.store_column_sums`; each column's
+    partial sums contiguous); None without column sums."""
     if column_sums is None:
         return None
-    partial = torch.empty((cols, tiles_r), dtype=torch.float32, device=device)
-    if isinstance(column_sums, ColumnSums):
-        column_sums.partial = partial
-    elif column_sums.shape != (cols,) or column_sums.dtype != torch.float32:
+    if column_sums.shape != (cols,) or column_sums.dtype != torch.float32:
         raise ValueError(f"column_sums must be float32 of shape ({cols},)")
-    return partial
+    return torch.empty((cols, tiles_r), dtype=torch.float32, device=device)
 
 
-def add_column_sums(
-    partial_sums: torch.Tensor | None, column_sums: torch.Tensor | ColumnSums | None
-) -> None:
+def add_column_sums(partial_sums: torch.Tensor | None, column_sums: torch.Tensor | None) -> None:
     """column_sums = the sum of the tiles' partial sums (summed in float32 over each tile's
-    rows, then over the tiles); a ColumnSums keeps them unfinished."""
-    if partial_sums is not None and isinstance(column_sums, torch.Tensor):
+    rows, then over the tiles)."""
+    if partial_sums is not None:
         torch.sum(partial_sums, 1, out=column_sums)
 
 

@@ -35,7 +35,7 @@ rounding of the forward W runs in the kernel, which forms the guide from the wei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +48,6 @@ from fp4cli.quant.backend import kernel_gap
 from fp4cli.quant.blocking import BlockLayout
 from fp4cli.techniques.hadamard import HadamardConfig
 from fp4cli.techniques.qema import AverageGuide
-
-if TYPE_CHECKING:
-    from fp4cli.kernels.launch import ColumnSums
 
 
 def fast_gap(config: LinearConfig) -> str | None:
@@ -224,15 +221,15 @@ def quantize_both(
     dtype: torch.dtype,
     double: bool = False,
     guide: torch.Tensor | AverageGuide | None = None,
-    column_sums: ColumnSums | None = None,
+    column_sums: torch.Tensor | None = None,
     read_as: torch.dtype | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """`tensor` (rows, cols) quantized along axis 1 (`row`) and axis 0 (`col`): each result is
     (values in `dtype`, the GEMM's compute dtype) or, for a packed request, (codes, scales); ()
     where not requested. With `double`, the column direction quantizes the row direction's
-    values (TetraJet's double quantization), as the reference does. column_sums: given the
-    partial sums of `tensor`'s columns (from the same read when both directions take one
-    launch), for `in_target_dtypes` to add. read_as: `tensor` is quantized as tensor.to(read_as)
+    values (TetraJet's double quantization), as the reference does. column_sums (cols,)
+    float32: filled with the sums of `tensor`'s columns (from the same read when both
+    directions take one launch). read_as: `tensor` is quantized as tensor.to(read_as)
     (`read_as_rounded`)."""
     from fp4cli.kernels.launch_pair import pair_tile, quantize_pair
 
@@ -252,7 +249,7 @@ def quantize_both(
     if read_as is not None:  # read by torch below, or in two launches: cast once
         tensor = tensor.to(read_as)
     if column_sums is not None:
-        column_sums.take_sums_of(tensor)
+        torch.sum(tensor, 0, dtype=torch.float32, out=column_sums)
     row_result: tuple[torch.Tensor, ...] = ()
     if row_dir is not None:
         row_result = _result(quantize_pair(tensor, row_dir, None, guide=guide)[0], row)
@@ -399,9 +396,9 @@ def fast_backward(
     as the layer was given them (float32 under bfloat16 autocast): each gradient is returned
     in it, with the bits of autocast's casts (`in_target_dtypes`); None: dY's dtype."""
     needs_dx, needs_dw, needs_db = needs
-    from fp4cli.kernels.launch import ColumnSums
-
-    bias_sums = ColumnSums() if needs_db else None
+    bias_sums = None
+    if needs_db:
+        bias_sums = torch.empty(grad_y.shape[1], dtype=torch.float32, device=grad_y.device)
     dy_for_dx = _request(config, "grad_input", 0, call_seed, rank)
     dy_for_dw = _request(config, "grad_weight", 0, call_seed, rank)
     dtype, (tokens, features) = grad_y.dtype, grad_y.shape
@@ -421,32 +418,30 @@ def fast_backward(
         grad_w = _backward_product(
             "grad_weight", dy_cols, dy_for_dw, features, (layouts[0], x_tensors), config, dtype
         )
-    partial = bias_sums.partial if bias_sums is not None else None
-    return in_target_dtypes((grad_x, grad_w), partial, grad_y.dtype, targets)
+    return in_target_dtypes((grad_x, grad_w), bias_sums, grad_y.dtype, targets)
 
 
 def in_target_dtypes(
     grads: tuple[torch.Tensor | None, torch.Tensor | None],
-    bias_partial: torch.Tensor | None,
+    bias_sums: torch.Tensor | None,
     dtype: torch.dtype,
     targets: tuple[torch.dtype | None, ...],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(grad_x, grad_w, grad_b): the GEMMs' gradients (in the compute dtype `dtype`) and the
-    bias gradient, dY's column sums from their (cols, parts) float32 partial sums (grad_y.sum(0)
-    in another order) rounded to `dtype`, each in its target dtype. The sums are added, each
-    bfloat16 gradient of a float32 tensor widened and the sums of a float32 bias rounded to
-    bfloat16 values, in one launch (`kernels.gradients`) instead of torch's sum and autograd's
-    casts: the same bits."""
+    bias sums (float32: grad_y.sum(0) in another order) rounded to `dtype`, each in its target
+    dtype. A bfloat16 gradient of a float32 tensor is widened, and float32 bias sums rounded,
+    in one launch (`kernels.gradients`) instead of autograd's casts: the same bits."""
     from fp4cli.kernels.gradients import widen_gradients
 
     wide = [t == torch.float32 and dtype == torch.bfloat16 for t in targets]
-    widened, sums = widen_gradients(
-        [g if w else None for g, w in zip(grads, wide[:2], strict=True)], bias_partial, wide[2]
+    widened = widen_gradients(
+        [g if w else None for g, w in zip(grads, wide[:2], strict=True)],
+        bias_sums if wide[2] else None,
     )
     grad_x, grad_w = (n if w else g for g, n, w in zip(grads, widened, wide[:2], strict=True))
     grad_b = None
-    if sums is not None:
-        grad_b = sums if wide[2] else sums.to(dtype)
+    if bias_sums is not None:
+        grad_b = bias_sums if wide[2] else bias_sums.to(dtype)
     return grad_x, grad_w, grad_b
 
 

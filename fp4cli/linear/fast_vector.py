@@ -394,8 +394,7 @@ def vector_backward(
             weight, scales = dge_tensors
             assert config.forward_w is not None and config.dge is not None
             grad_w = dge_scale_gradient(grad_w, weight, scales, config.forward_w, config.dge)
-    partial = bias_sums.unsqueeze(1) if bias_sums is not None else None  # sums finished
-    return in_target_dtypes((grad_x, grad_w), partial, grad_y.dtype, targets)
+    return in_target_dtypes((grad_x, grad_w), bias_sums, grad_y.dtype, targets)
 
 
 class VectorQuantLinearFunction(torch.autograd.Function):
