@@ -36,6 +36,7 @@ TRITON_TYPES = {
     torch.float16: "fp16",
     torch.uint8: "u8",
     torch.int8: "i8",
+    torch.int16: "i16",
     torch.int32: "i32",
     torch.int64: "i64",
 }
@@ -169,6 +170,7 @@ def gemm_launches() -> None:
 
 def quantized_linear_launches() -> None:
     """The launches of the recipes' fast executor, on small CPU tensors (never run)."""
+    from fp4cli.kernels.gradients import widen_gradients
     from fp4cli.kernels.launch import dequantize_e2m1, quantize_e2m1
     from fp4cli.kernels.launch_pair import Direction, quantize_pair
     from fp4cli.quant import QuantSpec
@@ -221,6 +223,9 @@ def quantized_linear_launches() -> None:
     ue5m3_sr = QuantSpec.preset("mxfp4-ue5m3", rounding="sr", scale_rule="ceil")
     quantize_pair(x, Direction(ue5m3_sr, (seed, 2), 32, (seed, 7), bf16),
                   Direction(ue5m3_sr, (seed, 4), 32, (seed, 8), bf16))  # fmt: skip
+    # the gradients in float32 parameters' dtypes: both widened with the bias sums, or one
+    widen_gradients([x, x], torch.zeros(96))
+    widen_gradients([None, x])
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["gemm"]:
@@ -232,6 +237,7 @@ if __name__ == "__main__" and sys.argv[1:] == ["gemm"]:
     kernels += [(gemm_split, "k_split_kernel")]
     print(compile_launches(gemm_launches, kernels, True))
 elif __name__ == "__main__":
+    import fp4cli.kernels.gradients as gradients
     import fp4cli.kernels.launch as launch
     import fp4cli.kernels.launch_pair as launch_pair
 
@@ -243,5 +249,6 @@ elif __name__ == "__main__":
         (launch, "quantize_kernel"),
         (launch, "dequantize_kernel"),
         (launch, "encode_table_kernel"),
+        (gradients, "gradients_kernel"),
     ]
     print(compile_launches(quantized_linear_launches, kernels))
