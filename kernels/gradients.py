@@ -74,17 +74,17 @@ def widen_gradients(
     if sums is not None and (sums.dtype != torch.float32 or not sums.is_contiguous()):
         raise ValueError("widen_gradients rounds contiguous float32 sums")
     sources = [g.contiguous() if g is not None else None for g in gradients]
-    widened = [torch.empty(g.shape, dtype=torch.float32, device=g.device) if g is not None
-               else None for g in sources]  # fmt: skip
+    sources += [None] * (2 - len(sources))
+    widened: list[torch.Tensor | None] = []
     args: list[object] = []
     programs = 0
-    for index in range(2):
-        source = sources[index] if index < len(sources) else None
+    for source in sources:
         if source is None:
+            widened.append(None)
             args += [None, None, 0]
             continue
-        out = widened[index]
-        assert out is not None
+        out = torch.empty(source.shape, dtype=torch.float32, device=source.device)
+        widened.append(out)
         args += [source.view(torch.int16), out.view(torch.int32), source.numel()]
         programs += triton.cdiv(source.numel(), GRADIENT_BLOCK)
     args += [sums, 0 if sums is None else sums.numel()]
@@ -96,4 +96,4 @@ def widen_gradients(
     if programs:
         launch(gradients_kernel, (programs,), args, dict(BLOCK=GRADIENT_BLOCK, **flags),
                GRADIENT_WARPS)  # fmt: skip
-    return widened
+    return widened[: len(gradients)]

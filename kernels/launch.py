@@ -130,9 +130,11 @@ def launch(
     args: Sequence[object],
     constexprs: Mapping[str, object],
     num_warps: int,
+    fp_fusion: bool = True,
 ) -> None:
     """kernel[grid](*args, **constexprs, num_warps=num_warps), with every argument passed by
-    position in the kernel's parameter order (`args` first, then the constexprs by name).
+    position in the kernel's parameter order (`args` first, then the constexprs by name);
+    `fp_fusion=False` compiles it without fused multiply-adds (each product rounded alone).
 
     Triton binds keyword arguments on every launch: for the pair kernel's 53 constexprs that
     took as long as the rest of its dispatch (H100 host: 104-112 us a launch with keywords, 54
@@ -142,7 +144,8 @@ def launch(
     rest = _parameter_names(kernel)[len(args) :]
     if len(rest) != len(constexprs):
         raise TypeError(f"{kernel}: constexprs {sorted(constexprs)} are not its {list(rest)}")
-    kernel[grid](*args, *[constexprs[name] for name in rest], num_warps=num_warps)
+    options = {} if fp_fusion else {"enable_fp_fusion": False}
+    kernel[grid](*args, *[constexprs[name] for name in rest], num_warps=num_warps, **options)
 
 
 def partial_column_sums(

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fp4cli.kernels.launch import launch
+
 EMA_BLOCK = 2048  # values a program: 8 warps, 8 a thread
 EMA_WARPS = 8
 
@@ -49,7 +51,6 @@ def update_ema_kernel(
 ) -> None:
     """`update_ema(ema, weight, beta, updates)` in one launch (`ema_update_supported`)."""
     n = ema.numel()
-    ema_update_kernel[(triton.cdiv(n, EMA_BLOCK),)](
-        ema, weight.detach(), updates, float(beta), 1 - float(beta), n, BLOCK=EMA_BLOCK,
-        num_warps=EMA_WARPS, enable_fp_fusion=False,
-    )  # fmt: skip
+    args = (ema, weight.detach(), updates, float(beta), 1 - float(beta), n)
+    launch(ema_update_kernel, (triton.cdiv(n, EMA_BLOCK),), args, dict(BLOCK=EMA_BLOCK),
+           EMA_WARPS, fp_fusion=False)  # fmt: skip

@@ -421,6 +421,14 @@ def fast_backward(
     return in_target_dtypes((grad_x, grad_w), bias_sums, grad_y.dtype, targets)
 
 
+def given_dtypes(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.dtype | None, ...]:
+    """The dtypes x, W and the bias reach a layer's autograd Function in: the `targets` of its
+    gradients (`in_target_dtypes`)."""
+    return x.dtype, weight.dtype, bias.dtype if bias is not None else None
+
+
 def in_target_dtypes(
     grads: tuple[torch.Tensor | None, torch.Tensor | None],
     bias_sums: torch.Tensor | None,
@@ -492,7 +500,7 @@ class FastQuantLinearFunction(torch.autograd.Function):
         ctx.split = len(x_saved)
         ctx.config, ctx.call_seed, ctx.rank = config, call_seed, rank
         ctx.has_bias = bias is not None
-        ctx.targets = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        ctx.targets = given_dtypes(x, weight, bias)
         return y
 
     @staticmethod

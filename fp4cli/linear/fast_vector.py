@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from fp4cli.linear.config import GEMMS, OPERANDS, LinearConfig
-from fp4cli.linear.fast import in_target_dtypes
+from fp4cli.linear.fast import given_dtypes, in_target_dtypes
 from fp4cli.quant import QuantSpec
 from fp4cli.techniques.outliers import nearest_ranks
 
@@ -413,7 +413,7 @@ class VectorQuantLinearFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         """dtype: the compute dtype x, W and the bias are cast to (autocast's), if not theirs."""
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        ctx.targets = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        ctx.targets = given_dtypes(x, weight, bias)
         if dtype is not None:
             x, weight = x.to(dtype), weight.to(dtype)
             bias = bias.to(dtype) if bias is not None else None

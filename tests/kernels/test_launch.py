@@ -38,3 +38,15 @@ def test_constexprs_go_by_position_in_parameter_order() -> None:
 def test_constexprs_must_be_the_kernels(constexprs) -> None:
     with pytest.raises((TypeError, KeyError)):
         launch(Recorder(), (1,), ("x", 7), constexprs, 4)
+
+
+def test_fp_fusion_off_reaches_the_compiler_and_is_left_out_otherwise() -> None:
+    """`fp_fusion=False` (Q-EMA's update: each product rounded alone) is passed on as Triton's
+    `enable_fp_fusion=False`; other launches carry no such option."""
+    kernel = Recorder()
+    launch(kernel, (2,), ("x", 7), {"HADAMARD": 0, "BLOCK": 32, "SR": False}, 8, fp_fusion=False)
+    launch(kernel, (2,), ("x", 7), {"HADAMARD": 0, "BLOCK": 32, "SR": False}, 8)
+    assert [call[2] for call in kernel.launches] == [
+        {"num_warps": 8, "enable_fp_fusion": False},
+        {"num_warps": 8},
+    ]
