@@ -212,7 +212,7 @@ def _linear(raw: Any, label: str) -> LinearConfig:
         hadamard = ops.get("hadamard")
         if isinstance(hadamard, int) and not isinstance(hadamard, bool):
             hadamard = {"size": hadamard}
-        expected = "null, a size or {size: N, random: true | false}"
+        expected = "null, a size or {size: N, random: true | false, signs: [1 or -1, ...]}"
         fields[f"{gemm}_hadamard"] = _config(
             hadamard, HadamardConfig, label, f"{key}.hadamard", expected
         )
@@ -328,7 +328,12 @@ def _asdict(config: Any) -> dict[str, Any] | None:
     if config is None:
         return None
     return {
-        f.name: getattr(config, f.name)
+        f.name: _plain(getattr(config, f.name))
         for f in dataclasses.fields(config)
         if not (f.metadata.get("omit_default") and getattr(config, f.name) == f.default)
     }
+
+
+def _plain(value: Any) -> Any:
+    """A field's value as YAML and JSON write it: a tuple (a sign vector) as a list."""
+    return list(value) if isinstance(value, tuple) else value

@@ -24,8 +24,10 @@ def amax_pair_kernel(
     BR: tl.constexpr, BC: tl.constexpr,
     ROW_ON: tl.constexpr, ROW_RHT_SEED_FROM_PTR: tl.constexpr, ROW_HADAMARD: tl.constexpr,
     ROW_LOG2_HADAMARD: tl.constexpr, ROW_HADAMARD_NORM: tl.constexpr,
+    ROW_HADAMARD_SIGNS: tl.constexpr,
     COL_ON: tl.constexpr, COL_RHT_SEED_FROM_PTR: tl.constexpr, COL_HADAMARD: tl.constexpr,
     COL_LOG2_HADAMARD: tl.constexpr, COL_HADAMARD_NORM: tl.constexpr,
+    COL_HADAMARD_SIGNS: tl.constexpr,
 ):  # fmt: skip
     """The largest finite |value| each direction quantizes, from one read of x (rows, cols):
     of x, or of its Hadamard transform along that direction's axis, into amax_ptr[0] (row
@@ -36,12 +38,12 @@ def amax_pair_kernel(
         if ROW_HADAMARD > 0:
             seed = seed_of(row_rht_seed_ptr, row_rht_seed_value, ROW_RHT_SEED_FROM_PTR)
             row_tile = hadamard_rows(x, seed, BR, BC, ROW_HADAMARD, ROW_LOG2_HADAMARD,
-                                     ROW_HADAMARD_NORM)  # fmt: skip
+                                     ROW_HADAMARD_NORM, False, ROW_HADAMARD_SIGNS)  # fmt: skip
         tl.atomic_max(amax_ptr, finite_amax(row_tile))
     if COL_ON:
         col_tile = x
         if COL_HADAMARD > 0:
             seed = seed_of(col_rht_seed_ptr, col_rht_seed_value, COL_RHT_SEED_FROM_PTR)
             col_tile = hadamard_cols(x, seed, BR, BC, COL_HADAMARD, COL_LOG2_HADAMARD,
-                                     COL_HADAMARD_NORM)  # fmt: skip
+                                     COL_HADAMARD_NORM, COL_HADAMARD_SIGNS)  # fmt: skip
         tl.atomic_max(amax_ptr + 1, finite_amax(col_tile))

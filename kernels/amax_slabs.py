@@ -34,15 +34,14 @@ import triton.language as tl
 
 from fp4cli.kernels.quantize import finite_magnitude
 from fp4cli.kernels.tile_io import seed_of
-from fp4cli.kernels.tile_ops import FLOAT32_MAX, random_bits_rows
+from fp4cli.kernels.tile_ops import FLOAT32_MAX, negated_positions
 
 
 @triton.jit
-def sign_flips(seed, SIZE: tl.constexpr):
+def sign_flips(seed, SIZE: tl.constexpr, SIGNS: tl.constexpr = -1):
     """The transform's SIZE signs as a bit mask (uint32): bit j set where position j is
-    negated, the top bit of the random bits at offset j (as `hadamard_signs` draws them)."""
-    bits = random_bits_rows(seed, 0, 0, 1, SIZE)
-    flips = (bits >> 31) << tl.arange(0, SIZE).to(tl.uint32)[None, :]
+    negated (`tile_ops.negated_positions`: drawn from the seed, or the fixed SIGNS)."""
+    flips = negated_positions(seed, SIZE, SIGNS) << tl.arange(0, SIZE).to(tl.uint32)[None, :]
     return tl.sum(tl.sum(flips, axis=1), axis=0)
 
 
@@ -266,14 +265,14 @@ def _program_maxima16(x_ptr, rows, cols, tiles, tiles_c, flips, G: tl.constexpr,
 def amax_rht16_cols_kernel(
     x_ptr, amax_ptr, rht_seed_ptr, rht_seed_value, rows, cols, tiles, tiles_c,
     G: tl.constexpr, BC: tl.constexpr, PLAIN: tl.constexpr, RHT_SEED_FROM_PTR: tl.constexpr,
-    NORM: tl.constexpr,
+    NORM: tl.constexpr, SIGNS: tl.constexpr,
 ):  # fmt: skip
     """amax_ptr[1]: the largest finite |value| of x (rows, cols) after the 16-point random
     Hadamard transform down its columns (rows padded with zeros to a multiple of 16); with
     PLAIN, amax_ptr[0]: the largest finite |x|. Tile t holds rows [16 G (t // tiles_c),
     16 G (t // tiles_c + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p,
     p + programs, .. and adds its maxima by one atomic per direction."""
-    flips = sign_flips(seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR), 16)
+    flips = sign_flips(seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR), 16, SIGNS)
     plain, transformed = _program_maxima16(x_ptr, rows, cols, tiles, tiles_c, flips, G, BC,
                                            False)  # fmt: skip
     if not ((plain <= FLOAT32_MAX) & (transformed <= FLOAT32_MAX)):  # an Inf (or a kept NaN)
@@ -346,14 +345,17 @@ def amax_rht32_both_kernel(
     rows, cols, tiles, tiles_c,
     G: tl.constexpr, BC: tl.constexpr, NORM: tl.constexpr,
     ROW_SEED_FROM_PTR: tl.constexpr, COL_SEED_FROM_PTR: tl.constexpr,
+    ROW_SIGNS: tl.constexpr, COL_SIGNS: tl.constexpr,
 ):  # fmt: skip
     """amax_ptr[0] and [1]: the largest finite |value| of x (rows, cols) after the 32-point
     random Hadamard transform along its rows and after the one down its columns (each padded
     with zeros to a multiple of 32). Tile t holds rows [32 G (t // tiles_c), 32 G (t // tiles_c
     + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p, p + programs, .. and adds
     its maxima by one atomic per direction."""
-    row_flips = sign_flips(seed_of(row_seed_ptr, row_seed_value, ROW_SEED_FROM_PTR), 32)
-    col_flips = sign_flips(seed_of(col_seed_ptr, col_seed_value, COL_SEED_FROM_PTR), 32)
+    row_flips = sign_flips(seed_of(row_seed_ptr, row_seed_value, ROW_SEED_FROM_PTR), 32,
+                           ROW_SIGNS)  # fmt: skip
+    col_flips = sign_flips(seed_of(col_seed_ptr, col_seed_value, COL_SEED_FROM_PTR), 32,
+                           COL_SIGNS)  # fmt: skip
     row_max, col_max = _program_maxima32(x_ptr, rows, cols, tiles, tiles_c, row_flips,
                                          col_flips, G, BC, False)  # fmt: skip
     if not ((row_max <= FLOAT32_MAX) & (col_max <= FLOAT32_MAX)):  # an Inf (or a kept NaN)

@@ -33,7 +33,7 @@ from fp4cli.kernels.two_level import ENCODE_TABLE, encode_table_kernel
 from fp4cli.quant import two_level
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
-from fp4cli.techniques.hadamard import normalization
+from fp4cli.techniques.hadamard import FixedSigns, normalization
 
 SeedOffset = tuple[torch.Tensor, int]  # a seed tensor and an offset the kernel adds to it
 
@@ -179,10 +179,13 @@ def _signed64(value: int) -> int:
 
 
 def _seed_args(
-    seed: Seed | SeedOffset | None, device: torch.device
+    seed: Seed | SeedOffset | FixedSigns | None, device: torch.device
 ) -> tuple[torch.Tensor | None, int, bool]:
     """(pointer argument, value argument, whether the kernel reads the pointer). A
-    (tensor, offset) pair is the seed tensor + offset, added in the kernel."""
+    (tensor, offset) pair is the seed tensor + offset, added in the kernel. Fixed Hadamard
+    signs need no seed (they reach the kernel as a constexpr, `signs_constant`)."""
+    if isinstance(seed, FixedSigns):
+        return None, 0, False
     if isinstance(seed, tuple):
         tensor, offset = seed
         return _seed_pointer(tensor, device), _signed64(offset), True
@@ -256,19 +259,31 @@ def encode_tables(amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return tables
 
 
-def _hadamard_constants(hadamard: int | None) -> dict[str, object]:
+def signs_constant(hadamard_seed: Seed | SeedOffset | FixedSigns | None) -> int:
+    """A transform's HADAMARD_SIGNS (`tile_ops.negated_positions`): -1 for signs drawn from
+    its seed, else the fixed signs' mask."""
+    return hadamard_seed.flips if isinstance(hadamard_seed, FixedSigns) else -1
+
+
+def _hadamard_constants(hadamard: int | None, signs: int = -1) -> dict[str, object]:
+    """The transform's constexprs; `signs` as `signs_constant` gives them."""
     if not hadamard:
-        return dict(HADAMARD=0, LOG2_HADAMARD=0, HADAMARD_NORM=1.0)
+        return dict(HADAMARD=0, LOG2_HADAMARD=0, HADAMARD_NORM=1.0, HADAMARD_SIGNS=-1)
     return dict(
         HADAMARD=hadamard,
         LOG2_HADAMARD=hadamard.bit_length() - 1,
         HADAMARD_NORM=normalization(hadamard),
+        HADAMARD_SIGNS=signs,
     )
 
 
 @torch.compiler.disable
 def tensor_amax(
-    x: torch.Tensor, axis: int, hadamard: int | None, hadamard_seed: Seed, tile: Tile | None = None
+    x: torch.Tensor,
+    axis: int,
+    hadamard: int | None,
+    hadamard_seed: Seed | FixedSigns,
+    tile: Tile | None = None,
 ) -> torch.Tensor:
     """The largest finite |x| (of the Hadamard-transformed x, if any), a 1-element tensor."""
     view = AxisView.of(x.shape, axis)
@@ -281,7 +296,8 @@ def tensor_amax(
         amax_kernel, grid,
         (x, amax, seed_ptr, seed_value, view.outer, view.length, view.inner, along),
         dict(ROWS=tile.rows, COLS=tile.cols, TRANSPOSED=view.transposed,
-             SEED_FROM_PTR=from_ptr, **_hadamard_constants(hadamard)),
+             SEED_FROM_PTR=from_ptr,
+             **_hadamard_constants(hadamard, signs_constant(hadamard_seed))),
         tile.warps,
     )  # fmt: skip
     return amax
@@ -294,7 +310,7 @@ def quantize_e2m1(
     axis: int,
     seed: Seed | None,
     hadamard: int | None = None,
-    hadamard_seed: Seed = 0,
+    hadamard_seed: Seed | FixedSigns = 0,
     values_dtype: torch.dtype | None = None,
     tile: Tile | None = None,
     guide: torch.Tensor | None = None,
@@ -348,7 +364,8 @@ def quantize_e2m1(
              **prescale_constants(spec), TENSOR_SCALE=spec.tensor_scale,
              **two_level_constants(spec),
              WRITE_VALUES=values_dtype is not None, GUIDED=guide is not None,
-             **_scale_constants(spec), **_hadamard_constants(hadamard)),
+             **_scale_constants(spec),
+             **_hadamard_constants(hadamard, signs_constant(hadamard_seed))),
         tile.warps,
     )  # fmt: skip
     return codes, scales, t_amax, values

@@ -26,12 +26,14 @@ from fp4cli.kernels.launch import (
     launch,
     partial_column_sums,
     same_tables,
+    signs_constant,
     two_level_constants,
 )
 from fp4cli.kernels.prescale import prescale_constants
 from fp4cli.kernels.quantize_pair import quantize_pair_kernel
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
+from fp4cli.techniques.hadamard import FixedSigns
 from fp4cli.techniques.qema import AverageGuide
 
 # The smallest tile: whole blocks of 32 down its 32 rows, and 64 positions (128 bytes of a 16-bit
@@ -45,7 +47,8 @@ PAIR_MAX_ELEMENTS = 16384  # larger tiles (RHT-256 in both directions) take two 
 @dataclass(frozen=True)
 class Direction:
     """One direction's quantizer: spec (e2m1; two-level and 2-D tiles too), SR seed, Hadamard
-    size and seed (each an int, a tensor, or a (tensor, offset) pair), and the dtype to write
+    size and seed (each an int, a tensor, or a (tensor, offset) pair; the Hadamard's may be
+    `FixedSigns`), and the dtype to write
     dequantized values in (None: packed codes and scale codes; not for 2-D tiles). With
     `block_values`, a two-level spec's values are q * s, without the tensor scale
     (`QuantizedTensor.block_values`)."""
@@ -53,7 +56,7 @@ class Direction:
     spec: QuantSpec
     seed: Seed | SeedOffset | None = None
     hadamard: int | None = None
-    hadamard_seed: Seed | SeedOffset = 0
+    hadamard_seed: Seed | SeedOffset | FixedSigns = 0
     values_dtype: torch.dtype | None = None
     block_values: bool = False
 
@@ -136,7 +139,7 @@ def _direction_args(
             table]  # fmt: skip
     constants = _direction_constants(
         d.spec, d.hadamard, d.values_dtype is not None, seed_from_ptr, rht_from_ptr, prefix,
-        d.block_values,
+        d.block_values, signs_constant(d.hadamard_seed),
     )  # fmt: skip
     return args, constants, out, out_length, padded
 
@@ -150,6 +153,7 @@ def _direction_constants(
     rht_from_ptr: bool,
     prefix: str,
     block_values: bool = False,
+    signs: int = -1,
 ) -> dict[str, object]:
     """A direction's constexprs, named PREFIX_NAME (computed once per combination: a launch's
     host time counts in every eager step)."""
@@ -169,7 +173,7 @@ def _direction_constants(
             TENSOR_SCALE=spec.tensor_scale, TILE2D=spec.tile2d,
             VALUES_TENSOR_SCALE=spec.tensor_scale and not block_values,
         )  # fmt: skip
-        constants |= _spec_constants(spec) | _hadamard_constants(hadamard)
+        constants |= _spec_constants(spec) | _hadamard_constants(hadamard, signs)
         constants |= prescale_constants(spec)
     return {f"{prefix}_{k}": v for k, v in constants.items()}
 
@@ -234,7 +238,9 @@ def pair_amax(
     for d, prefix in ((row, "ROW"), (col, "COL")):
         rht_ptr, rht_value, rht_from_ptr = _seed_args(d.hadamard_seed if d else 0, x.device)
         seeds += [rht_ptr, rht_value]
-        hadamard = _hadamard_constants(d.hadamard if d else None)
+        hadamard = _hadamard_constants(
+            d.hadamard if d else None, signs_constant(d.hadamard_seed if d else 0)
+        )
         constants |= {f"{prefix}_{k}": v for k, v in hadamard.items()}
         constants[f"{prefix}_ON"] = d is not None and d.spec.tensor_scale
         constants[f"{prefix}_RHT_SEED_FROM_PTR"] = rht_from_ptr
@@ -293,7 +299,8 @@ def _amax_rht16_cols(x: torch.Tensor, amax: torch.Tensor, col: Direction, plain:
         amax_rht16_cols_kernel, (programs,),
         (x, amax, rht_ptr, rht_value, rows, cols, tiles, tiles_c),
         dict(G=AMAX_SLAB_LINES, BC=AMAX_SLAB_COLS, PLAIN=plain, RHT_SEED_FROM_PTR=rht_from_ptr,
-             NORM=_hadamard_constants(16)["HADAMARD_NORM"]),
+             NORM=_hadamard_constants(16)["HADAMARD_NORM"],
+             SIGNS=signs_constant(col.hadamard_seed)),
         4,
     )  # fmt: skip
 
@@ -318,7 +325,9 @@ def _amax_rht32_both(x: torch.Tensor, amax: torch.Tensor, row: Direction, col: D
         amax_rht32_both_kernel, (programs,),
         (x, amax, row_ptr, row_value, col_ptr, col_value, rows, cols, tiles, tiles_c),
         dict(G=AMAX32_SLAB_LINES, BC=AMAX32_COLS, NORM=_hadamard_constants(32)["HADAMARD_NORM"],
-             ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr),
+             ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr,
+             ROW_SIGNS=signs_constant(row.hadamard_seed),
+             COL_SIGNS=signs_constant(col.hadamard_seed)),
         AMAX32_WARPS,
     )  # fmt: skip
 

@@ -63,9 +63,11 @@ def transformed_tile(
     LOG2_HADAMARD: tl.constexpr,
     HADAMARD_NORM: tl.constexpr,
     BY_SUMS: tl.constexpr = False,
+    HADAMARD_SIGNS: tl.constexpr = -1,
 ):
     """The float32 tile at the origin, Hadamard-transformed along the axis when HADAMARD > 0
-    (BY_SUMS: `hadamard_rows`' butterflies as sums over each pair)."""
+    (BY_SUMS: `hadamard_rows`' butterflies as sums over each pair; HADAMARD_SIGNS: its signs,
+    -1 drawn from the seed, else a fixed mask)."""
     x = load_tile(
         x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
         ROWS, COLS, TRANSPOSED,
@@ -73,7 +75,7 @@ def transformed_tile(
     if HADAMARD > 0:
         rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
         x = hadamard_rows(x, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD, HADAMARD_NORM,
-                          BY_SUMS)  # fmt: skip
+                          BY_SUMS, HADAMARD_SIGNS)  # fmt: skip
     return x
 
 
@@ -259,6 +261,7 @@ def quantize_kernel(
     HADAMARD: tl.constexpr,
     LOG2_HADAMARD: tl.constexpr,
     HADAMARD_NORM: tl.constexpr,
+    HADAMARD_SIGNS: tl.constexpr,
     WRITE_VALUES: tl.constexpr,
     GUIDED: tl.constexpr,
 ):
@@ -272,14 +275,14 @@ def quantize_kernel(
     x = transformed_tile(
         x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
         rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, RHT_SEED_FROM_PTR,
-        HADAMARD, LOG2_HADAMARD, HADAMARD_NORM, by_sums,
+        HADAMARD, LOG2_HADAMARD, HADAMARD_NORM, by_sums, HADAMARD_SIGNS,
     )  # fmt: skip
     guide = x
     if GUIDED:  # the guide goes through the same transform as x
         guide = transformed_tile(
             guide_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
             rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, RHT_SEED_FROM_PTR,
-            HADAMARD, LOG2_HADAMARD, HADAMARD_NORM, by_sums,
+            HADAMARD, LOG2_HADAMARD, HADAMARD_NORM, by_sums, HADAMARD_SIGNS,
         )  # fmt: skip
     random_bits = x
     if SR:
@@ -386,6 +389,7 @@ def amax_kernel(
     HADAMARD: tl.constexpr,
     LOG2_HADAMARD: tl.constexpr,
     HADAMARD_NORM: tl.constexpr,
+    HADAMARD_SIGNS: tl.constexpr,
 ):
     """The largest finite |x| (after the Hadamard transform, if any) into amax_ptr."""
     first_line, first_pos, outer, first_inner = tile_origin(
@@ -394,7 +398,7 @@ def amax_kernel(
     x = transformed_tile(
         x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
         rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, SEED_FROM_PTR,
-        HADAMARD, LOG2_HADAMARD, HADAMARD_NORM,
+        HADAMARD, LOG2_HADAMARD, HADAMARD_NORM, False, HADAMARD_SIGNS,
     )  # fmt: skip
     tl.atomic_max(amax_ptr, finite_amax(x))
 

@@ -47,7 +47,8 @@ def quantize_direction(
     SEED_FROM_PTR: tl.constexpr, RHT_SEED_FROM_PTR: tl.constexpr, PRESCALE: tl.constexpr,
     PRESCALE_INV: tl.constexpr, PRESCALE_FIX: tl.constexpr, PRESCALE_FIX_RATIO: tl.constexpr,
     HADAMARD: tl.constexpr, LOG2_HADAMARD: tl.constexpr, HADAMARD_NORM: tl.constexpr,
-    WRITE_VALUES: tl.constexpr, RETURN_VALUES: tl.constexpr, GUIDED: tl.constexpr,
+    HADAMARD_SIGNS: tl.constexpr, WRITE_VALUES: tl.constexpr, RETURN_VALUES: tl.constexpr,
+    GUIDED: tl.constexpr,
     TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr, TILE2D: tl.constexpr,
     VALUES_TENSOR_SCALE: tl.constexpr,
 ):  # fmt: skip
@@ -59,7 +60,7 @@ def quantize_direction(
     amax at amax_ptr (of the transformed input), by its encode table at table_ptr
     (`two_level`). TILE2D: BLOCK x BLOCK square scales.
     VALUES_TENSOR_SCALE: values carry the tensor scale (else q * s, a two-level spec's block
-    values)."""
+    values). HADAMARD_SIGNS: the transform's signs (`tile_ops.hadamard_signs`)."""
     # codes along the rows take the butterflies as sums, as `quantize_kernel`'s do (an H100:
     # the RHT-32 + SR pair to codes both ways 0.15x -> 0.18x the copy); values do not
     packed_rows: tl.constexpr = BLOCK_AXIS == 1 and not (WRITE_VALUES or RETURN_VALUES)
@@ -67,16 +68,16 @@ def quantize_direction(
         rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
         if BLOCK_AXIS == 1:
             tile = hadamard_rows(tile, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
-                                 HADAMARD_NORM, packed_rows)  # fmt: skip
+                                 HADAMARD_NORM, packed_rows, HADAMARD_SIGNS)  # fmt: skip
             if GUIDED:
                 guide = hadamard_rows(guide, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
-                                      HADAMARD_NORM, packed_rows)  # fmt: skip
+                                      HADAMARD_NORM, packed_rows, HADAMARD_SIGNS)  # fmt: skip
         else:
             tile = hadamard_cols(tile, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
-                                 HADAMARD_NORM)  # fmt: skip
+                                 HADAMARD_NORM, HADAMARD_SIGNS)  # fmt: skip
             if GUIDED:
                 guide = hadamard_cols(guide, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
-                                      HADAMARD_NORM)  # fmt: skip
+                                      HADAMARD_NORM, HADAMARD_SIGNS)  # fmt: skip
     # element (r, c) of the transformed input draws at its row-major index there
     row_length = out_length if BLOCK_AXIS == 1 else cols
     random_bits = tile
@@ -143,7 +144,8 @@ def quantize_pair_kernel(
     ROW_PRESCALE_INV: tl.constexpr, ROW_PRESCALE_FIX: tl.constexpr,
     ROW_PRESCALE_FIX_RATIO: tl.constexpr,
     ROW_LOG2_HADAMARD: tl.constexpr, ROW_HADAMARD_NORM: tl.constexpr,
-    ROW_WRITE_VALUES: tl.constexpr, ROW_TENSOR_SCALE: tl.constexpr,
+    ROW_HADAMARD_SIGNS: tl.constexpr, ROW_WRITE_VALUES: tl.constexpr,
+    ROW_TENSOR_SCALE: tl.constexpr,
     ROW_DECODE_INV: tl.constexpr,
     ROW_TILE2D: tl.constexpr, ROW_VALUES_TENSOR_SCALE: tl.constexpr,
     COL_ON: tl.constexpr, COL_BLOCK: tl.constexpr, COL_POW2_SCALE: tl.constexpr,
@@ -154,7 +156,8 @@ def quantize_pair_kernel(
     COL_PRESCALE_INV: tl.constexpr, COL_PRESCALE_FIX: tl.constexpr,
     COL_PRESCALE_FIX_RATIO: tl.constexpr,
     COL_LOG2_HADAMARD: tl.constexpr, COL_HADAMARD_NORM: tl.constexpr,
-    COL_WRITE_VALUES: tl.constexpr, COL_TENSOR_SCALE: tl.constexpr,
+    COL_HADAMARD_SIGNS: tl.constexpr, COL_WRITE_VALUES: tl.constexpr,
+    COL_TENSOR_SCALE: tl.constexpr,
     COL_DECODE_INV: tl.constexpr,
     COL_TILE2D: tl.constexpr, COL_VALUES_TENSOR_SCALE: tl.constexpr,
 ):  # fmt: skip
@@ -188,7 +191,8 @@ def quantize_pair_kernel(
             ROW_GROUPED,
             ROW_SEED_FROM_PTR, ROW_RHT_SEED_FROM_PTR, ROW_PRESCALE, ROW_PRESCALE_INV,
             ROW_PRESCALE_FIX, ROW_PRESCALE_FIX_RATIO, ROW_HADAMARD,
-            ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_WRITE_VALUES, DOUBLE, ROW_GUIDED,
+            ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_HADAMARD_SIGNS, ROW_WRITE_VALUES, DOUBLE,
+            ROW_GUIDED,
             ROW_TENSOR_SCALE, ROW_DECODE_INV, ROW_TILE2D,
             ROW_VALUES_TENSOR_SCALE,
         )  # fmt: skip
@@ -207,7 +211,8 @@ def quantize_pair_kernel(
             COL_SCALE_MBITS, COL_SCALE_MIN_EXP, COL_SCALE_MAX, COL_SCALE_NAN, COL_SR, COL_AWAY,
             COL_GROUPED, COL_SEED_FROM_PTR, COL_RHT_SEED_FROM_PTR, COL_PRESCALE, COL_PRESCALE_INV,
             COL_PRESCALE_FIX, COL_PRESCALE_FIX_RATIO, COL_HADAMARD,
-            COL_LOG2_HADAMARD, COL_HADAMARD_NORM, COL_WRITE_VALUES, False, False,
+            COL_LOG2_HADAMARD, COL_HADAMARD_NORM, COL_HADAMARD_SIGNS, COL_WRITE_VALUES, False,
+            False,
             COL_TENSOR_SCALE, COL_DECODE_INV, COL_TILE2D,
             COL_VALUES_TENSOR_SCALE,
         )  # fmt: skip

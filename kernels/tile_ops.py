@@ -306,12 +306,22 @@ def random_bits_rows(seed, first_index, row_stride, ROWS: tl.constexpr, COLS: tl
 
 
 @triton.jit
-def hadamard_signs(seed, COLS: tl.constexpr, SIZE: tl.constexpr):
+def negated_positions(seed, SIZE: tl.constexpr, SIGNS: tl.constexpr = -1):
+    """[1, SIZE] uint32: 1 where position j of the transform is negated, else 0. SIGNS -1: the
+    top bit of the random bits at offset j (one Philox call per four); otherwise bit j of the
+    fixed mask SIGNS (`hadamard.FixedSigns`, SIZE <= 32)."""
+    if SIGNS < 0:
+        return random_bits_rows(seed, 0, 0, 1, SIZE) >> 31  # offsets 0 .. SIZE - 1
+    positions = tl.arange(0, SIZE).to(tl.int64)[None, :]
+    return ((tl.full((1, SIZE), SIGNS, tl.int64) >> positions) & 1).to(tl.uint32)
+
+
+@triton.jit
+def hadamard_signs(seed, COLS: tl.constexpr, SIZE: tl.constexpr, SIGNS: tl.constexpr = -1):
     """+-1 for each column of a tile (COLS a multiple of SIZE): the sign of position (column
-    mod SIZE) in the transform, the top bit of the random bits at that offset. The SIZE signs
-    are drawn once (one Philox call per four) and repeated across the tile."""
-    bits = random_bits_rows(seed, 0, 0, 1, SIZE)  # offsets 0 .. SIZE - 1
-    signs = 1.0 - 2.0 * (bits >> 31).to(tl.float32)
+    mod SIZE) in the transform (`negated_positions`), the SIZE signs found once and repeated
+    across the tile."""
+    signs = 1.0 - 2.0 * negated_positions(seed, SIZE, SIGNS).to(tl.float32)
     return tl.reshape(tl.broadcast_to(signs, (COLS // SIZE, SIZE)), (COLS,))
 
 
@@ -343,6 +353,7 @@ def hadamard_rows(
     LOG2_SIZE: tl.constexpr,
     NORM: tl.constexpr,
     BY_SUMS: tl.constexpr = False,
+    SIGNS: tl.constexpr = -1,
 ):
     """The random Hadamard transform of each SIZE-block along the last axis of a float32 tile:
     signs, the butterfly stages h = 1, 2, .., SIZE/2 ((a, b) -> (a + b, a - b)), then * NORM.
@@ -352,8 +363,10 @@ def hadamard_rows(
     and difference as sums over the pair (`butterfly_by_sums`: warp shuffles, and the tile
     keeps the layout it was loaded in). Which is faster depends on the kernel: sums for the
     row kernel's packed codes, the split for its values, the amax pass and the pair kernel
-    (docs/benchmarks.md, "The Hadamard butterflies as sums, for packed codes")."""
-    x = x * hadamard_signs(seed, COLS, SIZE)[None, :]
+    (docs/benchmarks.md, "The Hadamard butterflies as sums, for packed codes"). SIGNS: as
+    `hadamard_signs` takes them (0: none, no multiplication)."""
+    if SIGNS != 0:
+        x = x * hadamard_signs(seed, COLS, SIZE, SIGNS)[None, :]
     for stage in tl.static_range(LOG2_SIZE):
         pairs = tl.reshape(x, (ROWS * COLS // (2 << stage), 2, 1 << stage))
         if BY_SUMS:
@@ -374,10 +387,12 @@ def hadamard_cols(
     SIZE: tl.constexpr,
     LOG2_SIZE: tl.constexpr,
     NORM: tl.constexpr,
+    SIGNS: tl.constexpr = -1,
 ):
     """`hadamard_rows` along the first axis: the transform of each SIZE-block of every column,
     the same operations in the same order (signs by row, butterflies between rows h apart)."""
-    x = x * hadamard_signs(seed, ROWS, SIZE)[:, None]
+    if SIGNS != 0:
+        x = x * hadamard_signs(seed, ROWS, SIZE, SIGNS)[:, None]
     for stage in tl.static_range(LOG2_SIZE):
         pairs = tl.reshape(x, (ROWS // (2 << stage), 2, (1 << stage) * COLS))
         a, b = tl.split(tl.permute(pairs, (0, 2, 1)))

@@ -174,6 +174,7 @@ def quantized_linear_launches() -> None:
     from fp4cli.kernels.launch import dequantize_e2m1, quantize_e2m1
     from fp4cli.kernels.launch_pair import Direction, quantize_pair
     from fp4cli.quant import QuantSpec
+    from fp4cli.techniques.hadamard import TE_SIGNS_16, FixedSigns
     from fp4cli.techniques.qema import AverageGuide
 
     ceil = QuantSpec.preset("mxfp4-ceil")
@@ -223,6 +224,16 @@ def quantized_linear_launches() -> None:
     ue5m3_sr = QuantSpec.preset("mxfp4-ue5m3", rounding="sr", scale_rule="ceil")
     quantize_pair(x, Direction(ue5m3_sr, (seed, 2), 32, (seed, 7), bf16),
                   Direction(ue5m3_sr, (seed, 4), 32, (seed, 8), bf16))  # fmt: skip
+    # fixed Hadamard signs: nvidia-nvfp4's X (TransformerEngine's; the 16-slab amax pass),
+    # mxfp4-dht's dY (none), a mask with its top bit both ways (the 32-slab amax pass), and
+    # the single-direction kernel with its amax pass
+    te, top = FixedSigns.of(TE_SIGNS_16), FixedSigns(0xDEADBEEF)
+    quantize_pair(x, Direction(nvfp4, None, values_dtype=bf16), Direction(nvfp4, None, 16, te))
+    quantize_pair(x, Direction(ceil, None, 32, FixedSigns(), bf16),
+                  Direction(ceil, None, 32, FixedSigns(), bf16))  # fmt: skip
+    quantize_pair(x, Direction(ue5m3_sr, (seed, 2), 32, top, bf16),
+                  Direction(ue5m3_sr, (seed, 4), 32, top, bf16))  # fmt: skip
+    quantize_e2m1(x, nvfp4_sr, 1, seed, hadamard=16, hadamard_seed=te)
     # the gradients in float32 parameters' dtypes: both widened with the bias sums, or one
     widen_gradients([x, x], torch.zeros(96))
     widen_gradients([None, x])
@@ -247,6 +258,7 @@ elif __name__ == "__main__":
         (launch_pair, "amax_rht16_cols_kernel"),
         (launch_pair, "amax_rht32_both_kernel"),
         (launch, "quantize_kernel"),
+        (launch, "amax_kernel"),
         (launch, "dequantize_kernel"),
         (launch, "encode_table_kernel"),
         (gradients, "gradients_kernel"),

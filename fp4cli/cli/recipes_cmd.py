@@ -81,8 +81,8 @@ def _gemm_cell(recipe: Recipe, gemm: str) -> str:
             groups.setdefault(_label(spec), []).append(op)
     lines = [f"{','.join(ops)} {label}" for label, ops in groups.items()]
     hadamard = recipe.linear.hadamard(gemm)
-    if hadamard is not None:  # rht: random signs; dht: deterministic
-        lines.append(f"{'rht' if hadamard.random else 'dht'}{hadamard.size}")
+    if hadamard is not None:  # rht: random signs; fht: fixed signs; dht: none
+        lines.append(f"{hadamard.kind}{hadamard.size}")
     return "\n".join(lines) or "-"
 
 

@@ -117,7 +117,7 @@ class LinearConfig:
         for gemm in GEMMS:
             h = self.hadamard(gemm)
             if h is not None:
-                parts.append(f"{gemm}_{'rht' if h.random else 'dht'}={h.size}")
+                parts.append(f"{gemm}_{h.kind}={h.size}")
         if self.double_quant:
             parts.append("double_quant")
         if self.gemm != "dequantized":

@@ -46,7 +46,7 @@ from fp4cli.linear.routes import GEMM_OPERANDS, block_product
 from fp4cli.quant import QuantizedTensor, QuantSpec
 from fp4cli.quant.backend import kernel_gap
 from fp4cli.quant.blocking import BlockLayout
-from fp4cli.techniques.hadamard import HadamardConfig
+from fp4cli.techniques.hadamard import FixedSigns, HadamardConfig
 from fp4cli.techniques.qema import AverageGuide
 
 
@@ -56,10 +56,6 @@ def fast_gap(config: LinearConfig) -> str | None:
         return "DGE"
     if config.outliers is not None:
         return "outlier clamping"
-    for gemm in GEMM_OPERANDS:
-        hadamard = config.hadamard(gemm)
-        if hadamard is not None and not hadamard.random:
-            return f"{gemm}: a deterministic Hadamard transform"
     for gemm, operands in GEMM_OPERANDS.items():
         for name in operands:
             spec = config.spec(name)
@@ -88,13 +84,14 @@ def _square_tile_gap(config: LinearConfig, gemm: str) -> str | None:
 @dataclass(frozen=True)
 class Request:
     """One operand wanted from a tensor: its spec (None: high precision), SR seed and Hadamard
-    seed as (call seed, offset), the Hadamard size, whether to keep it packed, and whether its
-    values are block values followed by the tensor amax (`gemm_route` "block")."""
+    seed as (call seed, offset) (the Hadamard's: or its fixed signs), the Hadamard size,
+    whether to keep it packed, and whether its values are block values followed by the tensor
+    amax (`gemm_route` "block")."""
 
     spec: QuantSpec | None
     seed: tuple[torch.Tensor, int]
     hadamard: int | None
-    hadamard_seed: tuple[torch.Tensor, int]
+    hadamard_seed: tuple[torch.Tensor, int] | FixedSigns
     packed: bool = False
     block: bool = False
 
@@ -180,11 +177,12 @@ def _request(
     offsets = seed_offsets(gemm, GEMM_OPERANDS[gemm], rank)
     hadamard: HadamardConfig | None = config.hadamard(gemm)
     route = config.routes[gemm]
+    hadamard_seed = (call_seed, offsets[2])
     return Request(
         config.spec(GEMM_OPERANDS[gemm][which]),
         (call_seed, offsets[which]),
         hadamard.size if hadamard is not None else None,
-        (call_seed, offsets[2]),
+        hadamard.sign_source(hadamard_seed) if hadamard is not None else hadamard_seed,
         keep_packed or route == "mxfp4",
         route == "block",
     )
@@ -210,7 +208,9 @@ def _reference_operand(
     """A high-precision operand (a Hadamard transform at most) as `function.py` makes it. It
     rounds nothing, so it takes no seed of its own (no launch adds one)."""
     call_seed = request.seed[0]
-    rht = (request.hadamard, call_seed + request.hadamard_seed[1]) if request.hadamard else None
+    signs = request.hadamard_seed
+    sign_source = signs if isinstance(signs, FixedSigns) else call_seed + signs[1]
+    rht = (request.hadamard, sign_source) if request.hadamard else None
     return _quantize_operand(tensor, request.spec, axis, call_seed, rht, dtype, "auto")
 
 

@@ -25,9 +25,10 @@ from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.routes import block_product
 from fp4cli.linear.stats import operand_stats
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
+from fp4cli.quant.random_bits import Seed
 from fp4cli.techniques.dge import dge_derivative
 from fp4cli.techniques.double_quant import backward_source
-from fp4cli.techniques.hadamard import HadamardConfig, rht
+from fp4cli.techniques.hadamard import FixedSigns, HadamardConfig, rht
 from fp4cli.techniques.outliers import clamp_outliers
 
 # Per call, operand k (0..5) draws its stochastic-rounding bits from seed + k and GEMM g (0..2)
@@ -56,24 +57,22 @@ def _quantize_operand(
     spec: QuantSpec | None,
     axis: int,
     seed: torch.Tensor,
-    hadamard: tuple[int, torch.Tensor | None] | None,
+    hadamard: tuple[int, torch.Tensor | FixedSigns] | None,
     compute_dtype: torch.dtype,
     backend: str,
     guide: torch.Tensor | None = None,
     stats: tuple[StatsSink, str] | None = None,
 ) -> torch.Tensor:
-    """The operand as the GEMM reads it: Hadamard-transformed (size, seed; seed None: without
-    signs) along `axis` if asked, then fake-quantized (one fused kernel where the backend allows;
-    the deterministic transform is applied first, the quantizer then fuses none), in the compute
-    dtype."""
-    tensor, guide, size, rht_seed = _signless_transform(tensor, guide, axis, hadamard)
+    """The operand as the GEMM reads it: Hadamard-transformed (size, seed or fixed signs) along
+    `axis` if asked, then fake-quantized (one fused kernel where the backend allows), in the
+    compute dtype."""
+    size, rht_seed = hadamard if hadamard is not None else (None, 0)
     if spec is None:
         transformed = rht(tensor, axis, size, rht_seed) if size else tensor
         return transformed.to(compute_dtype)
     quantized = fake_quantize(
-        tensor, spec, axis=axis, seed=seed, guide=guide, hadamard=size,
-        hadamard_seed=rht_seed if rht_seed is not None else 0, out_dtype=compute_dtype,
-        backend=backend,
+        tensor, spec, axis=axis, seed=seed, guide=guide, hadamard=size, hadamard_seed=rht_seed,
+        out_dtype=compute_dtype, backend=backend,
     )  # fmt: skip
     if stats is not None:
         _operand_stats(tensor, quantized, spec, axis, seed, (size, rht_seed), backend, stats)
@@ -85,7 +84,7 @@ def _block_operand(
     spec: QuantSpec,
     axis: int,
     seed: torch.Tensor,
-    hadamard: tuple[int, torch.Tensor | None] | None,
+    hadamard: tuple[int, torch.Tensor | FixedSigns] | None,
     compute_dtype: torch.dtype,
     backend: str,
     guide: torch.Tensor | None = None,
@@ -94,10 +93,10 @@ def _block_operand(
     """A two-level operand of a GEMM on the block-scaled route (`routes.gemm_route`),
     quantized as `_quantize_operand` quantizes it: (its block values q * s in the compute
     dtype, its tensor amax)."""
-    tensor, guide, size, rht_seed = _signless_transform(tensor, guide, axis, hadamard)
+    size, rht_seed = hadamard if hadamard is not None else (None, 0)
     quantized = quantize(
-        tensor, spec, axis=axis, seed=seed, guide=guide, hadamard=size,
-        hadamard_seed=rht_seed if rht_seed is not None else 0, backend=backend,
+        tensor, spec, axis=axis, seed=seed, guide=guide, hadamard=size, hadamard_seed=rht_seed,
+        backend=backend,
     )  # fmt: skip
     assert quantized.tensor_amax is not None
     if stats is not None:
@@ -106,28 +105,13 @@ def _block_operand(
     return quantized.block_values(compute_dtype, backend), quantized.tensor_amax
 
 
-def _signless_transform(
-    tensor: torch.Tensor,
-    guide: torch.Tensor | None,
-    axis: int,
-    hadamard: tuple[int, torch.Tensor | None] | None,
-) -> tuple[torch.Tensor, torch.Tensor | None, int | None, torch.Tensor | None]:
-    """(tensor, guide, size, seed) left for the quantizer: a transform without signs (seed
-    None) is applied here, so the quantizer then fuses none."""
-    size, rht_seed = hadamard if hadamard is not None else (None, None)
-    if size and rht_seed is None:
-        guide = rht(guide, axis, size, None) if guide is not None else None
-        return rht(tensor, axis, size, None), guide, None, None
-    return tensor, guide, size, rht_seed
-
-
 def _operand_stats(
     tensor: torch.Tensor,
     quantized: torch.Tensor,
     spec: QuantSpec,
     axis: int,
     seed: torch.Tensor,
-    hadamard: tuple[int | None, torch.Tensor | None],
+    hadamard: tuple[int | None, Seed | FixedSigns],
     backend: str,
     stats: tuple[StatsSink, str],
 ) -> None:
@@ -191,9 +175,9 @@ def _gemm_args(
     stats: tuple[StatsSink, str, str] | None,
 ) -> tuple[Any, tuple[StatsSink, str] | None, tuple[StatsSink, str] | None]:
     """A GEMM's (Hadamard (size, seed or None), operand a's stats sink, operand b's)."""
-    rht_args: tuple[int, torch.Tensor | None] | None = None
+    rht_args: tuple[int, torch.Tensor | FixedSigns] | None = None
     if hadamard is not None:
-        rht_args = (hadamard.size, seeds[2] if hadamard.random else None)
+        rht_args = (hadamard.size, hadamard.sign_source(seeds[2]))
     if stats is None:
         return rht_args, None, None
     return rht_args, (stats[0], stats[1]), (stats[0], stats[2])

@@ -20,6 +20,7 @@ give the same bits.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,9 @@ from fp4cli.quant.blocking import BlockLayout
 from fp4cli.quant.scales import block_scales, divide, nan_scales, scale_values
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.quant.two_level import encode_multipliers
+
+if TYPE_CHECKING:
+    from fp4cli.techniques.hadamard import FixedSigns
 
 
 @dataclass
@@ -110,7 +114,7 @@ def quantize(
     guide: torch.Tensor | None = None,
     *,
     hadamard: int | None = None,
-    hadamard_seed: random_bits.Seed = 0,
+    hadamard_seed: random_bits.Seed | FixedSigns = 0,
     backend: str = "auto",
 ) -> QuantizedTensor:
     """Quantize `x` along `axis` with `spec`.
@@ -120,7 +124,8 @@ def quantize(
     guide: Q-EMA rounding: of the two grid points bracketing each value, take the one nearer the
         guide tensor (same shape as x, same scales); None rounds by `spec.rounding`.
     hadamard, hadamard_seed: quantize the random Hadamard transform of x (size n, signs drawn
-        from hadamard_seed) along the axis instead; the result has the padded length.
+        from hadamard_seed, or fixed: `FixedSigns`) along the axis instead; the result has the
+        padded length.
     backend: "torch" (reference), "triton" (fused kernels) or "auto".
     """
     axis = _check_input(x, axis)
@@ -152,7 +157,7 @@ def fake_quantize(
     guide: torch.Tensor | None = None,
     *,
     hadamard: int | None = None,
-    hadamard_seed: random_bits.Seed = 0,
+    hadamard_seed: random_bits.Seed | FixedSigns = 0,
     out_dtype: torch.dtype | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
@@ -210,7 +215,7 @@ def _transform(
     guide: torch.Tensor | None,
     axis: int,
     hadamard: int | None,
-    seed: random_bits.Seed,
+    seed: random_bits.Seed | FixedSigns,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     if not hadamard:
         return x, guide

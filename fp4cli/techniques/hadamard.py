@@ -13,13 +13,17 @@ float32 constant 1/sqrt(n).
 `random: false` drops the signs: the plain normalized Hadamard matrix, the same rotation at every
 call (a deterministic Hadamard transform, which the MXFP4-on-MI355X study found to stabilize a
 quantized weight-gradient GEMM where random rotations and stochastic rounding did not).
+`random: false` with `signs: [...]` (sizes 16 and 32) fixes D once instead: the same signed
+rotation at every call, as TransformerEngine's NVFP4 recipe rotates its weight-gradient
+operands (`TE_SIGNS_16`). Either way the transform's signs reach the quantizers as `FixedSigns`
+where a random transform passes its seed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from fp4cli.formats import float32
 from fp4cli.quant.spec import SpecError
@@ -30,6 +34,31 @@ if TYPE_CHECKING:
     from fp4cli.quant.random_bits import Seed
 
 SIZES = (16, 32, 64, 128, 256)
+SignSeed = TypeVar("SignSeed")  # however a caller passes its seed (an int, a tensor, ...)
+FIXED_SIGN_SIZES = (16, 32)  # a fixed sign vector fits the kernels' 32-bit mask
+# TransformerEngine's fixed signs for its 16-point weight-gradient transform (its
+# `get_wgrad_sign_vector`), R = diag(signs) H_16, the same D H_n as here.
+TE_SIGNS_16 = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+
+
+@dataclass(frozen=True)
+class FixedSigns:
+    """A transform's signs fixed for every call, given where a random transform's seed goes:
+    bit j of `flips` set where position j is negated (0: no signs)."""
+
+    flips: int = 0
+
+    @classmethod
+    def of(cls, signs: tuple[int, ...]) -> FixedSigns:
+        return cls(sum(1 << j for j, sign in enumerate(signs) if sign < 0))
+
+    def vector(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The n signs as float32 +-1."""
+        import torch
+
+        positions = torch.arange(n, device=device, dtype=torch.int64)
+        flips = torch.tensor(self.flips, device=device, dtype=torch.int64)
+        return 1.0 - 2.0 * ((flips >> positions) & 1).to(torch.float32)
 
 
 @dataclass(frozen=True)
@@ -38,6 +67,8 @@ class HadamardConfig:
     # False: no random signs (deterministic). Left out of a resolved recipe while true, so
     # recipes (and sweep points) from before the option keep their resolved form.
     random: bool = field(default=True, metadata={"omit_default": True})
+    # A fixed sign per position (size of them, each 1 or -1), with random: false; None: none.
+    signs: tuple[int, ...] | None = field(default=None, metadata={"omit_default": True})
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or self.size not in SIZES:
@@ -46,6 +77,33 @@ class HadamardConfig:
             )
         if not isinstance(self.random, bool):
             raise SpecError(f"random: must be true or false (got {self.random!r})")
+        if self.signs is not None:
+            object.__setattr__(self, "signs", _checked_signs(self.signs, self.size, self.random))
+
+    def sign_source(self, seed: SignSeed) -> SignSeed | FixedSigns:
+        """What the quantizers draw this transform's signs from in a call with this `seed`:
+        the seed itself for random signs, else the fixed signs."""
+        if self.random:
+            return seed
+        return FixedSigns.of(self.signs) if self.signs is not None else FixedSigns()
+
+    @property
+    def kind(self) -> str:
+        """rht (random signs), fht (fixed signs) or dht (deterministic: none)."""
+        return "rht" if self.random else "fht" if self.signs is not None else "dht"
+
+
+def _checked_signs(signs: object, size: int, random: bool) -> tuple[int, ...]:
+    if random:
+        raise SpecError("signs: a fixed sign vector replaces the random signs: add random: false")
+    if size not in FIXED_SIGN_SIZES:
+        sizes = " or ".join(map(str, FIXED_SIGN_SIZES))
+        raise SpecError(f"signs: fixed signs are supported for size {sizes} (got size {size})")
+    if not isinstance(signs, (list, tuple)) or len(signs) != size:
+        raise SpecError(f"signs: must be a list of {size} signs, each 1 or -1 (got {signs!r})")
+    if not all(sign in (1, -1) and not isinstance(sign, bool) for sign in signs):
+        raise SpecError(f"signs: each sign must be 1 or -1 (got {list(signs)!r})")
+    return tuple(int(sign) for sign in signs)
 
 
 @cache
@@ -67,11 +125,20 @@ def hadamard_matrix(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     return (_sylvester(n) / n**0.5).to(device=device, dtype=torch.float32)
 
 
-def rht_matrix(n: int, seed: Seed, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The n x n block of R: D H_n (rows scaled by random signs drawn from `seed`)."""
+def sign_vector(
+    seed: Seed | FixedSigns, n: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """D's n signs (float32 +-1): drawn from a seed, or fixed."""
     from fp4cli.quant.random_bits import random_signs
 
-    return random_signs(seed, n, device).unsqueeze(1) * hadamard_matrix(n, device)
+    if isinstance(seed, FixedSigns):
+        return seed.vector(n, device)
+    return random_signs(seed, n, device)
+
+
+def rht_matrix(n: int, seed: Seed | FixedSigns, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The n x n block of R: D H_n (rows scaled by the signs drawn from `seed`, or fixed)."""
+    return sign_vector(seed, n, device).unsqueeze(1) * hadamard_matrix(n, device)
 
 
 def normalization(n: int) -> float:
@@ -94,9 +161,9 @@ def fwht(blocks: torch.Tensor) -> torch.Tensor:
     return blocks
 
 
-def rht(x: torch.Tensor, dim: int, size: int, seed: Seed | None) -> torch.Tensor:
-    """x transformed along `dim` by R (padded to a multiple of `size`), in float32; seed None:
-    no signs (the deterministic transform).
+def rht(x: torch.Tensor, dim: int, size: int, seed: Seed | FixedSigns | None) -> torch.Tensor:
+    """x transformed along `dim` by R (padded to a multiple of `size`), in float32; seed None
+    or FixedSigns(0): no signs (the deterministic transform); FixedSigns: those signs.
 
     The result's `dim` has the padded length; apply the same call (same size and seed) to both
     operands of a GEMM along its reduction dimension.
@@ -104,14 +171,15 @@ def rht(x: torch.Tensor, dim: int, size: int, seed: Seed | None) -> torch.Tensor
     import torch
     import torch.nn.functional as F
 
-    from fp4cli.quant.random_bits import random_signs
-
     moved = x.to(torch.float32).movedim(dim, -1)
     length = moved.shape[-1]
     padded_length = -(-length // size) * size
     if padded_length != length:
         moved = F.pad(moved, (0, padded_length - length))
     blocks = moved.reshape(*moved.shape[:-1], padded_length // size, size)
-    signed = blocks * random_signs(seed, size, x.device) if seed is not None else blocks
+    if seed is None or (isinstance(seed, FixedSigns) and seed.flips == 0):
+        signed = blocks
+    else:
+        signed = blocks * sign_vector(seed, size, x.device)
     transformed = fwht(signed) * normalization(size)
     return transformed.reshape(*moved.shape[:-1], padded_length).movedim(-1, dim)

@@ -54,6 +54,9 @@ CONFIGS = {
     # two-level scales: 2-D weight tiles, RHT-16 on grad_weight's operands, X saved packed
     "nvfp4": load_recipe("nvfp4").linear,
     "ue5m3-hadamard-sr": load_recipe("ue5m3-hadamard-sr").linear,
+    # fixed signs (TransformerEngine's) and none (a deterministic transform)
+    "nvidia-nvfp4": load_recipe("nvidia-nvfp4").linear,
+    "mxfp4-dht": load_recipe("mxfp4-dht").linear,
     "nvfp4-ceil-sr-weights": LinearConfig(
         forward_x=QuantSpec.preset("nvfp4", scale_rule="ceil"),
         forward_w=NVFP4_2D.replace(scale_rule="ceil"),
@@ -75,7 +78,7 @@ def test_fast_executor_matches_the_reference_bit_for_bit(name):
     )
 
 
-@pytest.mark.parametrize("name", ["tetrajet", "tseng-rht-sr", "nvfp4"])
+@pytest.mark.parametrize("name", ["tetrajet", "tseng-rht-sr", "nvfp4", "nvidia-nvfp4"])
 def test_ragged_tokens_and_features(name):
     fast = seeded_layer(CONFIGS[name], "triton", in_features=45, out_features=33)
     reference = seeded_layer(CONFIGS[name], "torch", in_features=45, out_features=33)

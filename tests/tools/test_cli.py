@@ -53,6 +53,7 @@ def test_recipes_list() -> None:
     for name in list_recipes():
         assert name in result.stdout
     assert "mxfp4-ceil+sr" in result.stdout and "rht64" in result.stdout
+    assert "fht16" in result.stdout and "dht32" in result.stdout  # fixed signs; none
     assert "gemm exact" in result.stdout  # nvidia-nvfp4 multiplies as Blackwell does
 
 

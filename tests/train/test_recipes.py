@@ -236,7 +236,7 @@ ERRORS = [
     (
         "linear:\n  grad_input: {hadamard: true}\n",
         "linear.grad_input.hadamard",
-        "must be null, a size or {size: N, random: true | false} (got True)",
+        "must be null, a size or {size: N, random: true | false, signs: [1 or -1, ...]} (got True)",
     ),
     ("linear:\n  double_quant: 3\n", "linear.double_quant", "must be true or false"),
     (
