@@ -51,7 +51,7 @@ DEFAULT_SKIP = ("head", "lm_head", "*embed*")
 GEMM_OPERANDS = {"forward": ("x", "w"), "grad_input": ("dy", "w"), "grad_weight": ("dy", "x")}
 FILE_KEYS = ("base", "description", "citation", "skip", "linear", "optimizer")
 DICT_KEYS = ("name", "description", "citation", "skip", "linear", "optimizer", "source")
-LINEAR_KEYS = (*GEMM_OPERANDS, "double_quant", "dge", "outliers", "qema", "gemm")
+LINEAR_KEYS = (*GEMM_OPERANDS, "double_quant", "dge", "outliers", "qema", "gemm", "bias_gradient")
 TECHNIQUES = {"dge": DGEConfig, "outliers": OutlierConfig, "qema": QEMAConfig}
 # LinearConfig field names -> recipe keys, to re-path LinearConfig's SpecError messages.
 _RECIPE_KEYS = {
@@ -142,6 +142,8 @@ class Recipe:
         linear |= {name: _asdict(getattr(lin, name)) for name in TECHNIQUES}
         if lin.gemm != "dequantized":  # left out by default: older resolved recipes keep their form
             linear["gemm"] = lin.gemm
+        if lin.bias_gradient != "dy":  # likewise
+            linear["bias_gradient"] = lin.bias_gradient
         return {
             "name": self.name,
             "description": self.description,
@@ -222,6 +224,7 @@ def _linear(raw: Any, label: str) -> LinearConfig:
     for name, cls in TECHNIQUES.items():
         fields[name] = _config(lin.get(name), cls, label, f"linear.{name}")
     fields["gemm"] = lin.get("gemm", "dequantized")
+    fields["bias_gradient"] = lin.get("bias_gradient", "dy")
     try:
         return LinearConfig(**fields)
     except SpecError as error:

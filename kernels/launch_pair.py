@@ -342,6 +342,7 @@ def quantize_pair(
     guide: torch.Tensor | AverageGuide | None = None,
     column_sums: torch.Tensor | None = None,
     read_as: torch.dtype | None = None,
+    sum_row_values: torch.dtype | None = None,
 ) -> tuple[Quantized | None, Quantized | None]:
     """x (rows, cols) quantized along axis 1 (`row`) and along axis 0 (`col`), in one launch.
 
@@ -350,7 +351,9 @@ def quantize_pair(
     direction rounds toward it (Q-EMA); an AverageGuide is formed in the kernel from x as
     read. column_sums (cols,) float32: filled with the sums of x's columns (a linear layer's
     bias gradient, from dY's read), summed in float32 over each tile's rows, then over the
-    tiles. read_as=torch.bfloat16: a float32 x is quantized as x.to(torch.bfloat16), rounded
+    tiles; with `sum_row_values`, the sums of the row direction's values rounded to that dtype
+    instead (its GEMM's operand: TetraJet's bias gradient from the quantized dY).
+    read_as=torch.bfloat16: a float32 x is quantized as x.to(torch.bfloat16), rounded
     as the kernel reads it (no cast pass; not with a two-level spec, whose tensor amax pass
     reads x as it is). The caller checks `pair_tile` first: a pair it refuses must be
     quantized one direction at a time."""
@@ -367,6 +370,7 @@ def quantize_pair(
     if guide is not None and (row is None or guide.shape != x.shape):
         raise ValueError("a guide needs the row direction and the input's shape")
     _check_directions(row, col, double is not None)
+    _check_row_value_sums(row, double, column_sums, sum_row_values)
     x = x.contiguous()
     guide = guide.contiguous() if guide is not None else None
     rows, cols = x.shape
@@ -393,9 +397,10 @@ def quantize_pair(
         (x, guide, count, warmup, partial_sums, *row_args, *col_args,
          rows, cols, row_length, row_padded, col_length, col_padded, tiles_c),
         dict(BR=br, BC=bc, DOUBLE=double is not None,
-             SOURCE_BF16=double == torch.bfloat16, SOURCE_F16=double == torch.float16,
+             SOURCE_BF16=(double or sum_row_values) == torch.bfloat16,
+             SOURCE_F16=(double or sum_row_values) == torch.float16,
              ROUND_BF16=round_bf16, ROW_GUIDED=guide is not None, GUIDE_AVERAGE=average,
-             COLUMN_SUMS=column_sums is not None,
+             COLUMN_SUMS=column_sums is not None, SUM_ROW_VALUES=sum_row_values is not None,
              **row_constants, **col_constants,
              # one Philox call per four elements along each direction's contiguous dimension
              ROW_GROUPED=row is not None and row_length % 4 == 0,
@@ -404,6 +409,23 @@ def quantize_pair(
     )  # fmt: skip
     add_column_sums(partial_sums, column_sums)
     return row_out, col_out
+
+
+def _check_row_value_sums(
+    row: Direction | None,
+    double: torch.dtype | None,
+    column_sums: torch.Tensor | None,
+    sum_row_values: torch.dtype | None,
+) -> None:
+    if sum_row_values is None:
+        return
+    if column_sums is None or row is None or row.hadamard or row.block_values:
+        raise ValueError(
+            "sum_row_values sums the row direction's whole values into column_sums: give "
+            "both, and a row direction without a Hadamard transform or block values"
+        )
+    if double is not None and double != sum_row_values:
+        raise ValueError("double quantization and the row value sums round to one dtype")
 
 
 def rounds_as_read(source: torch.dtype, read_as: torch.dtype, specs: list[QuantSpec]) -> bool:

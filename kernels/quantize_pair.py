@@ -135,7 +135,7 @@ def quantize_pair_kernel(
     rows, cols, row_out_length, row_padded_length, col_out_length, col_padded_length, tiles_c,
     BR: tl.constexpr, BC: tl.constexpr, DOUBLE: tl.constexpr, SOURCE_BF16: tl.constexpr,
     SOURCE_F16: tl.constexpr, ROUND_BF16: tl.constexpr, ROW_GUIDED: tl.constexpr,
-    GUIDE_AVERAGE: tl.constexpr, COLUMN_SUMS: tl.constexpr,
+    GUIDE_AVERAGE: tl.constexpr, COLUMN_SUMS: tl.constexpr, SUM_ROW_VALUES: tl.constexpr,
     ROW_ON: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_POW2_SCALE: tl.constexpr,
     ROW_CEIL: tl.constexpr, ROW_SCALE_MBITS: tl.constexpr, ROW_SCALE_MIN_EXP: tl.constexpr,
     ROW_SCALE_MAX: tl.constexpr, ROW_SCALE_NAN: tl.constexpr, ROW_SR: tl.constexpr,
@@ -167,13 +167,15 @@ def quantize_pair_kernel(
     (rows, cols), Q-EMA's; with GUIDE_AVERAGE, guide is the weight average, which guides once
     the update count at guide_count_ptr reaches guide_warmup, x as read (before ROUND_BF16)
     until then. COLUMN_SUMS: each tile's float32 column sums of x into column
-    (row tile) of sums (cols, row tiles), the bias gradient's partial sums. ROUND_BF16: x
-    (float32) is quantized as x rounded to bfloat16, the compute dtype's cast done here."""
+    (row tile) of sums (cols, row tiles), the bias gradient's partial sums; with
+    SUM_ROW_VALUES, of the row direction's values instead (rounded as SOURCE_BF16 / SOURCE_F16
+    say: the operand its GEMM reads). ROUND_BF16: x (float32) is quantized as x rounded to
+    bfloat16, the compute dtype's cast done here."""
     row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
     read = x
     if ROUND_BF16:
         x = rounded_to_bf16(x)
-    if COLUMN_SUMS:
+    if COLUMN_SUMS and not SUM_ROW_VALUES:
         store_column_sums(sums_ptr, x, row0, col0, cols, tiles_c, BR, BC)
     source = x
     if ROW_ON:
@@ -191,16 +193,20 @@ def quantize_pair_kernel(
             ROW_GROUPED,
             ROW_SEED_FROM_PTR, ROW_RHT_SEED_FROM_PTR, ROW_PRESCALE, ROW_PRESCALE_INV,
             ROW_PRESCALE_FIX, ROW_PRESCALE_FIX_RATIO, ROW_HADAMARD,
-            ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_HADAMARD_SIGNS, ROW_WRITE_VALUES, DOUBLE,
-            ROW_GUIDED,
+            ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_HADAMARD_SIGNS, ROW_WRITE_VALUES,
+            DOUBLE or SUM_ROW_VALUES, ROW_GUIDED,
             ROW_TENSOR_SCALE, ROW_DECODE_INV, ROW_TILE2D,
             ROW_VALUES_TENSOR_SCALE,
         )  # fmt: skip
-        if DOUBLE:  # the reference re-quantizes the forward operand in the compute dtype
-            if SOURCE_BF16:
-                values = values.to(tl.bfloat16).to(tl.float32)
-            if SOURCE_F16:
-                values = values.to(tl.float16).to(tl.float32)
+        # the row values in the compute dtype: what the reference re-quantizes (DOUBLE), and
+        # the operand whose column sums are a quantized bias gradient (SUM_ROW_VALUES)
+        if SOURCE_BF16:
+            values = values.to(tl.bfloat16).to(tl.float32)
+        if SOURCE_F16:
+            values = values.to(tl.float16).to(tl.float32)
+        if SUM_ROW_VALUES:
+            store_column_sums(sums_ptr, values, row0, col0, cols, tiles_c, BR, BC)
+        if DOUBLE:
             source = values
     if COL_ON:
         quantize_direction(

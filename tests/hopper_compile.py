@@ -188,6 +188,12 @@ def quantized_linear_launches() -> None:
     quantize_pair(x, Direction(ceil, None, values_dtype=bf16), Direction(ceil_sr, (seed, 5)), bf16)
     quantize_pair(x, Direction(ceil_sr, (seed, 2), values_dtype=bf16),
                   Direction(ceil_sr, (seed, 4), values_dtype=bf16))  # fmt: skip
+    # and with its bias gradient summed from the quantized dY (the row values, then packed)
+    quantize_pair(x, Direction(ceil_sr, (seed, 2), values_dtype=bf16),
+                  Direction(ceil_sr, (seed, 4), values_dtype=bf16), column_sums=torch.zeros(96),
+                  sum_row_values=bf16)  # fmt: skip
+    quantize_pair(x, Direction(ceil_sr, (seed, 2)), Direction(ceil_sr, (seed, 4)),
+                  column_sums=torch.zeros(96), sum_row_values=bf16)  # fmt: skip
     # tseng-rht-sr's dY (RHT-64 in both directions) and tetrajet-qema's guided W
     quantize_pair(x, Direction(prescale_sr, (seed, 2), 64, (seed, 7), bf16),
                   Direction(prescale_sr, (seed, 4), 64, (seed, 8), bf16))  # fmt: skip

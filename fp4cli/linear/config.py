@@ -12,6 +12,10 @@ An operand whose spec is None stays in high precision.
 operands' values in the compute dtype; "exact" and "fast" hand `mxfp4_matmul` the packed
 operands in that mode. Every other GEMM, and every GEMM of the reference executor, multiplies
 the values (which is "exact" up to float32 summation order).
+
+`bias_gradient` says what the bias's gradient sums over the tokens: "dy" (the default) dY
+itself; "quantized" the grad_input GEMM's dY operand, the values it multiplies (TetraJet's
+released code sums its quantized Q3(dY)).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ OPERANDS = (
 )
 GEMMS = ("forward", "grad_input", "grad_weight")
 GEMM_CHOICES = ("dequantized", "exact", "fast")
+BIAS_GRADIENTS = ("dy", "quantized")
 
 
 @dataclass(frozen=True)
@@ -51,11 +56,22 @@ class LinearConfig:
     outliers: OutlierConfig | None = None
     qema: QEMAConfig | None = None
     gemm: str = "dequantized"
+    bias_gradient: str = "dy"
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm, str) or self.gemm not in GEMM_CHOICES:
             choices = ", ".join(GEMM_CHOICES)
             raise SpecError(f"gemm: must be one of {choices} (got {self.gemm!r})")
+        if not isinstance(self.bias_gradient, str) or self.bias_gradient not in BIAS_GRADIENTS:
+            choices = ", ".join(BIAS_GRADIENTS)
+            raise SpecError(f"bias_gradient: must be one of {choices} (got {self.bias_gradient!r})")
+        if self.bias_gradient == "quantized" and (
+            self.grad_input_dy is None or self.grad_input_hadamard is not None
+        ):
+            raise SpecError(
+                "bias_gradient: quantized sums grad_input's quantized dY: it needs "
+                "grad_input.dy quantized, without a Hadamard transform (whose values are rotated)"
+            )
         if not isinstance(self.double_quant, bool):
             raise SpecError("double_quant: must be true or false")
         if self.dge is not None and self.forward_w is None:
@@ -102,7 +118,8 @@ class LinearConfig:
     @property
     def is_high_precision(self) -> bool:
         """True when nothing is quantized and no technique changes the layer."""
-        fields = (f.name for f in dataclasses.fields(self) if f.name != "gemm")
+        choices = ("gemm", "bias_gradient")  # how it computes, not what is quantized
+        fields = (f.name for f in dataclasses.fields(self) if f.name not in choices)
         return all(getattr(self, name) in (None, False) for name in fields)
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,6 +139,8 @@ class LinearConfig:
             parts.append("double_quant")
         if self.gemm != "dequantized":
             parts.append(f"gemm={self.gemm}")
+        if self.bias_gradient != "dy":
+            parts.append(f"bias_gradient={self.bias_gradient}")
         for name in ("dge", "outliers", "qema"):
             cfg = getattr(self, name)
             if cfg is not None:

@@ -34,6 +34,7 @@ rounding of the forward W runs in the kernel, which forms the guide from the wei
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,14 +224,16 @@ def quantize_both(
     guide: torch.Tensor | AverageGuide | None = None,
     column_sums: torch.Tensor | None = None,
     read_as: torch.dtype | None = None,
+    sum_row_values: bool = False,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """`tensor` (rows, cols) quantized along axis 1 (`row`) and axis 0 (`col`): each result is
     (values in `dtype`, the GEMM's compute dtype) or, for a packed request, (codes, scales); ()
     where not requested. With `double`, the column direction quantizes the row direction's
     values (TetraJet's double quantization), as the reference does. column_sums (cols,)
     float32: filled with the sums of `tensor`'s columns (from the same read when both
-    directions take one launch). read_as: `tensor` is quantized as tensor.to(read_as)
-    (`read_as_rounded`)."""
+    directions take one launch); with `sum_row_values`, of the row direction's values in
+    `dtype` instead (a request for values or packed codes, without a Hadamard transform).
+    read_as: `tensor` is quantized as tensor.to(read_as) (`read_as_rounded`)."""
     from fp4cli.kernels.launch_pair import pair_tile, quantize_pair
 
     double = double and row is not None and row.spec is not None
@@ -238,21 +241,25 @@ def quantize_both(
     col_dir = _direction(col, dtype) if col is not None and col.spec is not None else None
     guide = guide if row_dir is not None else None
     tile = pair_tile(row_dir, col_dir) if row_dir is not None and col_dir is not None else None
+    value_sums = dtype if sum_row_values else None
     if tile is not None:
         row_out, col_out = quantize_pair(
             tensor, row_dir, col_dir, dtype if double else None, tile, guide, column_sums,
-            read_as,
+            read_as, value_sums,
         )  # fmt: skip
         return _result(row_out, row), _result(col_out, col)
     if isinstance(guide, AverageGuide):  # formed from the tensor as given, before a cast
         guide = guide.values(tensor)
     if read_as is not None:  # read by torch below, or in two launches: cast once
         tensor = tensor.to(read_as)
-    if column_sums is not None:
+    if column_sums is not None and not sum_row_values:
         torch.sum(tensor, 0, dtype=torch.float32, out=column_sums)
     row_result: tuple[torch.Tensor, ...] = ()
     if row_dir is not None:
-        row_result = _result(quantize_pair(tensor, row_dir, None, guide=guide)[0], row)
+        row_sums = column_sums if sum_row_values else None
+        row_out = quantize_pair(tensor, row_dir, None, guide=guide, column_sums=row_sums,
+                                sum_row_values=value_sums)[0]  # fmt: skip
+        row_result = _result(row_out, row)
     elif row is not None:
         row_result = (_reference_operand(tensor, row, 1, dtype),)
     source = _row_values(row_result, row, tensor.shape, dtype) if double else tensor
@@ -402,13 +409,23 @@ def fast_backward(
     dy_for_dx = _request(config, "grad_input", 0, call_seed, rank)
     dy_for_dw = _request(config, "grad_weight", 0, call_seed, rank)
     dtype, (tokens, features) = grad_y.dtype, grad_y.shape
+    grad_y = grad_y.contiguous()
+    # a quantized bias gradient sums grad_input's dY operand, in the same launch unless its
+    # values carry no tensor scale (block values: then from a launch of its own)
+    quantized_bias = needs_db and config.bias_gradient == "quantized"
+    fused_bias = quantized_bias and not dy_for_dx.block
     dy_rows, dy_cols = quantize_both(
-        grad_y.contiguous(),
-        dy_for_dx if needs_dx else None,
+        grad_y,
+        dy_for_dx if needs_dx or fused_bias else None,
         dy_for_dw if needs_dw else None,
         dtype,
-        column_sums=bias_sums,
+        column_sums=bias_sums if fused_bias or not quantized_bias else None,
+        sum_row_values=fused_bias,
     )
+    if quantized_bias and not fused_bias:
+        as_values = dataclasses.replace(dy_for_dx, packed=False, block=False)
+        dy_values = quantize_both(grad_y, as_values, None, dtype)[0][0]
+        torch.sum(dy_values, 0, dtype=torch.float32, out=bias_sums)
     grad_x = grad_w = None
     if needs_dx:
         grad_x = _backward_product(

@@ -46,6 +46,8 @@ def vector_gap(config: LinearConfig) -> str | None:
             return f"{gemm}: a Hadamard transform"
     if config.qema is not None:
         return "Q-EMA"
+    if config.bias_gradient != "dy":
+        return "a bias gradient from the quantized dY"
     for name in OPERANDS:
         spec = config.spec(name)
         gap = vector_spec_gap(spec) if spec is not None else None

@@ -267,8 +267,20 @@ class QuantLinearFunction(torch.autograd.Function):
             if config.dge is not None:
                 grad_w = grad_w * _dge_factor(weight, config, ctx.backend).to(grad_w.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = grad_y.sum(0)
+            grad_b = _bias_gradient(grad_y, config, ctx.call_seed, ctx.rank, ctx.backend)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
+
+
+def _bias_gradient(
+    grad_y: torch.Tensor, config: LinearConfig, call_seed: torch.Tensor, rank: int, backend: str
+) -> torch.Tensor:
+    """The bias's gradient: dY summed over the tokens, or with `bias_gradient: quantized` the
+    grad_input GEMM's dY operand (the same quantization, seed included) summed in float32."""
+    if config.bias_gradient == "dy":
+        return grad_y.sum(0)
+    seed = _seeds(call_seed, "grad_input", ("grad_input_dy", "grad_input_w"), rank)[0]
+    dy = _quantize_operand(grad_y, config.grad_input_dy, 1, seed, None, grad_y.dtype, backend)
+    return dy.sum(0, dtype=torch.float32).to(grad_y.dtype)
 
 
 def _backward_product(gemm: str, operands: tuple[Any, ...], config: LinearConfig) -> torch.Tensor:
