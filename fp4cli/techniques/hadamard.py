@@ -95,7 +95,10 @@ class HadamardConfig:
 
 def _checked_signs(signs: object, size: int, random: bool) -> tuple[int, ...]:
     if random:
-        raise SpecError("signs: a fixed sign vector replaces the random signs: add random: false")
+        raise SpecError(
+            "signs: a fixed sign vector replaces the random signs: set random: false, or drop "
+            "the signs (signs: null)"
+        )
     if size not in FIXED_SIGN_SIZES:
         sizes = " or ".join(map(str, FIXED_SIGN_SIZES))
         raise SpecError(f"signs: fixed signs are supported for size {sizes} (got size {size})")

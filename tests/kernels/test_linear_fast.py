@@ -2,6 +2,8 @@
 (fp4cli/linear/function.py): the same outputs and gradients bit for bit, what is saved for the
 backward pass, and which layers take which executor."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -54,7 +56,11 @@ CONFIGS = {
     # two-level scales: 2-D weight tiles, RHT-16 on grad_weight's operands, X saved packed
     "nvfp4": load_recipe("nvfp4").linear,
     "ue5m3-hadamard-sr": load_recipe("ue5m3-hadamard-sr").linear,
-    # fixed signs (TransformerEngine's) and none (a deterministic transform)
+    # nvfp4 and nvidia-nvfp4 rotate by fixed signs (TransformerEngine's): random ones too;
+    # and none (a deterministic transform)
+    "nvfp4-random-signs": dataclasses.replace(
+        load_recipe("nvfp4").linear, grad_weight_hadamard=HadamardConfig(16)
+    ),
     "nvidia-nvfp4": load_recipe("nvidia-nvfp4").linear,
     "mxfp4-dht": load_recipe("mxfp4-dht").linear,
     "nvfp4-ceil-sr-weights": LinearConfig(

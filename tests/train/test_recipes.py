@@ -14,6 +14,7 @@ from fp4cli.quant.spec import QuantSpec
 from fp4cli.recipe_loader import apply_overrides, list_recipes, load_recipe
 from fp4cli.recipe_schema import DEFAULT_SKIP, QRampConfig, Recipe, RecipeError
 from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConfig
+from fp4cli.techniques.hadamard import TE_SIGNS_16
 
 SHIPPED = [
     "bf16",
@@ -85,7 +86,8 @@ def test_shipped_recipe_settings() -> None:
     assert nv.forward_w == nv.grad_input_w == QuantSpec.preset("nvfp4-2d")
     assert nv.grad_input_dy == nv.grad_weight_dy == QuantSpec.preset("nvfp4", rounding="sr")
     assert nv.forward_x == nv.grad_weight_x == QuantSpec.preset("nvfp4")
-    assert nv.grad_weight_hadamard == HadamardConfig(16) and nv.grad_input_hadamard is None
+    te_rotation = HadamardConfig(16, random=False, signs=TE_SIGNS_16)  # TransformerEngine's
+    assert nv.grad_weight_hadamard == te_rotation and nv.grad_input_hadamard is None
 
     # Wang et al. as its code runs: weight scale per input channel, one E5M2 tensor for dY,
     # nearest-rank clamping without compensation
