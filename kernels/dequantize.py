@@ -1,13 +1,15 @@
-"""Dequantization of packed E2M1 codes and block scales (axis-last padded layout) back to a
-tensor in its own layout, and the per-tile dequantization the fake-quantization path shares."""
+"""Dequantization of packed 4-bit codes (E2M1, or E1M2) and block scales (axis-last padded
+layout) back to a tensor in its own layout, and the per-tile dequantization the
+fake-quantization path shares."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from fp4cli.kernels.elements import signed_value
 from fp4cli.kernels.tile_io import line_mask, store_values, tile_origin
-from fp4cli.kernels.tile_ops import e8m0_scale, signed_e2m1_value, unsigned_minifloat_value
+from fp4cli.kernels.tile_ops import e8m0_scale, unsigned_minifloat_value
 
 
 @triton.jit
@@ -24,7 +26,7 @@ def scaled_grid(
     PRESCALE_FIX: tl.constexpr,
     PRESCALE_FIX_RATIO: tl.constexpr,
 ):
-    """Signed E2M1 grid values q (`signed_e2m1_value` of the codes, or the rounding's own) in
+    """Signed grid values q (`elements.signed_value` of the codes, or the rounding's own) in
     blocks (`quantize.block_view`: [ROWS, BLOCKS, BLOCK] for BLOCK_AXIS 1, [BLOCKS, BLOCK, COLS]
     for 0; scales and finite_blocks without the BLOCK axis), dequantized: q * scale (two-level:
     q * ((scale * tensor amax) * DECODE_INV)), then over the pre-scale, correctly rounded: a
@@ -69,9 +71,10 @@ def dequantize_kernel(
     PRESCALE_FIX_RATIO: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
     DECODE_INV: tl.constexpr,
+    E1M2: tl.constexpr,
 ):
-    """Packed E2M1 codes and scale codes (axis-last padded layout) -> values in the tensor's
-    own layout."""
+    """Packed E2M1 (E1M2: E1M2) codes and scale codes (axis-last padded layout) -> values in
+    the tensor's own layout."""
     first_line, first_pos, outer, first_inner = tile_origin(
         inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
@@ -100,7 +103,7 @@ def dequantize_kernel(
     if TENSOR_SCALE:
         tensor_amax = tl.load(tensor_amax_ptr)
     values = scaled_grid(
-        signed_e2m1_value(code), scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
+        signed_value(code, E1M2), scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
         DECODE_INV, 1, PRESCALE_INV, PRESCALE_FIX, PRESCALE_FIX_RATIO,
     )  # fmt: skip
     store_values(

@@ -364,6 +364,7 @@ def quantize_e2m1(
              **prescale_constants(spec), TENSOR_SCALE=spec.tensor_scale,
              **two_level_constants(spec),
              WRITE_VALUES=values_dtype is not None, GUIDED=guide is not None,
+             E1M2=spec.element == "e1m2",
              **_scale_constants(spec),
              **_hadamard_constants(hadamard, signs_constant(hadamard_seed))),
         tile.warps,
@@ -400,7 +401,7 @@ def dequantize_e2m1(
              SCALE_MIN_EXP=constants["SCALE_MIN_EXP"],
              SCALE_MAX_CODE=mini.max_code if mini is not None else 254,
              **prescale_constants(spec), TENSOR_SCALE=t_amax is not None,
-             **two_level_constants(spec)),
+             **two_level_constants(spec), E1M2=spec.element == "e1m2"),
         tile.warps,
     )  # fmt: skip
     return out

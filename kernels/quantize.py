@@ -17,6 +17,15 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.dequantize import scaled_grid
+from fp4cli.kernels.elements import (
+    code_away,
+    code_guided,
+    code_rne,
+    code_sr,
+    rne_grid,
+    signed_value,
+    sr_grid,
+)
 from fp4cli.kernels.tile_io import (
     line_mask,
     load_tile,
@@ -28,17 +37,10 @@ from fp4cli.kernels.tile_io import (
 )
 from fp4cli.kernels.tile_ops import (
     FLOAT32_MAX,
-    e2m1_code_away,
-    e2m1_code_guided,
-    e2m1_code_rne,
-    e2m1_code_sr,
-    e2m1_rne_grid,
-    e2m1_sr_grid,
     e8m0_exponent,
     hadamard_rows,
     pow2,
     round_unsigned_minifloat,
-    signed_e2m1_value,
 )
 from fp4cli.kernels.two_level import two_level_scales
 
@@ -133,6 +135,7 @@ def quantize_tile(
     TILE2D: tl.constexpr,
     RAW_SIGN: tl.constexpr,
     GRID: tl.constexpr = False,
+    E1M2: tl.constexpr = False,
 ):
     """E2M1 codes (sign included, int32; meaningless in non-finite blocks), scale values and
     scale codes, and which blocks are finite, for a float32 [ROWS, COLS] tile whose blocks run
@@ -148,8 +151,9 @@ def quantize_tile(
     multiples of BLOCK). RAW_SIGN: a negative value's sign joins its code even where the code
     is 0 (code 8, which `store_codes` turns back into 0 eight codes at a time); else a value
     rounded to zero has code 0. GRID (for the dequantized values): the signed grid values
-    `signed_e2m1_value(code)` (float32) in place of the codes, straight from the rounding for
-    RNE and SR."""
+    `elements.signed_value(code)` (float32) in place of the codes, straight from the rounding
+    for RNE and SR. E1M2: the uniform grid's codes and values instead of E2M1's
+    (`elements`)."""
     # On the bits of |x|, one integer max per block gives both the amax and whether the block is
     # finite (NaN and Inf have the largest magnitude bits). A non-finite block's codes are
     # discarded on storing, so its values need no cleaning.
@@ -173,7 +177,10 @@ def quantize_tile(
         if GUIDED:
             guide_units = guide_units * per_value
     elif POW2_SCALE:
-        exponent = e8m0_exponent(amax, 2, 0x400000, CEIL)  # E2M1: 6 = 1.5 * 2^2
+        if E1M2:  # 3.5 = 1.75 * 2^1
+            exponent = e8m0_exponent(amax, 1, 0x600000, CEIL)
+        else:  # E2M1: 6 = 1.5 * 2^2
+            exponent = e8m0_exponent(amax, 2, 0x400000, CEIL)
         scale = pow2(exponent)
         scale_code = exponent + 127
         inverse = tl.expand_dims(pow2(-exponent), BLOCK_AXIS + 1)
@@ -181,7 +188,10 @@ def quantize_tile(
         if GUIDED:
             guide_units = guide_units * inverse
     else:
-        raw = tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
+        if E1M2:
+            raw = tl.div_rn(amax, tl.full(amax.shape, 3.5, tl.float32))
+        else:
+            raw = tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
         scale, scale_code = round_unsigned_minifloat(
             raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, False
         )
@@ -194,27 +204,27 @@ def quantize_tile(
     scale_code = tl.where(finite_blocks, scale_code, SCALE_NAN)
     if GRID and not (GUIDED or AWAY):
         if SR:
-            grid = e2m1_sr_grid(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS))
+            grid = sr_grid(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS), E1M2)
         else:
-            grid = e2m1_rne_grid(magnitude)
-        # x's sign on a non-zero value, as `signed_e2m1_value` of the code
+            grid = rne_grid(magnitude, E1M2)
+        # x's sign on a non-zero value, as `signed_value` of the code
         signed_bits = grid.to(tl.int32, bitcast=True) | (bits & -2147483648)
         code = tl.where(grid > 0.0, signed_bits.to(tl.float32, bitcast=True), 0.0)
     else:
         if GUIDED:  # the guide on x's side of zero
-            code = e2m1_code_guided(magnitude, tl.where(bits < 0, -guide_units, guide_units))
+            code = code_guided(magnitude, tl.where(bits < 0, -guide_units, guide_units), E1M2)
         elif SR:
-            code = e2m1_code_sr(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS))
+            code = code_sr(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS), E1M2)
         elif AWAY:
-            code = e2m1_code_away(magnitude)
+            code = code_away(magnitude, E1M2)
         else:
-            code = e2m1_code_rne(magnitude)
+            code = code_rne(magnitude, E1M2)
         sign = (bits >> 28) & 8
         if not RAW_SIGN:  # the sign bit joins a non-zero code: (code + 7) & 8 is 8 for 1..7
             sign = sign & (code + 7)
         code = code | sign
         if GRID:
-            code = signed_e2m1_value(code)
+            code = signed_value(code, E1M2)
     return code, scale, scale_code, finite_blocks
 
 
@@ -264,6 +274,7 @@ def quantize_kernel(
     HADAMARD_SIGNS: tl.constexpr,
     WRITE_VALUES: tl.constexpr,
     GUIDED: tl.constexpr,
+    E1M2: tl.constexpr,
 ):
     first_line, first_pos, outer, first_inner = tile_origin(
         inner, tiles_along, ROWS, COLS, TRANSPOSED
@@ -326,6 +337,7 @@ def quantize_kernel(
         False,
         not WRITE_VALUES,
         WRITE_VALUES,
+        E1M2,
     )
     if WRITE_VALUES:
         values = scaled_grid(

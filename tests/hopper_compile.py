@@ -240,6 +240,16 @@ def quantized_linear_launches() -> None:
     quantize_pair(x, Direction(ue5m3_sr, (seed, 2), 32, top, bf16),
                   Direction(ue5m3_sr, (seed, 4), 32, top, bf16))  # fmt: skip
     quantize_e2m1(x, nvfp4_sr, 1, seed, hadamard=16, hadamard_seed=te)
+    # ufp4's E1M2 elements: a two-level pair with RHT-16 (values one way, codes the other),
+    # an SR pair, a single direction guided, and decoding
+    ufp4, e1m2_sr = QuantSpec.preset("nvfp4", element="e1m2"), ceil_sr.replace(element="e1m2")
+    quantize_pair(x, Direction(ufp4, None, 16, (seed, 7), bf16),
+                  Direction(ufp4.replace(rounding="sr"), (seed, 4), 16, (seed, 8)))  # fmt: skip
+    quantize_pair(
+        x, Direction(e1m2_sr, (seed, 2), values_dtype=bf16), Direction(e1m2_sr, (seed, 4))
+    )
+    quantize_e2m1(x, ceil.replace(element="e1m2"), 1, None, values_dtype=bf16, guide=x.float())
+    dequantize_e2m1(codes, scales16, torch.zeros(1), ufp4, (64, 96), 0, bf16)
     # the gradients in float32 parameters' dtypes: both widened with the bias sums, or one
     widen_gradients([x, x], torch.zeros(96))
     widen_gradients([None, x])

@@ -18,6 +18,7 @@ from fp4cli.quant.spec import QuantSpec, SpecError
 BACKENDS = ("torch", "triton", "auto")
 KERNEL_BLOCKS = (8, 16, 32, 64, 128, 256)
 KERNEL_SCALES = ("e8m0", "ue5m3", "ue4m3")
+KERNEL_ELEMENTS = ("e2m1", "e1m2")
 KERNEL_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -40,8 +41,8 @@ def interpreter_on() -> bool:
 
 def kernel_gap(spec: QuantSpec, dtype: torch.dtype) -> str | None:
     """Why the kernels cannot run this configuration, or None when they can."""
-    if spec.element != "e2m1":
-        return f"element {spec.element!r} (the kernels quantize to e2m1)"
+    if spec.element not in KERNEL_ELEMENTS:
+        return f"element {spec.element!r} (the kernels quantize to {', '.join(KERNEL_ELEMENTS)})"
     if spec.block not in KERNEL_BLOCKS or spec.tile2d:
         return f"block {spec.block!r}{' tile2d' if spec.tile2d else ''} (kernels: {KERNEL_BLOCKS})"
     if spec.scale not in KERNEL_SCALES:

@@ -248,6 +248,7 @@ def test_recipe_coverage_is_what_the_kernels_cover():
     assert "nvfp4" in COVERED_RECIPES  # 2-D weight tiles: on the fast executor only
     assert "wang-fp4" in UNCOVERED_RECIPES
     assert "tetrajet-qema" in COVERED_RECIPES
+    assert "ufp4" in COVERED_RECIPES  # E1M2 elements
 
 
 def training_step(recipe: str, backend: str) -> list[torch.Tensor]:

@@ -63,6 +63,7 @@ CONFIGS = {
     ),
     "nvidia-nvfp4": load_recipe("nvidia-nvfp4").linear,
     "mxfp4-dht": load_recipe("mxfp4-dht").linear,
+    "ufp4": load_recipe("ufp4").linear,  # E1M2 elements
     "nvfp4-ceil-sr-weights": LinearConfig(
         forward_x=QuantSpec.preset("nvfp4", scale_rule="ceil"),
         forward_w=NVFP4_2D.replace(scale_rule="ceil"),
@@ -84,7 +85,7 @@ def test_fast_executor_matches_the_reference_bit_for_bit(name):
     )
 
 
-@pytest.mark.parametrize("name", ["tetrajet", "tseng-rht-sr", "nvfp4", "nvidia-nvfp4"])
+@pytest.mark.parametrize("name", ["tetrajet", "tseng-rht-sr", "nvfp4", "nvidia-nvfp4", "ufp4"])
 def test_ragged_tokens_and_features(name):
     fast = seeded_layer(CONFIGS[name], "triton", in_features=45, out_features=33)
     reference = seeded_layer(CONFIGS[name], "torch", in_features=45, out_features=33)
