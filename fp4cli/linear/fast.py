@@ -26,7 +26,7 @@ bias sums rounded through bfloat16, in one launch (`in_target_dtypes`) instead o
 casts, with their bits.
 
 `fast_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
-every quantized operand must be an E2M1 spec the kernels take (two-level NVFP4 specs included;
+every quantized operand must be an E2M1 or E1M2 spec the kernels take (two-level specs included;
 2-D weight tiles without a Hadamard transform); no DGE or outlier clamping. Q-EMA's guided
 rounding of the forward W runs in the kernel, which forms the guide from the weight average
 (`AverageGuide`).
@@ -35,19 +35,24 @@ rounding of the forward W runs in the kernel, which forms the guide from the wei
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
-from fp4cli.linear.function import _quantize_operand, seed_offsets
+from fp4cli.linear.fast_operands import (
+    Request,
+    Saved,
+    operand_request,
+    packed_operand,
+    quantize_both,
+    quantized_length,
+    saved_form,
+)
 from fp4cli.linear.routes import GEMM_OPERANDS, block_product
-from fp4cli.quant import QuantizedTensor, QuantSpec
+from fp4cli.quant import QuantizedTensor
 from fp4cli.quant.backend import kernel_gap
-from fp4cli.quant.blocking import BlockLayout
-from fp4cli.techniques.hadamard import FixedSigns, HadamardConfig
 from fp4cli.techniques.qema import AverageGuide
 
 
@@ -82,71 +87,6 @@ def _square_tile_gap(config: LinearConfig, gemm: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Request:
-    """One operand wanted from a tensor: its spec (None: high precision), SR seed and Hadamard
-    seed as (call seed, offset) (the Hadamard's: or its fixed signs), the Hadamard size,
-    whether to keep it packed, and whether its values are block values followed by the tensor
-    amax (`gemm_route` "block")."""
-
-    spec: QuantSpec | None
-    seed: tuple[torch.Tensor, int]
-    hadamard: int | None
-    hadamard_seed: tuple[torch.Tensor, int] | FixedSigns
-    packed: bool = False
-    block: bool = False
-
-
-@dataclass(frozen=True)
-class Saved:
-    """An operand kept between the passes: packed codes and scale codes (with the spec, the
-    shape, the compute dtype to decode them and the axis their blocks run along: 0 for the
-    column direction), or the values themselves."""
-
-    spec: QuantSpec | None
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    axis: int = 0
-    block: bool = False  # block values and the tensor amax are wanted (`gemm_route` "block")
-
-    @property
-    def count(self) -> int:
-        """How many tensors hold it: values (block values: and the tensor amax); codes and
-        scales, and a two-level spec's amax."""
-        if self.spec is None:
-            return 2 if self.block else 1
-        return 3 if self.spec.tensor_scale else 2
-
-    def amax(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """A two-level operand's tensor amax (it comes last)."""
-        return tensors[-1]
-
-    def operand(self, tensors: tuple[torch.Tensor, ...]) -> QuantizedTensor:
-        """The packed operand as `mxfp4_matmul` reads it, blocked along its last axis."""
-        assert self.spec is not None
-        lines, length = self.shape[::-1] if self.axis == 0 else self.shape
-        return packed_operand(tensors, self.spec, lines, length, self.dtype)
-
-    def values(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        if self.spec is None:
-            return tensors[0]
-        from fp4cli.kernels.launch import dequantize_e2m1
-
-        codes, scales, *tensor_amax = tensors  # a two-level spec's amax last
-        amax = tensor_amax[0] if tensor_amax and not self.block else None
-        return dequantize_e2m1(codes, scales, amax, self.spec, self.shape, self.axis, self.dtype)
-
-
-def packed_operand(
-    tensors: tuple[torch.Tensor, ...], spec: QuantSpec, lines: int, length: int, dtype: torch.dtype
-) -> QuantizedTensor:
-    """A direction's (codes, scales) as the QuantizedTensor (lines, length) blocked along its
-    last axis (`length`: the quantized length, a Hadamard transform's padding included)."""
-    shape = torch.Size((lines, length))
-    layout = BlockLayout.for_tensor((lines, length), spec)
-    return QuantizedTensor(tensors[0], tensors[1], None, shape, spec, 1, dtype, layout)
-
-
 def _product(
     a: tuple[torch.Tensor, ...],
     b: QuantizedTensor,
@@ -165,137 +105,6 @@ def _product(
     return mxfp4_matmul(a_operand, b, out_dtype=dtype, mode=mode, backend="triton", bias=bias)
 
 
-def _request(
-    config: LinearConfig,
-    gemm: str,
-    which: int,
-    call_seed: torch.Tensor,
-    rank: int,
-    keep_packed: bool = False,
-) -> Request:
-    """Operand `which` (0 = a, 1 = b) of `gemm`, as the reference draws its seeds, in the form
-    its GEMM's route reads (`gemm_route`), or packed to be kept (`keep_packed`)."""
-    offsets = seed_offsets(gemm, GEMM_OPERANDS[gemm], rank)
-    hadamard: HadamardConfig | None = config.hadamard(gemm)
-    route = config.routes[gemm]
-    hadamard_seed = (call_seed, offsets[2])
-    return Request(
-        config.spec(GEMM_OPERANDS[gemm][which]),
-        (call_seed, offsets[which]),
-        hadamard.size if hadamard is not None else None,
-        hadamard.sign_source(hadamard_seed) if hadamard is not None else hadamard_seed,
-        keep_packed or route == "mxfp4",
-        route == "block",
-    )
-
-
-def _direction(request: Request, dtype: torch.dtype) -> Any:
-    from fp4cli.kernels.launch_pair import Direction
-
-    assert request.spec is not None
-    return Direction(
-        request.spec,
-        request.seed,
-        request.hadamard,
-        request.hadamard_seed,
-        None if request.packed else dtype,
-        request.block and not request.packed,
-    )
-
-
-def _reference_operand(
-    tensor: torch.Tensor, request: Request, axis: int, dtype: torch.dtype
-) -> torch.Tensor:
-    """A high-precision operand (a Hadamard transform at most) as `function.py` makes it. It
-    rounds nothing, so it takes no seed of its own (no launch adds one)."""
-    call_seed = request.seed[0]
-    signs = request.hadamard_seed
-    sign_source = signs if isinstance(signs, FixedSigns) else call_seed + signs[1]
-    rht = (request.hadamard, sign_source) if request.hadamard else None
-    return _quantize_operand(tensor, request.spec, axis, call_seed, rht, dtype, "auto")
-
-
-def quantize_both(
-    tensor: torch.Tensor,
-    row: Request | None,
-    col: Request | None,
-    dtype: torch.dtype,
-    double: bool = False,
-    guide: torch.Tensor | AverageGuide | None = None,
-    column_sums: torch.Tensor | None = None,
-    read_as: torch.dtype | None = None,
-    sum_row_values: bool = False,
-) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """`tensor` (rows, cols) quantized along axis 1 (`row`) and axis 0 (`col`): each result is
-    (values in `dtype`, the GEMM's compute dtype) or, for a packed request, (codes, scales); ()
-    where not requested. With `double`, the column direction quantizes the row direction's
-    values (TetraJet's double quantization), as the reference does. column_sums (cols,)
-    float32: filled with the sums of `tensor`'s columns (from the same read when both
-    directions take one launch); with `sum_row_values`, of the row direction's values in
-    `dtype` instead (a request for values or packed codes, without a Hadamard transform).
-    read_as: `tensor` is quantized as tensor.to(read_as) (`read_as_rounded`)."""
-    from fp4cli.kernels.launch_pair import pair_tile, quantize_pair
-
-    double = double and row is not None and row.spec is not None
-    row_dir = _direction(row, dtype) if row is not None and row.spec is not None else None
-    col_dir = _direction(col, dtype) if col is not None and col.spec is not None else None
-    guide = guide if row_dir is not None else None
-    tile = pair_tile(row_dir, col_dir) if row_dir is not None and col_dir is not None else None
-    value_sums = dtype if sum_row_values else None
-    if tile is not None:
-        row_out, col_out = quantize_pair(
-            tensor, row_dir, col_dir, dtype if double else None, tile, guide, column_sums,
-            read_as, value_sums,
-        )  # fmt: skip
-        return _result(row_out, row), _result(col_out, col)
-    if isinstance(guide, AverageGuide):  # formed from the tensor as given, before a cast
-        guide = guide.values(tensor)
-    if read_as is not None:  # read by torch below, or in two launches: cast once
-        tensor = tensor.to(read_as)
-    if column_sums is not None and not sum_row_values:
-        torch.sum(tensor, 0, dtype=torch.float32, out=column_sums)
-    row_result: tuple[torch.Tensor, ...] = ()
-    if row_dir is not None:
-        row_sums = column_sums if sum_row_values else None
-        row_out = quantize_pair(tensor, row_dir, None, guide=guide, column_sums=row_sums,
-                                sum_row_values=value_sums)[0]  # fmt: skip
-        row_result = _result(row_out, row)
-    elif row is not None:
-        row_result = (_reference_operand(tensor, row, 1, dtype),)
-    source = _row_values(row_result, row, tensor.shape, dtype) if double else tensor
-    col_result: tuple[torch.Tensor, ...] = ()
-    if col_dir is not None:
-        col_result = _result(quantize_pair(source, None, col_dir)[1], col)
-    elif col is not None:
-        col_result = (_reference_operand(source, col, 0, dtype),)
-    return row_result, col_result
-
-
-def _row_values(
-    result: tuple[torch.Tensor, ...], row: Request | None, shape: torch.Size, dtype: torch.dtype
-) -> torch.Tensor:
-    """The row direction's values (what double quantization re-quantizes), decoded if packed."""
-    if row is None or not row.packed:
-        return result[0]
-    return Saved(row.spec, tuple(shape), dtype, axis=1).values(result)
-
-
-def _result(out: Any, request: Request | None) -> tuple[torch.Tensor, ...]:
-    if out.values is not None:
-        block = request is not None and request.block
-        return (out.values, out.tensor_amax) if block else (out.values,)
-    if out.tensor_amax is not None:
-        return out.codes, out.scales, out.tensor_amax
-    return out.codes, out.scales
-
-
-def _saved(request: Request, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> Saved:
-    """How the column-direction operand of a (rows, cols) tensor is kept for the backward pass."""
-    rows = _quantized_length(shape[0], request)
-    spec = request.spec if request.packed else None
-    return Saved(spec, (rows, shape[1]), dtype, block=request.block)
-
-
 def saved_layouts(
     config: LinearConfig,
     call_seed: torch.Tensor,
@@ -308,9 +117,14 @@ def saved_layouts(
     activation memory), W's grad_input operand as values in the compute dtype (a weight-sized
     buffer, decoded once instead of every backward pass; packed, or block values, as its GEMM's
     route reads it); their requests and layouts."""
-    x_for_dw = _request(config, "grad_weight", 1, call_seed, rank, keep_packed=True)
-    w_for_dx = _request(config, "grad_input", 1, call_seed, rank)
-    return x_for_dw, w_for_dx, _saved(x_for_dw, x_shape, dtype), _saved(w_for_dx, w_shape, dtype)
+    x_for_dw = operand_request(config, "grad_weight", 1, call_seed, rank, keep_packed=True)
+    w_for_dx = operand_request(config, "grad_input", 1, call_seed, rank)
+    return (
+        x_for_dw,
+        w_for_dx,
+        saved_form(x_for_dw, x_shape, dtype),
+        saved_form(w_for_dx, w_shape, dtype),
+    )
 
 
 def fast_forward(
@@ -335,13 +149,13 @@ def fast_forward(
     x_for_dw, w_for_dx, *layouts = saved_layouts(
         config, call_seed, rank, x.shape, weight.shape, dtype
     )
-    x_request = _request(config, "forward", 0, call_seed, rank)
+    x_request = operand_request(config, "forward", 0, call_seed, rank)
     x_wanted = x_for_dw if needs_dw else None
     x, x_read_as = read_as_rounded(x, dtype, x_request, x_wanted)
     x_q, x_saved = quantize_both(
         x, x_request, x_wanted, dtype, config.double_quant, read_as=x_read_as
     )
-    w_request = _request(config, "forward", 1, call_seed, rank)
+    w_request = operand_request(config, "forward", 1, call_seed, rank)
     w_wanted = w_for_dx if needs_dx else None
     given = weight
     weight, w_read_as = read_as_rounded(weight, dtype, w_request, w_wanted)
@@ -358,7 +172,7 @@ def fast_forward(
     if route == "block":
         y = block_product(x_q[0], w_q[0].t(), (x_q[1], w_q[1]), config, "forward", dtype, bias)
     else:
-        w_shape = (weight.shape[0], _quantized_length(weight.shape[1], w_request))
+        w_shape = (weight.shape[0], quantized_length(weight.shape[1], w_request))
         w_operand = Saved(w_request.spec, w_shape, dtype, axis=1).operand(w_q)
         y = _product(x_q, w_operand, x_request, x.shape[0], config.gemm, dtype, bias)
     return y, *saved
@@ -382,11 +196,6 @@ def read_as_rounded(
     return tensor.to(dtype), None
 
 
-def _quantized_length(length: int, request: Request) -> int:
-    """A direction's length as quantized: padded to whole Hadamard transforms."""
-    return -(-length // request.hadamard) * request.hadamard if request.hadamard else length
-
-
 def fast_backward(
     grad_y: torch.Tensor,
     x_tensors: tuple[torch.Tensor, ...],
@@ -406,8 +215,8 @@ def fast_backward(
     bias_sums = None
     if needs_db:
         bias_sums = torch.empty(grad_y.shape[1], dtype=torch.float32, device=grad_y.device)
-    dy_for_dx = _request(config, "grad_input", 0, call_seed, rank)
-    dy_for_dw = _request(config, "grad_weight", 0, call_seed, rank)
+    dy_for_dx = operand_request(config, "grad_input", 0, call_seed, rank)
+    dy_for_dw = operand_request(config, "grad_weight", 0, call_seed, rank)
     dtype, (tokens, features) = grad_y.dtype, grad_y.shape
     grad_y = grad_y.contiguous()
     # a quantized bias gradient sums grad_input's dY operand, in the same launch unless its
