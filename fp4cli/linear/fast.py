@@ -219,19 +219,20 @@ def fast_backward(
     dy_for_dw = operand_request(config, "grad_weight", 0, call_seed, rank)
     dtype, (tokens, features) = grad_y.dtype, grad_y.shape
     grad_y = grad_y.contiguous()
-    # a quantized bias gradient sums grad_input's dY operand, in the same launch unless its
-    # values carry no tensor scale (block values: then from a launch of its own)
+    # a quantized bias gradient sums grad_input's dY operand, in the same launch, but where the
+    # launch writes block values (without the tensor scale): then from a launch of its own
     quantized_bias = needs_db and config.bias_gradient == "quantized"
-    fused_bias = quantized_bias and not dy_for_dx.block
+    own_launch = quantized_bias and dy_for_dx.block
+    summed_rows = quantized_bias and not own_launch
     dy_rows, dy_cols = quantize_both(
         grad_y,
-        dy_for_dx if needs_dx or fused_bias else None,
+        dy_for_dx if needs_dx or summed_rows else None,
         dy_for_dw if needs_dw else None,
         dtype,
-        column_sums=bias_sums if fused_bias or not quantized_bias else None,
-        sum_row_values=fused_bias,
+        column_sums=None if own_launch else bias_sums,
+        sum_row_values=summed_rows,
     )
-    if quantized_bias and not fused_bias:
+    if own_launch:
         as_values = dataclasses.replace(dy_for_dx, packed=False, block=False)
         dy_values = quantize_both(grad_y, as_values, None, dtype)[0][0]
         torch.sum(dy_values, 0, dtype=torch.float32, out=bias_sums)

@@ -83,14 +83,18 @@ class HadamardConfig:
     def sign_source(self, seed: SignSeed) -> SignSeed | FixedSigns:
         """What the quantizers draw this transform's signs from in a call with this `seed`:
         the seed itself for random signs, else the fixed signs."""
-        if self.random:
-            return seed
-        return FixedSigns.of(self.signs) if self.signs is not None else FixedSigns()
+        return seed if self.random else _fixed_signs(self.signs)
 
     @property
     def kind(self) -> str:
         """rht (random signs), fht (fixed signs) or dht (deterministic: none)."""
         return "rht" if self.random else "fht" if self.signs is not None else "dht"
+
+
+@cache
+def _fixed_signs(signs: tuple[int, ...] | None) -> FixedSigns:
+    """A config's fixed signs (none without a vector), made once: every training call asks."""
+    return FixedSigns.of(signs) if signs is not None else FixedSigns()
 
 
 def _checked_signs(signs: object, size: int, random: bool) -> tuple[int, ...]:
