@@ -3,8 +3,8 @@
 A block's encode multiplier e = min(1 / (s * D), FLT_MAX) depends only on its scale s, one of the
 scale format's codes, and on the tensor's D. So one small launch per tensor amax
 (`encode_table_kernel`) evaluates it for every code (and the tensor's block factor
-G * fl(1 / E)) into a table, `ENCODE_TABLE` float32 values, in the reference's order of
-operations; the quantize kernels round each block's scale onto the grid as before and look its
+G * fl(1 / E), and G * fl(1 / 4) for four-over-six's second candidate) into a table,
+`ENCODE_TABLE` float32 values, in the reference's order of operations; the quantize kernels round each block's scale onto the grid as before and look its
 multiplier up by the scale code. The
 bits are those of the formula (the same float32 operations on the same operands); what moves
 is the correctly rounded division, from every block of every program to 256 lanes of one
@@ -20,7 +20,8 @@ from fp4cli.kernels.tile_ops import FLOAT32_MAX, round_unsigned_minifloat, unsig
 
 SCALE_CODES = tl.constexpr(256)  # every code a uint8 scale can hold
 BLOCK_ENCODE_SLOT = tl.constexpr(256)  # G * fl(1 / E), after the multipliers
-ENCODE_TABLE = tl.constexpr(257)
+FOUR_ENCODE_SLOT = tl.constexpr(257)  # G * fl(1 / 4): four-over-six's candidate scaled to 4
+ENCODE_TABLE = tl.constexpr(258)
 
 
 @triton.jit
@@ -39,7 +40,7 @@ def write_table(
 ):  # fmt: skip
     """The table of a tensor of finite amax A (a scalar) at `table`: G = min(S * E / A,
     FLT_MAX), D = 1 / G; entry c is min(1 / (s_c * D), FLT_MAX) for the scale value s_c of code
-    c, entry BLOCK_ENCODE_SLOT is G * fl(1 / E)."""
+    c, entry BLOCK_ENCODE_SLOT is G * fl(1 / E), entry FOUR_ENCODE_SLOT G * fl(1 / 4)."""
     target = tl.full(tensor_amax.shape, TWO_LEVEL_TARGET, tl.float32)
     global_encode = tl.minimum(_quotient(target, tensor_amax), FLOAT32_MAX)
     global_decode = tl.div_rn(tl.full(tensor_amax.shape, 1.0, tl.float32), global_encode)
@@ -52,6 +53,7 @@ def write_table(
     multiplier = tl.minimum(tl.div_rn(ones, scale * global_decode), FLOAT32_MAX)
     tl.store(table + codes, multiplier)
     tl.store(table + BLOCK_ENCODE_SLOT, global_encode * ELEM_INV)
+    tl.store(table + FOUR_ENCODE_SLOT, global_encode * 0.25)
 
 
 @triton.jit
@@ -70,12 +72,16 @@ def encode_table_kernel(
 @triton.jit
 def two_level_scales(
     amax, encode_table_ptr, SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr,
-    SCALE_MAX: tl.constexpr, CEIL: tl.constexpr,
+    SCALE_MAX: tl.constexpr, CEIL: tl.constexpr, FOUR: tl.constexpr = False,
 ):  # fmt: skip
     """(scale values, scale codes, encode multipliers) of blocks with these finite amaxes, from
     their tensor's table (`encode_table_kernel`): s = round(min(a * (G * fl(1 / E)), S)) onto
-    the scale grid, then e looked up by s's code."""
-    block_encode = tl.load(encode_table_ptr + BLOCK_ENCODE_SLOT)
+    the scale grid (FOUR: G * fl(1 / 4), four-over-six's candidate), then e looked up by s's
+    code."""
+    if FOUR:
+        block_encode = tl.load(encode_table_ptr + FOUR_ENCODE_SLOT)
+    else:
+        block_encode = tl.load(encode_table_ptr + BLOCK_ENCODE_SLOT)
     # min(min(a * (G * fl(1/E)), FLT_MAX), S) in one: the product is never NaN
     raw = tl.minimum(amax * block_encode, SCALE_MAX)
     scale, scale_code = round_unsigned_minifloat(

@@ -141,7 +141,8 @@ def reference_encode_table(tensor_amax: torch.Tensor, spec: QuantSpec) -> torch.
     multipliers = two_level.encode_multipliers(values, tensor_amax, spec)
     g = two_level.global_encode_scale(tensor_amax, spec)
     block_encode = g * torch.tensor(two_level.constants(spec)[1], dtype=torch.float32)
-    return torch.cat([multipliers, block_encode.reshape(1)])
+    four_encode = g * torch.tensor(0.25, dtype=torch.float32)
+    return torch.cat([multipliers, block_encode.reshape(1), four_encode.reshape(1)])
 
 
 def assert_encode_table(table: torch.Tensor, tensor_amax: torch.Tensor, spec: QuantSpec) -> None:

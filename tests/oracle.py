@@ -335,7 +335,7 @@ def reference(x: np.ndarray, spec: Any, axis: int = -1, seed: int | None = None)
             out, scales = _eden(clean, q, ids, amax, tensor_amax, spec, uniform, scale_shape)
         if getattr(spec, "four_over_six", False):
             q4, out4, scales4 = _candidate(clean, ids, amax, tensor_amax, spec, uniform, 4.0)
-            four = _nearer(clean, out4, out, ids, n_blocks)
+            four = _nearer(clean, out4, out, ids, amax)
             q, out = np.where(four[ids], q4, q), np.where(four[ids], out4, out)
             scales = np.where(four, scales4, scales)
 
@@ -482,24 +482,33 @@ def _eden(
 
 
 def _nearer(
-    clean: np.ndarray, out_four: np.ndarray, out_six: np.ndarray, ids: np.ndarray, n: int
+    clean: np.ndarray, out_four: np.ndarray, out_six: np.ndarray, ids: np.ndarray,
+    amax: np.ndarray,
 ) -> np.ndarray:
-    """Per block: whether the candidate scaled to 4 is strictly nearer, by the exact sum of
-    squared errors (rational arithmetic)."""
-    error_four: list[Fraction | float] = [Fraction(0)] * n
-    error_six: list[Fraction | float] = [Fraction(0)] * n
+    """Per block: whether the candidate scaled to 4 is strictly nearer, by four-over-six's
+    integer error (`fp4cli.quant.four_over_six`), term by term in Python floats and ints."""
+    error_four = [0] * len(amax)
+    error_six = [0] * len(amax)
     for i, block in enumerate(ids.tolist()):
-        x = Fraction(float(clean[i]))
-        error_four[block] += _squared_error(float(out_four[i]), x)
-        error_six[block] += _squared_error(float(out_six[i]), x)
+        unit = _error_unit(float(amax[block]))
+        error_four[block] += _error_term(float(out_four[i]), float(clean[i]), unit)
+        error_six[block] += _error_term(float(out_six[i]), float(clean[i]), unit)
     return np.array([f < s for f, s in zip(error_four, error_six, strict=True)])
 
 
-def _squared_error(decoded: float, x: Fraction) -> Fraction | float:
-    """(decoded - x)^2 exactly; infinite for a value that decodes to Inf (the ceil rule's top)."""
+def _error_unit(amax: float) -> float:
+    """2^(24 - E), E the smallest integer with amax < 2^E, at least -125 (subnormals, 0)."""
+    exponent = -125 if amax < 2.0**-126 else math.frexp(amax)[1]
+    return 2.0 ** (24 - exponent)
+
+
+def _error_term(decoded: float, x: float, unit: float) -> float:
+    """trunc(min(((decoded - x) * unit)^2, 2^54)); a non-finite decoded value makes its block's
+    error infinite (a float inf, larger than every int sum)."""
     if not math.isfinite(decoded):
         return math.inf
-    return (Fraction(decoded) - x) ** 2
+    scaled = (decoded - x) * unit
+    return math.trunc(min(scaled * scaled, 2.0**54))
 
 
 @cache

@@ -293,6 +293,7 @@ def _quantize_blocks(
         )
         four = four_over_six.prefer_four(
             blocks,
+            block_amax,
             _dequantize_blocks(q, scales, t_amax, spec),
             _dequantize_blocks(q4, scales4, t_amax, spec),
         )
