@@ -161,7 +161,8 @@ def _direction_constants(
         constants = dict(ON=False, BLOCK=32, SR=False, AWAY=False, SEED_FROM_PTR=False,
                          RHT_SEED_FROM_PTR=False, WRITE_VALUES=False,
                          CEIL=False, TENSOR_SCALE=False, TILE2D=False,
-                         VALUES_TENSOR_SCALE=False, E1M2=False)  # fmt: skip
+                         VALUES_TENSOR_SCALE=False, E1M2=False,
+                         FOUR_OVER_SIX=False)  # fmt: skip
         constants |= _spec_constants(QuantSpec()) | _hadamard_constants(None)
         constants |= prescale_constants(QuantSpec())
     else:
@@ -172,7 +173,7 @@ def _direction_constants(
             WRITE_VALUES=write_values,
             TENSOR_SCALE=spec.tensor_scale, TILE2D=spec.tile2d,
             VALUES_TENSOR_SCALE=spec.tensor_scale and not block_values,
-            E1M2=spec.element == "e1m2",
+            E1M2=spec.element == "e1m2", FOUR_OVER_SIX=spec.four_over_six,
         )  # fmt: skip
         constants |= _spec_constants(spec) | _hadamard_constants(hadamard, signs)
         constants |= prescale_constants(spec)

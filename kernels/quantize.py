@@ -26,6 +26,7 @@ from fp4cli.kernels.elements import (
     signed_value,
     sr_grid,
 )
+from fp4cli.kernels.four_over_six import prefer_four
 from fp4cli.kernels.tile_io import (
     line_mask,
     load_tile,
@@ -112,6 +113,91 @@ def square_max(amax_bits, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.cons
 
 
 @triton.jit
+def scaled_blocks(
+    magnitude, guide_units, amax, encode_table_ptr, BLOCK_AXIS: tl.constexpr,
+    POW2_SCALE: tl.constexpr, CEIL: tl.constexpr, SCALE_MBITS: tl.constexpr,
+    SCALE_MIN_EXP: tl.constexpr, SCALE_MAX: tl.constexpr, PRESCALE: tl.constexpr,
+    TENSOR_SCALE: tl.constexpr, GUIDED: tl.constexpr, E1M2: tl.constexpr, FOUR: tl.constexpr,
+):  # fmt: skip
+    """(scale values, scale codes, magnitudes in grid units, guide in grid units) of blocks
+    (`block_view`; amaxes without the block axis) whose amax maps onto the element format's
+    largest value, or onto 4 (FOUR: four-over-six's second candidate). The magnitudes take the
+    pre-scale, the guide does not."""
+    if TENSOR_SCALE:
+        scale, scale_code, multiplier = two_level_scales(
+            amax, encode_table_ptr, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, FOUR
+        )
+        per_value = tl.broadcast_to(tl.expand_dims(multiplier, BLOCK_AXIS + 1), magnitude.shape)
+        magnitude = magnitude * per_value
+        if GUIDED:
+            guide_units = guide_units * per_value
+    elif POW2_SCALE:
+        if FOUR:  # 4 = 1 * 2^2
+            exponent = e8m0_exponent(amax, 2, 0, CEIL)
+        elif E1M2:  # 3.5 = 1.75 * 2^1
+            exponent = e8m0_exponent(amax, 1, 0x600000, CEIL)
+        else:  # E2M1: 6 = 1.5 * 2^2
+            exponent = e8m0_exponent(amax, 2, 0x400000, CEIL)
+        scale = pow2(exponent)
+        scale_code = exponent + 127
+        inverse = tl.expand_dims(pow2(-exponent), BLOCK_AXIS + 1)
+        magnitude = magnitude * inverse
+        if GUIDED:
+            guide_units = guide_units * inverse
+    else:
+        if FOUR:
+            raw = tl.div_rn(amax, tl.full(amax.shape, 4.0, tl.float32))
+        elif E1M2:
+            raw = tl.div_rn(amax, tl.full(amax.shape, 3.5, tl.float32))
+        else:
+            raw = tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
+        scale, scale_code = round_unsigned_minifloat(
+            raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, False
+        )
+        per_value = tl.broadcast_to(tl.expand_dims(scale, BLOCK_AXIS + 1), magnitude.shape)
+        magnitude = tl.div_rn(magnitude, per_value)
+        if GUIDED:
+            guide_units = tl.div_rn(guide_units, per_value)
+    if PRESCALE != 1.0:
+        magnitude = magnitude * PRESCALE
+    return scale, scale_code, magnitude, guide_units
+
+
+@triton.jit
+def rounded_codes(
+    magnitude, guide_units, bits, random_bits, ROWS: tl.constexpr, COLS: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr, SR: tl.constexpr, AWAY: tl.constexpr,
+    GUIDED: tl.constexpr, RAW_SIGN: tl.constexpr, GRID: tl.constexpr, E1M2: tl.constexpr,
+):  # fmt: skip
+    """The signed codes (GRID: signed grid values) of magnitudes in grid units, x's sign from
+    its `bits`, rounded as `quantize_tile` says."""
+    if GRID and not (GUIDED or AWAY):
+        if SR:
+            grid = sr_grid(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS), E1M2)
+        else:
+            grid = rne_grid(magnitude, E1M2)
+        # x's sign on a non-zero value, as `signed_value` of the code
+        signed_bits = grid.to(tl.int32, bitcast=True) | (bits & -2147483648)
+        code = tl.where(grid > 0.0, signed_bits.to(tl.float32, bitcast=True), 0.0)
+    else:
+        if GUIDED:  # the guide on x's side of zero
+            code = code_guided(magnitude, tl.where(bits < 0, -guide_units, guide_units), E1M2)
+        elif SR:
+            code = code_sr(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS), E1M2)
+        elif AWAY:
+            code = code_away(magnitude, E1M2)
+        else:
+            code = code_rne(magnitude, E1M2)
+        sign = (bits >> 28) & 8
+        if not RAW_SIGN:  # the sign bit joins a non-zero code: (code + 7) & 8 is 8 for 1..7
+            sign = sign & (code + 7)
+        code = code | sign
+        if GRID:
+            code = signed_value(code, E1M2)
+    return code
+
+
+@triton.jit
 def quantize_tile(
     x,
     random_bits,
@@ -136,6 +222,9 @@ def quantize_tile(
     RAW_SIGN: tl.constexpr,
     GRID: tl.constexpr = False,
     E1M2: tl.constexpr = False,
+    FOUR_OVER_SIX: tl.constexpr = False,
+    tensor_amax=0.0,
+    DECODE_INV: tl.constexpr = 1.0,
 ):
     """E2M1 codes (sign included, int32; meaningless in non-finite blocks), scale values and
     scale codes, and which blocks are finite, for a float32 [ROWS, COLS] tile whose blocks run
@@ -153,7 +242,9 @@ def quantize_tile(
     rounded to zero has code 0. GRID (for the dequantized values): the signed grid values
     `elements.signed_value(code)` (float32) in place of the codes, straight from the rounding
     for RNE and SR. E1M2: the uniform grid's codes and values instead of E2M1's
-    (`elements`)."""
+    (`elements`). FOUR_OVER_SIX: each block (square) also quantized with its amax onto 4, and
+    keeps the nearer candidate (`four_over_six`; no pre-scale), decoded with `tensor_amax`
+    and DECODE_INV under TENSOR_SCALE."""
     # On the bits of |x|, one integer max per block gives both the amax and whether the block is
     # finite (NaN and Inf have the largest magnitude bits). A non-finite block's codes are
     # discarded on storing, so its values need no cleaning.
@@ -168,63 +259,28 @@ def quantize_tile(
     guide_units = magnitude
     if GUIDED:
         guide_units = block_view(guide, ROWS, COLS, BLOCK, BLOCK_AXIS)
-    if TENSOR_SCALE:
-        scale, scale_code, multiplier = two_level_scales(
-            amax, encode_table_ptr, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL
-        )
-        per_value = tl.broadcast_to(tl.expand_dims(multiplier, BLOCK_AXIS + 1), magnitude.shape)
-        magnitude = magnitude * per_value
-        if GUIDED:
-            guide_units = guide_units * per_value
-    elif POW2_SCALE:
-        if E1M2:  # 3.5 = 1.75 * 2^1
-            exponent = e8m0_exponent(amax, 1, 0x600000, CEIL)
-        else:  # E2M1: 6 = 1.5 * 2^2
-            exponent = e8m0_exponent(amax, 2, 0x400000, CEIL)
-        scale = pow2(exponent)
-        scale_code = exponent + 127
-        inverse = tl.expand_dims(pow2(-exponent), BLOCK_AXIS + 1)
-        magnitude = magnitude * inverse
-        if GUIDED:
-            guide_units = guide_units * inverse
-    else:
-        if E1M2:
-            raw = tl.div_rn(amax, tl.full(amax.shape, 3.5, tl.float32))
-        else:
-            raw = tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
-        scale, scale_code = round_unsigned_minifloat(
-            raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, False
-        )
-        per_value = tl.broadcast_to(tl.expand_dims(scale, BLOCK_AXIS + 1), magnitude.shape)
-        magnitude = tl.div_rn(magnitude, per_value)
-        if GUIDED:
-            guide_units = tl.div_rn(guide_units, per_value)
-    if PRESCALE != 1.0:
-        magnitude = magnitude * PRESCALE
+    scale, scale_code, units, guide_grid = scaled_blocks(
+        magnitude, guide_units, amax, encode_table_ptr, BLOCK_AXIS, POW2_SCALE, CEIL,
+        SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, PRESCALE, TENSOR_SCALE, GUIDED, E1M2, False,
+    )  # fmt: skip
+    code = rounded_codes(units, guide_grid, bits, random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS,
+                         SR, AWAY, GUIDED, RAW_SIGN, GRID, E1M2)  # fmt: skip
+    if FOUR_OVER_SIX:
+        scale4, scale_code4, units4, guide_grid4 = scaled_blocks(
+            magnitude, guide_units, amax, encode_table_ptr, BLOCK_AXIS, POW2_SCALE, CEIL,
+            SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, PRESCALE, TENSOR_SCALE, GUIDED, E1M2, True,
+        )  # fmt: skip
+        code4 = rounded_codes(units4, guide_grid4, bits, random_bits, ROWS, COLS, BLOCK,
+                              BLOCK_AXIS, SR, AWAY, GUIDED, RAW_SIGN, GRID, E1M2)  # fmt: skip
+        four = prefer_four(
+            bits.to(tl.float32, bitcast=True), code, code4, scale, scale4, finite_blocks,
+            amax_bits, tensor_amax, ROWS, COLS, BLOCK, BLOCK_AXIS, TENSOR_SCALE, DECODE_INV,
+            TILE2D, GRID, E1M2,
+        )  # fmt: skip
+        code = tl.where(tl.expand_dims(four, BLOCK_AXIS + 1), code4, code)
+        scale = tl.where(four, scale4, scale)
+        scale_code = tl.where(four, scale_code4, scale_code)
     scale_code = tl.where(finite_blocks, scale_code, SCALE_NAN)
-    if GRID and not (GUIDED or AWAY):
-        if SR:
-            grid = sr_grid(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS), E1M2)
-        else:
-            grid = rne_grid(magnitude, E1M2)
-        # x's sign on a non-zero value, as `signed_value` of the code
-        signed_bits = grid.to(tl.int32, bitcast=True) | (bits & -2147483648)
-        code = tl.where(grid > 0.0, signed_bits.to(tl.float32, bitcast=True), 0.0)
-    else:
-        if GUIDED:  # the guide on x's side of zero
-            code = code_guided(magnitude, tl.where(bits < 0, -guide_units, guide_units), E1M2)
-        elif SR:
-            code = code_sr(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS), E1M2)
-        elif AWAY:
-            code = code_away(magnitude, E1M2)
-        else:
-            code = code_rne(magnitude, E1M2)
-        sign = (bits >> 28) & 8
-        if not RAW_SIGN:  # the sign bit joins a non-zero code: (code + 7) & 8 is 8 for 1..7
-            sign = sign & (code + 7)
-        code = code | sign
-        if GRID:
-            code = signed_value(code, E1M2)
     return code, scale, scale_code, finite_blocks
 
 
@@ -275,6 +331,7 @@ def quantize_kernel(
     WRITE_VALUES: tl.constexpr,
     GUIDED: tl.constexpr,
     E1M2: tl.constexpr,
+    FOUR_OVER_SIX: tl.constexpr,
 ):
     first_line, first_pos, outer, first_inner = tile_origin(
         inner, tiles_along, ROWS, COLS, TRANSPOSED
@@ -338,6 +395,9 @@ def quantize_kernel(
         not WRITE_VALUES,
         WRITE_VALUES,
         E1M2,
+        FOUR_OVER_SIX,
+        tensor_amax,
+        DECODE_INV,
     )
     if WRITE_VALUES:
         values = scaled_grid(

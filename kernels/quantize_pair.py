@@ -51,7 +51,7 @@ def quantize_direction(
     HADAMARD_SIGNS: tl.constexpr, WRITE_VALUES: tl.constexpr, RETURN_VALUES: tl.constexpr,
     GUIDED: tl.constexpr,
     TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr, TILE2D: tl.constexpr,
-    VALUES_TENSOR_SCALE: tl.constexpr, E1M2: tl.constexpr,
+    VALUES_TENSOR_SCALE: tl.constexpr, E1M2: tl.constexpr, FOUR_OVER_SIX: tl.constexpr,
 ):  # fmt: skip
     """Quantize the float32 [ROWS, COLS] tile at (row0, col0) of the (rows, cols) input with
     blocks along the tile's last axis (BLOCK_AXIS 1, out_length columns after the transform) or
@@ -61,7 +61,8 @@ def quantize_direction(
     amax at amax_ptr (of the transformed input), by its encode table at table_ptr
     (`two_level`). TILE2D: BLOCK x BLOCK square scales.
     VALUES_TENSOR_SCALE: values carry the tensor scale (else q * s, a two-level spec's block
-    values). E1M2: the uniform grid's codes (`elements`). HADAMARD_SIGNS: the transform's
+    values). E1M2: the uniform grid's codes (`elements`). FOUR_OVER_SIX: each block keeps the
+    nearer of its candidates scaled to 6 and to 4 (`four_over_six`). HADAMARD_SIGNS: the transform's
     signs (`tile_ops.hadamard_signs`)."""
     # codes along the rows take the butterflies as sums, as `quantize_kernel`'s do (an H100:
     # the RHT-32 + SR pair to codes both ways 0.15x -> 0.18x the copy); values do not
@@ -94,7 +95,7 @@ def quantize_direction(
         tile, random_bits, guide, table_ptr, ROWS, COLS, BLOCK, POW2_SCALE, CEIL,
         SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, SCALE_NAN, SR, AWAY, PRESCALE, TENSOR_SCALE,
         GUIDED, BLOCK_AXIS, TILE2D,
-        packed_rows, WRITE_VALUES, E1M2,
+        packed_rows, WRITE_VALUES, E1M2, FOUR_OVER_SIX, tensor_amax, DECODE_INV,
     )  # fmt: skip
     values = tile
     if WRITE_VALUES or RETURN_VALUES:
@@ -150,6 +151,7 @@ def quantize_pair_kernel(
     ROW_TENSOR_SCALE: tl.constexpr,
     ROW_DECODE_INV: tl.constexpr,
     ROW_TILE2D: tl.constexpr, ROW_VALUES_TENSOR_SCALE: tl.constexpr, ROW_E1M2: tl.constexpr,
+    ROW_FOUR_OVER_SIX: tl.constexpr,
     COL_ON: tl.constexpr, COL_BLOCK: tl.constexpr, COL_POW2_SCALE: tl.constexpr,
     COL_CEIL: tl.constexpr, COL_SCALE_MBITS: tl.constexpr, COL_SCALE_MIN_EXP: tl.constexpr,
     COL_SCALE_MAX: tl.constexpr, COL_SCALE_NAN: tl.constexpr, COL_SR: tl.constexpr,
@@ -162,6 +164,7 @@ def quantize_pair_kernel(
     COL_TENSOR_SCALE: tl.constexpr,
     COL_DECODE_INV: tl.constexpr,
     COL_TILE2D: tl.constexpr, COL_VALUES_TENSOR_SCALE: tl.constexpr, COL_E1M2: tl.constexpr,
+    COL_FOUR_OVER_SIX: tl.constexpr,
 ):  # fmt: skip
     """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
     (rows, row_padded_length / 2) codes; column direction: (col_out_length, cols) values or
@@ -198,7 +201,7 @@ def quantize_pair_kernel(
             ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_HADAMARD_SIGNS, ROW_WRITE_VALUES,
             DOUBLE or SUM_ROW_VALUES, ROW_GUIDED,
             ROW_TENSOR_SCALE, ROW_DECODE_INV, ROW_TILE2D,
-            ROW_VALUES_TENSOR_SCALE, ROW_E1M2,
+            ROW_VALUES_TENSOR_SCALE, ROW_E1M2, ROW_FOUR_OVER_SIX,
         )  # fmt: skip
         # the row values in the compute dtype: what the reference re-quantizes (DOUBLE), and
         # the operand whose column sums are a quantized bias gradient (SUM_ROW_VALUES)
@@ -222,5 +225,5 @@ def quantize_pair_kernel(
             COL_LOG2_HADAMARD, COL_HADAMARD_NORM, COL_HADAMARD_SIGNS, COL_WRITE_VALUES, False,
             False,
             COL_TENSOR_SCALE, COL_DECODE_INV, COL_TILE2D,
-            COL_VALUES_TENSOR_SCALE, COL_E1M2,
+            COL_VALUES_TENSOR_SCALE, COL_E1M2, COL_FOUR_OVER_SIX,
         )  # fmt: skip

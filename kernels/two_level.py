@@ -4,10 +4,10 @@ A block's encode multiplier e = min(1 / (s * D), FLT_MAX) depends only on its sc
 scale format's codes, and on the tensor's D. So one small launch per tensor amax
 (`encode_table_kernel`) evaluates it for every code (and the tensor's block factor
 G * fl(1 / E), and G * fl(1 / 4) for four-over-six's second candidate) into a table,
-`ENCODE_TABLE` float32 values, in the reference's order of operations; the quantize kernels round each block's scale onto the grid as before and look its
-multiplier up by the scale code. The
-bits are those of the formula (the same float32 operations on the same operands); what moves
-is the correctly rounded division, from every block of every program to 256 lanes of one
+`ENCODE_TABLE` float32 values, in the reference's order of operations; the quantize kernels
+round each block's scale onto the grid as before and look its multiplier up by the scale code.
+The bits are those of the formula (the same float32 operations on the same operands); what
+moves is the correctly rounded division, from every block of every program to 256 lanes of one
 program.
 """
 

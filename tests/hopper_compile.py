@@ -250,6 +250,17 @@ def quantized_linear_launches() -> None:
     )
     quantize_e2m1(x, ceil.replace(element="e1m2"), 1, None, values_dtype=bf16, guide=x.float())
     dequantize_e2m1(codes, scales16, torch.zeros(1), ufp4, (64, 96), 0, bf16)
+    # nvfp4-4over6's X (values one way, codes after RHT-16 the other), its 16x16-tiled W (both
+    # ways), an SR pair, and the single-direction kernel (E8M0, ceil)
+    four, square_four = (QuantSpec.preset(p, four_over_six=True) for p in ("nvfp4", "nvfp4-2d"))
+    quantize_pair(x, Direction(four, None, values_dtype=bf16),
+                  Direction(four, None, 16, te))  # fmt: skip
+    quantize_pair(x, Direction(square_four, None, values_dtype=bf16),
+                  Direction(square_four, None, values_dtype=bf16))  # fmt: skip
+    four_sr = four.replace(rounding="sr")
+    quantize_pair(x, Direction(four_sr, (seed, 2), values_dtype=bf16),
+                  Direction(four_sr, (seed, 4), 16, (seed, 9), bf16))  # fmt: skip
+    quantize_e2m1(x, ceil.replace(four_over_six=True), 1, None)
     # the gradients in float32 parameters' dtypes: both widened with the bias sums, or one
     widen_gradients([x, x], torch.zeros(96))
     widen_gradients([None, x])

@@ -482,7 +482,10 @@ def _eden(
 
 
 def _nearer(
-    clean: np.ndarray, out_four: np.ndarray, out_six: np.ndarray, ids: np.ndarray,
+    clean: np.ndarray,
+    out_four: np.ndarray,
+    out_six: np.ndarray,
+    ids: np.ndarray,
     amax: np.ndarray,
 ) -> np.ndarray:
     """Per block: whether the candidate scaled to 4 is strictly nearer, by four-over-six's

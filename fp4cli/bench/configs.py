@@ -45,6 +45,7 @@ CONFIGS: dict[str, BenchConfig] = {
         _config("mxfp4-rht32-sr", "mxfp4", hadamard=32, rounding="sr", sr_prescale=0.75),
         _config("nvfp4", "nvfp4"),
         _config("nvfp4-rht16-sr", "nvfp4", hadamard=16, rounding="sr"),
+        _config("nvfp4-4over6", "nvfp4-4over6"),  # each block scaled to 4 or 6, the nearer
         _config("mxfp4-ceil", "mxfp4-ceil"),
         _config("mxfp4-ue5m3", "mxfp4-ue5m3"),
         _config(  # ue5m3-hadamard-sr's backward operands

@@ -32,8 +32,9 @@ def quantize_command(
     configs: Annotated[
         str,
         Opt(
-            help="Comma-separated: mxfp4, mxfp4-rht32-sr, nvfp4, nvfp4-rht16-sr, mxfp4-ceil, "
-            "mxfp4-ue5m3, mxfp4-ue5m3-rht32-sr (ue5m3-hadamard-sr's backward operands)."
+            help="Comma-separated: mxfp4, mxfp4-rht32-sr, nvfp4, nvfp4-rht16-sr, nvfp4-4over6, "
+            "mxfp4-ceil, mxfp4-ue5m3, mxfp4-ue5m3-rht32-sr (ue5m3-hadamard-sr's backward "
+            "operands)."
         ),
     ] = DEFAULT_CONFIGS,
     dtype: Annotated[str, Opt(help="Input dtype: bf16, fp16 or fp32.")] = "bf16",

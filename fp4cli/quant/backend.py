@@ -47,8 +47,8 @@ def kernel_gap(spec: QuantSpec, dtype: torch.dtype) -> str | None:
         return f"block {spec.block!r}{' tile2d' if spec.tile2d else ''} (kernels: {KERNEL_BLOCKS})"
     if spec.scale not in KERNEL_SCALES:
         return f"scale {spec.scale!r} (kernels: {', '.join(KERNEL_SCALES)})"
-    if spec.four_over_six:
-        return "four-over-six (the reference runs it)"
+    if spec.four_over_six and spec.sr_prescale != 1.0:
+        return "four-over-six with the SR pre-scale (the reference runs it)"
     if spec.outer_block:
         return "outer_block (a second-level scale per outer block; the reference runs it)"
     if spec.rounding not in ("rne", "sr", "away"):

@@ -140,7 +140,6 @@ UNCOVERED = [
     (QuantSpec(block="row"), "block 'row'"),
     (QuantSpec(block="tensor", scale_rule="ceil"), "block 'tensor'"),
     (QuantSpec(scale="fp32"), "scale 'fp32'"),
-    (QuantSpec.preset("nvfp4-4over6"), "four-over-six"),
 ]
 
 

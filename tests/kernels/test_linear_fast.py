@@ -29,6 +29,7 @@ CONFIGS = {
     "mxfp4": load_recipe("mxfp4").linear,
     "tetrajet": load_recipe("tetrajet").linear,
     "tetrajet-qema": load_recipe("tetrajet-qema").linear,
+    "nvfp4-4over6": load_recipe("nvfp4-4over6").linear,  # four-over-six, 2-D weight tiles too
     "tseng-rht-sr": load_recipe("tseng-rht-sr").linear,
     "tseng-baseline": load_recipe("tseng-baseline").linear,  # BF16 forward, ties away
     # RHT-256 and -128 do not fit one tile: each direction runs on its own

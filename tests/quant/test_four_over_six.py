@@ -43,7 +43,7 @@ def test_options_and_where_it_runs():
         QuantSpec(four_over_six="yes")
     assert FOUR_OVER_SIX.short().endswith("/4over6")
     recipe = load_recipe("nvfp4-4over6")
-    assert fast_gap(recipe.linear) == "forward_x: four-over-six (the reference runs it)"
+    assert fast_gap(recipe.linear) is None
     assert recipe.linear.spec("forward_w").four_over_six and recipe.linear.spec("forward_w").tile2d
     assert not recipe.linear.spec("grad_input_dy").four_over_six
     # a resolved recipe without the option keeps its form (no four_over_six key)

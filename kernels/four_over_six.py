@@ -1,0 +1,92 @@
+"""Four-over-six in the quantize kernels: which of a tile's blocks keep the candidate scaled to 4.
+
+`fp4cli.quant.four_over_six` defines the choice: each candidate's error is an exact int64 sum of
+truncated float64 squares, so the kernels reproduce it in any order, and a 2-D tile (its 16
+rows' sums added) decides alike read along its rows or down its columns.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from fp4cli.kernels.dequantize import scaled_grid
+from fp4cli.kernels.elements import signed_value
+from fp4cli.kernels.tile_ops import FLOAT32_MAX
+
+TERM_MAX = tl.constexpr(2.0**54)
+INFINITE = tl.constexpr(9223372036854775807)  # the error of a candidate with a non-finite value
+
+
+@triton.jit
+def error_units(amax_bits):
+    """2^(24 - E) = 2^(150 - max(f, 1)) as float64, f each block's amax exponent field."""
+    field = tl.maximum(amax_bits >> 23, 1).to(tl.int64)
+    return ((1173 - field) << 52).to(tl.float64, bitcast=True)  # 1173: 150 + float64's bias
+
+
+@triton.jit
+def square_sum(per_block, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr,
+               BLOCK_AXIS: tl.constexpr):  # fmt: skip
+    """Per-block values ([ROWS, COLS / BLOCK] for BLOCK_AXIS 1, [ROWS / BLOCK, COLS] for 0)
+    replaced by their sum over each BLOCK x BLOCK square of the tile."""
+    if BLOCK_AXIS == 1:  # runs of BLOCK rows
+        runs = tl.reshape(per_block, (ROWS // BLOCK, BLOCK, COLS // BLOCK))
+        squares = tl.sum(runs, axis=1)
+        spread = tl.broadcast_to(tl.expand_dims(squares, 1), (ROWS // BLOCK, BLOCK, COLS // BLOCK))
+        result = tl.reshape(spread, (ROWS, COLS // BLOCK))
+    else:
+        runs = tl.reshape(per_block, (ROWS // BLOCK, COLS // BLOCK, BLOCK))
+        squares = tl.sum(runs, axis=2)
+        spread = tl.broadcast_to(tl.expand_dims(squares, 2), (ROWS // BLOCK, COLS // BLOCK, BLOCK))
+        result = tl.reshape(spread, (ROWS // BLOCK, COLS))
+    return result
+
+
+@triton.jit
+def block_errors(
+    x, grid, scale, finite_blocks, unit, tensor_amax,
+    ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr,
+    TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr, TILE2D: tl.constexpr,
+):  # fmt: skip
+    """Each block's error (int64; infinite where a value decodes to Inf or NaN) of the signed
+    grid values `grid` with scales `scale`, decoded as `scaled_grid` decodes them, against the
+    float32 blocks x (`quantize.block_view`). TILE2D: each BLOCK x BLOCK square's."""
+    decoded = scaled_grid(grid, scale, finite_blocks, tensor_amax, 1.0, TENSOR_SCALE, DECODE_INV,
+                          BLOCK_AXIS, 0.0, 0.0, 0.0)  # fmt: skip
+    finite = tl.abs(decoded) <= FLOAT32_MAX
+    scaled = (decoded.to(tl.float64) - x.to(tl.float64)) * tl.expand_dims(unit, BLOCK_AXIS + 1)
+    terms = tl.where(finite, tl.minimum(scaled * scaled, TERM_MAX), 0.0).to(tl.int64)
+    errors = tl.sum(terms, axis=BLOCK_AXIS + 1)
+    infinite = tl.max((~finite).to(tl.int32), axis=BLOCK_AXIS + 1)
+    if TILE2D:
+        errors = square_sum(errors, ROWS, COLS, BLOCK, BLOCK_AXIS)
+        infinite = square_sum(infinite, ROWS, COLS, BLOCK, BLOCK_AXIS)
+    return tl.where(infinite > 0, INFINITE, errors)
+
+
+@triton.jit
+def prefer_four(
+    x, code_six, code_four, scale_six, scale_four, finite_blocks, amax_bits, tensor_amax,
+    ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr,
+    TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr, TILE2D: tl.constexpr,
+    GRID: tl.constexpr, E1M2: tl.constexpr,
+):  # fmt: skip
+    """Per block (square under TILE2D): whether the candidate scaled to 4 is strictly nearer
+    the float32 blocks x. The candidates are signed codes (GRID: signed grid values) and
+    scale values; amax_bits the blocks' amax bits, which set the error unit."""
+    grid_six = code_six
+    grid_four = code_four
+    if not GRID:
+        grid_six = signed_value(code_six, E1M2)
+        grid_four = signed_value(code_four, E1M2)
+    unit = error_units(amax_bits)
+    error_six = block_errors(
+        x, grid_six, scale_six, finite_blocks, unit, tensor_amax, ROWS, COLS, BLOCK, BLOCK_AXIS,
+        TENSOR_SCALE, DECODE_INV, TILE2D,
+    )  # fmt: skip
+    error_four = block_errors(
+        x, grid_four, scale_four, finite_blocks, unit, tensor_amax, ROWS, COLS, BLOCK,
+        BLOCK_AXIS, TENSOR_SCALE, DECODE_INV, TILE2D,
+    )  # fmt: skip
+    return error_four < error_six

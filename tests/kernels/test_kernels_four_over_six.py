@@ -1,0 +1,180 @@
+"""Four-over-six in the quantize and pair kernels against the reference quantizer, bit for bit:
+each block's choice between its amax scaled to 6 and to 4, on every scale family, with SR,
+the guide, a Hadamard transform, 2-D weight tiles read both ways, and the edge cases (ties of
+the two candidates, zeros, subnormals, huge blocks, NaN and Inf). Interpreter on the CPU, or a
+GPU."""
+
+import pytest
+import torch
+
+from fp4cli.quant import QuantSpec, SpecError, fake_quantize, quantize
+from fp4cli.quant.four_over_six import block_errors, error_units
+from tests.kernel_cases import (  # skips this module where the kernels cannot run
+    FP32_MAX,
+    INF,
+    NAN,
+    assert_bits,
+    on_device,
+    seeded_normal,
+)
+from tests.kernel_checks import assert_same_up_to_zero_sign, check_backends_agree
+
+launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+Direction, quantize_pair = launch_pair.Direction, launch_pair.quantize_pair
+
+NVFP4_46 = QuantSpec.preset("nvfp4-4over6")  # UE4M3 per 16, FP32 tensor scale (S = 256)
+SPECS = {
+    "nvfp4": NVFP4_46,
+    "nvfp4-sr": NVFP4_46.replace(rounding="sr"),
+    "nvfp4-ceil-away": NVFP4_46.replace(scale_rule="ceil", rounding="away"),
+    "nvfp4-block32": NVFP4_46.replace(block=32),
+    "ue5m3-ts": QuantSpec.preset("mxfp4-ue5m3", four_over_six=True, tensor_scale=True),
+    "ue4m3-per-block": QuantSpec(scale="ue4m3", block=16, four_over_six=True),
+    "e8m0-ceil": QuantSpec(scale_rule="ceil", four_over_six=True),
+    "e8m0-ceil-sr": QuantSpec(scale_rule="ceil", rounding="sr", four_over_six=True),
+}
+
+
+def _input(rows=40, cols=100, seed=0):
+    """Rows over many binades (each 16-block a mix of near-maximal and small values), with a
+    zero block, a subnormal block, a huge block and non-finite values in blocks of their own."""
+    x = seeded_normal((rows, cols), seed) * torch.exp2(seeded_normal((rows, 1), seed + 1) * 6)
+    x[1, :32] = 0.0
+    x[2, :32] = seeded_normal((32,), seed + 2) * 1e-41
+    x[3, :32] = seeded_normal((32,), seed + 3) * 1e37
+    x[3, 7] = FP32_MAX
+    x[4, 5], x[5, 40], x[6, 70] = NAN, INF, -INF
+    return on_device(x)
+
+
+def _fours(x, spec, axis):
+    """The share of finite blocks whose scale the candidate scaled to 4 set (the reference's)."""
+    chosen = quantize(x, spec, axis=axis, seed=11, backend="torch").scale_values()
+    sixes = quantize(x, spec.replace(four_over_six=False), axis=axis, seed=11, backend="torch")
+    if spec.tensor_scale:  # S differs: compare the scales against both candidates' rules
+        return None
+    finite = chosen.isfinite()
+    return (chosen[finite] != sixes.scale_values()[finite]).float().mean().item()
+
+
+@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_the_kernels_match_the_reference(name, axis):
+    check_backends_agree(_input(), SPECS[name], axis=axis, seed=11)
+
+
+def test_both_candidates_win_somewhere():
+    """The inputs exercise the choice: some blocks keep 6, others take 4."""
+    x = _input()
+    x[4:7] = 1.0
+    share = _fours(x, SPECS["ue4m3-per-block"], 1)
+    assert share is not None and 0.1 < share < 0.9
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4-sr"])
+def test_ragged_and_bfloat16_inputs(name):
+    x = _input(37, 100, seed=4)[:, 25:75].contiguous()  # 50 wide: a partial block each row
+    check_backends_agree(x, SPECS[name], axis=1, seed=3)
+    check_backends_agree(x, SPECS[name], axis=0, seed=3)
+    finite = x.nan_to_num(0.0, 0.0, 0.0).clamp(-1e30, 1e30)
+    check_backends_agree(finite.to(torch.bfloat16), SPECS[name], axis=1, seed=3)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4-sr"])
+def test_with_a_hadamard_transform(name):
+    x = _input(seed=3)[7:]  # finite rows: the tensor amax of the transform
+    check_backends_agree(x, SPECS[name], seed=5, hadamard=16, hadamard_seed=9)
+
+
+def test_the_guide():
+    x = _input(seed=5)
+    guide = x + on_device(seeded_normal(tuple(x.shape), 6)) * x.abs() * 0.2
+    for spec in (SPECS["nvfp4"], SPECS["e8m0-ceil"]):
+        kernel = fake_quantize(x, spec, guide=guide, backend="triton")
+        reference = fake_quantize(x, spec, guide=guide, backend="torch")
+        assert_same_up_to_zero_sign(kernel, reference, "guided")
+
+
+def test_ties_keep_six_and_nearer_four_wins():
+    """NVFP4 with the tensor amax at 256 * 6 = 1536 (global scales 1): a block of 6 and 3 is
+    exact both ways (6 = 1 * 6 = 1.5 * 4, 3 = 1 * 3 = 1.5 * 2): a tie keeps scale 1; a block
+    of 5 and 4 is nearer scaled to 4 (scale 1.25: 5, 3.75); an all-zero block keeps 6."""
+    x = torch.zeros(2, 48)
+    x[0, 0] = 1536.0
+    x[0, 16], x[0, 17] = 6.0, 3.0
+    x[0, 32], x[0, 33] = 5.0, 4.0
+    x[1, :16] = 1536.0 * torch.linspace(-1, 1, 16)
+    for backend in ("torch", "triton"):
+        scales = quantize(on_device(x), NVFP4_46, backend=backend).scale_values().cpu()
+        assert scales[0].tolist() == [256.0, 1.0, 1.25], backend
+        assert scales[1, 1:].tolist() == [0.0, 0.0], backend  # zero blocks: scale 0, 6's
+    check_backends_agree(on_device(x), NVFP4_46)
+
+
+def test_a_candidate_that_decodes_to_infinity_loses():
+    """E8M0 with the ceil rule near FLT_MAX: scaled to 4, a block takes scale 2^127, on which
+    its 6s decode to Inf (an infinite error); the kernels choose as the reference does."""
+    x = torch.zeros(2, 32)
+    x[0, 0], x[0, 1] = FP32_MAX, 2.5e38
+    x[1, 0], x[1, 1] = 3.0e38, -3.0e38
+    check_backends_agree(on_device(x), SPECS["e8m0-ceil"])
+    check_backends_agree(on_device(x), SPECS["e8m0-ceil-sr"], seed=2)
+
+
+@pytest.mark.parametrize("hadamard", [None, 16])
+def test_the_pair_kernel_writes_both_directions(hadamard):
+    """Activation-like pairs (X: values one way, codes the other), two-level, SR on one."""
+    x = _input(64, 96, seed=8)
+    x[4:7] = 1.0  # the pair's amax pass reads the tensor: finite values only
+    for row_spec, col_spec in ((SPECS["nvfp4"], SPECS["nvfp4"]), (SPECS["nvfp4-sr"], NVFP4_46)):
+        row = Direction(row_spec, 3, hadamard, 5, torch.float32)
+        col = Direction(col_spec, 4, hadamard, 6)
+        row_out, col_out = quantize_pair(x, row, col)
+        args = dict(hadamard=hadamard, hadamard_seed=5, backend="torch")
+        assert_same_up_to_zero_sign(
+            row_out.values, fake_quantize(x, row_spec, 1, 3, **args), "row values"
+        )
+        reference = quantize(x, col_spec, 0, 4, hadamard=hadamard, hadamard_seed=6, backend="torch")
+        assert_bits(col_out.codes, reference.codes, "column codes")
+        assert_bits(col_out.scales, reference.scales, "column scale codes")
+
+
+def test_square_tiles_choose_alike_both_ways():
+    """nvfp4-2d with four-over-six (a weight's 16 x 16 tiles): the pair kernel's two directions
+    are the reference's along each axis, and those are one tensor (each tile's choice is the
+    same read along its rows or down its columns)."""
+    spec = QuantSpec.preset("nvfp4-2d", four_over_six=True)
+    w = _input(48, 80, seed=9)[7:]  # finite: one tensor amax
+    w[0, :16] = 0.0
+    row = Direction(spec, None, None, 0, torch.float32)
+    col = Direction(spec, None, None, 0, torch.float32)
+    row_out, col_out = quantize_pair(w, row, col)
+    along_rows = fake_quantize(w, spec, axis=1, backend="torch")
+    down_columns = fake_quantize(w, spec, axis=0, backend="torch")
+    assert_bits(along_rows, down_columns, "the reference both ways")
+    assert_same_up_to_zero_sign(row_out.values, along_rows, "row values")
+    assert_same_up_to_zero_sign(col_out.values, down_columns, "column values")
+
+
+def test_the_integer_error_by_hand():
+    """amax 3 (exponent field 128, E = 2): unit 2^22; errors 0.5 and -0.25 add
+    (2^21)^2 + (2^20)^2; a value decoding to Inf makes the error the int64 maximum."""
+    amax = torch.tensor([3.0, 0.0, 1e-40])
+    assert error_units(amax).tolist() == [2.0**22, 2.0**149, 2.0**149]
+    blocks = torch.tensor([[3.0, 1.0, 0.0]])
+    decoded = torch.tensor([[3.5, 0.75, 0.0]])
+    assert block_errors(blocks, decoded, amax[:1]).tolist() == [2**42 + 2**40]
+    decoded[0, 2] = INF
+    assert block_errors(blocks, decoded, amax[:1]).tolist() == [torch.iinfo(torch.int64).max]
+
+
+def test_the_sr_prescale_runs_on_the_reference():
+    spec = NVFP4_46.replace(rounding="sr", sr_prescale=0.75)
+    x = _input()
+    with pytest.raises(SpecError, match="four-over-six with the SR pre-scale"):
+        quantize(x, spec, seed=1, backend="triton")
+    assert_bits(
+        fake_quantize(x, spec, seed=1, backend="auto"),
+        fake_quantize(x, spec, seed=1, backend="torch"),
+        "auto falls back",
+    )
