@@ -56,9 +56,9 @@ class FixedSigns:
         """The n signs as float32 +-1."""
         import torch
 
-        positions = torch.arange(n, device=device, dtype=torch.int64)
-        flips = torch.tensor(self.flips, device=device, dtype=torch.int64)
-        return 1.0 - 2.0 * ((flips >> positions) & 1).to(torch.float32)
+        # the mask as a Python int: no host-to-device copy (a CUDA graph's capture refuses one)
+        positions = torch.arange(n, device=device, dtype=torch.int64).clamp(max=63)
+        return 1.0 - 2.0 * ((self.flips >> positions) & 1).to(torch.float32)
 
 
 @dataclass(frozen=True)

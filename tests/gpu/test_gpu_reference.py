@@ -18,6 +18,8 @@ SPECS = [
     QuantSpec.preset("mxfp4", rounding="sr", sr_prescale=0.75),
     QuantSpec.preset("nvfp4"),
     QuantSpec.preset("nvfp4-2d"),
+    QuantSpec.preset("nvfp4-4over6"),  # the candidates' integer errors: no order to differ in
+    QuantSpec.preset("nvfp4-2d", four_over_six=True),
     QuantSpec.preset("mxfp4-ue5m3", rounding="sr"),
     QuantSpec.preset("fp8-e4m3"),
 ]
@@ -91,3 +93,20 @@ def test_compiled_model_matches_eager():
     torch.testing.assert_close(
         compiled_model[0].weight.grad, eager[0].weight.grad, rtol=1e-4, atol=1e-4
     )
+
+
+def test_fixed_sign_transforms_capture_in_a_cuda_graph():
+    """The reference executor's fixed-sign transforms (nvfp4's TransformerEngine signs) make no
+    host-to-device copy, which a CUDA graph's capture refuses: `fp4 bench step --backends torch
+    --modes graph` captures them."""
+    from fp4cli.techniques.hadamard import TE_SIGNS_16, FixedSigns, rht
+
+    x = torch.randn(64, 48, device="cuda")
+    signs = FixedSigns.of(TE_SIGNS_16)
+    expected = rht(x, 0, 16, signs)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = rht(x, 0, 16, signs)
+    graph.replay()
+    assert torch.equal(captured, expected)
+    assert torch.equal(signs.vector(16).cpu(), torch.tensor(TE_SIGNS_16, dtype=torch.float32))
