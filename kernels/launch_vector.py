@@ -41,8 +41,8 @@ def vector_spec_gap(spec: QuantSpec) -> str | None:
         return f"block {spec.block!r} (vector-wise kernels: row, column, tensor)"
     if spec.scale != "e8m0":
         return f"scale {spec.scale!r} (vector-wise kernels: e8m0)"
-    if spec.rounding != "rne":
-        return f"rounding {spec.rounding!r} (vector-wise kernels: rne)"
+    if spec.rounding not in ("rne", "ties_up"):
+        return f"rounding {spec.rounding!r} (vector-wise kernels: rne, ties_up)"
     if spec.four_over_six:
         return "four-over-six (the reference runs it)"
     return None
@@ -66,7 +66,8 @@ def scale_count(spec: QuantSpec, axis: int, shape: tuple[int, ...]) -> int:
 
 def element_constants(spec: QuantSpec) -> dict[str, object]:
     """The element format's constexprs: its grid (MBITS, MIN_EXP, ELEM_MAX), its largest value
-    as 2^ELEM_MAX_EXP * (1 + ELEM_MAX_MANT / 2^23), the scale rule and the code's sign bit."""
+    as 2^ELEM_MAX_EXP * (1 + ELEM_MAX_MANT / 2^23), the scale rule, the code's sign bit and
+    the tie rule (TIES_UP: toward +inf, else to even)."""
     fmt = spec.element_format
     mantissa, exponent = math.frexp(fmt.max_value)  # max = mantissa * 2^exponent, in [0.5, 1)
     return dict(
@@ -77,6 +78,7 @@ def element_constants(spec: QuantSpec) -> dict[str, object]:
         ELEM_MAX_MANT=int((mantissa * 2 - 1) * (1 << 23)),
         CEIL=spec.scale_rule == "ceil",
         SIGN_BIT=fmt.sign_bit,
+        TIES_UP=spec.rounding == "ties_up",
     )
 
 

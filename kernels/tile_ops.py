@@ -75,6 +75,23 @@ def round_unsigned_minifloat(
 
 
 @triton.jit
+def ties_toward_positive(magnitude, value, code, negative, MBITS: tl.constexpr,
+                         MIN_EXP: tl.constexpr):  # fmt: skip
+    """`round_unsigned_minifloat`'s nearest-even (value, code) of a magnitude (at most the
+    format's largest value) turned to ties toward +inf: at a tie, one grid step up for a
+    positive x rounded down, one down for a negative x rounded up (Wang et al.'s E2M1
+    thresholds: 5 -> 6, -5 -> -4). The step is the spacing of the magnitude's binade; the
+    offset from it is exact."""
+    exponent, _ = binade_magic(magnitude.to(tl.int32, bitcast=True), MBITS, MIN_EXP)
+    spacing = (exponent - (MBITS << 23)).to(tl.float32, bitcast=True)
+    offset = value - magnitude
+    up = (offset == spacing * -0.5) & ~negative
+    down = (offset == spacing * 0.5) & negative
+    value = tl.where(up, value + spacing, tl.where(down, value - spacing, value))
+    return value, code + up.to(tl.int32) - down.to(tl.int32)
+
+
+@triton.jit
 def binade_magic(bits, MBITS: tl.constexpr, MIN_EXP: tl.constexpr):
     """(x's exponent bits, at least 2^MIN_EXP's; M's bits) for the float32 x with these bits:
     M = 1.5 * 2^(k - MBITS + 23), k = max(floor(log2 x), MIN_EXP), whose float32 ulp is the

@@ -38,6 +38,7 @@ from fp4cli.kernels.tile_ops import (
     pow2,
     round_unsigned_minifloat,
     signed,
+    ties_toward_positive,
     unsigned_minifloat_value,
 )
 
@@ -80,13 +81,18 @@ def scale_exponent(amax_bits, ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.cons
 
 @triton.jit
 def quantized_values(x, exponent, finite, MBITS: tl.constexpr, MIN_EXP: tl.constexpr,
-                     ELEM_MAX: tl.constexpr):  # fmt: skip
+                     ELEM_MAX: tl.constexpr, TIES_UP: tl.constexpr):  # fmt: skip
     """(float32 values q * 2^exponent signed as x, NaN where not finite; magnitude codes;
-    whether x is negative) of a tile, `exponent` and `finite` broadcast to its shape."""
+    whether x is negative) of a tile, `exponent` and `finite` broadcast to its shape; to
+    nearest, ties to even (TIES_UP: toward +inf)."""
     magnitude = tl.abs(x) * pow2(-exponent)  # exact: a power of two
     rounded, code = round_unsigned_minifloat(magnitude, MBITS, MIN_EXP, ELEM_MAX, False, True)
-    value = rounded * pow2(exponent)
     negative = x.to(tl.int32, bitcast=True) < 0
+    if TIES_UP:
+        rounded, code = ties_toward_positive(
+            tl.minimum(magnitude, ELEM_MAX), rounded, code, negative, MBITS, MIN_EXP
+        )
+    value = rounded * pow2(exponent)
     value = signed(value, negative)
     return tl.where(finite, value, float("nan")), code, negative
 
@@ -110,13 +116,13 @@ def store_quantized(out_ptr, offsets, mask, value, code, negative, SIGN_BIT: tl.
 def _finish_rows(x_ptr, out_ptr, offsets, mask, x, low, high, exponent, finite,
                  CLAMP: tl.constexpr, RESIDUAL: tl.constexpr, MBITS: tl.constexpr,
                  MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr, SIGN_BIT: tl.constexpr,
-                 WRITE_CODES: tl.constexpr):  # fmt: skip
+                 WRITE_CODES: tl.constexpr, TIES_UP: tl.constexpr):  # fmt: skip
     """Quantize and store one [BR, BC] chunk of rows; returns the written |values|' max bits."""
     clamped = x
     if CLAMP:
         clamped = clamp_rows(x, low, high)
     value, code, negative = quantized_values(
-        clamped, exponent[:, None], finite[:, None], MBITS, MIN_EXP, ELEM_MAX
+        clamped, exponent[:, None], finite[:, None], MBITS, MIN_EXP, ELEM_MAX, TIES_UP
     )
     if RESIDUAL:  # compensation: (value in x's dtype) + (x - clamped in x's dtype), rounded once
         dtype = x_ptr.dtype.element_ty
@@ -137,7 +143,7 @@ def rows_kernel(
     WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
     MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
     ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr, CEIL: tl.constexpr,
-    SIGN_BIT: tl.constexpr,
+    SIGN_BIT: tl.constexpr, TIES_UP: tl.constexpr,
 ):  # fmt: skip
     """One scale per row of a contiguous (R, C) tensor, rows clamped to their values of ranks
     low_rank and high_rank first when CLAMP (with RESIDUAL, the clamped-off part added back to
@@ -171,12 +177,12 @@ def rows_kernel(
         exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
         written = _finish_rows(
             x_ptr, out_ptr, offsets, mask, x, low, high, exponent, finite, CLAMP, RESIDUAL,
-            MBITS, MIN_EXP, ELEM_MAX, SIGN_BIT, WRITE_CODES,
+            MBITS, MIN_EXP, ELEM_MAX, SIGN_BIT, WRITE_CODES, TIES_UP,
         )  # fmt: skip
         if TAIL > 0:
             tail_written = _finish_rows(
                 x_ptr, out_ptr, tail_offsets, tail_mask, tail_x, low, high, exponent, finite,
-                CLAMP, RESIDUAL, MBITS, MIN_EXP, ELEM_MAX, SIGN_BIT, WRITE_CODES,
+                CLAMP, RESIDUAL, MBITS, MIN_EXP, ELEM_MAX, SIGN_BIT, WRITE_CODES, TIES_UP,
             )  # fmt: skip
             written = tl.maximum(written, tail_written)
     else:
@@ -198,7 +204,7 @@ def rows_kernel(
             x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
             chunk_max = _finish_rows(
                 x_ptr, out_ptr, offsets, mask, x, low, high, exponent, finite, CLAMP, RESIDUAL,
-                MBITS, MIN_EXP, ELEM_MAX, SIGN_BIT, WRITE_CODES,
+                MBITS, MIN_EXP, ELEM_MAX, SIGN_BIT, WRITE_CODES, TIES_UP,
             )  # fmt: skip
             written = tl.maximum(written, chunk_max)
     if WRITE_SCALES:
@@ -272,7 +278,7 @@ def scaled_kernel(
     WRITE_CODES: tl.constexpr, WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
     MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
     ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr, CEIL: tl.constexpr,
-    SIGN_BIT: tl.constexpr,
+    SIGN_BIT: tl.constexpr, TIES_UP: tl.constexpr,
 ):  # fmt: skip
     """Quantize a tile of a contiguous (R, C) tensor with the scales of the amax bits
     `amax_kernel` reduced (per column or per tensor): values or codes in x's layout when
@@ -286,7 +292,8 @@ def scaled_kernel(
     amax_bits = tl.load(amax_ptr + index, mask=index_ok, other=0)
     exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
     value, code, negative = quantized_values(
-        x, expand_line(exponent, BY), expand_line(finite, BY), MBITS, MIN_EXP, ELEM_MAX
+        x, expand_line(exponent, BY), expand_line(finite, BY), MBITS, MIN_EXP, ELEM_MAX,
+        TIES_UP,
     )
     if ROWS_OUT:
         written = store_quantized(

@@ -26,11 +26,13 @@ def vector_wise_launches() -> None:
     amax = torch.zeros(1, dtype=torch.int32)
     fp4_row, fp4_col = QuantSpec.preset("fp4-row"), QuantSpec.preset("fp4-column")
     e4m3, e5m2 = QuantSpec.preset("fp8-e4m3-tensor"), QuantSpec.preset("fp8-e5m2-tensor")
-    # wang-fp4's X: clamped rows in one chunk with the fused amax, then its FP8 codes
-    x_q, _ = quantize_vector(x, fp4_row, 1, bf16, clamp=Clamp(0, 94), amax_out=amax)
+    # wang-fp4's X (ties toward +inf): clamped rows in one chunk with the fused amax, then its
+    # FP8 codes
+    ties_row, ties_col = (spec.replace(rounding="ties_up") for spec in (fp4_row, fp4_col))
+    x_q, _ = quantize_vector(x, ties_row, 1, bf16, clamp=Clamp(0, 94), amax_out=amax)
     codes, scales = quantize_vector(x_q, e4m3, 0, None, scales=True, amax=amax)
     # W: per-column amax and values with scales (DGE) and the fused amax; its FP8 values
-    w_q, w_scales = quantize_vector(w, fp4_col, 1, bf16, scales=True, amax_out=amax)
+    w_q, w_scales = quantize_vector(w, ties_col, 1, bf16, scales=True, amax_out=amax)
     quantize_vector(w_q, e4m3, 0, bf16, amax=amax)
     # dY: the per-tensor amax (with the bias gradient's column sums) and cast; X's codes decoded
     quantize_vector(x, e5m2, 1, bf16)

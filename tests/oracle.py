@@ -116,7 +116,8 @@ def round_to_grid(
 ) -> np.ndarray:
     """Round finite float64 values onto `grid` by enumeration, saturating to +-max.
 
-    rne: nearest, ties to the point whose code is even. away: ties away from zero.
+    rne: nearest, ties to the point whose code is even. away: ties away from zero. ties_up:
+    ties toward +inf (the larger magnitude for a positive value, the smaller for a negative).
     sr: the two bracketing points lo <= |v| <= hi; up with probability (|v|-lo)/(hi-lo), i.e.
     when uniform < (|v|-lo)/(hi-lo).
     """
@@ -131,15 +132,18 @@ def round_to_grid(
         part = flat[start : start + chunk]
         mag = np.minimum(np.abs(part), grid.max_value)  # saturate
         dist = np.abs(mag[:, None] - table[None, :])
-        if mode in ("rne", "away"):
+        if mode in ("rne", "away", "ties_up"):
             nearest = dist == dist.min(axis=1, keepdims=True)  # one point, or two on a tie
-            if mode == "rne":
+            larger = table.size - 1 - np.argmax(nearest[:, ::-1], axis=1)
+            if mode == "ties_up":  # the larger magnitude for x > 0, the smaller for x < 0
+                index = np.where(part > 0, larger, np.argmax(nearest, axis=1))
+            elif mode == "rne":
                 pick_even = nearest & even[None, :]
                 choice = np.where(pick_even.any(axis=1, keepdims=True), pick_even, nearest)
                 # exactly one even code among two neighbours, so one point is left
                 index = np.argmax(choice, axis=1)
             else:
-                index = table.size - 1 - np.argmax(nearest[:, ::-1], axis=1)  # the larger
+                index = larger
             rounded = table[index]
         elif mode == "sr":
             assert u_flat is not None

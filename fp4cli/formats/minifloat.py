@@ -134,8 +134,8 @@ def round_to_grid(
 ) -> torch.Tensor:
     """Round float32 `x` onto `fmt`'s grid, saturating at +-max_value. NaN stays NaN.
 
-    rounding: "rne" (ties to even code), "away" (ties away from zero), "up" (away from zero
-    unless on the grid), "sr" (up with probability
+    rounding: "rne" (ties to even code), "away" (ties away from zero), "ties_up" (ties toward
+    +inf), "up" (away from zero unless on the grid), "sr" (up with probability
     equal to the distance from the lower point, using `uniform` in [0, 1)), or "guided" (the one
     of the two bracketing points nearer `guide`, which must be on the same scale as `x`; ties in
     distance fall back to ties-to-even).
@@ -151,6 +151,8 @@ def round_to_grid(
         round_up = (frac > 0.5) | ((frac == 0.5) & _lower_code_is_odd(fmt, floor_units, spacing))
     elif rounding == "away":
         round_up = frac >= 0.5
+    elif rounding == "ties_up":  # up in magnitude at a tie only for positive x
+        round_up = (frac > 0.5) | ((frac == 0.5) & (x > 0))
     elif rounding == "up":
         round_up = frac > 0
     elif rounding == "sr":

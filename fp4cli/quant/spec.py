@@ -10,7 +10,7 @@ from fp4cli.formats import ELEMENT_FORMATS, SCALE_FORMATS, Minifloat, ScaleForma
 
 BLOCK_KINDS = ("row", "column", "tensor")
 SCALE_RULES = ("floor", "ceil")
-ROUNDINGS = ("rne", "sr", "away", "eden")
+ROUNDINGS = ("rne", "sr", "away", "ties_up", "eden")
 EDEN_GROUP_MAX = 1024
 OUTER_BLOCK_MAX = 4096
 MIN_BLOCK, MAX_BLOCK = 8, 256
@@ -36,7 +36,8 @@ class QuantSpec:
     scale_rule: "floor" (OCP: 2^(floor(log2 amax) - emax), elements saturate) or "ceil"
         (truncation-free: the smallest scale with amax / scale <= element max). For non power of
         two scale formats, "floor" rounds amax / emax_value to nearest even, "ceil" rounds it up.
-    rounding: "rne", "sr" (stochastic, seeded), "away" (ties away from zero) or "eden"
+    rounding: "rne", "sr" (stochastic, seeded), "away" (ties away from zero), "ties_up" (ties
+        toward +inf: 5 -> 6, -5 -> -4, as Wang et al.'s E2M1 kernel rounds) or "eden"
         (Quartet II's MS-EDEN, `fp4cli.quant.ms_eden`: elements rounded ties away from zero,
         then per group of `eden_group` values the correction <u, u> / <u, q> (u: the values in
         grid units, q: their rounded values) multiplies the group's block scales, each rounded

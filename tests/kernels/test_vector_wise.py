@@ -20,6 +20,10 @@ SPECS = {
     "e5m2-tensor": QuantSpec.preset("fp8-e5m2-tensor"),
     "e4m3-row-floor": QuantSpec(element="e4m3", block="row"),
     "e5m2-column": QuantSpec(element="e5m2", block="column", scale_rule="ceil"),
+    # ties toward +inf (Wang et al.'s E2M1 thresholds), on FP4 and on an FP8 grid
+    "fp4-row-ties-up": QuantSpec.preset("fp4-row", rounding="ties_up"),
+    "fp4-column-ties-up": QuantSpec.preset("fp4-column", rounding="ties_up"),
+    "e4m3-tensor-ties-up": QuantSpec.preset("fp8-e4m3-tensor", rounding="ties_up"),
 }
 
 
@@ -59,6 +63,27 @@ def _check(x, spec, axis, **kwargs):
 @pytest.mark.parametrize("axis", [0, 1])
 def test_every_operand_matches_the_reference_bit_for_bit(name, axis):
     _check(edge_tensor(), SPECS[name], axis)
+
+
+def test_ties_go_toward_positive_infinity():
+    """Every E2M1 tie at scale 1 (amax 6, the ceil rule): up for a positive value, toward zero
+    for a negative one (the thresholds of Wang et al.'s kernel: v < -5 -> -6, else v < -3.5 ->
+    -4, ...); E4M3 ties likewise (1 + 2^-4 between 1 and 1 + 2^-3)."""
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    up = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    toward_zero = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0])
+    x = torch.cat([torch.tensor([6.0]), ties, -ties]).reshape(1, -1).to(DEVICE)
+    expected = torch.cat([torch.tensor([6.0]), up, -toward_zero]).reshape(1, -1)
+    for backend in ("torch", "kernels"):
+        spec = SPECS["fp4-row-ties-up"]
+        if backend == "torch":
+            got = fake_quantize(x, spec, axis=1, backend="torch")
+        else:
+            got = quantize_vector(x, spec, 1, x.dtype)[0]
+        assert_same_up_to_zero_sign(got.cpu(), expected, backend)
+    e4m3 = torch.tensor([[448.0, 1 + 2**-4, -(1 + 2**-4), 1 + 3 * 2**-4]]).to(DEVICE)
+    got = quantize_vector(e4m3, SPECS["e4m3-tensor-ties-up"], 1, e4m3.dtype)[0].cpu()
+    assert got[0, 1:].tolist() == [1 + 2**-3, -1.0, 1 + 2**-2]  # the last: to even either way
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 9), (9, 1), (3, 130), (70, 3)])
@@ -199,7 +224,9 @@ def test_specs_the_kernels_refuse_are_named():
     assert gap(QuantSpec(element="int4", block="row")) == (
         "element 'int4' (vector-wise kernels: e2m1, e4m3, e5m2)"
     )
-    assert gap(QuantSpec(block="row", rounding="sr")) == "rounding 'sr' (vector-wise kernels: rne)"
+    assert gap(QuantSpec(block="row", rounding="sr")) == (
+        "rounding 'sr' (vector-wise kernels: rne, ties_up)"
+    )
     with pytest.raises(ValueError, match="one scale per row"):
         quantize_vector(torch.ones(4, 4, device=DEVICE), SPECS["fp4-column"], 1, None,
                         clamp=Clamp(0, 3))  # fmt: skip

@@ -71,7 +71,7 @@ def _specs() -> list[QuantSpec]:
     for element in ELEMENTS:
         for scale in SCALES:
             for rule in ("floor", "ceil"):
-                for rounding in ("rne", "away"):
+                for rounding in ("rne", "away", "ties_up"):
                     for two_level in (False, True) if scale in TWO_LEVEL_SCALES else (False,):
                         specs.append(
                             QuantSpec(

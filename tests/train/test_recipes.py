@@ -92,8 +92,9 @@ def test_shipped_recipe_settings() -> None:
     # Wang et al. as its code runs: weight scale per input channel, one E5M2 tensor for dY,
     # nearest-rank clamping without compensation
     wang = load_recipe("wang-fp4").linear
-    assert wang.forward_x == QuantSpec.preset("fp4-row")
-    assert wang.forward_w == QuantSpec(block="column", scale_rule="ceil")
+    # ties toward +inf, as the code's E2M1 thresholds round
+    assert wang.forward_x == QuantSpec.preset("fp4-row", rounding="ties_up")
+    assert wang.forward_w == QuantSpec(block="column", scale_rule="ceil", rounding="ties_up")
     assert wang.grad_input_dy == wang.grad_weight_dy == QuantSpec.preset("fp8-e5m2-tensor")
     assert wang.grad_input_dy.block == "tensor" and wang.grad_input_dy.element == "e5m2"
     assert wang.grad_input_w == wang.grad_weight_x == QuantSpec.preset("fp8-e4m3-tensor")
@@ -206,7 +207,7 @@ ERRORS = [
     (
         "linear:\n  forward: {x: {preset: mxfp4, rounding: rn}}\n",
         "linear.forward.x.rounding",
-        "must be one of rne, sr, away, eden (got 'rn')",
+        "must be one of rne, sr, away, ties_up, eden (got 'rn')",
     ),
     ("linear:\n  forward: {x: {block: 33}}\n", "linear.forward.x.block", "even integer"),
     (
