@@ -294,7 +294,7 @@ def scaled_kernel(
     value, code, negative = quantized_values(
         x, expand_line(exponent, BY), expand_line(finite, BY), MBITS, MIN_EXP, ELEM_MAX,
         TIES_UP,
-    )
+    )  # fmt: skip
     if ROWS_OUT:
         written = store_quantized(
             out_ptr, offsets, mask, value, code, negative, SIGN_BIT, WRITE_CODES
