@@ -83,12 +83,13 @@ def ties_toward_positive(magnitude, value, code, negative, MBITS: tl.constexpr,
     thresholds: 5 -> 6, -5 -> -4). The step is the spacing of the magnitude's binade; the
     offset from it is exact."""
     exponent, _ = binade_magic(magnitude.to(tl.int32, bitcast=True), MBITS, MIN_EXP)
-    spacing = (exponent - (MBITS << 23)).to(tl.float32, bitcast=True)
+    half = (exponent - ((MBITS + 1) << 23)).to(tl.float32, bitcast=True)
     offset = value - magnitude
-    up = (offset == spacing * -0.5) & ~negative
-    down = (offset == spacing * 0.5) & negative
-    value = tl.where(up, value + spacing, tl.where(down, value - spacing, value))
-    return value, code + up.to(tl.int32) - down.to(tl.int32)
+    # the tie the wrong way: below for a positive x, above for a negative one; the other grid
+    # point is value - 2 offset (exact)
+    wrong = offset == tl.where(negative, half, -half)
+    value = tl.where(wrong, value - 2.0 * offset, value)
+    return value, code + tl.where(wrong, tl.where(negative, -1, 1), 0)
 
 
 @triton.jit

@@ -131,6 +131,8 @@ def test_fp8_mm_off_the_tensor_cores_is_the_values_product():
 
 @pytest.mark.parametrize("name", FP8_CONFIGS)
 def test_the_route_gives_the_reference_bits_off_the_tensor_cores(name):
+    if torch.device(DEVICE).type == "cuda":  # the tensor cores sum in their own order there
+        pytest.skip("bit for bit off the tensor cores only (tests/gpu/test_gpu_fast_vector.py)")
     config = FP8_CONFIGS[name]
     vector, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
     assert vector.executor() == ("vector", "")
