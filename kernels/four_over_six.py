@@ -14,7 +14,7 @@ import triton.language as tl
 
 from fp4cli.kernels.dequantize import scaled_grid
 from fp4cli.kernels.elements import signed_value
-from fp4cli.kernels.tile_ops import FLOAT32_MAX
+from fp4cli.kernels.tile_ops import FLOAT32_MAX, square_reduce
 
 TERM_MAX = tl.constexpr(2.0**54)
 
@@ -24,24 +24,6 @@ def error_units(amax_bits):
     """2^(24 - E) = 2^(150 - max(f, 1)) as float64, f each block's amax exponent field."""
     field = tl.maximum(amax_bits >> 23, 1).to(tl.int64)
     return ((1173 - field) << 52).to(tl.float64, bitcast=True)  # 1173: 150 + float64's bias
-
-
-@triton.jit
-def square_sum(per_block, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr,
-               BLOCK_AXIS: tl.constexpr):  # fmt: skip
-    """Per-block values ([ROWS, COLS / BLOCK] for BLOCK_AXIS 1, [ROWS / BLOCK, COLS] for 0)
-    replaced by their sum over each BLOCK x BLOCK square of the tile."""
-    if BLOCK_AXIS == 1:  # runs of BLOCK rows
-        runs = tl.reshape(per_block, (ROWS // BLOCK, BLOCK, COLS // BLOCK))
-        squares = tl.sum(runs, axis=1)
-        spread = tl.broadcast_to(tl.expand_dims(squares, 1), (ROWS // BLOCK, BLOCK, COLS // BLOCK))
-        result = tl.reshape(spread, (ROWS, COLS // BLOCK))
-    else:
-        runs = tl.reshape(per_block, (ROWS // BLOCK, COLS // BLOCK, BLOCK))
-        squares = tl.sum(runs, axis=2)
-        spread = tl.broadcast_to(tl.expand_dims(squares, 2), (ROWS // BLOCK, COLS // BLOCK, BLOCK))
-        result = tl.reshape(spread, (ROWS // BLOCK, COLS))
-    return result
 
 
 @triton.jit
@@ -87,7 +69,7 @@ def prefer_four(
     )  # fmt: skip
     four_minus_six = tl.sum(four - six, axis=BLOCK_AXIS + 1)
     if TILE2D:
-        four_minus_six = square_sum(four_minus_six, ROWS, COLS, BLOCK, BLOCK_AXIS)
-        infinite_six = square_sum(infinite_six, ROWS, COLS, BLOCK, BLOCK_AXIS)
-        infinite_four = square_sum(infinite_four, ROWS, COLS, BLOCK, BLOCK_AXIS)
+        four_minus_six = square_reduce(four_minus_six, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
+        infinite_six = square_reduce(infinite_six, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
+        infinite_four = square_reduce(infinite_four, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
     return (infinite_four == 0) & ((infinite_six > 0) | (four_minus_six < 0))

@@ -42,6 +42,7 @@ from fp4cli.kernels.tile_ops import (
     hadamard_rows,
     pow2,
     round_unsigned_minifloat,
+    square_reduce,
 )
 from fp4cli.kernels.two_level import two_level_scales
 
@@ -92,24 +93,6 @@ def block_view(tile, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr
     else:
         blocks = tl.reshape(tile, (ROWS // BLOCK, BLOCK, COLS))
     return blocks
-
-
-@triton.jit
-def square_max(amax_bits, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr,
-               BLOCK_AXIS: tl.constexpr):  # fmt: skip
-    """Per-block amax bits ([ROWS, COLS / BLOCK] for BLOCK_AXIS 1, [ROWS / BLOCK, COLS] for 0)
-    replaced by the largest over each BLOCK x BLOCK square of the tile."""
-    if BLOCK_AXIS == 1:  # runs of BLOCK rows
-        runs = tl.reshape(amax_bits, (ROWS // BLOCK, BLOCK, COLS // BLOCK))
-        squares = tl.max(runs, axis=1)
-        spread = tl.broadcast_to(tl.expand_dims(squares, 1), (ROWS // BLOCK, BLOCK, COLS // BLOCK))
-        result = tl.reshape(spread, (ROWS, COLS // BLOCK))
-    else:
-        runs = tl.reshape(amax_bits, (ROWS // BLOCK, COLS // BLOCK, BLOCK))
-        squares = tl.max(runs, axis=2)
-        spread = tl.broadcast_to(tl.expand_dims(squares, 2), (ROWS // BLOCK, COLS // BLOCK, BLOCK))
-        result = tl.reshape(spread, (ROWS // BLOCK, COLS))
-    return result
 
 
 @triton.jit
@@ -252,7 +235,7 @@ def quantize_tile(
     magnitude_bits = bits & 0x7FFFFFFF
     amax_bits = tl.max(magnitude_bits, axis=BLOCK_AXIS + 1)
     if TILE2D:
-        amax_bits = square_max(amax_bits, ROWS, COLS, BLOCK, BLOCK_AXIS)
+        amax_bits = square_reduce(amax_bits, ROWS, COLS, BLOCK, BLOCK_AXIS, False)
     finite_blocks = amax_bits < 0x7F800000
     amax = tl.where(finite_blocks, amax_bits, 0).to(tl.float32, bitcast=True)
     magnitude = magnitude_bits.to(tl.float32, bitcast=True)

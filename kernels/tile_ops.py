@@ -416,3 +416,26 @@ def hadamard_cols(
         a, b = tl.split(tl.permute(pairs, (0, 2, 1)))
         x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (ROWS, COLS))
     return x * NORM
+
+
+@triton.jit
+def square_reduce(per_block, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr,
+                  BLOCK_AXIS: tl.constexpr, SUM: tl.constexpr):  # fmt: skip
+    """Per-block values of a tile ([ROWS, COLS / BLOCK] for blocks along its rows, BLOCK_AXIS 1;
+    [ROWS / BLOCK, COLS] down its columns, 0) replaced by their largest (SUM: their sum) over
+    each BLOCK x BLOCK square of the tile, for 2-D tiles."""
+    if BLOCK_AXIS == 1:  # runs of BLOCK rows
+        runs = tl.reshape(per_block, (ROWS // BLOCK, BLOCK, COLS // BLOCK))
+        squares = tl.max(runs, axis=1)
+        if SUM:  # (the unused max is dropped by the compiler)
+            squares = tl.sum(runs, axis=1)
+        spread = tl.broadcast_to(tl.expand_dims(squares, 1), (ROWS // BLOCK, BLOCK, COLS // BLOCK))
+        result = tl.reshape(spread, (ROWS, COLS // BLOCK))
+    else:
+        runs = tl.reshape(per_block, (ROWS // BLOCK, COLS // BLOCK, BLOCK))
+        squares = tl.max(runs, axis=2)
+        if SUM:  # (the unused max is dropped by the compiler)
+            squares = tl.sum(runs, axis=2)
+        spread = tl.broadcast_to(tl.expand_dims(squares, 2), (ROWS // BLOCK, COLS // BLOCK, BLOCK))
+        result = tl.reshape(spread, (ROWS // BLOCK, COLS))
+    return result
