@@ -20,7 +20,8 @@ bytes of their own:
         32x32-bit multiplies, each two ops for its high and low halves, four xors and two key
         additions), plus 2 ops per element to turn the word into noise and add it.
     four-over-six: the block quantized a second time (scaled to 4), both candidates decoded and
-        their squared errors summed (6 ops per element): 10 + 6 ops per element.
+        their exact integer errors formed in float64 and int64 (48 FP32-op equivalents per
+        element, `CANDIDATE_ERROR_OPS`): 10 + 48 ops per element.
 A spec with a tensor scale (or block "tensor" or "column") first needs the tensor's amax (or
 its columns'): one more pass,
     bytes = 2 n, ops = 2 per element (+ log2(h) when the amax is of the transformed tensor).
@@ -48,7 +49,12 @@ if TYPE_CHECKING:
 HP_BYTES = 2  # a high-precision (BF16) element
 QUANTIZE_OPS = 10  # per element
 AMAX_OPS = 2  # abs, max
-CANDIDATE_ERROR_OPS = 6  # four-over-six: decode both candidates, square and sum their errors
+# four-over-six's errors, per element in FP32-op equivalents of the kernels' float64 and int64
+# work (conversions at a quarter of the FP32 rate, float64 and int64 arithmetic at half): x
+# widened once (4); per candidate the decode and the finiteness test (3), the widening (4), the
+# difference, scaling, square and cap (4 x 2), the truncation to int64 (4) and a select (1);
+# the int64 difference and sum (4)
+CANDIDATE_ERROR_OPS = 4 + 2 * (3 + 4 + 4 * 2 + 4 + 1) + 4
 EDEN_OPS = 4  # MS-EDEN: two products summed per element (the per-block scale draw is negligible)
 DEQUANTIZE_OPS = 3  # unpack, decode, multiply by the scale
 PHILOX_OPS_PER_CALL = 100
