@@ -87,6 +87,25 @@ def seeded_normal(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
+def rows_over_binades(rows: int, cols: int, seed: int = 0, spread: float = 4) -> torch.Tensor:
+    """Normal rows, row r scaled by 2^(spread * a normal draw): block scales over many binades,
+    on the test device."""
+    x = seeded_normal((rows, cols), seed) * torch.exp2(seeded_normal((rows, 1), seed + 1) * spread)
+    return on_device(x)
+
+
+def edge_blocks(rows: int = 40, cols: int = 100, seed: int = 0) -> torch.Tensor:
+    """`rows_over_binades` (spread 6) with a zero block, a subnormal block, a huge block (with
+    FLT_MAX) and NaN, Inf and -Inf in blocks of their own, in rows 1-6 (cols >= 71)."""
+    x = rows_over_binades(rows, cols, seed, 6).cpu()
+    x[1, :32] = 0.0
+    x[2, :32] = seeded_normal((32,), seed + 2) * 1e-41
+    x[3, :32] = seeded_normal((32,), seed + 3) * 1e37
+    x[3, 7] = FP32_MAX
+    x[4, 5], x[5, 40], x[6, 70] = NAN, INF, -INF
+    return on_device(x)
+
+
 def finite_amax(x: torch.Tensor) -> torch.Tensor:
     """The largest finite |x| (NaN and Inf left out), as a 1-element tensor."""
     magnitude = x.abs()

@@ -18,6 +18,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     NVFP4_SR,
     assert_bits,
     on_device,
+    rows_over_binades,
     seeded_normal,
 )
 from tests.kernel_checks import assert_same_up_to_zero_sign
@@ -38,11 +39,6 @@ SIGNS = {
     "top-bit-32": (32, FixedSigns(0xDEADBEEF)),
 }
 UE5M3_SR = QuantSpec.preset("mxfp4-ue5m3", rounding="sr", scale_rule="ceil")
-
-
-def _input(rows, cols, seed=0):
-    x = seeded_normal((rows, cols), seed) * torch.exp2(seeded_normal((rows, 1), seed + 1) * 4)
-    return on_device(x)
 
 
 def test_the_fixed_rotation_is_transformer_engines_matrix():
@@ -70,7 +66,7 @@ def test_the_quantize_kernel_fuses_fixed_signs(signs, spec, axis):
     too), along either axis of a ragged tensor."""
     size, fixed = SIGNS[signs]
     spec = {"mxfp4-sr": MXFP4_SR, "nvfp4": NVFP4}[spec]
-    x = _input(37, 70, seed=size)
+    x = rows_over_binades(37, 70, seed=size)
     args = dict(axis=axis, seed=5, hadamard=size, hadamard_seed=fixed)
     kernel, reference = (
         quantize(x, spec, **args, backend="triton"),
@@ -85,9 +81,9 @@ def test_the_quantize_kernel_fuses_fixed_signs(signs, spec, axis):
 
 
 def test_fixed_signs_on_non_finite_zero_and_tiny_inputs():
-    x = _input(32, 64, seed=9)
+    x = rows_over_binades(32, 64, seed=9)
     x[3, 5], x[10, 17], x[20, 40] = NAN, INF, -INF
-    for tensor in (x, on_device(torch.zeros(16, 32)), _input(16, 32, seed=2) * 1e-42):
+    for tensor in (x, on_device(torch.zeros(16, 32)), rows_over_binades(16, 32, seed=2) * 1e-42):
         for spec in (MXFP4, NVFP4_SR):
             args = dict(axis=1, seed=3, hadamard=16, hadamard_seed=TE)
             assert_same_up_to_zero_sign(
@@ -112,7 +108,7 @@ def test_the_pair_kernel_and_its_amax_passes_take_fixed_signs(shape):
     """nvidia-nvfp4's weight-gradient pairs: the transform down the columns only (the 16-slab
     amax), beside random signs the other way (the tile amax), and 32-point fixed signs both
     ways (the 32-slab amax)."""
-    x = _input(*shape, seed=7)
+    x = rows_over_binades(*shape, seed=7)
     _pair_check(x, Direction(NVFP4, None, values_dtype=torch.float32),
                 Direction(NVFP4_SR, 4, 16, TE, torch.float32))  # fmt: skip
     _pair_check(x, Direction(NVFP4_SR, 2, 16, 99, torch.float32),

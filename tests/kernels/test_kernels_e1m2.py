@@ -11,10 +11,8 @@ from fp4cli.linear.fast import fast_gap
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.recipes import load_recipe
 from tests.kernel_cases import (  # skips this module where the kernels cannot run
-    FP32_MAX,
-    INF,
-    NAN,
     assert_bits,
+    edge_blocks,
     on_device,
     seeded_normal,
 )
@@ -38,27 +36,15 @@ SPECS = {
 GRID = torch.arange(8) * 0.5  # the magnitudes, code = 2 |value|
 
 
-def _input(rows=40, cols=100, seed=0):
-    """Rows over many binades, with zeros, a subnormal block, a huge block and non-finite
-    values in blocks of their own."""
-    x = seeded_normal((rows, cols), seed) * torch.exp2(seeded_normal((rows, 1), seed + 1) * 6)
-    x[1, :32] = 0.0
-    x[2, :32] = seeded_normal((32,), seed + 2) * 1e-41
-    x[3, :32] = seeded_normal((32,), seed + 3) * 1e37
-    x[3, 7] = FP32_MAX
-    x[4, 5], x[5, 40], x[6, 70] = NAN, INF, -INF
-    return on_device(x)
-
-
 @pytest.mark.parametrize("name", SPECS)
 @pytest.mark.parametrize("axis", [0, 1])
 def test_the_kernels_match_the_reference(name, axis):
-    check_backends_agree(_input(), SPECS[name], axis=axis, seed=11)
+    check_backends_agree(edge_blocks(), SPECS[name], axis=axis, seed=11)
 
 
 @pytest.mark.parametrize("name", ["e8m0", "ufp4-sr"])
 def test_with_a_hadamard_transform(name):
-    check_backends_agree(_input(seed=3), SPECS[name], seed=5, hadamard=16, hadamard_seed=9)
+    check_backends_agree(edge_blocks(seed=3), SPECS[name], seed=5, hadamard=16, hadamard_seed=9)
 
 
 @pytest.mark.parametrize("rounding", ["rne", "away"])
@@ -103,7 +89,7 @@ def test_stochastic_rounding_is_unbiased_and_reproducible():
 
 
 def test_the_guide_picks_the_nearer_grid_point():
-    x = _input(seed=5)
+    x = edge_blocks(seed=5)
     guide = x + on_device(seeded_normal(tuple(x.shape), 6)) * x.abs() * 0.2
     for spec in (SPECS["e8m0-ceil"], SPECS["ufp4"]):
         kernel = fake_quantize(x, spec, guide=guide, backend="triton")
@@ -116,7 +102,7 @@ def test_the_guide_picks_the_nearer_grid_point():
 def test_the_pair_kernel_writes_both_directions(hadamard):
     """ufp4's pairs: codes one way, values the other, two-level, with or without RHT-16 (the
     tensor amax passes transform too)."""
-    x = _input(64, 96, seed=8)
+    x = edge_blocks(64, 96, seed=8)
     x[4:7] = 1.0  # the pair's amax pass reads the tensor: finite values only
     for spec in (SPECS["ufp4"], SPECS["ufp4-sr"], SPECS["e8m0-sr"]):
         row = Direction(spec, 3, hadamard, 5, torch.float32)

@@ -12,8 +12,8 @@ from fp4cli.quant.four_over_six import block_errors, error_units
 from tests.kernel_cases import (  # skips this module where the kernels cannot run
     FP32_MAX,
     INF,
-    NAN,
     assert_bits,
+    edge_blocks,
     on_device,
     seeded_normal,
 )
@@ -35,18 +35,6 @@ SPECS = {
 }
 
 
-def _input(rows=40, cols=100, seed=0):
-    """Rows over many binades (each 16-block a mix of near-maximal and small values), with a
-    zero block, a subnormal block, a huge block and non-finite values in blocks of their own."""
-    x = seeded_normal((rows, cols), seed) * torch.exp2(seeded_normal((rows, 1), seed + 1) * 6)
-    x[1, :32] = 0.0
-    x[2, :32] = seeded_normal((32,), seed + 2) * 1e-41
-    x[3, :32] = seeded_normal((32,), seed + 3) * 1e37
-    x[3, 7] = FP32_MAX
-    x[4, 5], x[5, 40], x[6, 70] = NAN, INF, -INF
-    return on_device(x)
-
-
 def _fours(x, spec, axis):
     """The share of finite blocks whose scale the candidate scaled to 4 set (the reference's)."""
     chosen = quantize(x, spec, axis=axis, seed=11, backend="torch").scale_values()
@@ -60,12 +48,12 @@ def _fours(x, spec, axis):
 @pytest.mark.parametrize("name", SPECS)
 @pytest.mark.parametrize("axis", [0, 1])
 def test_the_kernels_match_the_reference(name, axis):
-    check_backends_agree(_input(), SPECS[name], axis=axis, seed=11)
+    check_backends_agree(edge_blocks(), SPECS[name], axis=axis, seed=11)
 
 
 def test_both_candidates_win_somewhere():
     """The inputs exercise the choice: some blocks keep 6, others take 4."""
-    x = _input()
+    x = edge_blocks()
     x[4:7] = 1.0
     share = _fours(x, SPECS["ue4m3-per-block"], 1)
     assert share is not None and 0.1 < share < 0.9
@@ -73,7 +61,7 @@ def test_both_candidates_win_somewhere():
 
 @pytest.mark.parametrize("name", ["nvfp4", "nvfp4-sr"])
 def test_ragged_and_bfloat16_inputs(name):
-    x = _input(37, 100, seed=4)[:, 25:75].contiguous()  # 50 wide: a partial block each row
+    x = edge_blocks(37, 100, seed=4)[:, 25:75].contiguous()  # 50 wide: a partial block each row
     check_backends_agree(x, SPECS[name], axis=1, seed=3)
     check_backends_agree(x, SPECS[name], axis=0, seed=3)
     finite = x.nan_to_num(0.0, 0.0, 0.0).clamp(-1e30, 1e30)
@@ -82,12 +70,12 @@ def test_ragged_and_bfloat16_inputs(name):
 
 @pytest.mark.parametrize("name", ["nvfp4", "nvfp4-sr"])
 def test_with_a_hadamard_transform(name):
-    x = _input(seed=3)[7:]  # finite rows: the tensor amax of the transform
+    x = edge_blocks(seed=3)[7:]  # finite rows: the tensor amax of the transform
     check_backends_agree(x, SPECS[name], seed=5, hadamard=16, hadamard_seed=9)
 
 
 def test_the_guide():
-    x = _input(seed=5)
+    x = edge_blocks(seed=5)
     guide = x + on_device(seeded_normal(tuple(x.shape), 6)) * x.abs() * 0.2
     for spec in (SPECS["nvfp4"], SPECS["e8m0-ceil"]):
         kernel = fake_quantize(x, spec, guide=guide, backend="triton")
@@ -124,7 +112,7 @@ def test_a_candidate_that_decodes_to_infinity_loses():
 @pytest.mark.parametrize("hadamard", [None, 16])
 def test_the_pair_kernel_writes_both_directions(hadamard):
     """Activation-like pairs (X: values one way, codes the other), two-level, SR on one."""
-    x = _input(64, 96, seed=8)
+    x = edge_blocks(64, 96, seed=8)
     x[4:7] = 1.0  # the pair's amax pass reads the tensor: finite values only
     for row_spec, col_spec in ((SPECS["nvfp4"], SPECS["nvfp4"]), (SPECS["nvfp4-sr"], NVFP4_46)):
         row = Direction(row_spec, 3, hadamard, 5, torch.float32)
@@ -144,7 +132,7 @@ def test_square_tiles_choose_alike_both_ways():
     are the reference's along each axis, and those are one tensor (each tile's choice is the
     same read along its rows or down its columns)."""
     spec = QuantSpec.preset("nvfp4-2d", four_over_six=True)
-    w = _input(48, 80, seed=9)[7:]  # finite: one tensor amax
+    w = edge_blocks(48, 80, seed=9)[7:]  # finite: one tensor amax
     w[0, :16] = 0.0
     row = Direction(spec, None, None, 0, torch.float32)
     col = Direction(spec, None, None, 0, torch.float32)
@@ -170,7 +158,7 @@ def test_the_integer_error_by_hand():
 
 def test_the_sr_prescale_runs_on_the_reference():
     spec = NVFP4_46.replace(rounding="sr", sr_prescale=0.75)
-    x = _input()
+    x = edge_blocks()
     with pytest.raises(SpecError, match="four-over-six with the SR pre-scale"):
         quantize(x, spec, seed=1, backend="triton")
     assert_bits(

@@ -18,7 +18,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     NVFP4_SR,
     assert_bits,
     on_device,
-    seeded_normal,
+    rows_over_binades,
 )
 
 launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
@@ -47,12 +47,6 @@ PAIR_SPECS = {
     "nvfp4-away": NVFP4_AWAY,
 }
 NVFP4_2D = QuantSpec.preset("nvfp4-2d")
-
-
-def _input(rows, cols, seed=0):
-    """Rows of different magnitudes (scales over many binades) on the test device."""
-    x = seeded_normal((rows, cols), seed) * torch.exp2(seeded_normal((rows, 1), seed + 1) * 4)
-    return on_device(x)
 
 
 def _reference(x, d, axis):
@@ -100,7 +94,7 @@ def _check(x, row, col, double=None):
 @pytest.mark.parametrize("shape", [(64, 64), (70, 100), (33, 7)])
 def test_both_directions_match_the_reference(name, shape):
     spec = PAIR_SPECS[name]
-    x = _input(*shape)
+    x = rows_over_binades(*shape)
     _check(x, Direction(spec, 11, values_dtype=torch.float32), Direction(spec, 12))
     _check(x, Direction(spec, 13), Direction(spec, 14, values_dtype=torch.float32))
 
@@ -109,7 +103,7 @@ def test_both_directions_match_the_reference(name, shape):
     "row_h,col_h", [(None, 64), (32, None), (64, 32), (16, 128), (128, 64), (256, 32)]
 )
 def test_hadamard_on_either_side(row_h, col_h):
-    x = _input(70, 100, seed=3)
+    x = rows_over_binades(70, 100, seed=3)
     row = Direction(CEIL, None, row_h, 21, values_dtype=torch.float32)
     col = Direction(MXFP4_SR_PRESCALE, 22, col_h, 23)
     _check(x, row, col)
@@ -118,7 +112,7 @@ def test_hadamard_on_either_side(row_h, col_h):
 @pytest.mark.parametrize("col_h", [None, 64])
 @pytest.mark.parametrize("col_spec", ["ceil-sr", "sr-prescale"])
 def test_double_quantization_requantizes_the_row_values(col_spec, col_h):
-    x = _input(96, 80, seed=4)
+    x = rows_over_binades(96, 80, seed=4)
     row = Direction(CEIL, None, values_dtype=torch.float32)
     col = Direction(PAIR_SPECS[col_spec], 5, col_h, 6)
     _check(x, row, col, double=torch.float32)
@@ -127,13 +121,13 @@ def test_double_quantization_requantizes_the_row_values(col_spec, col_h):
 
 
 def test_one_direction_alone():
-    x = _input(45, 66, seed=5)
+    x = rows_over_binades(45, 66, seed=5)
     _check(x, Direction(CEIL_SR, 9, 32, 10), None)
     _check(x, None, Direction(CEIL_SR, 9, 32, 10, values_dtype=torch.float32))
 
 
 def test_non_finite_values_poison_their_blocks_in_both_directions():
-    x = _input(64, 96, seed=6)
+    x = rows_over_binades(64, 96, seed=6)
     x[3, 5], x[40, 70], x[63, 0] = NAN, INF, -INF
     row = Direction(MXFP4, None, values_dtype=torch.float32)
     _check(x, row, Direction(CEIL_SR, 8))
@@ -142,7 +136,7 @@ def test_non_finite_values_poison_their_blocks_in_both_directions():
 
 
 def test_zeros_ties_and_tiny_and_huge_scales():
-    x = _input(64, 64, seed=7)
+    x = rows_over_binades(64, 64, seed=7)
     x[:32, :32] = 0.0  # an all-zero block in both directions
     x[32, :32] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 4)  # E2M1 ties
     x[33, :] = 1e-40  # subnormal float32
@@ -171,7 +165,7 @@ def test_ties_away_from_zero_both_ways(spec):
         assert_bits(row_out.values[i, :32], expected, f"row {i}")
         assert_bits(col_out.values[32:, 32 + i], expected, f"column {32 + i}")
     _check(on_device(x), away, Direction(spec, None))
-    x = _input(64, 64, seed=13)
+    x = rows_over_binades(64, 64, seed=13)
     x[40:56, 48:] = 0.0
     x[60, :] = 1e-40
     x[61, :16] = 3e38
@@ -181,7 +175,7 @@ def test_ties_away_from_zero_both_ways(spec):
 
 
 def test_tensor_seeds_and_seed_offsets_draw_the_reference_bits():
-    x = _input(64, 64, seed=8)
+    x = rows_over_binades(64, 64, seed=8)
     base = torch.tensor(2**62 + 5, dtype=torch.int64, device=DEVICE)
     row_out, col_out = quantize_pair(
         x,
@@ -197,12 +191,12 @@ def test_tensor_seeds_and_seed_offsets_draw_the_reference_bits():
 @pytest.mark.parametrize("row_h,col_h", [(None, 16), (16, None), (32, 16)])
 def test_two_level_amax_of_each_transformed_direction(row_h, col_h):
     """Each direction's tensor amax is of what it quantizes: x, or x transformed along it."""
-    x = _input(70, 100, seed=10)
+    x = rows_over_binades(70, 100, seed=10)
     _check(x, Direction(NVFP4, None, row_h, 31, torch.float32), Direction(NVFP4_SR, 32, col_h, 33))
 
 
 def test_two_level_edge_cases():
-    x = _input(64, 64, seed=11)
+    x = rows_over_binades(64, 64, seed=11)
     x[:32, :32] = 0.0
     x[32, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2)
     x[33, :] = 1e-40  # under the tensor's amax by far: block scales round to zero
@@ -225,7 +219,7 @@ def _block(spec, seed=None, hadamard=None, hadamard_seed=0):
 def test_block_values_are_the_references_q_times_s(row_h, col_h):
     """Block values (a two-level spec's q * s, without the tensor scale) both ways, with each
     direction's amax; 1-D blocks, transforms, SR, and the edge cases of two-level scales."""
-    x = _input(70, 100, seed=13)
+    x = rows_over_binades(70, 100, seed=13)
     x[33, :] = 1e-40
     x[34, 0] = 3e38
     x[5, 7] = NAN
@@ -242,7 +236,7 @@ def test_block_values_are_the_references_q_times_s(row_h, col_h):
 
 
 def test_block_values_of_square_tiles_and_errors():
-    x = _input(70, 100, seed=14)
+    x = rows_over_binades(70, 100, seed=14)
     _check(x, _block(NVFP4_2D), _block(NVFP4_2D.replace(rounding="sr"), 6))
     packed = Direction(NVFP4, None, block_values=True)
     with pytest.raises(ValueError, match="block values are values"):
@@ -254,7 +248,7 @@ def test_block_values_of_square_tiles_and_errors():
 @pytest.mark.parametrize("shape", [(64, 64), (70, 100), (17, 33)])
 def test_square_tiles_give_the_reference_values_both_ways(shape):
     """2-D tiles: one scale per 16 x 16 square, so the two directions quantize alike."""
-    x = _input(*shape, seed=12)
+    x = rows_over_binades(*shape, seed=12)
     x[0, 0] = NAN
     row = Direction(NVFP4_2D, None, values_dtype=torch.float32)
     col = Direction(NVFP4_2D.replace(rounding="sr", scale_rule="ceil"), 5, None, 0, torch.float32)
@@ -264,7 +258,7 @@ def test_square_tiles_give_the_reference_values_both_ways(shape):
 
 
 def test_bfloat16_input_and_values():
-    x = _input(64, 64, seed=9).to(torch.bfloat16)
+    x = rows_over_binades(64, 64, seed=9).to(torch.bfloat16)
     row = Direction(MXFP4, None, values_dtype=torch.bfloat16)
     _check(x, row, Direction(CEIL, None))
 
@@ -273,7 +267,7 @@ def _bf16_edges(rows: int, cols: int, seed: int) -> torch.Tensor:
     """float32 values bfloat16 rounds every way: random ones, ties to even up and down, the
     largest float32 (overflows to Inf), subnormals (a tie among them too), signed zeros, Inf
     and NaN, on the test device."""
-    x = _input(rows, cols, seed).cpu()
+    x = rows_over_binades(rows, cols, seed).cpu()
     edges = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.4028235e38, -3.39e38,
                           2**-134, 3 * 2**-134, 2**-133 + 2**-141, 2**-149, -0.0, 0.0])  # fmt: skip
     x[5, : len(edges)] = edges
@@ -291,7 +285,7 @@ def _bf16_edges(rows: int, cols: int, seed: int) -> torch.Tensor:
     ],
     ids=["values+codes", "rht-cols", "double", "rht-sr-row"],
 )
-def test_float32_read_as_bfloat16_is_the_cast_input(row, col, double):
+def test_float32_read_as_bfloat16_is_the_castrows_over_binades(row, col, double):
     """read_as=bfloat16: a float32 input quantized as its bfloat16 cast, rounded in the kernel
     as torch rounds it, bit for bit in every output (ragged shape, edge values)."""
     x = _bf16_edges(70, 45, seed=12)
@@ -307,7 +301,7 @@ def test_float32_read_as_bfloat16_is_the_cast_input(row, col, double):
 
 
 def test_read_as_refuses_what_it_does_not_round():
-    x = _input(32, 64)
+    x = rows_over_binades(32, 64)
     with pytest.raises(ValueError, match="rounds float32 to bfloat16"):
         quantize_pair(x, Direction(MXFP4), None, read_as=torch.float16)
     with pytest.raises(ValueError, match="rounds float32 to bfloat16"):
@@ -326,7 +320,7 @@ def test_tiles_and_errors():
     assert pair_tile(Direction(MXFP4), Direction(MXFP4, hadamard=128)) == (128, 64)
     assert pair_tile(Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=64)) == (64, 256)
     assert pair_tile(Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=128)) is None
-    x = _input(32, 32)
+    x = rows_over_binades(32, 32)
     with pytest.raises(ValueError, match="2-D"):
         quantize_pair(x[None], Direction(MXFP4), None)
     with pytest.raises(ValueError, match="double quantization needs the row direction"):
@@ -350,7 +344,7 @@ def test_column_sums_from_the_same_read(rows, cols, col_hadamard):
     row, col = Direction(MXFP4_SR, 3), Direction(CEIL, None, col_hadamard, 4, torch.float32)
     integers = on_device(torch.randint(-512, 513, (rows, cols), generator=torch.Generator()
                                        .manual_seed(rows)).float())  # fmt: skip
-    for x in (integers, _input(rows, cols, seed=rows)):
+    for x in (integers, rows_over_binades(rows, cols, seed=rows)):
         sums = torch.full((cols,), float("nan"), device=x.device)
         row_out, col_out = quantize_pair(x, row, col, column_sums=sums)
         plain_row, plain_col = quantize_pair(x, row, col)
@@ -365,7 +359,7 @@ def test_column_sums_from_the_same_read(rows, cols, col_hadamard):
 
 
 def test_column_sums_must_be_float32_columns():
-    x = _input(32, 64)
+    x = rows_over_binades(32, 64)
     for wrong in (torch.empty(63), torch.empty(64, dtype=torch.float16)):
         with pytest.raises(ValueError, match="column_sums must be float32 of shape"):
             quantize_pair(x, Direction(MXFP4), None, column_sums=on_device(wrong))
