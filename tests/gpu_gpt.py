@@ -53,9 +53,10 @@ def autocast_gradients(
     return {"loss": loss.detach(), **{n: p.grad for n, p in model.named_parameters()}}
 
 
-def train_steps(recipe: str, cuda_graph: bool, steps: int = 8):
+def train_steps(recipe: str, cuda_graph: bool, steps: int = 8, recompute: bool = False):
     """(losses, parameters after, runner) of `steps` training steps of the tiny GPT, eager or
-    replayed from a CUDA graph with one eager step between replays (Q-EMA updated after each)."""
+    replayed from a CUDA graph with one eager step between replays (Q-EMA updated after each);
+    `recompute`: the StepRunner's."""
     from fp4cli.train.step import StepRunner, device_learning_rates
 
     model = tiny_gpt(recipe, "auto")
@@ -63,8 +64,9 @@ def train_steps(recipe: str, cuda_graph: bool, steps: int = 8):
     device_learning_rates(optimizer, torch.device("cuda"))
     fp4cli.attach_qema(model, optimizer)
     runner = StepRunner(
-        model, optimizer, gpt_loss, 1.0, torch.device("cuda"), cuda_graph=cuda_graph
-    )
+        model, optimizer, gpt_loss, 1.0, torch.device("cuda"), cuda_graph=cuda_graph,
+        recompute=recompute,
+    )  # fmt: skip
     losses = [runner(batch, eager=index == 5)[0] for index, batch in enumerate(gpt_batches(steps))]
     return torch.stack(losses), [p.detach().clone() for p in model.parameters()], runner
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from fp4cli.bench.baseline import (
+    BASELINE,
     case_label,
     case_recipe,
     failure_note,
@@ -42,10 +43,11 @@ class StepCase:
     backend: str
     mode: str
     gemm: str = ""  # the recipe's linear.gemm changed to this ("": the recipe's own)
+    recompute: bool = False  # saved quantized-layer outputs recomputed (fp4cli.linear.recompute)
 
     @property
     def label(self) -> str:
-        return case_label(self.recipe, self.gemm)
+        return case_label(self.recipe, self.gemm) + (" recompute" if self.recompute else "")
 
 
 @dataclass
@@ -95,21 +97,30 @@ def cases(
     backends: Sequence[str],
     modes: Sequence[str],
     gemms: Sequence[str] = ("",),
+    recomputes: Sequence[bool] = (False,),
 ) -> list[StepCase]:
-    """Every case, bf16 first in each task and mode (it is the baseline, on one backend)."""
+    """Every case, bf16 first in each task and mode (it is the baseline, on one backend, and
+    recomputes nothing)."""
     found = []
     for task in tasks:
         task_size, task_batch = BENCH_SIZES.get(task, ("default", 8))
         shape = (task, size or task_size, batch or task_batch)
         for mode in modes:
             for recipe, backend, gemm in recipe_backends(recipes, backends, gemms):
-                found.append(StepCase(*shape, recipe, backend, mode, gemm))
+                for recompute in (False,) if recipe == BASELINE else recomputes:
+                    found.append(StepCase(*shape, recipe, backend, mode, gemm, recompute))
     return found
 
 
-def check_step_request(modes: Sequence[str], steps: int, device: torch.device) -> None:
+def check_step_request(
+    modes: Sequence[str], steps: int, device: torch.device, recomputes: Sequence[bool] = (False,)
+) -> None:
     if steps < 1:
         raise BenchError(f"steps: must be at least 1 (got {steps})")
+    compiled = [mode for mode in modes if mode.startswith("compile")]
+    if compiled and True in recomputes:
+        raise BenchError(f"recompute: not with modes {', '.join(compiled)} (compiled layers "
+                         "keep their outputs)")  # fmt: skip
     graphed = [mode for mode in modes if mode.endswith("graph")]
     if graphed and device.type != "cuda":
         raise BenchError(f"modes {', '.join(graphed)}: CUDA graphs need a CUDA device")
@@ -156,7 +167,7 @@ def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
         if device.type == "cuda":
             row.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
         if not case.mode.startswith("compile"):  # after the timed steps, which it cannot touch
-            saved = saved_bytes(runner.model, runner.loss_of, batches[0], device)
+            saved = saved_bytes(runner.model, runner.loss_of, batches[0], device, case.recompute)
             row.saved_gib = saved / 2**30
     except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
         row.note = failure_note(error)
@@ -185,7 +196,10 @@ def build_step(case: StepCase, device: torch.device) -> tuple[Any, list[Any], st
         device_learning_rates(optimizer, device)
     fp4cli.attach_qema(model, optimizer)
     train_model = torch.compile(model) if case.mode.startswith("compile") else model
-    runner = StepRunner(train_model, optimizer, task.loss, 1.0, device, cuda_graph=graphed)
+    runner = StepRunner(
+        train_model, optimizer, task.loss, 1.0, device, cuda_graph=graphed,
+        recompute=case.recompute,
+    )  # fmt: skip
     batches = [task.batch(i, case.batch, 0) for i in range(2)]
     counts: dict[str, int] = {}
     for layer in quantized_layers(model).values():
@@ -202,29 +216,41 @@ class MaxBatchRow:
     recipe: str
     max_batch: int | None
     note: str | None = None
+    recompute: bool = False
 
     def stored_config(self) -> dict[str, Any]:
-        return {"task": self.task, "size": self.size, "recipe": self.recipe}
+        return {
+            "task": self.task, "size": self.size, "recipe": self.recipe,
+            "recompute": self.recompute,
+        }  # fmt: skip
 
     def measurements(self) -> list[tuple[str, float, str]]:
         return [] if self.max_batch is None else [("max_batch", self.max_batch, "samples")]
 
 
 def max_batch(
-    task: str, size: str, recipe: str, backend: str, device: torch.device, start: int, limit: int
+    task: str,
+    size: str,
+    recipe: str,
+    backend: str,
+    device: torch.device,
+    start: int,
+    limit: int,
+    recompute: bool = False,
 ) -> MaxBatchRow:
     """The largest batch (to within 1/8, at most `limit`) whose eager step fits in memory:
     doubling from `start`, then halving the gap to the first that does not."""
 
     def fits(batch: int) -> bool:
-        row = measure_case(StepCase(task, size, batch, recipe, backend, "eager"), device, 1)
+        case = StepCase(task, size, batch, recipe, backend, "eager", recompute=recompute)
+        row = measure_case(case, device, 1)
         if row.note is not None and row.note != "out of memory":
             raise BenchError(f"max batch of {recipe}: {row.note}")
         return row.note is None
 
     try:
         if not fits(start):
-            return MaxBatchRow(task, size, recipe, None, f"batch {start} does not fit")
+            return MaxBatchRow(task, size, recipe, None, f"batch {start} does not fit", recompute)
         good, bad = start, None
         while bad is None and good < limit:
             candidate = min(good * 2, limit)
@@ -233,6 +259,6 @@ def max_batch(
             middle = (good + bad) // 2
             good, bad = (middle, bad) if fits(middle) else (good, middle)
     except BenchError as error:
-        return MaxBatchRow(task, size, recipe, None, str(error))
+        return MaxBatchRow(task, size, recipe, None, str(error), recompute)
     note = f"the limit {limit}" if good >= limit else None
-    return MaxBatchRow(task, size, recipe, good, note)
+    return MaxBatchRow(task, size, recipe, good, note, recompute)

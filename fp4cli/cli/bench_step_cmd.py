@@ -42,6 +42,14 @@ def step_command(
         Opt(help="Also find the largest batch that fits for these recipes, e.g. bf16,mxfp4."),
     ] = None,
     max_batch_limit: Annotated[int, Opt(min=1, help="Stop the batch search here.")] = 1024,
+    recompute: Annotated[
+        str,
+        Opt(
+            help="off, on or off,on: FP4 recipes keep their layers' 4-bit operands and "
+            "recompute the outputs GELU and attention save (fp4 train --recompute); also for "
+            "--max-batch."
+        ),
+    ] = "off",
     device: DeviceOption = "auto",
     store: StoreOption = None,
     no_store: NoStoreOption = False,
@@ -67,14 +75,16 @@ def step_command(
     mode_list = parse_choices("modes", modes, bench.MODES)
     backend_list = parse_choices("backends", backends, BACKENDS)
     gemm_list = parse_gemms(gemm)
+    recompute_list = [c == "on" for c in parse_choices("recompute", recompute, ("off", "on"))]
     recipe_list, task_list = split_list(recipes), split_list(tasks)
     # names first: a misspelt recipe is worth knowing before what the device lacks
     _check_names(task_list, recipe_list + split_list(max_batch or ""), size)
-    bench.check_step_request(mode_list, steps, torch_device)
+    bench.check_step_request(mode_list, steps, torch_device, recompute_list)
     check_kernel_backends(backend_list, torch_device)
     case_list = bench.cases(
-        task_list, size, batch_size, recipe_list, backend_list, mode_list, gemm_list
-    )
+        task_list, size, batch_size, recipe_list, backend_list, mode_list, gemm_list,
+        recompute_list,
+    )  # fmt: skip
     batch_rows = []
     with _Recorder("step", store, no_store, torch_device) as recorder:
         with _CaseProgress(len(case_list), "step") as progress:
@@ -85,12 +95,13 @@ def step_command(
         for task in task_list:
             task_size, start = bench.BENCH_SIZES.get(task, ("default", 8))
             for recipe in split_list(max_batch or ""):
-                found = bench.max_batch(
-                    task, size or task_size, recipe, backend_list[0], torch_device,
-                    batch_size or start, max_batch_limit,
-                )  # fmt: skip
-                recorder.record([found])
-                batch_rows.append(found)
+                for again in [False] if recipe == "bf16" else recompute_list:
+                    found = bench.max_batch(
+                        task, size or task_size, recipe, backend_list[0], torch_device,
+                        batch_size or start, max_batch_limit, again,
+                    )  # fmt: skip
+                    recorder.record([found])
+                    batch_rows.append(found)
     table = _step_table(rows, torch_device)
     console_for(table).print(table)
     if batch_rows:
@@ -162,5 +173,6 @@ def _batch_table(rows: list[Any]) -> Any:
         table.add_column(column)
     for row in rows:
         found = "-" if row.max_batch is None else str(row.max_batch)
-        table.add_row(f"{row.task} {row.size}", row.recipe, found, row.note or "")
+        recipe = row.recipe + (" recompute" if row.recompute else "")
+        table.add_row(f"{row.task} {row.size}", recipe, found, row.note or "")
     return table

@@ -43,6 +43,14 @@ def train(
             help="Replay each step from a CUDA graph (one GPU; much faster for small layers).",
         ),
     ] = None,
+    recompute: Annotated[
+        bool | None,
+        Opt(
+            "--recompute/--no-recompute",
+            help="Keep the quantized layers' 4-bit operands instead of the outputs that GELU "
+            "and attention save, and recompute those in the backward pass (less memory).",
+        ),
+    ] = None,
     eval_every: Annotated[int | None, Opt(help="Evaluate every N steps (0: at the end).")] = None,
     stats_every: Annotated[int | None, Opt(help="Quantization statistics every N steps.")] = None,
     checkpoint_every: Annotated[int | None, Opt(help="Checkpoint every N steps.")] = None,
@@ -119,6 +127,7 @@ def train(
         "backend": backend,
         "compile": compile,
         "cuda_graph": cuda_graph,
+        "recompute": recompute,
         "eval_every": eval_every,
         "stats_every": stats_every,
         "checkpoint_every": checkpoint_every,

@@ -50,6 +50,7 @@ from fp4cli.linear.fast_operands import (
     quantized_length,
     saved_form,
 )
+from fp4cli.linear.recompute import tag
 from fp4cli.linear.routes import GEMM_OPERANDS, block_product
 from fp4cli.quant import QuantizedTensor
 from fp4cli.quant.backend import kernel_gap
@@ -138,18 +139,20 @@ def fast_forward(
     needs_dx: bool,
     needs_dw: bool,
     dtype: torch.dtype | None = None,
+    recompute: bool = False,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[Saved, Saved]]:
     """y = x W^T + b, the backward operands of X and W, each () where its gradient is not
     needed, and how to read them (`saved_layouts`). dtype: the compute dtype (default x's), to
     which x and W are cast as autocast casts them (`read_as_rounded`). weight_guide: Q-EMA's,
-    formed or (an AverageGuide) formed where W is read."""
+    formed or (an AverageGuide) formed where W is read. recompute: X's forward operand is
+    quantized packed and y tagged with the product that recomputes it (`recompute.tag`)."""
     dtype = dtype or x.dtype
     x, weight = x.contiguous(), weight.contiguous()
     bias = None if bias is None else bias.to(dtype)  # as F.linear under autocast
     x_for_dw, w_for_dx, *layouts = saved_layouts(
         config, call_seed, rank, x.shape, weight.shape, dtype
     )
-    x_request = operand_request(config, "forward", 0, call_seed, rank)
+    x_request = operand_request(config, "forward", 0, call_seed, rank, keep_packed=recompute)
     x_wanted = x_for_dw if needs_dw else None
     x, x_read_as = read_as_rounded(x, dtype, x_request, x_wanted)
     x_q, x_saved = quantize_both(
@@ -166,16 +169,39 @@ def fast_forward(
         read_as=w_read_as,
     )  # fmt: skip
     saved = x_saved, w_saved, (layouts[0], layouts[1])
-    route = config.routes["forward"]
-    if route is None:
-        return F.linear(x_q[0], w_q[0], bias), *saved
-    if route == "block":
-        y = block_product(x_q[0], w_q[0].t(), (x_q[1], w_q[1]), config, "forward", dtype, bias)
-    else:
-        w_shape = (weight.shape[0], quantized_length(weight.shape[1], w_request))
-        w_operand = Saved(w_request.spec, w_shape, dtype, axis=1).operand(w_q)
-        y = _product(x_q, w_operand, x_request, x.shape[0], config.gemm, dtype, bias)
+    length = quantized_length(weight.shape[1], w_request)  # X's and W's alike
+    shapes = (x.shape[0], length), (weight.shape[0], length)
+    operands = x_q, w_q, (x_request, w_request), shapes, config, dtype, bias
+    y = _forward_product(*operands)
+    if recompute:
+        tag(y, _forward_product, *operands)
     return y, *saved
+
+
+def _forward_product(
+    x_q: tuple[torch.Tensor, ...],
+    w_q: tuple[torch.Tensor, ...],
+    requests: tuple[Request, Request],
+    shapes: tuple[tuple[int, int], tuple[int, int]],
+    config: LinearConfig,
+    dtype: torch.dtype,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """y = X W^T + b from the forward operands as the pair kernels gave them (X's packed where
+    its request asked: then decoded for a GEMM on values), on the forward GEMM's route."""
+    (x_request, w_request), (x_shape, w_shape) = requests, shapes
+    route = config.routes["forward"]
+    if route == "mxfp4":
+        w_operand = Saved(w_request.spec, w_shape, dtype, axis=1).operand(w_q)
+        return _product(x_q, w_operand, x_request, x_shape[0], config.gemm, dtype, bias)
+    block = route == "block"
+    x_values = x_q[0]
+    if x_request.packed:
+        x_values = Saved(x_request.spec, x_shape, dtype, axis=1, block=block).values(x_q)
+    if block:
+        return block_product(x_values, w_q[0].t(), (x_q[-1], w_q[1]), config, "forward", dtype,
+                             bias)  # fmt: skip
+    return F.linear(x_values, w_q[0], bias)
 
 
 def read_as_rounded(
@@ -318,11 +344,13 @@ class FastQuantLinearFunction(torch.autograd.Function):
         weight_guide: torch.Tensor | AverageGuide | None,
         rank: int = 0,
         dtype: torch.dtype | None = None,
+        recompute: bool = False,
     ) -> torch.Tensor:
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         y, x_saved, w_saved, ctx.layouts = fast_forward(
-            x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw, dtype
-        )
+            x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw, dtype,
+            recompute,
+        )  # fmt: skip
         ctx.save_for_backward(*x_saved, *w_saved)
         ctx.split = len(x_saved)
         ctx.config, ctx.call_seed, ctx.rank = config, call_seed, rank
@@ -345,4 +373,4 @@ class FastQuantLinearFunction(torch.autograd.Function):
             (ctx.needs_input_grad[0], ctx.needs_input_grad[1], needs_db),
             ctx.targets,
         )
-        return *grads, None, None, None, None, None
+        return *grads, None, None, None, None, None, None

@@ -14,6 +14,7 @@ from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
 from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
 from fp4cli.linear.ops import compiled_linear, op_key
+from fp4cli.linear.recompute import recomputing
 from fp4cli.linear.routes import gemm_gap
 from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.quant import fake_quantize
@@ -120,7 +121,7 @@ class QuantLinear(nn.Linear):
             elif executor == "fast":
                 y = FastQuantLinearFunction.apply(
                     rows, weight, bias, self.config, call_seed, self._average_guide(), self.rank,
-                    dtype,
+                    dtype, recomputing(),
                 )  # fmt: skip
             elif executor == "vector":
                 y = VectorQuantLinearFunction.apply(rows, weight, bias, self.config, dtype)

@@ -89,8 +89,8 @@ def _resumed(
 
     resolved = run["config"] if isinstance(run["config"], dict) else json.loads(run["config"])
     config = TrainConfig.from_dict(resolved["train"])
-    # the backend, compilation and CUDA graphs change speed, not a single bit
-    changeable = ("steps", "backend", "compile", "cuda_graph", "log_to")
+    # the backend, compilation, CUDA graphs and recomputation change speed, not a single bit
+    changeable = ("steps", "backend", "compile", "cuda_graph", "recompute", "log_to")
     for key in changeable:
         if flags.get(key) is not None:
             config = dataclasses.replace(config, **{key: flags[key]})
@@ -102,8 +102,8 @@ def _resumed(
     )
     if unexpected or overrides:
         raise ConfigError(
-            "--resume continues a run as it was; only --steps, --backend, --log-to, --compile "
-            f"and --cuda-graph may change "
+            "--resume continues a run as it was; only --steps, --backend, --log-to, --compile, "
+            f"--cuda-graph and --recompute may change "
             f"(got {', '.join(unexpected + list(overrides))})"
         )
     return config, Recipe.from_dict(resolved["recipe"], source=f"run {run['id']}")

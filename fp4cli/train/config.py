@@ -53,6 +53,7 @@ class TrainConfig:
     backend: str = "auto"  # quantizer implementation: auto, torch or triton (the same bits)
     compile: bool = False  # torch.compile the model
     cuda_graph: bool = False  # replay each training step from a CUDA graph (fp4cli.train.step)
+    recompute: bool = False  # recompute saved quantized-layer outputs (fp4cli.linear.recompute)
     parallel: str = "none"  # none, ddp or fsdp (under torchrun; fp4cli.train.distributed)
     data: str | None = None
     eval_every: int | None = None
@@ -90,9 +91,11 @@ class TrainConfig:
             raise ConfigError(f"parallel: must be ddp or fsdp (got {self.parallel!r})")
         if self.backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"backend: must be auto, torch or triton (got {self.backend!r})")
-        for name in ("checkpoints", "compile", "cuda_graph"):
+        for name in ("checkpoints", "compile", "cuda_graph", "recompute"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: must be true or false (got {getattr(self, name)!r})")
+        if self.recompute and self.compile:
+            raise ConfigError("recompute: not with compile (compiled layers keep their outputs)")
         if self.device != "auto" and not str(self.device).startswith(("cpu", "cuda")):
             raise ConfigError(f"device: must be auto, cpu or cuda[:N] (got {self.device!r})")
         from fp4cli.track.store import parse_log_to

@@ -117,15 +117,16 @@ class Trainer:
         self.model = self._build_model()  # the module itself (state dicts, statistics)
         assert config.batch_size is not None
         check_batch_fits(
-            self.model, task, config.batch_size // self.dist.world_size, config.seed, self.device
-        )
+            self.model, task, config.batch_size // self.dist.world_size, config.seed, self.device,
+            config.recompute,
+        )  # fmt: skip
         wrapped = distributed.wrap(self.model, self.dist, self.device)
         self.train_model: Any = torch.compile(wrapped) if config.compile else wrapped  # forward
         self.optimizer = self._build_optimizer()
         self.stats = QuantStatsCollector(self.model, enabled=config.stats_every > 0)
         self.step_runner = StepRunner(
             self.train_model, self.optimizer, self.task.loss, config.grad_clip, self.device,
-            cuda_graph=config.cuda_graph, plain_model=wrapped,
+            cuda_graph=config.cuda_graph, plain_model=wrapped, recompute=config.recompute,
         )  # fmt: skip
         self.run_id: str | None = None
         self.start_step = 0
@@ -226,6 +227,10 @@ class Trainer:
             from fp4cli.linear import executor_summary
 
             reporter.message(executor_summary(self.model))
+        if config.recompute:
+            from fp4cli.linear.recompute import recompute_summary
+
+            reporter.message(recompute_summary(self.model))
         hint = graph_hint(config, self.recipe, self.device, self.dist.world_size)
         if hint is not None:
             reporter.message(hint)

@@ -24,25 +24,32 @@ HEADROOM = 0.9  # of the free memory an estimate may use
 GIB = 2**30
 
 
-def forward_saved_bytes(forward: Callable[[], Any]) -> int:
+def forward_saved_bytes(forward: Callable[[], Any], recompute: bool = False) -> int:
     """Bytes of the tensors autograd keeps for the backward pass of `forward()` (each storage
-    once). The pass cannot be differentiated: the graph keeps nothing saved."""
+    once); with `recompute`, as `recomputed_outputs()` keeps them (a recomputed output's
+    operands instead of it). The pass cannot be differentiated: the graph keeps nothing saved."""
+    from fp4cli.linear.recompute import kept_tensors, tagging
+
     storages: dict[int, torch.UntypedStorage] = {}
 
     def pack(tensor: torch.Tensor) -> None:
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage
+        for kept in kept_tensors(tensor) if recompute else [tensor]:
+            storage = kept.untyped_storage()
+            storages[storage.data_ptr()] = storage
         # The storage is held here until the pass ends, so that no later tensor reuses its
         # memory (and address); the graph keeps nothing: a saved output kept as itself would
         # hold its own graph in a cycle Python cannot free (and with it each parameter's
         # gradient accumulator, made on this stream, which a later CUDA-graph capture reuses).
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked):
+    tag_outputs = tagging() if recompute else nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked), tag_outputs:
         forward()
     return sum(storage.nbytes() for storage in storages.values())
 
 
-def saved_bytes(model: nn.Module, loss_of: Any, batch: Any, device: torch.device) -> int:
+def saved_bytes(
+    model: nn.Module, loss_of: Any, batch: Any, device: torch.device, recompute: bool = False
+) -> int:
     """`forward_saved_bytes` of the loss of one batch, with the model in evaluation mode for the
     pass (no layer advances its random streams) and BF16 autocast on CUDA, as training casts."""
     was_training = model.training
@@ -52,7 +59,7 @@ def saved_bytes(model: nn.Module, loss_of: Any, batch: Any, device: torch.device
     )
     try:
         with autocast:
-            return forward_saved_bytes(lambda: loss_of(model, batch))
+            return forward_saved_bytes(lambda: loss_of(model, batch), recompute)
     finally:
         model.train(was_training)
 
@@ -75,15 +82,20 @@ def free_bytes(device: torch.device) -> int | None:
 
 
 def check_batch_fits(
-    model: nn.Module, task: Any, batch_size: int, seed: int, device: torch.device
+    model: nn.Module,
+    task: Any,
+    batch_size: int,
+    seed: int,
+    device: torch.device,
+    recompute: bool = False,
 ) -> None:
     """ConfigError, before training, when the estimate for `batch_size` (this process's share)
     exceeds the device's free memory."""
     free = free_bytes(device)
     if free is None:
         return
-    one = saved_bytes(model, task.loss, task.batch(0, 1, seed), device)
-    two = saved_bytes(model, task.loss, task.batch(0, 2, seed), device)
+    one = saved_bytes(model, task.loss, task.batch(0, 1, seed), device, recompute)
+    two = saved_bytes(model, task.loss, task.batch(0, 2, seed), device, recompute)
     per_sample, fixed = max(two - one, 0), max(2 * one - two, 0)
     parameters = sum(p.numel() * p.element_size() for p in model.parameters())
     state = 3 * parameters  # gradients and AdamW's two moments, not allocated yet

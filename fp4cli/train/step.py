@@ -46,12 +46,18 @@ def plain_step(
     grad_clip: float | None,
     autocast: bool,
     cache_casts: bool = True,
+    recompute: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, gradient norm before clipping) of one step; gradients must be None or zero."""
+    """(loss, gradient norm before clipping) of one step; gradients must be None or zero.
+    recompute: the quantized layers' outputs that autograd saves are recomputed in the backward
+    pass (`fp4cli.linear.recompute`)."""
+    from fp4cli.linear.recompute import recomputed_outputs
+
     device_type = "cuda" if autocast else "cpu"
-    with torch.autocast(
+    casts = torch.autocast(
         device_type, dtype=torch.bfloat16, enabled=autocast, cache_enabled=cache_casts
-    ):
+    )
+    with casts, recomputed_outputs(recompute):
         loss = loss_of(model, batch)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or 1e9)
@@ -78,7 +84,8 @@ def device_learning_rates(optimizer: torch.optim.Optimizer, device: torch.device
 
 class StepRunner:
     """Runs training steps on `model` with `optimizer`; `cuda_graph` replays them from a graph
-    (CUDA only; the optimizer must be capturable, see `device_learning_rates`)."""
+    (CUDA only; the optimizer must be capturable, see `device_learning_rates`); `recompute`
+    recomputes the quantized layers' saved outputs in the backward pass (`plain_step`)."""
 
     def __init__(
         self,
@@ -89,6 +96,7 @@ class StepRunner:
         device: torch.device,
         cuda_graph: bool = False,
         plain_model: Any = None,
+        recompute: bool = False,
     ) -> None:
         self.model, self.optimizer, self.loss_of = model, optimizer, loss_of
         # the steps asked to run eagerly (statistics, the first) run this one: the model before
@@ -98,6 +106,7 @@ class StepRunner:
         self.grad_clip = grad_clip
         self.autocast = device.type == "cuda"
         self.cuda_graph = cuda_graph
+        self.recompute = recompute
         self.eager_steps = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_batch: Any = None
@@ -133,7 +142,7 @@ class StepRunner:
         # model checks, and a change at capture would recompile inside the capture.
         return plain_step(
             model, self.optimizer, self.loss_of, batch, self.grad_clip, self.autocast,
-            cache_casts=not self.cuda_graph,
+            cache_casts=not self.cuda_graph, recompute=self.recompute,
         )  # fmt: skip
 
     def _capture(self, batch: Any) -> None:
@@ -143,7 +152,7 @@ class StepRunner:
         with torch.cuda.graph(graph):
             self.static_out = plain_step(
                 self.model, self.optimizer, self.loss_of, self.static_batch, self.grad_clip,
-                self.autocast, cache_casts=False,
+                self.autocast, cache_casts=False, recompute=self.recompute,
             )  # fmt: skip
         self.graph = graph
 

@@ -15,6 +15,7 @@ from tests.gpu_gpt import (
     autocast_gradients,
     check_executor_gives_the_reference_bits,
     check_graph_steps_equal_eager_steps,
+    train_steps,
 )
 from tests.kernel_checks import COMPILED_ON_GPU, assert_bits, bf16_gpu_input
 
@@ -76,6 +77,23 @@ def test_compiled_gpt_is_one_graph_with_the_eager_bits(recipe, executor):
 @pytest.mark.parametrize("recipe", ["bf16", "tetrajet-qema", "tseng-rht-sr"])
 def test_cuda_graph_steps_equal_eager_steps(recipe):
     check_graph_steps_equal_eager_steps(recipe)
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+@pytest.mark.parametrize("recipe", [*FAST_RECIPES, "nvfp4-4over6", "mxfp4-gemm-exact"])
+def test_recomputed_outputs_give_the_kept_steps_bits(recipe, cuda_graph):
+    """cuBLAS and mxfp4_matmul multiply the same operands again to the same bits, eager and
+    inside a captured step (fp4cli/linear/recompute.py)."""
+    from fp4cli.recipes import apply_overrides, load_recipe
+
+    source = recipe
+    if recipe == "mxfp4-gemm-exact":
+        source = apply_overrides(load_recipe("mxfp4"), ["linear.gemm=exact"])
+    kept_losses, kept_params, _ = train_steps(source, cuda_graph)
+    losses, params, _ = train_steps(source, cuda_graph, recompute=True)
+    assert_bits(losses, kept_losses, "losses")
+    for got, want in zip(params, kept_params, strict=True):
+        assert_bits(got, want, "parameters")
 
 
 def test_trainer_with_cuda_graph_logs_what_eager_logs(tmp_path):

@@ -141,9 +141,9 @@ def test_compile_and_cuda_graph_may_change_on_resume(tmp_path):
              "checkpoint_every": 1}  # fmt: skip
     cut, _ = run_training(flags, [], store, reporter=StopAt())
     assert cut.status == "interrupted"
-    with pytest.raises(ConfigError, match="--compile and --cuda-graph may change"):
+    with pytest.raises(ConfigError, match="--cuda-graph and --recompute may change"):
         run_training({"lr": 0.1}, [], store, resume=cut.run_id, reporter=SilentReporter())
-    speed = {"compile": False, "cuda_graph": False}
+    speed = {"compile": False, "cuda_graph": False, "recompute": True}
     resumed, _ = run_training(speed, [], store, resume=cut.run_id, reporter=SilentReporter())
     assert resumed.status == "finished"
 
