@@ -72,8 +72,9 @@ def breakdown(m: int, n: int, k: int) -> None:
     )
     report("  prepare: E4M3", lambda: gemm_launch.prepare(a_op, b_op, e4m3=True), flop)
     report("  INT8 kernel", lambda: gemm_launch.launch_int8(a_op, b_op, prepared, out), flop)
+    int8 = gemm_launch.INT8_TILE
     report("  FP8 kernel, no wide tile (exits)",
-           lambda: gemm_launch.launch_fp8(a_op, b_op, prepared, out, True, True), flop)  # fmt: skip
+           lambda: gemm_launch.launch_fp8(a_op, b_op, prepared, out, True, int8), flop)  # fmt: skip
     report("  FP8 kernel, exact, every tile",
            lambda: gemm_launch.launch_fp8(a_op, b_op, prepared, out, True), flop)  # fmt: skip
     report("  FP8 kernel, fast, every tile",

@@ -9,8 +9,9 @@ tensor core's accumulator, which keeps 14; the epilogue applies 2^(ref_a + ref_b
 
 EXACT: every window's partial sum is added to the float32 accumulator (promotion every 32), so
 the result is the float32 accumulation of the exact products; a tile with a row beyond E5M2's
-fold range takes the per-window path (`gemm.window`) instead. With SKIP_NARROW, tiles whose rows
-all lie within INT8's range are left to the INT8 kernel (`gemm.int8`).
+fold range takes the per-window path (`gemm.window`) instead. With SKIP_NARROW, tiles are left
+to the INT8 kernel (`gemm.int8`) where the INT8 kernel's tile holding them (NARROW_BM x NARROW_BN,
+whole tiles of this kernel's) has all its rows within INT8's range: that kernel writes those.
 Fast: promotion every BK (the tensor core sums BK / 32 windows in its 14-bit accumulator
 between), and blocks more than 26 binades below their row's largest are flushed.
 """
@@ -21,6 +22,7 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.gemm.io import (
+    enclosing_tile_flags,
     load_codes,
     load_facts,
     load_rows,
@@ -54,14 +56,15 @@ def mxfp4_fp8_gemm_kernel(
     out_ptr, bias_ptr, M, N, k_padded, stride_om, stride_on,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     BLOCK: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr, SKIP_NARROW: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
+    NARROW_BM: tl.constexpr, NARROW_BN: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     ra, ra_ok, ra64, rb, rb_ok, rb64 = tile_rows(M, N, BM, BN, GROUP_M)
     ref_a, flags_a = load_facts(facts_ptr, ra, ra_ok, 0, M + N)
     ref_b, flags_b = load_facts(facts_ptr, rb, rb_ok, M, M + N)
     # constexpr conditions outside, tensor conditions inside: Triton folds the outer `if`
     if SKIP_NARROW:  # noqa: SIM102
-        if not tile_flags(flags_a, flags_b, FLAG_BEYOND_INT8):
+        if not enclosing_tile_flags(facts_ptr, ra, rb, M, N, NARROW_BM, NARROW_BN,
+                                    FLAG_BEYOND_INT8):  # fmt: skip
             return
     acc = tl.zeros([BM, BN], tl.float32)
     per_window = False

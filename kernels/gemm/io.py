@@ -58,6 +58,18 @@ def tile_flags(flags_a, flags_b, FLAG: tl.constexpr):
 
 
 @triton.jit
+def enclosing_tile_flags(facts_ptr, ra, rb, M, N, WIDE_M: tl.constexpr, WIDE_N: tl.constexpr,
+                         FLAG: tl.constexpr):  # fmt: skip
+    """Whether any A row or B row of the WIDE_M x WIDE_N tile (of another kernel's tiling, whose
+    tiles hold whole tiles of this one) that holds this tile carries FLAG."""
+    wide_a = tl.min(ra, axis=0) // WIDE_M * WIDE_M + tl.arange(0, WIDE_M)
+    wide_b = tl.min(rb, axis=0) // WIDE_N * WIDE_N + tl.arange(0, WIDE_N)
+    flags_a = load_facts(facts_ptr, wide_a, wide_a < M, 0, M + N)[1]
+    flags_b = load_facts(facts_ptr, wide_b, wide_b < N, M, M + N)[1]
+    return tile_flags(flags_a, flags_b, FLAG)
+
+
+@triton.jit
 def store_tile(out_ptr, bias_ptr, value, flags_a, flags_b, ra64, ra_ok, rb64, rb_ok, stride_om,
                stride_on, HAS_BIAS: tl.constexpr):  # fmt: skip
     """Store a tile plus the bias (`store_sums`), NaN in the rows of A and columns of B that

@@ -187,15 +187,29 @@ def _split_pointers(
 
 @torch.compiler.disable
 def exact_matmul(
-    a: Operand, b: Operand, out: torch.Tensor, bias: torch.Tensor | None = None
+    a: Operand,
+    b: Operand,
+    out: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    tiles: tuple[GemmTile, GemmTile] | None = None,
 ) -> torch.Tensor:
     """Exact, by the spread of each tile's rows: INT8 tiles (K's outlier windows on FP8 in the
-    same program), then the FP8 kernel for the rest (folded, or per window beyond E5M2's
-    range)."""
+    same program), then the FP8 kernel for the INT8 tiles it left (folded, or per window beyond
+    E5M2's range). tiles: (INT8's, FP8's), each of INT8's made of whole FP8 tiles."""
+    int8_tile, fp8_tile = tiles or (_tile(None, INT8_TILE), _tile(None, FP8_EXACT_TILE))
+    _check_whole_tiles(int8_tile, fp8_tile)
     split = k_split(a.scales, b.scales, a.block)
     prepared = prepare(a, b, int8=True, e5m2=True, tier_flags=True, split=split)
-    launch_int8(a, b, prepared, out, bias=bias)
-    return launch_fp8(a, b, prepared, out, exact=True, skip_narrow=True, bias=bias)
+    launch_int8(a, b, prepared, out, int8_tile, bias=bias)
+    return launch_fp8(a, b, prepared, out, True, int8_tile, fp8_tile, bias)
+
+
+def _check_whole_tiles(int8_tile: GemmTile, fp8_tile: GemmTile) -> None:
+    """The FP8 kernel writes what the INT8 kernel leaves by whole INT8 tiles: each must be made
+    of whole FP8 tiles."""
+    if int8_tile.bm % fp8_tile.bm or int8_tile.bn % fp8_tile.bn:
+        raise ValueError(f"INT8 tiles {int8_tile.bm} x {int8_tile.bn} are not whole FP8 tiles "
+                         f"{fp8_tile.bm} x {fp8_tile.bn}")  # fmt: skip
 
 
 @torch.compiler.disable
@@ -286,21 +300,25 @@ def launch_fp8(
     prepared: Prepared,
     out: torch.Tensor,
     exact: bool,
-    skip_narrow: bool = False,
+    skip_narrow: GemmTile | None = None,
     tile: GemmTile | None = None,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The FP8 kernel, on E5M2-staged operands or (none staged) decoding in registers; with
-    `skip_narrow`, tiles within INT8's range are left unwritten."""
+    `skip_narrow` (the INT8 kernel's tile, made of whole tiles of this one), the tiles inside
+    INT8 tiles that the INT8 kernel writes (all rows within its range) are left unwritten."""
     tile = _tile(tile, FP8_EXACT_TILE if exact else FP8_FAST_TILE)
+    narrow = skip_narrow or tile
+    _check_whole_tiles(narrow, tile)
     staged_a, staged_b = prepared.e5m2 or (a.codes, b.codes)  # never read when fused
     staged_a, staged_b = staged_a.view(torch.uint8), staged_b.view(torch.uint8)
     mxfp4_fp8_gemm_kernel[_grid(a.rows, b.rows, tile)](
         a.codes, a.scales, staged_a, b.codes, b.scales, staged_b, prepared.facts,
         out, _bias_pointer(bias, out), a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1),
         BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, BLOCK=a.block,
-        FUSED=prepared.e5m2 is None, EXACT=exact, SKIP_NARROW=skip_narrow,
-        HAS_BIAS=bias is not None, num_warps=tile.warps, num_stages=tile.stages,
+        FUSED=prepared.e5m2 is None, EXACT=exact, SKIP_NARROW=skip_narrow is not None,
+        NARROW_BM=narrow.bm, NARROW_BN=narrow.bn, HAS_BIAS=bias is not None,
+        num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 

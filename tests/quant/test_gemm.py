@@ -153,6 +153,37 @@ def test_spread_chooses_the_tier_and_stays_exact(binades: int, flag: int) -> Non
 
 
 @needs_kernels
+@pytest.mark.parametrize("tiles", ["default", "int8-twice-fp8"])
+def test_every_tile_is_written_when_the_tiers_tile_differently(tiles: str) -> None:
+    """INT8 tiles of two FP8 tiles' rows (the GPU's: 256 against 128): an INT8 tile with one
+    row beyond INT8 (row 3) is left to the FP8 kernel, whose tiles must then write all of its
+    rows, those within INT8's range too (rows 32..63 here, 128..255 on a GPU)."""
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm.launch import GemmTile, exact_matmul
+
+    chosen = None
+    if tiles != "default":
+        chosen = (GemmTile(64, 32, 64, 4, 1, 4), GemmTile(32, 32, 64, 4, 1, 4))
+    a, b = exact_sum_pair(600, 40, 128, seed=4, device=DEVICE)
+    a = spread_rows(a, [3], 4)  # flag 4: beyond INT8, within E5M2
+    assert tier_flags(a)[3] == 4 and set(tier_flags(a)[4:]) == {0}
+    out = torch.full((600, 40), float("nan"), device=DEVICE)
+    exact_matmul(kernel_operand(a), kernel_operand(b), out, tiles=chosen)
+    assert_matches(out, matmul_reference(a, b, torch.float32))
+
+
+@needs_kernels
+def test_fp8_tiles_must_tile_the_int8_tiles() -> None:
+    from fp4cli.gemm.operands import kernel_operand
+    from fp4cli.kernels.gemm.launch import GemmTile, exact_matmul
+
+    a, b = exact_sum_pair(48, 40, 128, seed=4, device=DEVICE)
+    tiles = (GemmTile(48, 32, 64, 4, 1, 4), GemmTile(32, 32, 64, 4, 1, 4))
+    with pytest.raises(ValueError, match="INT8 tiles 48 x 32 are not whole FP8 tiles 32 x 32"):
+        exact_matmul(kernel_operand(a), kernel_operand(b), torch.empty(48, 40), tiles=tiles)
+
+
+@needs_kernels
 def test_far_block_that_dominates_is_kept_exactly() -> None:
     """A block 40 binades below its row's largest, paired with B's only nonzero values there:
     the whole result comes from it. Exact mode keeps it; fast mode flushes it, within the
