@@ -109,10 +109,13 @@ def kept_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _pack(tensor: torch.Tensor) -> Any:
+    """A saved tensor as kept: a recipe for a tagged output's view, else the tensor detached (an
+    output its own node saves would otherwise hold that node in a cycle autograd frees only by
+    running the backward: a forward that fails, out of memory, would keep its whole graph)."""
     base = tensor if tensor._base is None else tensor._base
     recompute = getattr(base, _TAG, None)
     if recompute is None:
-        return tensor
+        return tensor.detach()
     offset = tensor.storage_offset() - base.storage_offset()
     return recompute, tuple(base.shape), tensor.size(), tensor.stride(), offset
 

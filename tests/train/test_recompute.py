@@ -108,7 +108,18 @@ def test_a_saved_view_is_recomputed_with_its_geometry():
     again = _unpack(_pack(view))
     assert torch.equal(again, view) and again.stride() == view.stride()
     untagged = torch.ones(3)
-    assert _pack(untagged) is untagged and _unpack(untagged) is untagged
+    kept = _pack(untagged)
+    assert kept.data_ptr() == untagged.data_ptr() and _unpack(kept) is kept
+
+
+def test_a_forward_that_is_not_differentiated_frees_its_graph():
+    """Softmax keeps its own output: kept as itself, it would hold its node in a cycle."""
+    x = torch.randn(4, 8, requires_grad=True)
+    with recomputed_outputs():
+        out = torch.softmax(x * 2, dim=-1)
+    gone = weakref.ref(out)
+    del out
+    assert gone() is None
 
 
 def test_a_recomputation_of_another_shape_is_refused():
