@@ -152,6 +152,8 @@ def test_max_batch_reports_a_start_that_does_not_fit(monkeypatch) -> None:
         (["--recipes", "no-such-recipe", "--modes", "eager"], "no-such-recipe"),
         (["--recipes", "no-such-recipe"], "no-such-recipe"),  # named before the device's lack
         (["--steps", "0"], "--steps"),
+        (["--recompute", "maybe"], "recompute: 'maybe' is not one of off, on"),
+        (["--modes", "compile", "--recompute", "on"], "recompute: not with modes compile"),
     ],
 )
 def test_bad_requests_fail_in_one_line(args: list[str], message: str) -> None:
