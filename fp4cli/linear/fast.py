@@ -50,7 +50,7 @@ from fp4cli.linear.fast_operands import (
     quantized_length,
     saved_form,
 )
-from fp4cli.linear.recompute import tag
+from fp4cli.linear.recompute import OutputUse, tag
 from fp4cli.linear.routes import GEMM_OPERANDS, block_product
 from fp4cli.quant import QuantizedTensor
 from fp4cli.quant.backend import kernel_gap
@@ -139,20 +139,22 @@ def fast_forward(
     needs_dx: bool,
     needs_dw: bool,
     dtype: torch.dtype | None = None,
-    recompute: bool = False,
+    recompute: OutputUse | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[Saved, Saved]]:
     """y = x W^T + b, the backward operands of X and W, each () where its gradient is not
     needed, and how to read them (`saved_layouts`). dtype: the compute dtype (default x's), to
     which x and W are cast as autocast casts them (`read_as_rounded`). weight_guide: Q-EMA's,
     formed or (an AverageGuide) formed where W is read. recompute: X's forward operand is
-    quantized packed and y tagged with the product that recomputes it (`recompute.tag`)."""
+    quantized packed and y tagged with the product that recomputes it and this OutputUse
+    (`recompute.tag`)."""
     dtype = dtype or x.dtype
     x, weight = x.contiguous(), weight.contiguous()
     bias = None if bias is None else bias.to(dtype)  # as F.linear under autocast
     x_for_dw, w_for_dx, *layouts = saved_layouts(
         config, call_seed, rank, x.shape, weight.shape, dtype
     )
-    x_request = operand_request(config, "forward", 0, call_seed, rank, keep_packed=recompute)
+    keep = recompute is not None
+    x_request = operand_request(config, "forward", 0, call_seed, rank, keep_packed=keep)
     x_wanted = x_for_dw if needs_dw else None
     x, x_read_as = read_as_rounded(x, dtype, x_request, x_wanted)
     x_q, x_saved = quantize_both(
@@ -173,8 +175,8 @@ def fast_forward(
     shapes = (x.shape[0], length), (weight.shape[0], length)
     operands = x_q, w_q, (x_request, w_request), shapes, config, dtype, bias
     y = _forward_product(*operands)
-    if recompute:
-        tag(y, _forward_product, *operands)
+    if recompute is not None:
+        tag(y, recompute, _forward_product, *operands)
     return y, *saved
 
 
@@ -344,7 +346,7 @@ class FastQuantLinearFunction(torch.autograd.Function):
         weight_guide: torch.Tensor | AverageGuide | None,
         rank: int = 0,
         dtype: torch.dtype | None = None,
-        recompute: bool = False,
+        recompute: OutputUse | None = None,
     ) -> torch.Tensor:
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         y, x_saved, w_saved, ctx.layouts = fast_forward(

@@ -14,7 +14,7 @@ from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
 from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
 from fp4cli.linear.ops import compiled_linear, op_key
-from fp4cli.linear.recompute import recomputing
+from fp4cli.linear.recompute import LayerRecompute
 from fp4cli.linear.routes import gemm_gap
 from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.quant import fake_quantize
@@ -84,6 +84,7 @@ class QuantLinear(nn.Linear):
         self._interpreter = interpreter_on()
         self.stats: dict[tuple[str, str], torch.Tensor] | None = None  # set to {} to record
         self.rank = 0  # this process's rank in a distributed run: X and dY round per rank
+        self._recompute = LayerRecompute()  # under `fp4 train --recompute`
         device = self.weight.device
         seed = draw_seed() if seed is None else seed
         self.register_buffer("rng_seed", torch.tensor(seed & _SEED_MASK, device=device))
@@ -121,7 +122,7 @@ class QuantLinear(nn.Linear):
             elif executor == "fast":
                 y = FastQuantLinearFunction.apply(
                     rows, weight, bias, self.config, call_seed, self._average_guide(), self.rank,
-                    dtype, recomputing(),
+                    dtype, self._recompute.next_use(),
                 )  # fmt: skip
             elif executor == "vector":
                 y = VectorQuantLinearFunction.apply(rows, weight, bias, self.config, dtype)

@@ -10,8 +10,9 @@ output is kept as that recipe and the view's geometry, and `_unpack` multiplies 
 when the backward pass reads it. The second product is the first's call on the same operands, so
 it has the same bits; the forward's output itself is freed as soon as nothing else holds it.
 
-Recomputing trades one GEMM of the layer's forward shape per recomputed output for the memory;
-outputs nothing saves (a residual branch's) cost only their packed operand until the step ends.
+Recomputing trades one GEMM of the layer's forward shape per recomputed output for the memory.
+A layer whose output nothing saved in one pass (a residual branch's) stops keeping its operands
+(`LayerRecompute`).
 Not under torch.compile (`fp4 train` refuses the pair), and eager or CUDA-graph steps alike.
 """
 
@@ -27,12 +28,41 @@ _TAG = "_fp4_recompute"
 _active = [0]  # depth of recomputed_outputs() contexts
 
 
+class OutputUse:
+    """Whether autograd saved (a view of) one tagged output (`_pack` sets `saved`)."""
+
+    def __init__(self) -> None:
+        self.saved = False
+
+
+class LayerRecompute:
+    """A layer's side of recomputing: each call inside `recomputed_outputs()` gets a fresh
+    OutputUse to tag its output with, until a call's output was saved by nothing (a residual
+    branch's: the projection's, fc2's); from then on the layer keeps nothing extra."""
+
+    def __init__(self) -> None:
+        self.last: OutputUse | None = None
+        self.stopped = False
+
+    def next_use(self) -> OutputUse | None:
+        """This call's OutputUse, or None where the layer keeps its output as usual."""
+        if self.stopped or not recomputing():
+            return None
+        if self.last is not None and not self.last.saved:
+            self.stopped = True
+            return None
+        self.last = OutputUse()
+        return self.last
+
+
 class Recompute:
     """How to compute a layer's output again, `function(*operands)` (the same tensor,
     contiguous), once per backward pass: several views of one output (q, k, v) share it."""
 
-    def __init__(self, function: Callable[..., torch.Tensor], operands: tuple[Any, ...]) -> None:
-        self.function, self.operands = function, operands
+    def __init__(
+        self, use: OutputUse, function: Callable[..., torch.Tensor], operands: tuple[Any, ...]
+    ) -> None:
+        self.use, self.function, self.operands = use, function, operands
         self.value: torch.Tensor | None = None
 
     def __call__(self) -> torch.Tensor:
@@ -78,10 +108,13 @@ def recomputing() -> bool:
     return _active[0] > 0 and torch.is_grad_enabled()
 
 
-def tag(output: torch.Tensor, function: Callable[..., torch.Tensor], *operands: Any) -> None:
-    """Mark a contiguous layer output as recomputable by `function(*operands)`."""
+def tag(
+    output: torch.Tensor, use: OutputUse, function: Callable[..., torch.Tensor], *operands: Any
+) -> None:
+    """Mark a contiguous layer output as recomputable by `function(*operands)`; `use` records
+    whether anything saves it."""
     if output.is_contiguous():
-        setattr(output, _TAG, Recompute(function, operands))
+        setattr(output, _TAG, Recompute(use, function, operands))
 
 
 def recompute_summary(model: torch.nn.Module) -> str:
@@ -96,8 +129,9 @@ def recompute_summary(model: torch.nn.Module) -> str:
     rest = len(layers) - fast
     others = f"; the other {rest} keep their outputs" if rest else ""
     return (
-        f"recompute: {fast} quantized layers keep their 4-bit forward operands, and saved "
-        f"outputs of theirs are recomputed in the backward pass{others}"
+        f"recompute: the {fast} quantized layers on the fast executor keep their 4-bit forward "
+        f"operands where autograd would save their output, and recompute it in the backward "
+        f"pass{others}"
     )
 
 
@@ -116,6 +150,7 @@ def _pack(tensor: torch.Tensor) -> Any:
     recompute = getattr(base, _TAG, None)
     if recompute is None:
         return tensor.detach()
+    recompute.use.saved = True
     offset = tensor.storage_offset() - base.storage_offset()
     return recompute, tuple(base.shape), tensor.size(), tensor.stride(), offset
 

@@ -14,7 +14,14 @@ import torch.nn.functional as F
 from fp4cli import QuantLinear
 from fp4cli.bench.configs import BenchError
 from fp4cli.bench.step import cases, check_step_request
-from fp4cli.linear.recompute import _pack, _unpack, recomputed_outputs, recomputing, tag
+from fp4cli.linear.recompute import (
+    OutputUse,
+    _pack,
+    _unpack,
+    recomputed_outputs,
+    recomputing,
+    tag,
+)
 from fp4cli.quant.backend import interpreter_on
 from fp4cli.recipes import load_recipe
 from fp4cli.train.config import ConfigError, TrainConfig
@@ -48,7 +55,8 @@ def _block(wide, narrow, x):
 
 
 def _passes(config, recompute, calls=2):
-    """(outputs and gradients of `calls` passes, whether wide's output outlived its forward)."""
+    """(outputs and gradients of `calls` passes, whether wide's output outlived its forward,
+    whether each layer stopped keeping its operands)."""
     wide, narrow = _layers(config)
     results, outlived, outputs = [], [], []
     hook = wide.register_forward_hook(lambda m, i, out: outputs.append(weakref.ref(out._base)))
@@ -64,19 +72,21 @@ def _passes(config, recompute, calls=2):
         params = [p.grad for p in (*wide.parameters(), *narrow.parameters())]
         results.append([y.detach(), x.grad, *params])
     hook.remove()
-    return results, outlived
+    return results, outlived, (wide._recompute.stopped, narrow._recompute.stopped)
 
 
 @needs_kernels
 @pytest.mark.parametrize("name", CONFIGS)
 def test_recomputed_outputs_give_the_kept_outputs_bits(name):
-    kept, kept_alive = _passes(CONFIGS[name], recompute=False)
-    again, again_alive = _passes(CONFIGS[name], recompute=True)
+    kept, kept_alive, _ = _passes(CONFIGS[name], recompute=False)
+    again, again_alive, stopped = _passes(CONFIGS[name], recompute=True)
     for kept_call, again_call in zip(kept, again, strict=True):
         for a, b in zip(kept_call, again_call, strict=True):
             assert torch.equal(a, b), name
     assert kept_alive == [True, True]  # GELU and the product keep it
     assert again_alive == [False, False]  # freed: its operands are kept instead
+    # narrow's output, saved by nothing, was tagged once: the second pass keeps nothing extra
+    assert stopped == (False, True)
 
 
 @needs_kernels
@@ -102,11 +112,16 @@ def test_nothing_is_tagged_outside_the_context_or_without_gradients():
 
 
 def test_a_saved_view_is_recomputed_with_its_geometry():
-    output = torch.arange(48.0).reshape(4, 12)
-    tag(output, lambda: torch.arange(48.0).reshape(4, 12))
+    output = torch.arange(48.0).reshape(4, 12).clone()  # its own base, as a layer's output is
+    use = OutputUse()
+    tag(output, use, lambda: torch.arange(48.0).reshape(4, 12).clone())
     view = output.reshape(4, 3, 4)[1:, 1:, ::2].transpose(0, 2)
-    again = _unpack(_pack(view))
+    assert not use.saved
+    packed = _pack(view)
+    assert not isinstance(packed, torch.Tensor) and use.saved
+    again = _unpack(packed)
     assert torch.equal(again, view) and again.stride() == view.stride()
+    assert again.data_ptr() != view.data_ptr()  # a view of the recomputed output
     untagged = torch.ones(3)
     kept = _pack(untagged)
     assert kept.data_ptr() == untagged.data_ptr() and _unpack(kept) is kept
@@ -124,7 +139,7 @@ def test_a_forward_that_is_not_differentiated_frees_its_graph():
 
 def test_a_recomputation_of_another_shape_is_refused():
     output = torch.zeros(4, 6)
-    tag(output, lambda: torch.zeros(4, 5))
+    tag(output, OutputUse(), lambda: torch.zeros(4, 5))
     with pytest.raises(RuntimeError, match=r"recomputed output \(4, 5\) is not \(4, 6\)"):
         _unpack(_pack(output[1:]))
 
@@ -168,4 +183,4 @@ def test_a_run_that_recomputes_logs_what_one_that_keeps_logs(tmp_path):
     again, _ = run_training({**flags, "recompute": True}, [], store, reporter=reporter)
     losses = ("train_loss", "val_loss")
     assert [again.metrics[k] for k in losses] == [kept.metrics[k] for k in losses]
-    assert "recompute: 2 quantized layers keep their 4-bit forward operands" in reporter.lines[1]
+    assert "recompute: the 2 quantized layers on the fast executor keep" in reporter.lines[1]
