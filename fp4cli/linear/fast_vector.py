@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from fp4cli.linear.config import GEMMS, OPERANDS, LinearConfig
 from fp4cli.linear.fast import given_dtypes, in_target_dtypes
+from fp4cli.linear.recompute import OutputUse, tag
 from fp4cli.quant import QuantSpec
 from fp4cli.techniques.outliers import nearest_ranks
 
@@ -325,6 +326,23 @@ def _product(
     return fp8_mm(a, b, (a_spec, b_spec), dtype, bias)
 
 
+def _forward_product(
+    x: tuple[torch.Tensor, torch.Tensor | None],
+    w: tuple[torch.Tensor, torch.Tensor | None],
+    config: LinearConfig,
+    dtype: torch.dtype,
+    bias: torch.Tensor | None,
+    codes: bool,
+) -> torch.Tensor:
+    """y = X W^T + b from the forward operands (operand, its scales): codes on the FP8 route
+    (W's codes are (out, in), b's transpose's), else values."""
+    if codes:
+        assert x[1] is not None and w[1] is not None
+        bias = None if bias is None else bias.to(dtype)  # as F.linear under autocast
+        return _product((x[0], x[1]), (w[0], w[1]), config, "forward", dtype, bias)
+    return F.linear(x[0], w[0], bias)
+
+
 def vector_forward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -332,11 +350,13 @@ def vector_forward(
     config: LinearConfig,
     needs_dx: bool,
     needs_dw: bool,
+    recompute: OutputUse | None = None,
 ) -> tuple[
     torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]
 ]:
     """y = x W^T + b, X's and W's kept backward operands (`SourcePlan.kept_count` tensors each),
-    and DGE's (weight, forward scales) where `vector_plans` asks for the forward scales."""
+    and DGE's (weight, forward scales) where `vector_plans` asks for the forward scales.
+    recompute: y is tagged with its product and the forward operands (`recompute.tag`)."""
     x, weight, dtype = x.contiguous(), weight.contiguous(), x.dtype
     x_plan, w_plan = vector_plans(config, needs_dx, needs_dw)
     x_sizes, w_sizes = x_plan.slot_sizes(x.shape), w_plan.slot_sizes(weight.shape)
@@ -345,12 +365,10 @@ def vector_forward(
         x, x_plan, dtype, slots[:3], _clamp(config, x.shape[1])
     )
     w_q, w_kept, w_scales = _source_operands(weight, w_plan, dtype, slots[3:])
-    if x_plan.forward_codes:  # the FP8 route: W's codes are (out, in), b's transpose's
-        assert x_scales is not None and w_scales is not None
-        bias = None if bias is None else bias.to(dtype)  # as F.linear under autocast
-        y = _product((x_q, x_scales), (w_q, w_scales), config, "forward", dtype, bias)
-    else:
-        y = F.linear(x_q, w_q, bias)
+    operands = (x_q, x_scales), (w_q, w_scales), config, dtype, bias, x_plan.forward_codes
+    y = _forward_product(*operands)
+    if recompute is not None:
+        tag(y, recompute, _forward_product, *operands)
     dge_tensors = (weight, w_scales) if w_plan.forward_scales and w_scales is not None else ()
     return y, x_kept, w_kept, dge_tensors
 
@@ -412,14 +430,18 @@ class VectorQuantLinearFunction(torch.autograd.Function):
         bias: torch.Tensor | None,
         config: LinearConfig,
         dtype: torch.dtype | None = None,
+        recompute: OutputUse | None = None,
     ) -> torch.Tensor:
-        """dtype: the compute dtype x, W and the bias are cast to (autocast's), if not theirs."""
+        """dtype: the compute dtype x, W and the bias are cast to (autocast's), if not theirs;
+        recompute: `vector_forward`'s."""
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.targets = given_dtypes(x, weight, bias)
         if dtype is not None:
             x, weight = x.to(dtype), weight.to(dtype)
             bias = bias.to(dtype) if bias is not None else None
-        y, x_kept, w_kept, dge_tensors = vector_forward(x, weight, bias, config, needs_dx, needs_dw)
+        y, x_kept, w_kept, dge_tensors = vector_forward(
+            x, weight, bias, config, needs_dx, needs_dw, recompute
+        )
         ctx.save_for_backward(*x_kept, *w_kept, *dge_tensors)
         ctx.split = (len(x_kept), len(x_kept) + len(w_kept))
         ctx.config, ctx.has_bias, ctx.dtype = config, bias is not None, x.dtype
@@ -438,4 +460,4 @@ class VectorQuantLinearFunction(torch.autograd.Function):
             (needs[0], needs[1], ctx.has_bias and needs[2]),
             ctx.targets,
         )
-        return *grads, None, None
+        return *grads, None, None, None

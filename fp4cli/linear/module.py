@@ -125,7 +125,9 @@ class QuantLinear(nn.Linear):
                     dtype, self._recompute.next_use(),
                 )  # fmt: skip
             elif executor == "vector":
-                y = VectorQuantLinearFunction.apply(rows, weight, bias, self.config, dtype)
+                y = VectorQuantLinearFunction.apply(
+                    rows, weight, bias, self.config, dtype, self._recompute.next_use()
+                )
             else:
                 y = QuantLinearFunction.apply(
                     rows,

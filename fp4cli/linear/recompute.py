@@ -4,8 +4,9 @@
 A layer's output is kept for the backward pass by what reads it next: GELU keeps its input (fc1's
 output, 4 x wide), attention keeps q, k and v (views of qkv's output). Inside
 `recomputed_outputs()`, a quantized layer on the fast executor keeps its forward GEMM's operands
-instead (X packed, 4.25 bits a value; W's operand, weight-sized) and tags its output with how to
-multiply them again. Every tensor autograd saves passes `_pack`: one that is (a view of) a tagged
+instead (X packed, 4.25 bits a value; W's operand, weight-sized; on the vector-wise executor
+the operands as its forward GEMM reads them) and tags its output with how to multiply them
+again. Every tensor autograd saves passes `_pack`: one that is (a view of) a tagged
 output is kept as that recipe and the view's geometry, and `_unpack` multiplies the operands again
 when the backward pass reads it. The second product is the first's call on the same operands, so
 it has the same bits; the forward's output itself is freed as soon as nothing else holds it.
@@ -84,7 +85,7 @@ class Recompute:
 
 @contextmanager
 def tagging() -> Iterator[None]:
-    """Within it, layers on the fast executor keep their operands and tag their outputs."""
+    """Within it, layers on the kernel executors keep their operands and tag their outputs."""
     _active[0] += 1
     try:
         yield
@@ -123,13 +124,13 @@ def recompute_summary(model: torch.nn.Module) -> str:
     from fp4cli.linear import quantized_layers
 
     layers = [m for m in quantized_layers(model).values() if not m.config.is_high_precision]
-    fast = sum(layer.executor()[0] == "fast" for layer in layers)
-    if not fast:
-        return "recompute: no quantized layer runs on the fast executor; nothing is recomputed"
-    rest = len(layers) - fast
-    others = f"; the other {rest} keep their outputs" if rest else ""
+    able = sum(layer.executor()[0] in ("fast", "vector") for layer in layers)
+    if not able:
+        return "recompute: no quantized layer runs on a kernel executor; nothing is recomputed"
+    rest = len(layers) - able
+    others = f"; the other {rest} (on the reference executor) keep their outputs" if rest else ""
     return (
-        f"recompute: the {fast} quantized layers on the fast executor keep their 4-bit forward "
+        f"recompute: the {able} quantized layers on the kernel executors keep their forward "
         f"operands where autograd would save their output, and recompute it in the backward "
         f"pass{others}"
     )

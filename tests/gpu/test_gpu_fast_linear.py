@@ -80,10 +80,12 @@ def test_cuda_graph_steps_equal_eager_steps(recipe):
 
 
 @pytest.mark.parametrize("cuda_graph", [False, True])
-@pytest.mark.parametrize("recipe", [*FAST_RECIPES, "nvfp4-4over6", "mxfp4-gemm-exact"])
+@pytest.mark.parametrize(
+    "recipe", [*FAST_RECIPES, "nvfp4-4over6", "mxfp4-gemm-exact", "wang-fp4", "wang-direct"]
+)
 def test_recomputed_outputs_give_the_kept_steps_bits(recipe, cuda_graph):
-    """cuBLAS and mxfp4_matmul multiply the same operands again to the same bits, eager and
-    inside a captured step (fp4cli/linear/recompute.py)."""
+    """cuBLAS, mxfp4_matmul and the FP8 GEMMs multiply the same operands again to the same bits,
+    eager and inside a captured step (fp4cli/linear/recompute.py)."""
     from fp4cli.recipes import apply_overrides, load_recipe
 
     source = recipe
