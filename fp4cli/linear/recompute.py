@@ -61,9 +61,14 @@ class Recompute:
     contiguous), once per backward pass: several views of one output (q, k, v) share it."""
 
     def __init__(
-        self, use: OutputUse, function: Callable[..., torch.Tensor], operands: tuple[Any, ...]
+        self,
+        use: OutputUse,
+        function: Callable[..., torch.Tensor],
+        operands: tuple[Any, ...],
+        version: int,
     ) -> None:
         self.use, self.function, self.operands = use, function, operands
+        self.version = version  # the output's, as made: changed in place, it is not the product
         self.value: torch.Tensor | None = None
 
     def __call__(self) -> torch.Tensor:
@@ -115,7 +120,7 @@ def tag(
     """Mark a contiguous layer output as recomputable by `function(*operands)`; `use` records
     whether anything saves it."""
     if output.is_contiguous():
-        setattr(output, _TAG, Recompute(use, function, operands))
+        setattr(output, _TAG, Recompute(use, function, operands, output._version))
 
 
 def recompute_summary(model: torch.nn.Module) -> str:
@@ -144,12 +149,13 @@ def kept_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _pack(tensor: torch.Tensor) -> Any:
-    """A saved tensor as kept: a recipe for a tagged output's view, else the tensor detached (an
-    output its own node saves would otherwise hold that node in a cycle autograd frees only by
-    running the backward: a forward that fails, out of memory, would keep its whole graph)."""
+    """A saved tensor as kept: a recipe for a view of a tagged output not changed in place since
+    it was made, else the tensor detached (an output its own node saves would otherwise hold
+    that node in a cycle autograd frees only by running the backward: a forward that fails, out
+    of memory, would keep its whole graph)."""
     base = tensor if tensor._base is None else tensor._base
     recompute = getattr(base, _TAG, None)
-    if recompute is None:
+    if recompute is None or base._version != recompute.version:
         return tensor.detach()
     recompute.use.saved = True
     offset = tensor.storage_offset() - base.storage_offset()

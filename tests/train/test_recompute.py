@@ -94,6 +94,21 @@ def test_recomputed_outputs_give_the_kept_outputs_bits(name):
 
 
 @needs_kernels
+def test_an_output_changed_in_place_is_kept_not_recomputed():
+    grads = []
+    for recompute in (False, True):
+        wide, _ = _layers(CONFIGS["mxfp4"])
+        x = torch.randn(3, 64, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        with recomputed_outputs(recompute):
+            y = wide(x.requires_grad_())
+            y.mul_(3.0)  # what GELU then keeps is not the layer's product
+            out = F.gelu(y)
+        out.sum().backward()
+        grads.append(x.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+@needs_kernels
 def test_saved_bytes_count_the_operands_instead_of_the_output():
     wide, narrow = _layers(CONFIGS["mxfp4"])
     x = torch.randn(4, 64, 64).to(DEVICE)
