@@ -4,17 +4,17 @@
 A layer's output is kept for the backward pass by what reads it next: GELU keeps its input (fc1's
 output, 4 x wide), attention keeps q, k and v (views of qkv's output). Inside
 `recomputed_outputs()`, a quantized layer on the fast executor keeps its forward GEMM's operands
-instead (X packed, 4.25 bits a value; W's operand, weight-sized; on the vector-wise executor
-the operands as its forward GEMM reads them) and tags its output with how to multiply them
-again. Every tensor autograd saves passes `_pack`: one that is (a view of) a tagged
-output is kept as that recipe and the view's geometry, and `_unpack` multiplies the operands again
-when the backward pass reads it. The second product is the first's call on the same operands, so
-it has the same bits; the forward's output itself is freed as soon as nothing else holds it.
+instead (X packed, 4.25 bits a value; W's operand, weight-sized; on the vector-wise executor the
+operands as its GEMM reads them) and tags its output with how to multiply them again. Every
+tensor autograd saves passes `_pack`: (a view of) a tagged output, unchanged since it was made,
+is kept as that recipe and the view's geometry, and `_unpack` multiplies the operands again when
+the backward pass reads it. The second product is the first's call on the same operands, so it
+has the same bits; the forward's output itself is freed as soon as nothing else holds it.
 
-Recomputing trades one GEMM of the layer's forward shape per recomputed output for the memory.
-A layer whose output nothing saved in one pass (a residual branch's) stops keeping its operands
-(`LayerRecompute`).
-Not under torch.compile (`fp4 train` refuses the pair), and eager or CUDA-graph steps alike.
+Recomputing trades one GEMM of the layer's forward shape per recomputed output for the memory. A
+layer whose output nothing saved in a pass (a residual branch's) stops keeping its operands
+(`LayerRecompute`). Eager and CUDA-graph steps alike; not under torch.compile (`fp4 train`
+refuses the pair).
 """
 
 from __future__ import annotations
