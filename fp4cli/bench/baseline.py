@@ -40,9 +40,10 @@ def case_recipe(name: str, gemm: str) -> Any:
     return apply_overrides(recipe, [f"linear.gemm={gemm}"]) if gemm else recipe
 
 
-def case_label(recipe: str, gemm: str) -> str:
-    """How tables name a case's recipe: e.g. "mxfp4", "mxfp4 gemm=fast"."""
-    return f"{recipe} gemm={gemm}" if gemm else recipe
+def case_label(recipe: str, gemm: str, recompute: bool = False) -> str:
+    """How tables name a case's recipe: e.g. "mxfp4", "mxfp4 gemm=fast", "mxfp4 recompute"."""
+    label = f"{recipe} gemm={gemm}" if gemm else recipe
+    return f"{label} recompute" if recompute else label
 
 
 def ratio(value: float | None, baseline: float | None) -> float | None:

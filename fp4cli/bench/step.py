@@ -47,7 +47,7 @@ class StepCase:
 
     @property
     def label(self) -> str:
-        return case_label(self.recipe, self.gemm) + (" recompute" if self.recompute else "")
+        return case_label(self.recipe, self.gemm, self.recompute)
 
 
 @dataclass
@@ -119,8 +119,9 @@ def check_step_request(
         raise BenchError(f"steps: must be at least 1 (got {steps})")
     compiled = [mode for mode in modes if mode.startswith("compile")]
     if compiled and True in recomputes:
-        raise BenchError(f"recompute: not with modes {', '.join(compiled)} (compiled layers "
-                         "keep their outputs)")  # fmt: skip
+        from fp4cli.linear.recompute import NOT_COMPILED
+
+        raise BenchError(f"recompute: not with modes {', '.join(compiled)} ({NOT_COMPILED})")
     graphed = [mode for mode in modes if mode.endswith("graph")]
     if graphed and device.type != "cuda":
         raise BenchError(f"modes {', '.join(graphed)}: CUDA graphs need a CUDA device")
@@ -217,6 +218,10 @@ class MaxBatchRow:
     max_batch: int | None
     note: str | None = None
     recompute: bool = False
+
+    @property
+    def label(self) -> str:
+        return case_label(self.recipe, "", self.recompute)
 
     def stored_config(self) -> dict[str, Any]:
         return {

@@ -173,6 +173,5 @@ def _batch_table(rows: list[Any]) -> Any:
         table.add_column(column)
     for row in rows:
         found = "-" if row.max_batch is None else str(row.max_batch)
-        recipe = row.recipe + (" recompute" if row.recompute else "")
-        table.add_row(f"{row.task} {row.size}", recipe, found, row.note or "")
+        table.add_row(f"{row.task} {row.size}", row.label, found, row.note or "")
     return table

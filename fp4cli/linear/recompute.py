@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 _TAG = "_fp4_recompute"
+NOT_COMPILED = "compiled layers keep their outputs"  # why torch.compile and recomputing part
 _active = [0]  # depth of recomputed_outputs() contexts
 
 

@@ -95,7 +95,9 @@ class TrainConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: must be true or false (got {getattr(self, name)!r})")
         if self.recompute and self.compile:
-            raise ConfigError("recompute: not with compile (compiled layers keep their outputs)")
+            from fp4cli.linear.recompute import NOT_COMPILED
+
+            raise ConfigError(f"recompute: not with compile ({NOT_COMPILED})")
         if self.device != "auto" and not str(self.device).startswith(("cpu", "cuda")):
             raise ConfigError(f"device: must be auto, cpu or cuda[:N] (got {self.device!r})")
         from fp4cli.track.store import parse_log_to
