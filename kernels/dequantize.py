@@ -72,9 +72,11 @@ def dequantize_kernel(
     TENSOR_SCALE: tl.constexpr,
     DECODE_INV: tl.constexpr,
     E1M2: tl.constexpr,
+    OUTER: tl.constexpr,
 ):
     """Packed E2M1 (E1M2: E1M2) codes and scale codes (axis-last padded layout) -> values in
-    the tensor's own layout."""
+    the tensor's own layout. OUTER (> 0, with TENSOR_SCALE): tensor_amax_ptr holds one amax
+    per OUTER blocks of each line (`tile_io.store_outer_amax`'s layout)."""
     first_line, first_pos, outer, first_inner = tile_origin(
         inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
@@ -100,7 +102,13 @@ def dequantize_kernel(
         scale = unsigned_minifloat_value(scale_code, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX_CODE)
         finite_blocks = scale_code <= SCALE_MAX_CODE
     tensor_amax = 0.0
-    if TENSOR_SCALE:
+    if TENSOR_SCALE and OUTER > 0:
+        n_outer = (n_blocks + OUTER - 1) // OUTER
+        tensor_amax = tl.load(
+            tensor_amax_ptr + line_ids[:, None] * n_outer + block_cols[None, :] // OUTER,
+            mask=block_mask, other=0.0,
+        )  # fmt: skip
+    elif TENSOR_SCALE:
         tensor_amax = tl.load(tensor_amax_ptr)
     values = scaled_grid(
         signed_value(code, E1M2), scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,

@@ -73,11 +73,16 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def choose_tile(
-    view: AxisView, padded_length: int, block: int, hadamard: int | None, row_warps: int = 4
+    view: AxisView,
+    padded_length: int,
+    block: int,
+    hadamard: int | None,
+    row_warps: int = 4,
+    outer: int = 0,
 ) -> Tile:
-    """A tile holding whole blocks and whole Hadamard blocks: about 4K elements, or along the
-    last axis 1K per warp of `row_warps`."""
-    least = max(block, hadamard or 1, 8)
+    """A tile holding whole blocks, whole Hadamard blocks and whole outer blocks (`outer`
+    positions): about 4K elements, or along the last axis 1K per warp of `row_warps`."""
+    least = max(block, hadamard or 1, 8, outer)
     if view.transposed:
         cols = max(least, min(64, _pow2_at_least(padded_length)))
         rows = max(4, min(64, _pow2_at_least(view.inner), 4096 // cols))
@@ -226,6 +231,41 @@ def two_level_constants(spec: QuantSpec) -> dict[str, float]:
 
 
 @functools.lru_cache(maxsize=64)
+def outer_constants(spec: QuantSpec) -> dict[str, object]:
+    """The quantize kernels' outer-block constexprs: OUTER, the blocks in one of
+    `spec.outer_block`'s outer blocks (0 without), and the encode formulas' S * E and 1 / E
+    (`two_level.outer_block_scales`) as float32 values."""
+    if not spec.outer_block:
+        return dict(OUTER=0, TWO_LEVEL_TARGET=0.0, ELEM_INV=0.0)
+    target, element_inverse, _ = two_level.constants(spec)
+    return dict(
+        OUTER=spec.outer_block // int(spec.block),
+        TWO_LEVEL_TARGET=float32(target),
+        ELEM_INV=float32(element_inverse),
+    )
+
+
+def outer_count(padded_length: int, spec: QuantSpec) -> int:
+    """Outer blocks along a line of `padded_length` quantized positions."""
+    return -(-padded_length // spec.outer_block)
+
+
+def per_block_amax(outer_amax: torch.Tensor, spec: QuantSpec, n_blocks: int) -> torch.Tensor:
+    """(..., outer blocks) amaxes as the reference keeps them: one per block (..., n_blocks)."""
+    per_outer = spec.outer_block // int(spec.block)
+    return outer_amax.repeat_interleave(per_outer, dim=-1)[..., :n_blocks]
+
+
+def per_outer_amax(t_amax: torch.Tensor, spec: QuantSpec, padded_length: int) -> torch.Tensor:
+    """An outer-block spec's amaxes one per outer block (..., outer blocks), given that or
+    one per block (`per_block_amax`)."""
+    n_outer = outer_count(padded_length, spec)
+    if t_amax.shape[-1] != n_outer:
+        t_amax = t_amax[..., :: spec.outer_block // int(spec.block)]
+    return t_amax.contiguous()
+
+
+@functools.lru_cache(maxsize=64)
 def _table_constants(spec: QuantSpec) -> dict[str, object]:
     """The constexprs of `two_level.encode_table_kernel` for `spec`'s two-level scaling: the
     scale format's, and S * E and 1 / E as float32 values."""
@@ -331,16 +371,21 @@ def quantize_e2m1(
     out_length = _round_up(view.length, hadamard) if hadamard else view.length
     padded = _round_up(out_length, block)
     row_warps = TWO_LEVEL_ROW_WARPS if spec.tensor_scale else QUANTIZE_ROW_WARPS
-    tile = tile or choose_tile(view, padded, block, hadamard, row_warps)
+    tile = tile or choose_tile(view, padded, block, hadamard, row_warps, spec.outer_block)
     grid, along = _grid(view, tile, padded)
+    lead = [*x.shape[:axis], *x.shape[axis + 1 :]]
     table = None
     if not spec.tensor_scale:
         t_amax = None
+    elif spec.outer_block:  # found in the tiles, written with the codes
+        t_amax = None
+        if values_dtype is None:
+            outer = outer_count(padded, spec)
+            t_amax = torch.empty([*lead, outer], dtype=torch.float32, device=x.device)
     else:
         if t_amax is None:
             t_amax = tensor_amax(x, axis, hadamard, hadamard_seed)[0]
         table = encode_tables(t_amax, spec)
-    lead = [*x.shape[:axis], *x.shape[axis + 1 :]]
     codes = scales = values = None
     if values_dtype is not None:
         out_shape = [*x.shape[:axis], out_length, *x.shape[axis + 1 :]]
@@ -365,10 +410,12 @@ def quantize_e2m1(
              **two_level_constants(spec),
              WRITE_VALUES=values_dtype is not None, GUIDED=guide is not None,
              E1M2=spec.element == "e1m2", FOUR_OVER_SIX=spec.four_over_six,
-             **_scale_constants(spec),
+             **_scale_constants(spec), **outer_constants(spec),
              **_hadamard_constants(hadamard, signs_constant(hadamard_seed))),
         tile.warps,
     )  # fmt: skip
+    if spec.outer_block and t_amax is not None:
+        t_amax = per_block_amax(t_amax, spec, padded // block)
     return codes, scales, t_amax, values
 
 
@@ -383,10 +430,14 @@ def dequantize_e2m1(
     dtype: torch.dtype,
     tile: Tile | None = None,
 ) -> torch.Tensor:
-    """Values of shape `shape` from packed codes and scale codes (axis-last padded layout)."""
+    """Values of shape `shape` from packed codes and scale codes (axis-last padded layout);
+    t_amax: a two-level spec's tensor amax (0-d or 1-element), or an outer-block spec's
+    amaxes, one per outer block or one per block (`per_outer_amax`)."""
     view = AxisView.of(shape, axis)
     block = int(spec.block)
     padded = codes.shape[-1] * 2
+    if t_amax is not None and spec.outer_block:
+        t_amax = per_outer_amax(t_amax, spec, padded)
     tile = tile or choose_tile(view, padded, block, None)
     grid, along = _grid(view, tile, padded)
     out = torch.empty(shape, dtype=dtype, device=codes.device)
@@ -401,7 +452,8 @@ def dequantize_e2m1(
              SCALE_MIN_EXP=constants["SCALE_MIN_EXP"],
              SCALE_MAX_CODE=mini.max_code if mini is not None else 254,
              **prescale_constants(spec), TENSOR_SCALE=t_amax is not None,
-             **two_level_constants(spec), E1M2=spec.element == "e1m2"),
+             **two_level_constants(spec), E1M2=spec.element == "e1m2",
+             OUTER=outer_constants(spec)["OUTER"]),
         tile.warps,
     )  # fmt: skip
     return out

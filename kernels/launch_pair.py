@@ -24,6 +24,8 @@ from fp4cli.kernels.launch import (
     add_column_sums,
     encode_tables,
     launch,
+    outer_constants,
+    outer_count,
     partial_column_sums,
     same_tables,
     signs_constant,
@@ -61,8 +63,14 @@ class Direction:
     block_values: bool = False
 
     def side(self) -> int:
-        """The tile side along this direction's blocks: whole blocks and transforms."""
-        return max(int(self.spec.block), self.hadamard or 0)
+        """The tile side along this direction's blocks: whole blocks, transforms and outer
+        blocks."""
+        return max(int(self.spec.block), self.hadamard or 0, self.spec.outer_block)
+
+    def amax_pass(self) -> bool:
+        """Whether its scales need a tensor amax from a pass of its own (two-level, one
+        amax for the tensor; an outer block's is found in the tile)."""
+        return self.spec.whole_tensor_scale
 
     def drawing(self) -> bool:
         """Whether it computes more per value than rounding to nearest: random bits for
@@ -81,7 +89,14 @@ class Quantized:
 
 
 def pair_tile(row: Direction | None, col: Direction | None) -> tuple[int, int] | None:
-    """(BR, BC) of the one-launch tile for these directions, or None when it would not fit."""
+    """(BR, BC) of the one-launch tile for these directions, or None when it would not fit.
+    Outer blocks both ways take two launches, and a lone direction with outer blocks a tile
+    OUTER_TILE_ELEMENTS wide (`_outer_tile`)."""
+    if row is not None and col is not None and row.spec.outer_block and col.spec.outer_block:
+        return None
+    lone = row if col is None else col if row is None else None
+    if lone is not None and lone.spec.outer_block:
+        return _outer_tile(lone, lone is row)
     br = max(PAIR_TILE_ROWS, col.side() if col is not None else 0, _square(row))
     bc = max(PAIR_TILE_COLS, row.side() if row is not None else 0, _square(col))
     if br * bc > PAIR_MAX_ELEMENTS:
@@ -91,6 +106,20 @@ def pair_tile(row: Direction | None, col: Direction | None) -> tuple[int, int] |
         if br * bc > PAIR_MAX_ELEMENTS:
             return None
     return br, bc
+
+
+# Outer blocks of 128 both ways need 128 x 128 tiles: on an H200, TetraJet-v2's dY pair (SR
+# and RHT-16 both ways, 8192 x 3072 bf16) took 0.46-1.40 ms in one launch at 4, 8 or 16 warps,
+# 0.40 ms as two launches of 32 x 128 and 128 x 32 tiles at 4 warps (0.48 ms with the lone
+# directions' usual 32 x 128 and 128 x 64 tiles); X's pair 0.21 and 0.23 ms (docs/benchmarks.md).
+OUTER_TILE_ELEMENTS = 4096
+
+
+def _outer_tile(d: Direction, along_rows: bool) -> tuple[int, int]:
+    """A lone direction's tile: its side along the blocks, OUTER_TILE_ELEMENTS in all."""
+    side = d.side()
+    across = max(1, OUTER_TILE_ELEMENTS // side)
+    return (across, side) if along_rows else (side, across)
 
 
 def pair_warps(br: int, bc: int, row: Direction | None, col: Direction | None) -> int:
@@ -132,6 +161,9 @@ def _direction_args(
     else:
         codes = torch.empty((lines, padded // 2), dtype=torch.uint8, device=device)
         scales = torch.empty((lines, padded // block), dtype=torch.uint8, device=device)
+        if d.spec.outer_block:  # one per outer block, written by the kernel
+            outer = outer_count(padded, d.spec)
+            amax = torch.empty((lines, outer), dtype=torch.float32, device=device)
         out = Quantized(codes, scales, tensor_amax=amax)
     seed_ptr, seed_value, seed_from_ptr = _seed_args(d.seed, device)
     rht_ptr, rht_value, rht_from_ptr = _seed_args(d.hadamard_seed, device)
@@ -181,7 +213,7 @@ def _direction_constants(
 
 
 def _spec_constants(spec: QuantSpec) -> dict[str, object]:
-    return _scale_constants(spec) | two_level_constants(spec)
+    return _scale_constants(spec) | two_level_constants(spec) | outer_constants(spec)
 
 
 def _check_directions(row: Direction | None, col: Direction | None, double: bool) -> None:
@@ -192,7 +224,7 @@ def _check_directions(row: Direction | None, col: Direction | None, double: bool
             raise ValueError("block values are values: give the direction a values_dtype")
     if double and row is not None and row.block_values:
         raise ValueError("double quantization re-quantizes the row direction's whole values")
-    if double and col is not None and col.spec.tensor_scale:
+    if double and col is not None and col.amax_pass():
         raise ValueError("double quantization into a two-level spec needs the row values' amax")
 
 
@@ -381,10 +413,11 @@ def quantize_pair(
         raise ValueError("these directions do not fit one tile; quantize them one at a time")
     br, bc = chosen
     row_amax = col_amax = row_table = col_table = None
-    if any(d is not None and d.spec.tensor_scale for d in (row, col)):
-        amax = pair_amax(x, row, col, chosen)
+    if any(d is not None and d.amax_pass() for d in (row, col)):
+        row_pass, col_pass = (d if d is not None and d.amax_pass() else None for d in (row, col))
+        amax = pair_amax(x, row_pass, col_pass, chosen)
         row_amax, col_amax = amax[0:1], amax[1:2]
-        row_table, col_table = pair_tables(amax, row, col)
+        row_table, col_table = pair_tables(amax, row_pass, col_pass)
     row_args, row_constants, row_out, row_length, row_padded = _direction_args(
         row, cols, rows, row_amax, row_table, x.device, "ROW"
     )
@@ -432,12 +465,13 @@ def _check_row_value_sums(
 
 def rounds_as_read(source: torch.dtype, read_as: torch.dtype, specs: list[QuantSpec]) -> bool:
     """Whether `quantize_pair` reads a `source` tensor as its cast to `read_as`, rounding in
-    the kernel, for directions of these specs: float32 as bfloat16, no tensor scale (a
-    two-level spec's amax pass reads the tensor as it is)."""
+    the kernel, for directions of these specs: float32 as bfloat16, no whole-tensor scale (a
+    two-level spec's amax pass reads the tensor as it is; an outer block's amax is found from
+    the rounded tile)."""
     return (
         source == torch.float32
         and read_as == torch.bfloat16
-        and not any(spec.tensor_scale for spec in specs)
+        and not any(spec.whole_tensor_scale for spec in specs)
     )
 
 

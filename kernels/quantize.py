@@ -33,6 +33,7 @@ from fp4cli.kernels.tile_io import (
     seed_of,
     sr_bits,
     store_codes,
+    store_outer_amax,
     store_values,
     tile_origin,
 )
@@ -40,11 +41,12 @@ from fp4cli.kernels.tile_ops import (
     FLOAT32_MAX,
     e8m0_exponent,
     hadamard_rows,
+    outer_reduce,
     pow2,
     round_unsigned_minifloat,
     square_reduce,
 )
-from fp4cli.kernels.two_level import two_level_scales
+from fp4cli.kernels.two_level import outer_block_scales, two_level_scales
 
 
 @triton.jit
@@ -101,15 +103,22 @@ def scaled_blocks(
     POW2_SCALE: tl.constexpr, CEIL: tl.constexpr, SCALE_MBITS: tl.constexpr,
     SCALE_MIN_EXP: tl.constexpr, SCALE_MAX: tl.constexpr, PRESCALE: tl.constexpr,
     TENSOR_SCALE: tl.constexpr, GUIDED: tl.constexpr, E1M2: tl.constexpr, FOUR: tl.constexpr,
+    outer_amax, OUTER: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr, ELEM_INV: tl.constexpr,
 ):  # fmt: skip
     """(scale values, scale codes, magnitudes in grid units, guide in grid units) of blocks
     (`block_view`; amaxes without the block axis) whose amax maps onto the element format's
     largest value, or onto 4 (FOUR: four-over-six's second candidate). The magnitudes take the
-    pre-scale, the guide does not."""
+    pre-scale, the guide does not. OUTER (two-level): each block's A is `outer_amax`'s."""
     if TENSOR_SCALE:
-        scale, scale_code, multiplier = two_level_scales(
-            amax, encode_table_ptr, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, FOUR
-        )
+        if OUTER > 0:
+            scale, scale_code, multiplier = outer_block_scales(
+                amax, outer_amax, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL,
+                TWO_LEVEL_TARGET, ELEM_INV, FOUR,
+            )  # fmt: skip
+        else:
+            scale, scale_code, multiplier = two_level_scales(
+                amax, encode_table_ptr, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, FOUR
+            )
         per_value = tl.broadcast_to(tl.expand_dims(multiplier, BLOCK_AXIS + 1), magnitude.shape)
         magnitude = magnitude * per_value
         if GUIDED:
@@ -208,6 +217,9 @@ def quantize_tile(
     FOUR_OVER_SIX: tl.constexpr = False,
     tensor_amax=0.0,
     DECODE_INV: tl.constexpr = 1.0,
+    OUTER: tl.constexpr = 0,
+    TWO_LEVEL_TARGET: tl.constexpr = 0.0,
+    ELEM_INV: tl.constexpr = 0.0,
 ):
     """E2M1 codes (sign included, int32; meaningless in non-finite blocks), scale values and
     scale codes, and which blocks are finite, for a float32 [ROWS, COLS] tile whose blocks run
@@ -227,7 +239,10 @@ def quantize_tile(
     for RNE and SR. E1M2: the uniform grid's codes and values instead of E2M1's
     (`elements`). FOUR_OVER_SIX: each block (square) also quantized with its amax onto 4, and
     keeps the nearer candidate (`four_over_six`; no pre-scale), decoded with `tensor_amax`
-    and DECODE_INV under TENSOR_SCALE."""
+    and DECODE_INV under TENSOR_SCALE. OUTER (> 0, with TENSOR_SCALE): A is each run of OUTER
+    blocks' largest finite |x| (`QuantSpec.outer_block`; the tile's extent along the blocks is
+    a multiple of OUTER * BLOCK) instead of `tensor_amax`, with the formulas' constants
+    TWO_LEVEL_TARGET and ELEM_INV. Also returns the A each block was scaled by."""
     # On the bits of |x|, one integer max per block gives both the amax and whether the block is
     # finite (NaN and Inf have the largest magnitude bits). A non-finite block's codes are
     # discarded on storing, so its values need no cleaning.
@@ -239,12 +254,17 @@ def quantize_tile(
     finite_blocks = amax_bits < 0x7F800000
     amax = tl.where(finite_blocks, amax_bits, 0).to(tl.float32, bitcast=True)
     magnitude = magnitude_bits.to(tl.float32, bitcast=True)
+    if OUTER > 0:  # over the finite elements, a non-finite block's included
+        finite_bits = tl.where(magnitude_bits < 0x7F800000, magnitude_bits, 0)
+        element_amax = tl.max(finite_bits, axis=BLOCK_AXIS + 1).to(tl.float32, bitcast=True)
+        tensor_amax = outer_reduce(element_amax, ROWS, COLS, BLOCK, OUTER, BLOCK_AXIS)
     guide_units = magnitude
     if GUIDED:
         guide_units = block_view(guide, ROWS, COLS, BLOCK, BLOCK_AXIS)
     scale, scale_code, units, guide_grid = scaled_blocks(
         magnitude, guide_units, amax, encode_table_ptr, BLOCK_AXIS, POW2_SCALE, CEIL,
         SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, PRESCALE, TENSOR_SCALE, GUIDED, E1M2, False,
+        tensor_amax, OUTER, TWO_LEVEL_TARGET, ELEM_INV,
     )  # fmt: skip
     code = rounded_codes(units, guide_grid, bits, random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS,
                          SR, AWAY, GUIDED, RAW_SIGN, GRID, E1M2)  # fmt: skip
@@ -252,6 +272,7 @@ def quantize_tile(
         scale4, scale_code4, units4, guide_grid4 = scaled_blocks(
             magnitude, guide_units, amax, encode_table_ptr, BLOCK_AXIS, POW2_SCALE, CEIL,
             SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, PRESCALE, TENSOR_SCALE, GUIDED, E1M2, True,
+            tensor_amax, OUTER, TWO_LEVEL_TARGET, ELEM_INV,
         )  # fmt: skip
         code4 = rounded_codes(units4, guide_grid4, bits, random_bits, ROWS, COLS, BLOCK,
                               BLOCK_AXIS, SR, AWAY, GUIDED, RAW_SIGN, GRID, E1M2)  # fmt: skip
@@ -264,7 +285,7 @@ def quantize_tile(
         scale = tl.where(four, scale4, scale)
         scale_code = tl.where(four, scale_code4, scale_code)
     scale_code = tl.where(finite_blocks, scale_code, SCALE_NAN)
-    return code, scale, scale_code, finite_blocks
+    return code, scale, scale_code, finite_blocks, tensor_amax
 
 
 @triton.jit(do_not_specialize=["seed_value", "rht_seed_value"])
@@ -315,7 +336,12 @@ def quantize_kernel(
     GUIDED: tl.constexpr,
     E1M2: tl.constexpr,
     FOUR_OVER_SIX: tl.constexpr,
+    OUTER: tl.constexpr,
+    TWO_LEVEL_TARGET: tl.constexpr,
+    ELEM_INV: tl.constexpr,
 ):
+    """OUTER (> 0, an outer block of OUTER blocks): each outer block's A is found in the tile,
+    and written with packed codes into tensor_amax_ptr (`tile_io.store_outer_amax`)."""
     first_line, first_pos, outer, first_inner = tile_origin(
         inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
@@ -352,9 +378,9 @@ def quantize_kernel(
             GROUPED,
         )
     tensor_amax = 0.0
-    if TENSOR_SCALE:
+    if TENSOR_SCALE and OUTER == 0:
         tensor_amax = tl.load(tensor_amax_ptr)
-    code, scale, scale_code, finite_blocks = quantize_tile(
+    code, scale, scale_code, finite_blocks, tensor_amax = quantize_tile(
         x,
         random_bits,
         guide,
@@ -381,6 +407,9 @@ def quantize_kernel(
         FOUR_OVER_SIX,
         tensor_amax,
         DECODE_INV,
+        OUTER,
+        TWO_LEVEL_TARGET,
+        ELEM_INV,
     )
     if WRITE_VALUES:
         values = scaled_grid(
@@ -425,6 +454,9 @@ def quantize_kernel(
             COLS,
             BLOCK,
         )
+        if OUTER > 0:
+            store_outer_amax(tensor_amax_ptr, tensor_amax, first_line, first_pos, rows_ok,
+                             padded_length, 1, ROWS, COLS, BLOCK, OUTER)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["rht_seed_value"])

@@ -31,6 +31,7 @@ from fp4cli.kernels.tile_io import (
     store_codes,
     store_codes_down,
     store_column_sums,
+    store_outer_amax,
     store_values,
 )
 from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows
@@ -52,6 +53,7 @@ def quantize_direction(
     GUIDED: tl.constexpr,
     TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr, TILE2D: tl.constexpr,
     VALUES_TENSOR_SCALE: tl.constexpr, E1M2: tl.constexpr, FOUR_OVER_SIX: tl.constexpr,
+    OUTER: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr, ELEM_INV: tl.constexpr,
 ):  # fmt: skip
     """Quantize the float32 [ROWS, COLS] tile at (row0, col0) of the (rows, cols) input with
     blocks along the tile's last axis (BLOCK_AXIS 1, out_length columns after the transform) or
@@ -63,7 +65,9 @@ def quantize_direction(
     VALUES_TENSOR_SCALE: values carry the tensor scale (else q * s, a two-level spec's block
     values). E1M2: the uniform grid's codes (`elements`). FOUR_OVER_SIX: each block keeps the
     nearer of its candidates scaled to 6 and to 4 (`four_over_six`). HADAMARD_SIGNS: the transform's
-    signs (`tile_ops.hadamard_signs`)."""
+    signs (`tile_ops.hadamard_signs`). OUTER (> 0, two-level): an amax per OUTER blocks, found
+    in the tile (whose side along the blocks holds whole outer blocks) and, with packed codes,
+    written to amax_ptr (`tile_io.store_outer_amax`)."""
     # codes along the rows take the butterflies as sums, as `quantize_kernel`'s do (an H100:
     # the RHT-32 + SR pair to codes both ways 0.15x -> 0.18x the copy); values do not
     packed_rows: tl.constexpr = BLOCK_AXIS == 1 and not (WRITE_VALUES or RETURN_VALUES)
@@ -88,14 +92,15 @@ def quantize_direction(
         seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
         random_bits = sr_bits(seed, row0, col0, 0, 0, 1, row_length, ROWS, COLS, False, GROUPED)
     tensor_amax = 0.0
-    if TENSOR_SCALE:
+    if TENSOR_SCALE and OUTER == 0:
         tensor_amax = tl.load(amax_ptr)
     # values written and no codes: grid values in place of the codes
-    code, scale, scale_code, finite_blocks = quantize_tile(
+    code, scale, scale_code, finite_blocks, tensor_amax = quantize_tile(
         tile, random_bits, guide, table_ptr, ROWS, COLS, BLOCK, POW2_SCALE, CEIL,
         SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, SCALE_NAN, SR, AWAY, PRESCALE, TENSOR_SCALE,
         GUIDED, BLOCK_AXIS, TILE2D,
         packed_rows, WRITE_VALUES, E1M2, FOUR_OVER_SIX, tensor_amax, DECODE_INV,
+        OUTER, TWO_LEVEL_TARGET, ELEM_INV,
     )  # fmt: skip
     values = tile
     if WRITE_VALUES or RETURN_VALUES:
@@ -117,9 +122,15 @@ def quantize_direction(
     elif BLOCK_AXIS == 1:
         store_codes(codes_ptr, scales_ptr, code, scale_code, finite_blocks, row0, col0,
                     row_ids < rows, padded_length, ROWS, COLS, BLOCK)  # fmt: skip
+        if OUTER > 0:
+            store_outer_amax(amax_ptr, tensor_amax, row0, col0, row_ids < rows, padded_length,
+                             1, ROWS, COLS, BLOCK, OUTER)  # fmt: skip
     else:
         store_codes_down(codes_ptr, scales_ptr, code, scale_code, finite_blocks, row0, col0,
                          col_ids < cols, padded_length, ROWS, COLS, BLOCK)  # fmt: skip
+        if OUTER > 0:
+            store_outer_amax(amax_ptr, tensor_amax, col0, row0, col_ids < cols, padded_length,
+                             0, COLS, ROWS, BLOCK, OUTER)  # fmt: skip
     return values
 
 
@@ -151,7 +162,8 @@ def quantize_pair_kernel(
     ROW_TENSOR_SCALE: tl.constexpr,
     ROW_DECODE_INV: tl.constexpr,
     ROW_TILE2D: tl.constexpr, ROW_VALUES_TENSOR_SCALE: tl.constexpr, ROW_E1M2: tl.constexpr,
-    ROW_FOUR_OVER_SIX: tl.constexpr,
+    ROW_FOUR_OVER_SIX: tl.constexpr, ROW_OUTER: tl.constexpr,
+    ROW_TWO_LEVEL_TARGET: tl.constexpr, ROW_ELEM_INV: tl.constexpr,
     COL_ON: tl.constexpr, COL_BLOCK: tl.constexpr, COL_POW2_SCALE: tl.constexpr,
     COL_CEIL: tl.constexpr, COL_SCALE_MBITS: tl.constexpr, COL_SCALE_MIN_EXP: tl.constexpr,
     COL_SCALE_MAX: tl.constexpr, COL_SCALE_NAN: tl.constexpr, COL_SR: tl.constexpr,
@@ -164,7 +176,8 @@ def quantize_pair_kernel(
     COL_TENSOR_SCALE: tl.constexpr,
     COL_DECODE_INV: tl.constexpr,
     COL_TILE2D: tl.constexpr, COL_VALUES_TENSOR_SCALE: tl.constexpr, COL_E1M2: tl.constexpr,
-    COL_FOUR_OVER_SIX: tl.constexpr,
+    COL_FOUR_OVER_SIX: tl.constexpr, COL_OUTER: tl.constexpr,
+    COL_TWO_LEVEL_TARGET: tl.constexpr, COL_ELEM_INV: tl.constexpr,
 ):  # fmt: skip
     """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
     (rows, row_padded_length / 2) codes; column direction: (col_out_length, cols) values or
@@ -201,7 +214,8 @@ def quantize_pair_kernel(
             ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_HADAMARD_SIGNS, ROW_WRITE_VALUES,
             DOUBLE or SUM_ROW_VALUES, ROW_GUIDED,
             ROW_TENSOR_SCALE, ROW_DECODE_INV, ROW_TILE2D,
-            ROW_VALUES_TENSOR_SCALE, ROW_E1M2, ROW_FOUR_OVER_SIX,
+            ROW_VALUES_TENSOR_SCALE, ROW_E1M2, ROW_FOUR_OVER_SIX, ROW_OUTER,
+            ROW_TWO_LEVEL_TARGET, ROW_ELEM_INV,
         )  # fmt: skip
         # the row values in the compute dtype: what the reference re-quantizes (DOUBLE), and
         # the operand whose column sums are a quantized bias gradient (SUM_ROW_VALUES)
@@ -225,5 +239,6 @@ def quantize_pair_kernel(
             COL_LOG2_HADAMARD, COL_HADAMARD_NORM, COL_HADAMARD_SIGNS, COL_WRITE_VALUES, False,
             False,
             COL_TENSOR_SCALE, COL_DECODE_INV, COL_TILE2D,
-            COL_VALUES_TENSOR_SCALE, COL_E1M2, COL_FOUR_OVER_SIX,
+            COL_VALUES_TENSOR_SCALE, COL_E1M2, COL_FOUR_OVER_SIX, COL_OUTER,
+            COL_TWO_LEVEL_TARGET, COL_ELEM_INV,
         )  # fmt: skip

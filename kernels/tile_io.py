@@ -265,3 +265,26 @@ def store_codes_down(
     block_mask = cols_ok[:, None] & (block_rows < n_blocks)[None, :]
     tl.store(scales_ptr + col_ids[:, None] * n_blocks + block_rows[None, :],
              tl.trans(scale_code.to(tl.uint8)), mask=block_mask)  # fmt: skip
+
+
+@triton.jit
+def store_outer_amax(
+    amax_ptr, outer_amax, first_line, first_pos, lines_ok, padded_length, BLOCK_AXIS: tl.constexpr,
+    LINES: tl.constexpr, LENGTH: tl.constexpr, BLOCK: tl.constexpr, OUTER: tl.constexpr,
+):  # fmt: skip
+    """Each outer block's A (`quantize_tile`'s per-block outer amaxes: [LINES, LENGTH / BLOCK]
+    for blocks along the tile's rows, BLOCK_AXIS 1; [LENGTH / BLOCK, LINES] down its columns,
+    0), float32, into the (lines, ceil(padded_length / (OUTER * BLOCK))) layout of the lines
+    the blocks run along; the tile's `LINES` lines start at first_line (lines_ok: which
+    exist), its `LENGTH` positions at first_pos."""
+    if BLOCK_AXIS == 1:
+        runs = tl.reshape(outer_amax, (LINES, LENGTH // (BLOCK * OUTER), OUTER))
+        per_outer = tl.max(runs, axis=2)
+    else:
+        runs = tl.reshape(outer_amax, (LENGTH // (BLOCK * OUTER), OUTER, LINES))
+        per_outer = tl.trans(tl.max(runs, axis=1))
+    n_outer = (padded_length + BLOCK * OUTER - 1) // (BLOCK * OUTER)
+    line_ids = (first_line + tl.arange(0, LINES)).to(tl.int64)
+    outer_ids = first_pos // (BLOCK * OUTER) + tl.arange(0, LENGTH // (BLOCK * OUTER))
+    mask = lines_ok[:, None] & (outer_ids < n_outer)[None, :]
+    tl.store(amax_ptr + line_ids[:, None] * n_outer + outer_ids[None, :], per_outer, mask=mask)

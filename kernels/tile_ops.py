@@ -439,3 +439,20 @@ def square_reduce(per_block, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.c
         spread = tl.broadcast_to(tl.expand_dims(squares, 2), (ROWS // BLOCK, COLS // BLOCK, BLOCK))
         result = tl.reshape(spread, (ROWS // BLOCK, COLS))
     return result
+
+
+@triton.jit
+def outer_reduce(per_block, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr,
+                 OUTER: tl.constexpr, BLOCK_AXIS: tl.constexpr):  # fmt: skip
+    """Per-block values of a tile (`square_reduce`'s shapes) replaced by their largest over each
+    run of OUTER blocks along the blocks' axis (an outer block; the tile's extent along that
+    axis is a multiple of OUTER * BLOCK)."""
+    if BLOCK_AXIS == 1:
+        runs = tl.reshape(per_block, (ROWS, COLS // (BLOCK * OUTER), OUTER))
+        spread = tl.broadcast_to(tl.expand_dims(tl.max(runs, axis=2), 2), runs.shape)
+        result = tl.reshape(spread, (ROWS, COLS // BLOCK))
+    else:
+        runs = tl.reshape(per_block, (ROWS // (BLOCK * OUTER), OUTER, COLS))
+        spread = tl.broadcast_to(tl.expand_dims(tl.max(runs, axis=1), 1), runs.shape)
+        result = tl.reshape(spread, (ROWS // BLOCK, COLS))
+    return result

@@ -9,6 +9,10 @@ round each block's scale onto the grid as before and look its multiplier up by t
 The bits are those of the formula (the same float32 operations on the same operands); what
 moves is the correctly rounded division, from every block of every program to 256 lanes of one
 program.
+
+A spec with an outer block (`QuantSpec.outer_block`, TetraJet-v2's FP32 scale per 128 values)
+has one A per outer block, which lies within a quantize kernel's tile: `outer_block_scales`
+evaluates the same formulas per block from its outer block's amax, without a table.
 """
 
 from __future__ import annotations
@@ -34,6 +38,33 @@ def _quotient(numerator, denominator):
 
 
 @triton.jit
+def global_scales(amax, TWO_LEVEL_TARGET: tl.constexpr):
+    """(G, D) of finite amaxes A: G = min(S * E / A, FLT_MAX), D = 1 / G."""
+    target = tl.full(amax.shape, TWO_LEVEL_TARGET, tl.float32)
+    global_encode = tl.minimum(_quotient(target, amax), FLOAT32_MAX)
+    return global_encode, tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), global_encode)
+
+
+@triton.jit
+def block_encode(global_encode, ELEM_INV: tl.constexpr, FOUR: tl.constexpr):
+    """A block scale's factor from G: G * fl(1 / E), or G * fl(1 / 4) (FOUR: four-over-six's
+    candidate scaled to 4)."""
+    if FOUR:  # noqa: SIM108 (a constexpr branch)
+        factor = global_encode * 0.25
+    else:
+        factor = global_encode * ELEM_INV
+    return factor
+
+
+@triton.jit
+def encode_multiplier(scale, global_decode):
+    """e = min(1 / (s * D), FLT_MAX) of scale values s; a zero scale (or s * D under the
+    float32 range) divides by zero: +inf, then FLT_MAX."""
+    ones = tl.full(scale.shape, 1.0, tl.float32)
+    return tl.minimum(tl.div_rn(ones, scale * global_decode), FLOAT32_MAX)
+
+
+@triton.jit
 def write_table(
     tensor_amax, table, SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr,
     SCALE_MAX_CODE: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr, ELEM_INV: tl.constexpr,
@@ -41,19 +72,14 @@ def write_table(
     """The table of a tensor of finite amax A (a scalar) at `table`: G = min(S * E / A,
     FLT_MAX), D = 1 / G; entry c is min(1 / (s_c * D), FLT_MAX) for the scale value s_c of code
     c, entry BLOCK_ENCODE_SLOT is G * fl(1 / E), entry FOUR_ENCODE_SLOT G * fl(1 / 4)."""
-    target = tl.full(tensor_amax.shape, TWO_LEVEL_TARGET, tl.float32)
-    global_encode = tl.minimum(_quotient(target, tensor_amax), FLOAT32_MAX)
-    global_decode = tl.div_rn(tl.full(tensor_amax.shape, 1.0, tl.float32), global_encode)
+    global_encode, global_decode = global_scales(tensor_amax, TWO_LEVEL_TARGET)
     codes = tl.arange(0, SCALE_CODES)
     # codes past the format's largest are never looked up: they repeat the largest's entry
     largest = tl.minimum(codes, SCALE_MAX_CODE)
     scale = unsigned_minifloat_value(largest, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX_CODE)
-    # a zero scale (or s * D under the float32 range) divides by zero: +inf, then FLT_MAX
-    ones = tl.full(scale.shape, 1.0, tl.float32)
-    multiplier = tl.minimum(tl.div_rn(ones, scale * global_decode), FLOAT32_MAX)
-    tl.store(table + codes, multiplier)
-    tl.store(table + BLOCK_ENCODE_SLOT, global_encode * ELEM_INV)
-    tl.store(table + FOUR_ENCODE_SLOT, global_encode * 0.25)
+    tl.store(table + codes, encode_multiplier(scale, global_decode))
+    tl.store(table + BLOCK_ENCODE_SLOT, block_encode(global_encode, ELEM_INV, False))
+    tl.store(table + FOUR_ENCODE_SLOT, block_encode(global_encode, ELEM_INV, True))
 
 
 @triton.jit
@@ -88,3 +114,19 @@ def two_level_scales(
         raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, True
     )
     return scale, scale_code, tl.load(encode_table_ptr + scale_code)
+
+
+@triton.jit
+def outer_block_scales(
+    amax, outer_amax, SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr,
+    SCALE_MAX: tl.constexpr, CEIL: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr,
+    ELEM_INV: tl.constexpr, FOUR: tl.constexpr = False,
+):  # fmt: skip
+    """`two_level_scales` of blocks whose A is their outer block's finite amax (`outer_amax`,
+    shaped like `amax`): the table's formulas per block."""
+    global_encode, global_decode = global_scales(outer_amax, TWO_LEVEL_TARGET)
+    raw = tl.minimum(amax * block_encode(global_encode, ELEM_INV, FOUR), SCALE_MAX)
+    scale, scale_code = round_unsigned_minifloat(
+        raw, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, CEIL, True
+    )
+    return scale, scale_code, encode_multiplier(scale, global_decode)

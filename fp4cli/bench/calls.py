@@ -59,11 +59,14 @@ def _two_level_pass(
 
 def _pair(x: torch.Tensor, config: BenchConfig) -> Callable[[], object]:
     """x (2-D) quantized to packed codes along its rows and down its columns in one launch (a
-    two-level spec's amax pass first), as the quantized Linear quantizes its operands (the
-    Triton backend only)."""
-    from fp4cli.kernels.launch_pair import Direction, quantize_pair
+    two-level spec's amax pass first), or one launch a direction where `pair_tile` refuses the
+    pair (outer blocks both ways), as the quantized Linear quantizes its operands (the Triton
+    backend only)."""
+    from fp4cli.kernels.launch_pair import Direction, pair_tile, quantize_pair
 
     direction = Direction(config.spec, SEED, config.hadamard, SEED)
+    if pair_tile(direction, direction) is None:
+        return lambda: (quantize_pair(x, direction, None), quantize_pair(x, None, direction))
     return lambda: quantize_pair(x, direction, direction)
 
 

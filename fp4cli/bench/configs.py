@@ -46,6 +46,9 @@ CONFIGS: dict[str, BenchConfig] = {
         _config("nvfp4", "nvfp4"),
         _config("nvfp4-rht16-sr", "nvfp4", hadamard=16, rounding="sr"),
         _config("nvfp4-4over6", "nvfp4-4over6"),  # each block scaled to 4 or 6, the nearer
+        # TetraJet-v2's: an FP32 scale per 128 values (found in the quantize pass)
+        _config("nvfp4-outer128", "nvfp4-outer128"),
+        _config("nvfp4-outer128-rht16-sr", "nvfp4-outer128", hadamard=16, rounding="sr"),
         _config("mxfp4-ceil", "mxfp4-ceil"),
         _config("mxfp4-ue5m3", "mxfp4-ue5m3"),
         _config(  # ue5m3-hadamard-sr's backward operands

@@ -217,7 +217,7 @@ class _Runner:
         copy.copy_gbps = copy.gbps
         rows = [copy]
         kernels: tuple[str, ...] = KERNELS[1:]
-        if case.config.spec.tensor_scale:
+        if case.config.spec.whole_tensor_scale:
             kernels += TWO_LEVEL_KERNELS
         if len(case.shape) == 2:
             kernels += (PAIR_KERNEL,)

@@ -1,7 +1,8 @@
 """Bytes a quantization kernel moves: each operand read or written once.
 
-A tensor-scaled spec (nvfp4, mxfp4-ue5m3) reads its input twice, once for the tensor amax and
-once to quantize; the count here takes one read, so its GB/s is a lower bound on the traffic.
+A spec with one tensor scale (nvfp4, mxfp4-ue5m3) reads its input twice, once for the tensor
+amax and once to quantize; the count here takes one read, so its GB/s is a lower bound on the
+traffic. An outer block's scale (nvfp4-outer128) is found in the one pass.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def philox_ops(elements: int) -> int:
 
 def needs_amax_pass(spec: QuantSpec) -> bool:
     """Whether the quantizer needs the whole tensor's amax first (an outer block's is local)."""
-    return (spec.tensor_scale and not spec.outer_block) or spec.block in ("tensor", "column")
+    return spec.whole_tensor_scale or spec.block in ("tensor", "column")
 
 
 def quantize_parts(spec: QuantSpec, size: OperandSize, hadamard: int | None) -> list[Work]:

@@ -71,7 +71,7 @@ def fast_gap(config: LinearConfig) -> str | None:
             gap = kernel_gap(spec.replace(tile2d=False), torch.float32)
             if gap is None and spec.tile2d:
                 gap = _square_tile_gap(config, gemm)
-            if gap is None and spec.tensor_scale and config.double_quant and name in DOUBLED:
+            if gap is None and spec.whole_tensor_scale and config.double_quant and name in DOUBLED:
                 gap = "double quantization into a tensor-scaled spec"
             if gap is not None:
                 return f"{name}: {gap}"

@@ -210,6 +210,12 @@ class QuantSpec:
         return SCALE_FORMATS[self.scale]
 
     @property
+    def whole_tensor_scale(self) -> bool:
+        """Whether one FP32 scale covers the whole tensor (two-level without an outer block):
+        its amax takes a pass over the tensor of its own."""
+        return self.tensor_scale and not self.outer_block
+
+    @property
     def packed(self) -> bool:
         """Whether codes are stored two per byte."""
         return self.element_format.bits == 4

@@ -32,6 +32,7 @@ FAST_RECIPES = [
     "tseng-baseline",
     "nvfp4",
     "ue5m3-hadamard-sr",
+    "tetrajet-v2",
 ]
 
 
@@ -53,6 +54,31 @@ def test_pair_on_large_bf16_matches_the_reference(double, col_h):
                        backend="torch")  # fmt: skip
     assert_bits(col_out.codes, col_ref.codes, "column codes")
     assert_bits(col_out.scales, col_ref.scales, "column scale codes")
+
+
+@pytest.mark.parametrize("double", [False, True])
+def test_outer_block_pair_on_large_bf16_matches_the_reference(double):
+    """TetraJet-v2's pairs: an FP32 scale per 128 values in both directions, found in the
+    kernel's tiles; the column direction with SR and RHT-16, packed with its outer amaxes."""
+    from fp4cli.kernels.launch_pair import Direction, quantize_pair
+
+    outer = QuantSpec.preset("nvfp4-outer128")
+    outer_sr = outer.replace(rounding="sr")
+    x = bf16_gpu_input(8192, 3072, seed=2)
+    seed = torch.tensor(4321, device="cuda")
+    row = Direction(outer, None, values_dtype=torch.bfloat16)
+    col = Direction(outer_sr, (seed, 3), 16, (seed, 4))
+    # one launch of 128 x 128 tiles (the quantized Linear takes one launch a direction)
+    row_out, col_out = quantize_pair(x, row, col, torch.bfloat16 if double else None, (128, 128))
+    row_ref = fake_quantize(x, outer, 1, out_dtype=torch.bfloat16, backend="torch")
+    zero = row_ref == 0
+    assert_bits(torch.where(zero, 0, row_out.values), torch.where(zero, 0, row_ref), "row")
+    source = row_ref if double else x
+    col_ref = quantize(source, outer_sr, 0, seed + 3, hadamard=16, hadamard_seed=seed + 4,
+                       backend="torch")  # fmt: skip
+    assert_bits(col_out.codes, col_ref.codes, "column codes")
+    assert_bits(col_out.scales, col_ref.scales, "column scale codes")
+    assert_bits(col_out.tensor_amax, col_ref.tensor_amax[:, ::8], "column outer amaxes")
 
 
 @pytest.mark.parametrize("recipe", FAST_RECIPES)

@@ -65,6 +65,9 @@ CONFIGS = {
     "nvidia-nvfp4": load_recipe("nvidia-nvfp4").linear,
     "mxfp4-dht": load_recipe("mxfp4-dht").linear,
     "ufp4": load_recipe("ufp4").linear,  # E1M2 elements
+    # an FP32 scale per 128 values (found in the pair kernel's 128 x 128 tiles), SR + RHT-16
+    # backward, double quantization into the outer-block spec, X saved with its outer amaxes
+    "tetrajet-v2": load_recipe("tetrajet-v2").linear,
     "nvfp4-ceil-sr-weights": LinearConfig(
         forward_x=QuantSpec.preset("nvfp4", scale_rule="ceil"),
         forward_w=NVFP4_2D.replace(scale_rule="ceil"),
@@ -86,7 +89,9 @@ def test_fast_executor_matches_the_reference_bit_for_bit(name):
     )
 
 
-@pytest.mark.parametrize("name", ["tetrajet", "tseng-rht-sr", "nvfp4", "nvidia-nvfp4", "ufp4"])
+@pytest.mark.parametrize(
+    "name", ["tetrajet", "tseng-rht-sr", "nvfp4", "nvidia-nvfp4", "ufp4", "tetrajet-v2"]
+)
 def test_ragged_tokens_and_features(name):
     fast = seeded_layer(CONFIGS[name], "triton", in_features=45, out_features=33)
     reference = seeded_layer(CONFIGS[name], "torch", in_features=45, out_features=33)
@@ -355,5 +360,31 @@ def test_nvfp4_saves_x_packed_with_its_tensor_amax():
             ((96, 5), torch.uint8),
             ((1,), torch.float32),
             ((70, 96), torch.float32),
+        ]
+    )
+
+
+def test_outer_blocks_across_tiles_and_ragged_ends():
+    """TetraJet-v2's FP32 scale per 128 values: several outer blocks along every direction
+    (tokens, in and out features past 128, none a multiple of it), each found in its tile."""
+    fast = seeded_layer(CONFIGS["tetrajet-v2"], "triton", in_features=300, out_features=136)
+    reference = seeded_layer(CONFIGS["tetrajet-v2"], "torch", in_features=300, out_features=136)
+    x, grad_y = linear_inputs((2, 131, 300), 136, seed=7)
+    assert_same_passes(
+        training_passes(fast, x, grad_y), training_passes(reference, x, grad_y), summed_bias=True
+    )
+
+
+def test_tetrajet_v2_saves_x_packed_with_an_amax_per_outer_block():
+    """X's grad_weight operand: codes and E4M3 scales per 16 tokens (after RHT-16), and one
+    float32 amax per 128 tokens of each feature; nothing of X in 16 bits."""
+    x, _ = linear_inputs(seed=6)
+    saved = saved_tensors(seeded_layer(CONFIGS["tetrajet-v2"], "triton"), x)
+    assert sorted((tuple(t.shape), t.dtype) for t in saved) == sorted(
+        [
+            ((96, 40), torch.uint8),  # 74 tokens padded to 80 by the RHT-16
+            ((96, 5), torch.uint8),
+            ((96, 1), torch.float32),  # one outer block of 128 tokens
+            ((80, 96), torch.float32),  # W's grad_input operand: 70 outputs padded by RHT-16
         ]
     )

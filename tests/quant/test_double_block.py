@@ -65,12 +65,14 @@ def test_stored_bytes_count_one_fp32_scale_per_outer_block():
     assert layout.stored_bytes(OUTER) == (512, 4 * 16 + 4 * 2 * 4)
 
 
-def test_no_separate_amax_pass_and_refused_by_the_kernels():
+def test_no_separate_amax_pass_and_run_by_the_kernels():
     assert not needs_amax_pass(OUTER) and needs_amax_pass(QuantSpec.preset("nvfp4"))
-    assert "outer_block" in (kernel_gap(OUTER, torch.float32) or "")
-    gap = fast_gap(LinearConfig(forward_x=OUTER))
-    assert gap is not None and "outer_block" in gap
-    assert fast_gap(load_recipe("tetrajet-v2").linear) is not None
+    assert not OUTER.whole_tensor_scale and QuantSpec.preset("nvfp4").whole_tensor_scale
+    assert kernel_gap(OUTER, torch.float32) is None
+    assert fast_gap(LinearConfig(forward_x=OUTER)) is None
+    assert fast_gap(load_recipe("tetrajet-v2").linear) is None
+    gap = fast_gap(LinearConfig(forward_x=OUTER.replace(outer_block=48)))
+    assert gap == "forward_x: outer_block 48 (kernels: a power of two up to 1024)"
 
 
 def test_inspect_reports_no_single_tensor_scale():
