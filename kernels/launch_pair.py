@@ -110,9 +110,11 @@ def pair_tile(row: Direction | None, col: Direction | None) -> tuple[int, int] |
 
 # Outer blocks of 128 both ways need 128 x 128 tiles: on an H200, TetraJet-v2's dY pair (SR
 # and RHT-16 both ways, 8192 x 3072 bf16) took 0.46-1.40 ms in one launch at 4, 8 or 16 warps,
-# 0.40 ms as two launches of 32 x 128 and 128 x 32 tiles at 4 warps (0.48 ms with the lone
-# directions' usual 32 x 128 and 128 x 64 tiles); X's pair 0.21 and 0.23 ms (docs/benchmarks.md).
-OUTER_TILE_ELEMENTS = 4096
+# 0.36-0.40 ms as two launches of thin tiles (0.48 ms with the lone directions' usual 32 x 128
+# and 128 x 64 tiles); X's pair 0.21 and 0.22 ms. Of 16 or 32 lines by 128 and 128 by 16 to 64
+# at 2 to 8 warps, 16 lines (at `pair_warps`' warps) was the fastest or within 6% of it, but
+# for the rows rounded to nearest (docs/benchmarks.md).
+OUTER_TILE_ELEMENTS = 2048
 
 
 def _outer_tile(d: Direction, along_rows: bool) -> tuple[int, int]:

@@ -159,8 +159,8 @@ def test_pair_both_directions_with_double_quantization(shape):
 def test_a_lone_outer_direction_takes_a_thin_tile():
     row = Direction(OUTER128, None, values_dtype=torch.float32)
     col = Direction(OUTER128.replace(outer_block=256), None)
-    assert launch_pair.pair_tile(row, None) == (32, 128)
-    assert launch_pair.pair_tile(None, col) == (256, 16)
+    assert launch_pair.pair_tile(row, None) == (16, 128)
+    assert launch_pair.pair_tile(None, col) == (256, 8)
     x = rows_over_binades(300, 40, seed=8)
     _assert_values(quantize_pair(x, row, None)[0].values, _fake(x, OUTER128, 1), "row alone")
 
