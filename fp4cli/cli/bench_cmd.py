@@ -33,8 +33,9 @@ def quantize_command(
         str,
         Opt(
             help="Comma-separated: mxfp4, mxfp4-rht32-sr, nvfp4, nvfp4-rht16-sr, nvfp4-4over6, "
-            "mxfp4-ceil, mxfp4-ue5m3, mxfp4-ue5m3-rht32-sr (ue5m3-hadamard-sr's backward "
-            "operands)."
+            "nvfp4-outer128, nvfp4-outer128-rht16-sr (TetraJet-v2's: an FP32 scale per 128 "
+            "values), mxfp4-ceil, mxfp4-ue5m3, mxfp4-ue5m3-rht32-sr (ue5m3-hadamard-sr's "
+            "backward operands)."
         ),
     ] = DEFAULT_CONFIGS,
     dtype: Annotated[str, Opt(help="Input dtype: bf16, fp16 or fp32.")] = "bf16",
