@@ -245,6 +245,23 @@ def outer_constants(spec: QuantSpec) -> dict[str, object]:
     )
 
 
+def group_side(spec: QuantSpec) -> int:
+    """The values along the axis a tile must hold whole: an outer block's, an MS-EDEN group's
+    (0: neither)."""
+    return max(spec.outer_block, spec.eden_group if spec.rounding == "eden" else 0)
+
+
+def rounding_constants(spec: QuantSpec) -> dict[str, object]:
+    """SR, AWAY and EDEN (MS-EDEN's group in blocks, 0 without; its elements round to nearest
+    with ties away) of the quantize kernels."""
+    eden = spec.rounding == "eden"
+    return dict(
+        SR=spec.rounding == "sr",
+        AWAY=spec.rounding == "away" or eden,
+        EDEN=spec.eden_group // int(spec.block) if eden else 0,
+    )
+
+
 def outer_count(padded_length: int, spec: QuantSpec) -> int:
     """Outer blocks along a line of `padded_length` quantized positions."""
     return -(-padded_length // spec.outer_block)
@@ -371,7 +388,7 @@ def quantize_e2m1(
     out_length = _round_up(view.length, hadamard) if hadamard else view.length
     padded = _round_up(out_length, block)
     row_warps = TWO_LEVEL_ROW_WARPS if spec.tensor_scale else QUANTIZE_ROW_WARPS
-    tile = tile or choose_tile(view, padded, block, hadamard, row_warps, spec.outer_block)
+    tile = tile or choose_tile(view, padded, block, hadamard, row_warps, group_side(spec))
     grid, along = _grid(view, tile, padded)
     lead = [*x.shape[:axis], *x.shape[axis + 1 :]]
     table = None
@@ -403,8 +420,7 @@ def quantize_e2m1(
         (x, guide, codes, scales, values, t_amax, table, seed_ptr, seed_value, rht_ptr, rht_value,
          view.outer, view.length, view.inner, out_length, padded, along),
         dict(ROWS=tile.rows, COLS=tile.cols, BLOCK=block, TRANSPOSED=view.transposed,
-             CEIL=spec.scale_rule == "ceil", SR=spec.rounding == "sr",
-             AWAY=spec.rounding == "away", GROUPED=grouped,
+             CEIL=spec.scale_rule == "ceil", **rounding_constants(spec), GROUPED=grouped,
              SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
              **prescale_constants(spec), TENSOR_SCALE=spec.tensor_scale,
              **two_level_constants(spec),

@@ -23,10 +23,12 @@ from fp4cli.kernels.launch import (
     _seed_args,
     add_column_sums,
     encode_tables,
+    group_side,
     launch,
     outer_constants,
     outer_count,
     partial_column_sums,
+    rounding_constants,
     same_tables,
     signs_constant,
     two_level_constants,
@@ -65,7 +67,7 @@ class Direction:
     def side(self) -> int:
         """The tile side along this direction's blocks: whole blocks, transforms and outer
         blocks."""
-        return max(int(self.spec.block), self.hadamard or 0, self.spec.outer_block)
+        return max(int(self.spec.block), self.hadamard or 0, group_side(self.spec))
 
     def amax_pass(self) -> bool:
         """Whether its scales need a tensor amax from a pass of its own (two-level, one
@@ -192,7 +194,7 @@ def _direction_constants(
     """A direction's constexprs, named PREFIX_NAME (computed once per combination: a launch's
     host time counts in every eager step)."""
     if spec is None:
-        constants = dict(ON=False, BLOCK=32, SR=False, AWAY=False, SEED_FROM_PTR=False,
+        constants = dict(ON=False, BLOCK=32, SR=False, AWAY=False, EDEN=0, SEED_FROM_PTR=False,
                          RHT_SEED_FROM_PTR=False, WRITE_VALUES=False,
                          CEIL=False, TENSOR_SCALE=False, TILE2D=False,
                          VALUES_TENSOR_SCALE=False, E1M2=False,
@@ -202,7 +204,7 @@ def _direction_constants(
     else:
         constants = dict(
             ON=True, BLOCK=int(spec.block), CEIL=spec.scale_rule == "ceil",
-            SR=spec.rounding == "sr", AWAY=spec.rounding == "away",
+            **rounding_constants(spec),
             SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
             WRITE_VALUES=write_values,
             TENSOR_SCALE=spec.tensor_scale, TILE2D=spec.tile2d,

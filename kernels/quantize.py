@@ -27,7 +27,9 @@ from fp4cli.kernels.elements import (
     sr_grid,
 )
 from fp4cli.kernels.four_over_six import prefer_four
+from fp4cli.kernels.ms_eden import eden_scales
 from fp4cli.kernels.tile_io import (
+    block_first_bits,
     line_mask,
     load_tile,
     seed_of,
@@ -220,6 +222,7 @@ def quantize_tile(
     OUTER: tl.constexpr = 0,
     TWO_LEVEL_TARGET: tl.constexpr = 0.0,
     ELEM_INV: tl.constexpr = 0.0,
+    EDEN: tl.constexpr = 0,
 ):
     """E2M1 codes (sign included, int32; meaningless in non-finite blocks), scale values and
     scale codes, and which blocks are finite, for a float32 [ROWS, COLS] tile whose blocks run
@@ -242,7 +245,10 @@ def quantize_tile(
     and DECODE_INV under TENSOR_SCALE. OUTER (> 0, with TENSOR_SCALE): A is each run of OUTER
     blocks' largest finite |x| (`QuantSpec.outer_block`; the tile's extent along the blocks is
     a multiple of OUTER * BLOCK) instead of `tensor_amax`, with the formulas' constants
-    TWO_LEVEL_TARGET and ELEM_INV. Also returns the A each block was scaled by."""
+    TWO_LEVEL_TARGET and ELEM_INV. Also returns the A each block was scaled by. EDEN (> 0,
+    with TENSOR_SCALE and AWAY): MS-EDEN, each block's scale corrected over its group of EDEN
+    blocks (`ms_eden.eden_scales`), `random_bits` then one word per block (its first
+    element's)."""
     # On the bits of |x|, one integer max per block gives both the amax and whether the block is
     # finite (NaN and Inf have the largest magnitude bits). A non-finite block's codes are
     # discarded on storing, so its values need no cleaning.
@@ -254,10 +260,14 @@ def quantize_tile(
     finite_blocks = amax_bits < 0x7F800000
     amax = tl.where(finite_blocks, amax_bits, 0).to(tl.float32, bitcast=True)
     magnitude = magnitude_bits.to(tl.float32, bitcast=True)
-    if OUTER > 0:  # over the finite elements, a non-finite block's included
-        finite_bits = tl.where(magnitude_bits < 0x7F800000, magnitude_bits, 0)
+    finite_values = magnitude_bits < 0x7F800000
+    if OUTER > 0 or EDEN > 0:  # over the finite elements, a non-finite block's included
+        finite_bits = tl.where(finite_values, magnitude_bits, 0)
         element_amax = tl.max(finite_bits, axis=BLOCK_AXIS + 1).to(tl.float32, bitcast=True)
-        tensor_amax = outer_reduce(element_amax, ROWS, COLS, BLOCK, OUTER, BLOCK_AXIS)
+        if OUTER > 0:
+            tensor_amax = outer_reduce(element_amax, ROWS, COLS, BLOCK, OUTER, BLOCK_AXIS)
+        if EDEN > 0:  # a non-finite block's scale joins its group's sums, as the reference's
+            amax = element_amax
     guide_units = magnitude
     if GUIDED:
         guide_units = block_view(guide, ROWS, COLS, BLOCK, BLOCK_AXIS)
@@ -268,6 +278,14 @@ def quantize_tile(
     )  # fmt: skip
     code = rounded_codes(units, guide_grid, bits, random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS,
                          SR, AWAY, GUIDED, RAW_SIGN, GRID, E1M2)  # fmt: skip
+    if EDEN > 0:
+        grid = code
+        if not GRID:
+            grid = signed_value(code, E1M2)
+        scale, scale_code = eden_scales(
+            units, tl.abs(grid), finite_values, scale, scale_code, random_bits, ROWS, COLS,
+            BLOCK, EDEN, BLOCK_AXIS, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX,
+        )  # fmt: skip
     if FOUR_OVER_SIX:
         scale4, scale_code4, units4, guide_grid4 = scaled_blocks(
             magnitude, guide_units, amax, encode_table_ptr, BLOCK_AXIS, POW2_SCALE, CEIL,
@@ -339,9 +357,11 @@ def quantize_kernel(
     OUTER: tl.constexpr,
     TWO_LEVEL_TARGET: tl.constexpr,
     ELEM_INV: tl.constexpr,
+    EDEN: tl.constexpr,
 ):
     """OUTER (> 0, an outer block of OUTER blocks): each outer block's A is found in the tile,
-    and written with packed codes into tensor_amax_ptr (`tile_io.store_outer_amax`)."""
+    and written with packed codes into tensor_amax_ptr (`tile_io.store_outer_amax`). EDEN (> 0):
+    MS-EDEN over groups of EDEN blocks, drawing a block's number at its first element."""
     first_line, first_pos, outer, first_inner = tile_origin(
         inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
@@ -377,6 +397,10 @@ def quantize_kernel(
             TRANSPOSED,
             GROUPED,
         )
+    if EDEN > 0:
+        seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
+        random_bits = block_first_bits(seed, first_line, first_pos, outer, first_inner, inner,
+                                       out_length, ROWS, COLS, BLOCK, TRANSPOSED)  # fmt: skip
     tensor_amax = 0.0
     if TENSOR_SCALE and OUTER == 0:
         tensor_amax = tl.load(tensor_amax_ptr)
@@ -410,6 +434,7 @@ def quantize_kernel(
         OUTER,
         TWO_LEVEL_TARGET,
         ELEM_INV,
+        EDEN,
     )
     if WRITE_VALUES:
         values = scaled_grid(

@@ -23,6 +23,8 @@ from fp4cli.kernels.dequantize import scaled_grid
 from fp4cli.kernels.elements import signed_value
 from fp4cli.kernels.quantize import quantize_tile
 from fp4cli.kernels.tile_io import (
+    block_first_bits,
+    block_first_bits_down,
     load_program_tile,
     load_tile,
     rounded_to_bf16,
@@ -54,6 +56,7 @@ def quantize_direction(
     TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr, TILE2D: tl.constexpr,
     VALUES_TENSOR_SCALE: tl.constexpr, E1M2: tl.constexpr, FOUR_OVER_SIX: tl.constexpr,
     OUTER: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr, ELEM_INV: tl.constexpr,
+    EDEN: tl.constexpr,
 ):  # fmt: skip
     """Quantize the float32 [ROWS, COLS] tile at (row0, col0) of the (rows, cols) input with
     blocks along the tile's last axis (BLOCK_AXIS 1, out_length columns after the transform) or
@@ -67,7 +70,8 @@ def quantize_direction(
     nearer of its candidates scaled to 6 and to 4 (`four_over_six`). HADAMARD_SIGNS: the transform's
     signs (`tile_ops.hadamard_signs`). OUTER (> 0, two-level): an amax per OUTER blocks, found
     in the tile (whose side along the blocks holds whole outer blocks) and, with packed codes,
-    written to amax_ptr (`tile_io.store_outer_amax`)."""
+    written to amax_ptr (`tile_io.store_outer_amax`). EDEN (> 0): MS-EDEN over groups of EDEN
+    blocks, a block's number drawn at its first element's index."""
     # codes along the rows take the butterflies as sums, as `quantize_kernel`'s do (an H100:
     # the RHT-32 + SR pair to codes both ways 0.15x -> 0.18x the copy); values do not
     packed_rows: tl.constexpr = BLOCK_AXIS == 1 and not (WRITE_VALUES or RETURN_VALUES)
@@ -91,6 +95,13 @@ def quantize_direction(
     if SR:
         seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
         random_bits = sr_bits(seed, row0, col0, 0, 0, 1, row_length, ROWS, COLS, False, GROUPED)
+    if EDEN > 0:
+        seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
+        if BLOCK_AXIS == 1:
+            random_bits = block_first_bits(seed, row0, col0, 0, 0, 1, row_length, ROWS, COLS,
+                                           BLOCK, False)  # fmt: skip
+        else:
+            random_bits = block_first_bits_down(seed, row0, col0, row_length, ROWS, COLS, BLOCK)
     tensor_amax = 0.0
     if TENSOR_SCALE and OUTER == 0:
         tensor_amax = tl.load(amax_ptr)
@@ -100,7 +111,7 @@ def quantize_direction(
         SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, SCALE_NAN, SR, AWAY, PRESCALE, TENSOR_SCALE,
         GUIDED, BLOCK_AXIS, TILE2D,
         packed_rows, WRITE_VALUES, E1M2, FOUR_OVER_SIX, tensor_amax, DECODE_INV,
-        OUTER, TWO_LEVEL_TARGET, ELEM_INV,
+        OUTER, TWO_LEVEL_TARGET, ELEM_INV, EDEN,
     )  # fmt: skip
     values = tile
     if WRITE_VALUES or RETURN_VALUES:
@@ -163,7 +174,7 @@ def quantize_pair_kernel(
     ROW_DECODE_INV: tl.constexpr,
     ROW_TILE2D: tl.constexpr, ROW_VALUES_TENSOR_SCALE: tl.constexpr, ROW_E1M2: tl.constexpr,
     ROW_FOUR_OVER_SIX: tl.constexpr, ROW_OUTER: tl.constexpr,
-    ROW_TWO_LEVEL_TARGET: tl.constexpr, ROW_ELEM_INV: tl.constexpr,
+    ROW_TWO_LEVEL_TARGET: tl.constexpr, ROW_ELEM_INV: tl.constexpr, ROW_EDEN: tl.constexpr,
     COL_ON: tl.constexpr, COL_BLOCK: tl.constexpr, COL_POW2_SCALE: tl.constexpr,
     COL_CEIL: tl.constexpr, COL_SCALE_MBITS: tl.constexpr, COL_SCALE_MIN_EXP: tl.constexpr,
     COL_SCALE_MAX: tl.constexpr, COL_SCALE_NAN: tl.constexpr, COL_SR: tl.constexpr,
@@ -177,7 +188,7 @@ def quantize_pair_kernel(
     COL_DECODE_INV: tl.constexpr,
     COL_TILE2D: tl.constexpr, COL_VALUES_TENSOR_SCALE: tl.constexpr, COL_E1M2: tl.constexpr,
     COL_FOUR_OVER_SIX: tl.constexpr, COL_OUTER: tl.constexpr,
-    COL_TWO_LEVEL_TARGET: tl.constexpr, COL_ELEM_INV: tl.constexpr,
+    COL_TWO_LEVEL_TARGET: tl.constexpr, COL_ELEM_INV: tl.constexpr, COL_EDEN: tl.constexpr,
 ):  # fmt: skip
     """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
     (rows, row_padded_length / 2) codes; column direction: (col_out_length, cols) values or
@@ -215,7 +226,7 @@ def quantize_pair_kernel(
             DOUBLE or SUM_ROW_VALUES, ROW_GUIDED,
             ROW_TENSOR_SCALE, ROW_DECODE_INV, ROW_TILE2D,
             ROW_VALUES_TENSOR_SCALE, ROW_E1M2, ROW_FOUR_OVER_SIX, ROW_OUTER,
-            ROW_TWO_LEVEL_TARGET, ROW_ELEM_INV,
+            ROW_TWO_LEVEL_TARGET, ROW_ELEM_INV, ROW_EDEN,
         )  # fmt: skip
         # the row values in the compute dtype: what the reference re-quantizes (DOUBLE), and
         # the operand whose column sums are a quantized bias gradient (SUM_ROW_VALUES)
@@ -240,5 +251,5 @@ def quantize_pair_kernel(
             False,
             COL_TENSOR_SCALE, COL_DECODE_INV, COL_TILE2D,
             COL_VALUES_TENSOR_SCALE, COL_E1M2, COL_FOUR_OVER_SIX, COL_OUTER,
-            COL_TWO_LEVEL_TARGET, COL_ELEM_INV,
+            COL_TWO_LEVEL_TARGET, COL_ELEM_INV, COL_EDEN,
         )  # fmt: skip

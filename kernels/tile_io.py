@@ -154,6 +154,31 @@ def sr_bits(
 
 
 @triton.jit
+def block_first_bits(
+    seed, first_line, first_pos, outer, first_inner, inner, out_length, ROWS: tl.constexpr,
+    COLS: tl.constexpr, BLOCK: tl.constexpr, TRANSPOSED: tl.constexpr,
+):  # fmt: skip
+    """Random bits [ROWS, COLS / BLOCK] (uint32): `sr_bits`' word of each block's first element
+    (MS-EDEN's number for the block's scale)."""
+    pos = first_pos + tl.arange(0, COLS // BLOCK).to(tl.int64) * BLOCK
+    lines = tl.arange(0, ROWS).to(tl.int64)
+    if TRANSPOSED:
+        index = (outer * out_length + pos[None, :]) * inner + first_inner + lines[:, None]
+    else:
+        index = (first_line + lines)[:, None] * out_length + pos[None, :]
+    return random_bits_at(seed, index)
+
+
+@triton.jit
+def block_first_bits_down(seed, first_row, first_col, cols, ROWS: tl.constexpr,
+                          COLS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """Random bits [ROWS / BLOCK, COLS] (uint32) of each block's first element, for blocks down
+    the columns of a (rows, cols) tensor: element (r, c) draws at r * cols + c."""
+    rows = first_row + tl.arange(0, ROWS // BLOCK).to(tl.int64) * BLOCK
+    return random_bits_at(seed, rows[:, None] * cols + first_col + tl.arange(0, COLS)[None, :])
+
+
+@triton.jit
 def store_codes(
     codes_ptr,
     scales_ptr,

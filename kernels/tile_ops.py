@@ -442,17 +442,25 @@ def square_reduce(per_block, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
-def outer_reduce(per_block, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr,
-                 OUTER: tl.constexpr, BLOCK_AXIS: tl.constexpr):  # fmt: skip
-    """Per-block values of a tile (`square_reduce`'s shapes) replaced by their largest over each
-    run of OUTER blocks along the blocks' axis (an outer block; the tile's extent along that
-    axis is a multiple of OUTER * BLOCK)."""
+def outer_reduce(
+    per_block, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr, OUTER: tl.constexpr,
+    BLOCK_AXIS: tl.constexpr, SUM: tl.constexpr = False,
+):  # fmt: skip
+    """Per-block values of a tile (`square_reduce`'s shapes) replaced by their largest (SUM:
+    their sum) over each run of OUTER blocks along the blocks' axis (an outer block, or an
+    MS-EDEN group; the tile's extent along that axis is a multiple of OUTER * BLOCK)."""
     if BLOCK_AXIS == 1:
         runs = tl.reshape(per_block, (ROWS, COLS // (BLOCK * OUTER), OUTER))
-        spread = tl.broadcast_to(tl.expand_dims(tl.max(runs, axis=2), 2), runs.shape)
+        reduced = tl.max(runs, axis=2)
+        if SUM:  # (the unused max is dropped by the compiler)
+            reduced = tl.sum(runs, axis=2)
+        spread = tl.broadcast_to(tl.expand_dims(reduced, 2), runs.shape)
         result = tl.reshape(spread, (ROWS, COLS // BLOCK))
     else:
         runs = tl.reshape(per_block, (ROWS // (BLOCK * OUTER), OUTER, COLS))
-        spread = tl.broadcast_to(tl.expand_dims(tl.max(runs, axis=1), 1), runs.shape)
+        reduced = tl.max(runs, axis=1)
+        if SUM:  # (the unused max is dropped by the compiler)
+            reduced = tl.sum(runs, axis=1)
+        spread = tl.broadcast_to(tl.expand_dims(reduced, 1), runs.shape)
         result = tl.reshape(spread, (ROWS // BLOCK, COLS))
     return result

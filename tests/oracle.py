@@ -30,7 +30,8 @@ MS-EDEN (rounding "eden", from the QuantSpec docstring and Quartet II's released
 elements are rounded to nearest with ties away from zero; per group of eden_group / block
 consecutive blocks along a line, c = sum(v^2) / sum(v * q) over the group's blocks whose scale
 is not 0 (v: the pre-scaled grid values of step 3, q their rounded values; c = 1 when the
-denominator is 0), computed here in exact rational arithmetic and rounded to float32; each such
+denominator is 0), each term truncated to a multiple of 2^-32 and summed exactly (integers
+here), the ratio of the two sums rounded to float64, then to float32; each such
 block's scale becomes the float32 product s * c rounded stochastically onto the scale grid with
 the uniform number of the block's first element (its smallest index in x). The tensor scale
 then targets 256 (E4M3) as with four-over-six.
@@ -463,8 +464,8 @@ def _eden(
         if scales[block] == 0:
             continue
         u, g = Fraction(float(v[i])), int(groups[i])
-        num[g] = num.get(g, Fraction(0)) + u * u
-        den[g] = den.get(g, Fraction(0)) + u * Fraction(float(q[i]))
+        num[g] = num.get(g, Fraction(0)) + math.floor(u * u * 2**32)
+        den[g] = den.get(g, Fraction(0)) + math.floor(abs(u * Fraction(float(q[i]))) * 2**32)
     corrected = scales.copy()
     block_group = (np.arange(scales.size) // per_line) * -(-per_line // k) + (
         np.arange(scales.size) % per_line
@@ -473,7 +474,7 @@ def _eden(
         g = int(block_group[block])
         if scales[block] == 0:
             continue
-        c = F32(float(num[g] / den[g])) if den.get(g, 0) != 0 else F32(1.0)
+        c = F32(float(num[g]) / float(den[g])) if den.get(g, 0) != 0 else F32(1.0)
         product = F32(scales[block] * c)
         grid = SCALE_GRIDS[spec.scale]
         corrected[block] = F32(round_to_grid(np.array([product]), grid, "sr", uniform[block])[0])

@@ -71,14 +71,9 @@ def fast_gap(config: LinearConfig) -> str | None:
             gap = kernel_gap(spec.replace(tile2d=False), torch.float32)
             if gap is None and spec.tile2d:
                 gap = _square_tile_gap(config, gemm)
-            if gap is None and spec.whole_tensor_scale and config.double_quant and name in DOUBLED:
-                gap = "double quantization into a tensor-scaled spec"
             if gap is not None:
                 return f"{name}: {gap}"
     return None
-
-
-DOUBLED = ("grad_input_w", "grad_weight_x")  # re-quantized from the forward operands
 
 
 def _square_tile_gap(config: LinearConfig, gemm: str) -> str | None:

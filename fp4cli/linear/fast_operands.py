@@ -148,7 +148,8 @@ def quantize_both(
     """`tensor` (rows, cols) quantized along axis 1 (`row`) and axis 0 (`col`): each result is
     (values in `dtype`, the GEMM's compute dtype) or, for a packed request, (codes, scales); ()
     where not requested. With `double`, the column direction quantizes the row direction's
-    values (TetraJet's double quantization), as the reference does. column_sums (cols,)
+    values (TetraJet's double quantization), as the reference does (in a launch of its own when
+    its spec has one tensor scale, the amax of those values). column_sums (cols,)
     float32: filled with the sums of `tensor`'s columns (from the same read when both
     directions take one launch); with `sum_row_values`, of the row direction's values in
     `dtype` instead (a request for values or packed codes, without a Hadamard transform).
@@ -159,7 +160,11 @@ def quantize_both(
     row_dir = _direction(row, dtype) if row is not None and row.spec is not None else None
     col_dir = _direction(col, dtype) if col is not None and col.spec is not None else None
     guide = guide if row_dir is not None else None
-    tile = pair_tile(row_dir, col_dir) if row_dir is not None and col_dir is not None else None
+    # double quantization into a spec with one tensor scale: that amax is of the row values,
+    # which the column direction reads after the row direction's launch
+    tile = None
+    if row_dir is not None and col_dir is not None and not (double and col_dir.amax_pass()):
+        tile = pair_tile(row_dir, col_dir)
     value_sums = dtype if sum_row_values else None
     if tile is not None:
         row_out, col_out = quantize_pair(

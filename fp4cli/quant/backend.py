@@ -21,6 +21,7 @@ KERNEL_SCALES = ("e8m0", "ue5m3", "ue4m3")
 KERNEL_ELEMENTS = ("e2m1", "e1m2")
 KERNEL_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 KERNEL_OUTER_MAX = 1024  # an outer block lies within one tile along the axis
+KERNEL_ROUNDINGS = ("rne", "sr", "away", "eden")
 
 
 def check_backend(backend: str) -> None:
@@ -53,8 +54,11 @@ def kernel_gap(spec: QuantSpec, dtype: torch.dtype) -> str | None:
     outer = spec.outer_block
     if outer and (outer & (outer - 1) or outer > KERNEL_OUTER_MAX):
         return f"outer_block {spec.outer_block} (kernels: a power of two up to {KERNEL_OUTER_MAX})"
-    if spec.rounding not in ("rne", "sr", "away"):
-        return f"rounding {spec.rounding!r} (kernels: rne, sr, away)"
+    if spec.rounding not in KERNEL_ROUNDINGS:
+        return f"rounding {spec.rounding!r} (kernels: {', '.join(KERNEL_ROUNDINGS)})"
+    group = spec.eden_group
+    if spec.rounding == "eden" and group & (group - 1):
+        return f"eden_group {group} (kernels: a power of two)"
     if dtype not in KERNEL_INPUT_DTYPES:
         return f"input dtype {dtype} (kernels: float32, bfloat16, float16)"
     return None

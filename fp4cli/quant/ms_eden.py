@@ -16,7 +16,11 @@ correction lives in the FP8 block scales, no extra storage. Per group, in grid u
 of sum(u * q * s' / s) is then sum(u * u): the quantized group keeps the length of its
 projection on the source, which a random rotation turns into an unbiased estimate.
 
-Sums are taken in float64 and the ratio rounded to float32. A block whose scale rounded to 0
+The sums are exact and need no order: each term u * u and u * q (exact in float64) is
+truncated to a multiple of 2^-32 (`SUM_UNIT`) and summed as an int64; the ratio of the two
+sums is taken in float64 (both exact there: |u| stays under 2^5, a group under 2^10 values)
+and rounded to float32. A kernel summing in its own order gets the same bits (as
+four-over-six's errors, `fp4cli.quant.four_over_six`). A block whose scale rounded to 0
 (an amax below 2^-18 of the tensor's) decodes to 0 whatever its elements: it is left out of
 the sums and keeps scale 0. The tensor scale leaves room for the correction to raise a scale:
 it targets 256 instead of E4M3's 448 (`fp4cli.quant.two_level.scale_max`), as the released
@@ -33,6 +37,14 @@ from fp4cli.formats import encode, round_to_grid
 from fp4cli.quant import two_level
 from fp4cli.quant.spec import QuantSpec
 
+SUM_UNIT = 2.0**32  # the sums' terms in units of 2^-32
+
+
+def fixed_point_terms(products: torch.Tensor) -> torch.Tensor:
+    """Non-negative float64 products, exact, truncated to multiples of 2^-32, as int64
+    counts of 2^-32."""
+    return (products * SUM_UNIT).to(torch.int64)
+
 
 def group_corrections(
     units: torch.Tensor, q: torch.Tensor, usable: torch.Tensor, group_blocks: int
@@ -41,11 +53,12 @@ def group_corrections(
     (*lead, n_blocks, block); `usable` marks the blocks that take part in their group's sums."""
     units = torch.where(usable.unsqueeze(-1), units, torch.zeros_like(units)).to(torch.float64)
     q = torch.where(usable.unsqueeze(-1), q, torch.zeros_like(q)).to(torch.float64)
-    num, den = (units * units).sum(dim=-1), (units * q).sum(dim=-1)  # (*lead, n_blocks)
+    num = fixed_point_terms(units * units).sum(dim=-1)  # (*lead, n_blocks)
+    den = fixed_point_terms((units * q).abs()).sum(dim=-1)  # u and q share their sign
     n_blocks = num.shape[-1]
     pad = -n_blocks % group_blocks
-    num_g = F.pad(num, (0, pad)).unflatten(-1, (-1, group_blocks)).sum(dim=-1)
-    den_g = F.pad(den, (0, pad)).unflatten(-1, (-1, group_blocks)).sum(dim=-1)
+    num_g = F.pad(num, (0, pad)).unflatten(-1, (-1, group_blocks)).sum(dim=-1).to(torch.float64)
+    den_g = F.pad(den, (0, pad)).unflatten(-1, (-1, group_blocks)).sum(dim=-1).to(torch.float64)
     c = torch.where(den_g == 0, torch.ones_like(num_g), num_g / torch.where(den_g == 0, 1, den_g))
     c = c.to(torch.float32).repeat_interleave(group_blocks, dim=-1)
     return c[..., :n_blocks]

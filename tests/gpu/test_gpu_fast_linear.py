@@ -33,6 +33,7 @@ FAST_RECIPES = [
     "nvfp4",
     "ue5m3-hadamard-sr",
     "tetrajet-v2",
+    "quartet2",
 ]
 
 

@@ -68,6 +68,9 @@ CONFIGS = {
     # an FP32 scale per 128 values (found in the pair kernel's 128 x 128 tiles), SR + RHT-16
     # backward, double quantization into the outer-block spec, X saved with its outer amaxes
     "tetrajet-v2": load_recipe("tetrajet-v2").linear,
+    # MS-EDEN with RHT-128 on the backward GEMMs, double quantization into its tensor-scaled
+    # spec (the column direction in a launch of its own), four-over-six forward
+    "quartet2": load_recipe("quartet2").linear,
     "nvfp4-ceil-sr-weights": LinearConfig(
         forward_x=QuantSpec.preset("nvfp4", scale_rule="ceil"),
         forward_w=NVFP4_2D.replace(scale_rule="ceil"),
@@ -90,7 +93,8 @@ def test_fast_executor_matches_the_reference_bit_for_bit(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["tetrajet", "tseng-rht-sr", "nvfp4", "nvidia-nvfp4", "ufp4", "tetrajet-v2"]
+    "name",
+    ["tetrajet", "tseng-rht-sr", "nvfp4", "nvidia-nvfp4", "ufp4", "tetrajet-v2", "quartet2"],
 )
 def test_ragged_tokens_and_features(name):
     fast = seeded_layer(CONFIGS[name], "triton", in_features=45, out_features=33)
@@ -315,14 +319,16 @@ def test_executor_choice_and_reasons():
     assert fast_gap(load_recipe("nvfp4").linear) is None
     assert fast_gap(load_recipe("ue5m3-hadamard-sr").linear) is None
     assert fast_gap(load_recipe("tseng-baseline").linear) is None
-    eden = LinearConfig(grad_input_dy=QuantSpec.preset("nvfp4-eden"))
-    assert fast_gap(eden) == "grad_input_dy: rounding 'eden' (kernels: rne, sr, away)"
+    ties_up = LinearConfig(grad_input_dy=QuantSpec.preset("nvfp4", rounding="ties_up"))
+    assert fast_gap(ties_up) == "grad_input_dy: rounding 'ties_up' (kernels: rne, sr, away, eden)"
     square_with_rht = LinearConfig(forward_w=NVFP4_2D, forward_hadamard=HadamardConfig(16))
     assert fast_gap(square_with_rht) == "forward_w: 2-D tiles with a Hadamard transform"
     doubled = LinearConfig(
         forward_x=CEIL, grad_weight_x=QuantSpec.preset("nvfp4"), double_quant=True
     )
-    assert fast_gap(doubled) == "grad_weight_x: double quantization into a tensor-scaled spec"
+    assert fast_gap(doubled) is None  # its column direction takes a launch of its own
+    odd_group = LinearConfig(grad_input_dy=QuantSpec.preset("nvfp4-eden", eden_group=48))
+    assert fast_gap(odd_group) == "grad_input_dy: eden_group 48 (kernels: a power of two)"
     assert fast_gap(LinearConfig(forward_w=CEIL, dge=DGEConfig())) == "DGE"
     assert seeded_layer(CONFIGS["tetrajet"], "torch").executor() == ("reference", "backend torch")
     cpu = QuantLinear(32, 32, config=CONFIGS["tetrajet"], backend="auto")

@@ -150,8 +150,42 @@ def test_resolved_form_unchanged_and_short_label():
     assert "eden_group" not in str(recipe.to_dict())  # left out while at its default
 
 
-def test_kernels_and_fast_executor_refuse_it():
-    assert "eden" in (kernel_gap(EDEN, torch.float32) or "")
-    gap = fast_gap(LinearConfig(grad_input_dy=EDEN))
-    assert gap is not None and "eden" in gap
-    assert fast_gap(load_recipe("quartet2").linear) is not None
+def test_the_kernels_and_the_fast_executor_run_it():
+    assert kernel_gap(EDEN, torch.float32) is None
+    assert fast_gap(LinearConfig(grad_input_dy=EDEN)) is None
+    assert fast_gap(load_recipe("quartet2").linear) is None
+    assert kernel_gap(EDEN.replace(eden_group=48), torch.float32) == (
+        "eden_group 48 (kernels: a power of two)"
+    )
+
+
+def test_sums_need_no_order():
+    """The correction's sums are of terms truncated to multiples of 2^-32: integers, whose
+    sum is the same in any order (a kernel's tree, or torch's); c is their ratio, rounded to
+    float64 then float32."""
+    from fractions import Fraction
+    from math import floor
+
+    from fp4cli.quant.ms_eden import group_corrections
+
+    generator = torch.Generator().manual_seed(3)
+    units = (
+        torch.rand(4, 16, 16, generator=generator)
+        * 6
+        * torch.exp2(-4 * torch.rand(4, 16, 1, generator=generator))
+    )
+    q = torch.round(units)
+    usable = torch.ones(4, 16, dtype=torch.bool)
+    c = group_corrections(units, q, usable, 8)
+    # the blocks of each group, and each block's elements, in reverse order
+    shuffled = [t.unflatten(1, (2, 8)).flip(2, 3).flatten(1, 2) for t in (units, q)]
+    assert torch.equal(group_corrections(*shuffled, usable, 8), c)
+    for line in range(4):
+        for group in range(2):
+            u = units[line, 8 * group : 8 * group + 8].flatten().tolist()
+            g = q[line, 8 * group : 8 * group + 8].flatten().tolist()
+            num = sum(floor(Fraction(a) ** 2 * 2**32) for a in u)
+            den = sum(floor(Fraction(a) * Fraction(b) * 2**32) for a, b in zip(u, g, strict=True))
+            assert den > 0
+            expected = torch.tensor(float(num) / float(den), dtype=torch.float64).float()
+            assert torch.equal(c[line, 8 * group], expected)

@@ -1,0 +1,125 @@
+"""MS-EDEN in the kernels (rounding "eden", Quartet II's backward quantizer) against the
+reference quantizer, bit for bit: the single-direction kernel along any axis and after a
+Hadamard transform, the pair kernel both ways, edge values per correction group, and the
+seed's role."""
+
+import pytest
+import torch
+
+from fp4cli.quant import QuantSpec, fake_quantize, quantize
+from tests.kernel_cases import (  # skips this module where the kernels cannot run
+    FP32_MAX,
+    INF,
+    NAN,
+    assert_bits,
+    check_backends_agree,
+    edge_blocks,
+    on_device,
+    rows_over_binades,
+    seeded_normal,
+)
+
+launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+Direction, quantize_pair = launch_pair.Direction, launch_pair.quantize_pair
+
+EDEN = QuantSpec.preset("nvfp4-eden")
+EDEN_SPECS = {
+    "nvfp4-eden": EDEN,
+    "group32": EDEN.replace(eden_group=32),
+    "group-is-block": EDEN.replace(eden_group=16),
+    "no-prescale": EDEN.replace(sr_prescale=1.0),
+    "prescale2": EDEN.replace(sr_prescale=2.0),
+    "ue5m3-block32": QuantSpec(
+        scale="ue5m3", block=32, tensor_scale=True, rounding="eden", eden_group=256
+    ),
+}
+
+
+def group_extremes() -> torch.Tensor:
+    """Rows whose correction groups are all zero, subnormal, next to FLT_MAX (blocks scaled to
+    0 leave the sums), a saturating block beside tiny ones, the smallest float32, and a
+    ragged last group."""
+    x = seeded_normal((6, 300), 50)
+    x[0, :128] = 0.0
+    x[1, 128:256] *= 2.0**-140
+    x[2, :16] = torch.linspace(-1, 1, 16) * FP32_MAX
+    x[3, 16:32] *= 2.0**30
+    x[4, :] = 2.0**-149
+    x[5, 256:] = 0.0
+    return on_device(x)
+
+
+@pytest.mark.parametrize("spec_name", EDEN_SPECS)
+@pytest.mark.parametrize("case", ["edge", "extremes", "ragged"])
+def test_each_group_corrects_its_own_scales(spec_name, case):
+    x = {
+        "edge": lambda: edge_blocks(40, 300),
+        "extremes": group_extremes,
+        "ragged": lambda: rows_over_binades(7, 333, seed=3, spread=8),
+    }[case]()
+    check_backends_agree(x, EDEN_SPECS[spec_name], seed=17)
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis"),
+    [((300, 5), 0), ((5, 7, 300), 1), ((3, 1100), -1), ((2, 130, 3), 1), ((1, 1), 0)],
+    ids=str,
+)
+def test_any_axis_and_shape(shape, axis):
+    x = on_device(seeded_normal(shape, 5) * 3)
+    check_backends_agree(x, EDEN, axis=axis, seed=9)
+
+
+@pytest.mark.parametrize("hadamard", [16, 128])
+def test_after_a_hadamard_transform(hadamard):
+    x = rows_over_binades(9, 300, seed=4)
+    check_backends_agree(x, EDEN, hadamard=hadamard, hadamard_seed=12, seed=1)
+    check_backends_agree(x.T.contiguous(), EDEN, axis=0, hadamard=128, hadamard_seed=3, seed=2)
+
+
+def test_the_seed_draws_the_scales():
+    """One number per block: the same seed gives the same scales, another seed other ones (the
+    corrected scale lies between two grid points), and each is the reference's."""
+    x = rows_over_binades(64, 256, seed=6)
+    first = quantize(x, EDEN, seed=1, backend="triton")
+    assert torch.equal(quantize(x, EDEN, seed=1, backend="triton").scales, first.scales)
+    other = quantize(x, EDEN, seed=2, backend="triton")
+    assert (other.scales != first.scales).any()
+    assert torch.equal(other.codes, first.codes)  # the elements keep their rounding
+    assert_bits(other.scales, quantize(x, EDEN, seed=2, backend="torch").scales, "scales")
+
+
+def _assert_values(got, expected, what):
+    """Bit for bit, NaN included, up to the sign of zero (the reference's fake_quantize keeps
+    a negative value's sign where it rounds to zero)."""
+    zero = expected == 0
+    assert_bits(got.masked_fill(zero, 0.0), expected.masked_fill(zero, 0.0), what)
+
+
+@pytest.mark.parametrize("shape", [(130, 300), (64, 96)])
+def test_pair_both_directions(shape):
+    """Quartet II's dY pair: MS-EDEN after RHT-128 along the rows (values) and down the
+    columns (packed), one launch, each with its seed."""
+    x = rows_over_binades(*shape, seed=5)
+    x[7, 3], x[40, 9] = NAN, INF
+    row = Direction(EDEN, 21, 128, 22, values_dtype=torch.float32)
+    col = Direction(EDEN, 23, 128, 24)
+    assert launch_pair.pair_tile(row, col) == (128, 128)
+    row_out, col_out = quantize_pair(x, row, col)
+    expected = fake_quantize(x, EDEN, 1, 21, hadamard=128, hadamard_seed=22,
+                             out_dtype=torch.float32, backend="torch")  # fmt: skip
+    _assert_values(row_out.values, expected, "row values")
+    reference = quantize(x, EDEN, 0, 23, hadamard=128, hadamard_seed=24, backend="torch")
+    assert_bits(col_out.codes, reference.codes, "column codes")
+    assert_bits(col_out.scales, reference.scales, "column scale codes")
+    assert_bits(col_out.tensor_amax.reshape(()), reference.tensor_amax, "column amax")
+
+
+def test_a_non_finite_blocks_finite_values_join_its_group():
+    """As the reference: a block holding NaN or Inf is NaN, yet its finite values (scaled by
+    the scale of their amax) count in its group's sums; 256 groups of two blocks, so that a
+    kernel leaving them out draws some other block's scale differently."""
+    x = seeded_normal((256, 32), 9) * 3
+    x[:128, 0] = NAN
+    x[128:, 0] = -INF
+    check_backends_agree(on_device(x), EDEN.replace(eden_group=32), seed=4)
