@@ -261,6 +261,20 @@ def quantized_linear_launches() -> None:
     quantize_pair(x, Direction(four_sr, (seed, 2), values_dtype=bf16),
                   Direction(four_sr, (seed, 4), 16, (seed, 9), bf16))  # fmt: skip
     quantize_e2m1(x, ceil.replace(four_over_six=True), 1, None)
+    # tetrajet-v2's outer blocks of 128: each direction alone (values along the rows, codes
+    # with their outer amaxes down the columns after RHT-16), the single-direction kernel, and
+    # decoding from the outer amaxes
+    outer = QuantSpec.preset("nvfp4-outer128")
+    outer_sr = outer.replace(rounding="sr")
+    quantize_pair(x, Direction(outer, None, values_dtype=bf16), None)
+    quantize_pair(x, None, Direction(outer_sr, (seed, 5), 16, (seed, 6)))
+    quantize_e2m1(x, outer_sr, 0, seed)
+    dequantize_e2m1(codes, scales16, torch.zeros(96, 1), outer, (64, 96), 0, bf16)
+    # quartet2's MS-EDEN: dY after RHT-128 both ways (values, codes), the single direction
+    eden = QuantSpec.preset("nvfp4-eden")
+    quantize_pair(x, Direction(eden, (seed, 2), 128, (seed, 3), bf16),
+                  Direction(eden, (seed, 4), 128, (seed, 5)))  # fmt: skip
+    quantize_e2m1(x, eden, 1, seed)
     # the gradients in float32 parameters' dtypes: both widened with the bias sums, or one
     widen_gradients([x, x], torch.zeros(96))
     widen_gradients([None, x])
