@@ -106,6 +106,18 @@ def edge_blocks(rows: int = 40, cols: int = 100, seed: int = 0) -> torch.Tensor:
     return on_device(x)
 
 
+# shapes and axes whose lines hold several 128-value groups, part of one, or one value
+GROUP_SHAPES_AND_AXES = [((300, 5), 0), ((5, 7, 300), 1), ((3, 1100), -1), ((2, 130, 3), 1),
+                         ((1, 1), 0)]  # fmt: skip
+
+
+def line_cases() -> dict[str, torch.Tensor]:
+    """Lines of 300-333 values, several 128-value groups each (outer blocks, MS-EDEN groups):
+    `edge_blocks`' zero, subnormal, huge and NaN / Inf blocks, and ragged rows over 8 binades'
+    spread."""
+    return {"edge": edge_blocks(40, 300), "ragged": rows_over_binades(7, 333, seed=3, spread=8)}
+
+
 def finite_amax(x: torch.Tensor) -> torch.Tensor:
     """The largest finite |x| (NaN and Inf left out), as a 1-element tensor."""
     magnitude = x.abs()

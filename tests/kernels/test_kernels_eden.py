@@ -9,11 +9,13 @@ import torch
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from tests.kernel_cases import (  # skips this module where the kernels cannot run
     FP32_MAX,
+    GROUP_SHAPES_AND_AXES,
     INF,
     NAN,
     assert_bits,
+    assert_same_up_to_zero_sign,
     check_backends_agree,
-    edge_blocks,
+    line_cases,
     on_device,
     rows_over_binades,
     seeded_normal,
@@ -52,19 +54,11 @@ def group_extremes() -> torch.Tensor:
 @pytest.mark.parametrize("spec_name", EDEN_SPECS)
 @pytest.mark.parametrize("case", ["edge", "extremes", "ragged"])
 def test_each_group_corrects_its_own_scales(spec_name, case):
-    x = {
-        "edge": lambda: edge_blocks(40, 300),
-        "extremes": group_extremes,
-        "ragged": lambda: rows_over_binades(7, 333, seed=3, spread=8),
-    }[case]()
+    x = group_extremes() if case == "extremes" else line_cases()[case]
     check_backends_agree(x, EDEN_SPECS[spec_name], seed=17)
 
 
-@pytest.mark.parametrize(
-    ("shape", "axis"),
-    [((300, 5), 0), ((5, 7, 300), 1), ((3, 1100), -1), ((2, 130, 3), 1), ((1, 1), 0)],
-    ids=str,
-)
+@pytest.mark.parametrize(("shape", "axis"), GROUP_SHAPES_AND_AXES, ids=str)
 def test_any_axis_and_shape(shape, axis):
     x = on_device(seeded_normal(shape, 5) * 3)
     check_backends_agree(x, EDEN, axis=axis, seed=9)
@@ -89,13 +83,6 @@ def test_the_seed_draws_the_scales():
     assert_bits(other.scales, quantize(x, EDEN, seed=2, backend="torch").scales, "scales")
 
 
-def _assert_values(got, expected, what):
-    """Bit for bit, NaN included, up to the sign of zero (the reference's fake_quantize keeps
-    a negative value's sign where it rounds to zero)."""
-    zero = expected == 0
-    assert_bits(got.masked_fill(zero, 0.0), expected.masked_fill(zero, 0.0), what)
-
-
 @pytest.mark.parametrize("shape", [(130, 300), (64, 96)])
 def test_pair_both_directions(shape):
     """Quartet II's dY pair: MS-EDEN after RHT-128 along the rows (values) and down the
@@ -108,7 +95,7 @@ def test_pair_both_directions(shape):
     row_out, col_out = quantize_pair(x, row, col)
     expected = fake_quantize(x, EDEN, 1, 21, hadamard=128, hadamard_seed=22,
                              out_dtype=torch.float32, backend="torch")  # fmt: skip
-    _assert_values(row_out.values, expected, "row values")
+    assert_same_up_to_zero_sign(row_out.values, expected, "row values")
     reference = quantize(x, EDEN, 0, 23, hadamard=128, hadamard_seed=24, backend="torch")
     assert_bits(col_out.codes, reference.codes, "column codes")
     assert_bits(col_out.scales, reference.scales, "column scale codes")

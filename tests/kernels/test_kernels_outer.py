@@ -11,11 +11,13 @@ from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.quant.backend import KERNEL_OUTER_MAX, kernel_gap
 from tests.kernel_cases import (  # skips this module where the kernels cannot run
     FP32_MAX,
+    GROUP_SHAPES_AND_AXES,
     INF,
     NAN,
     assert_bits,
+    assert_same_up_to_zero_sign,
     check_backends_agree,
-    edge_blocks,
+    line_cases,
     on_device,
     rows_over_binades,
     seeded_normal,
@@ -58,19 +60,11 @@ def outer_extremes() -> torch.Tensor:
 @pytest.mark.parametrize("spec_name", OUTER_SPECS)
 @pytest.mark.parametrize("case", ["edge", "extremes", "ragged"])
 def test_each_outer_block_scales_its_own_blocks(spec_name, case):
-    x = {
-        "edge": lambda: edge_blocks(40, 300),
-        "extremes": outer_extremes,
-        "ragged": lambda: rows_over_binades(7, 333, seed=3, spread=8),
-    }[case]()
+    x = outer_extremes() if case == "extremes" else line_cases()[case]
     check_backends_agree(x, OUTER_SPECS[spec_name], seed=17)
 
 
-@pytest.mark.parametrize(
-    ("shape", "axis"),
-    [((300, 5), 0), ((5, 7, 300), 1), ((3, 1100), -1), ((2, 130, 3), 1), ((1, 1), 0)],
-    ids=str,
-)
+@pytest.mark.parametrize(("shape", "axis"), GROUP_SHAPES_AND_AXES, ids=str)
 def test_any_axis_and_shape(shape, axis):
     x = on_device(seeded_normal(shape, 5) * 3)
     check_backends_agree(x, OUTER128.replace(rounding="sr"), axis=axis, seed=9)
@@ -127,13 +121,6 @@ def _fake(x, spec, axis, seed=None, hadamard=None, hadamard_seed=0):
                          out_dtype=torch.float32, backend="torch")  # fmt: skip
 
 
-def _assert_values(got, expected, what):
-    """Bit for bit, NaN included, up to the sign of zero (the reference's fake_quantize keeps
-    a negative value's sign where it rounds to zero)."""
-    zero = expected == 0
-    assert_bits(got.masked_fill(zero, 0.0), expected.masked_fill(zero, 0.0), what)
-
-
 @pytest.mark.parametrize("shape", [(130, 300), (64, 96), (300, 33)])
 def test_pair_both_directions_with_double_quantization(shape):
     """TetraJet-v2's W pair: the forward operand along the rows (RNE), the grad_input operand
@@ -147,8 +134,10 @@ def test_pair_both_directions_with_double_quantization(shape):
     assert launch_pair.pair_tile(row, col) is None  # two launches by default (pair_tile)
     row_out, col_out = quantize_pair(x, row, col, torch.float32, (128, 128))
     row_values = _fake(x, OUTER128, 1)
-    _assert_values(row_out.values, row_values, "row values")
-    _assert_values(col_out.values, _fake(row_values, sr, 0, 21, 16, 22), "column values")
+    assert_same_up_to_zero_sign(row_out.values, row_values, "row values")
+    assert_same_up_to_zero_sign(
+        col_out.values, _fake(row_values, sr, 0, 21, 16, 22), "column values"
+    )
     _, packed = quantize_pair(x, row, Direction(sr, 21, 16, 22), torch.float32, (128, 128))
     reference = quantize(row_values, sr, 0, 21, hadamard=16, hadamard_seed=22, backend="torch")
     assert_bits(packed.codes, reference.codes, "column codes")
@@ -162,7 +151,9 @@ def test_a_lone_outer_direction_takes_a_thin_tile():
     assert launch_pair.pair_tile(row, None) == (16, 128)
     assert launch_pair.pair_tile(None, col) == (256, 8)
     x = rows_over_binades(300, 40, seed=8)
-    _assert_values(quantize_pair(x, row, None)[0].values, _fake(x, OUTER128, 1), "row alone")
+    assert_same_up_to_zero_sign(
+        quantize_pair(x, row, None)[0].values, _fake(x, OUTER128, 1), "row alone"
+    )
 
 
 def test_what_the_kernels_refuse():
