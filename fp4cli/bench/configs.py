@@ -49,6 +49,8 @@ CONFIGS: dict[str, BenchConfig] = {
         # TetraJet-v2's: an FP32 scale per 128 values (found in the quantize pass)
         _config("nvfp4-outer128", "nvfp4-outer128"),
         _config("nvfp4-outer128-rht16-sr", "nvfp4-outer128", hadamard=16, rounding="sr"),
+        # Quartet II's backward operands: MS-EDEN after a 128-point transform
+        _config("nvfp4-eden-rht128", "nvfp4-eden", hadamard=128),
         _config("mxfp4-ceil", "mxfp4-ceil"),
         _config("mxfp4-ue5m3", "mxfp4-ue5m3"),
         _config(  # ue5m3-hadamard-sr's backward operands

@@ -34,8 +34,8 @@ def quantize_command(
         Opt(
             help="Comma-separated: mxfp4, mxfp4-rht32-sr, nvfp4, nvfp4-rht16-sr, nvfp4-4over6, "
             "nvfp4-outer128, nvfp4-outer128-rht16-sr (TetraJet-v2's: an FP32 scale per 128 "
-            "values), mxfp4-ceil, mxfp4-ue5m3, mxfp4-ue5m3-rht32-sr (ue5m3-hadamard-sr's "
-            "backward operands)."
+            "values), nvfp4-eden-rht128 (Quartet II's backward operands), mxfp4-ceil, "
+            "mxfp4-ue5m3, mxfp4-ue5m3-rht32-sr (ue5m3-hadamard-sr's backward operands)."
         ),
     ] = DEFAULT_CONFIGS,
     dtype: Annotated[str, Opt(help="Input dtype: bf16, fp16 or fp32.")] = "bf16",
@@ -222,7 +222,9 @@ def _caption(rows: list[Any]) -> str:
         " quantize-pair, a 2-D input quantized along its rows and down its columns from one"
         " read: input + both directions' codes + scales)."
     )
-    scaled = sorted({row.case.config.name for row in rows if row.case.config.spec.tensor_scale})
+    scaled = sorted(
+        {row.case.config.name for row in rows if row.case.config.spec.whole_tensor_scale}
+    )
     if scaled:
         caption += (
             f" {', '.join(scaled)}: the tensor amax pass reads the input a second time inside"

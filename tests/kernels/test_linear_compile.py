@@ -28,6 +28,9 @@ COMPILED["tetrajet-gemm-exact"] = dataclasses.replace(CONFIGS["tetrajet"], gemm=
 COMPILED["wide-rht-gemm-fast"] = dataclasses.replace(CONFIGS["wide-rht"], gemm="fast")
 # NVFP4's block-scaled products (W's grad_input operand kept as block values and its amax)
 COMPILED["nvfp4-gemm-exact"] = dataclasses.replace(CONFIGS["nvfp4"], gemm="exact")
+# X kept with an amax per outer block; MS-EDEN with its column operands in launches of their own
+COMPILED["tetrajet-v2"] = CONFIGS["tetrajet-v2"]
+COMPILED["quartet2"] = CONFIGS["quartet2"]
 # the vector-wise executor: Wang et al.'s recipes, DGE (it keeps the weight) and the clamp
 VECTOR = {name: VECTOR_CONFIGS[name] for name in ("wang-fp4", "wang-direct", "dge-only", "paper")}
 # the FP8 route (X's and W's codes kept as their transposes', dY's in both layouts)
@@ -105,6 +108,8 @@ def op_args(executor, config):
         ("fast", "nvfp4"),
         ("fast", "tetrajet-gemm-exact"),
         ("fast", "nvfp4-gemm-exact"),
+        ("fast", "tetrajet-v2"),
+        ("fast", "quartet2"),
         ("vector", "paper"),
         ("vector", "wang-fp4-gemm-fast"),
     ],  # fmt: skip

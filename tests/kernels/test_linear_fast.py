@@ -105,7 +105,9 @@ def test_ragged_tokens_and_features(name):
     )
 
 
-@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "tseng-rht-sr", "ue5m3-hadamard-sr"])
+@pytest.mark.parametrize(
+    "name", ["mxfp4", "nvfp4", "tseng-rht-sr", "ue5m3-hadamard-sr", "tetrajet-v2", "quartet2"]
+)
 def test_gemms_see_the_same_operand_layouts(name):
     """cuBLAS chooses its kernel by the operands' strides, so the executors give float32 GEMMs
     the same bits only if each GEMM gets operands of the same shapes and strides."""

@@ -295,3 +295,22 @@ def test_a_call_graph_capture_refuses_gets_a_note() -> None:
     assert _failure_note("torch", refused, "loop") is None  # raised: not a graph's refusal
     assert _failure_note("torch", RuntimeError("bad shape"), "graph") is None
     assert _failure_note("torch", torch.OutOfMemoryError("capturing"), "graph") == "out of memory"
+
+
+def test_an_outer_block_config_takes_no_amax_pass(tmp_path: Path) -> None:
+    """nvfp4-outer128 finds each outer block's amax in the quantize pass: no tensor-amax or
+    quantize-given-amax rows, and the caption's second read names nvfp4 alone."""
+    path = tmp_path / "fp4.db"
+    result = bench(*SMALL, "--configs", "nvfp4-outer128,nvfp4", "--backends", "triton",
+                   "--store", str(path))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    words = " ".join(result.stdout.split())
+    assert " nvfp4: the tensor amax pass reads the input" in words
+    assert "nvfp4-outer128, nvfp4:" not in words and "nvfp4-outer128:" not in words
+    with RunStore(path) as store:
+        kernels = {(r["config"]["config"], r["config"]["kernel"])
+                   for r in store.benchmarks("quantize")}  # fmt: skip
+    if TRITON_RUNS:
+        assert ("nvfp4", "tensor-amax") in kernels
+        assert ("nvfp4-outer128", "quantize-pair") in kernels
+    assert not any(k[0] == "nvfp4-outer128" and "amax" in k[1] for k in kernels)
