@@ -1,7 +1,9 @@
-"""The tensor amax a two-level (NVFP4-style) spec scales by, from one read of a 2-D tensor.
+"""The tensor amax a two-level (NVFP4-style) spec scales by, from one read of the tensor.
 
-`amax_pair_kernel` loads [BR, BC] tiles and reduces each direction's largest finite |value|:
-of the tile, or of its Hadamard transform along that direction's axis (`hadamard_rows`,
+`amax_kernel` reduces it along any axis after that axis's Hadamard transform (the
+single-direction quantize kernel's tiles, `quantize.transformed_tile`). `amax_pair_kernel`
+loads [BR, BC] tiles of a 2-D tensor and reduces each direction's largest finite |value|: of
+the tile, or of its Hadamard transform along that direction's axis (`hadamard_rows`,
 `hadamard_cols`), any pair of directions. Its transforms move values between threads at their
 wider butterfly stages; the commonest transformed pairs take the slab kernels of
 `amax_slabs.py`, which move nothing.
@@ -12,9 +14,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.quantize import finite_amax
-from fp4cli.kernels.tile_io import load_program_tile, seed_of
-from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows
+from fp4cli.kernels.quantize import transformed_tile
+from fp4cli.kernels.tile_io import load_program_tile, seed_of, tile_origin
+from fp4cli.kernels.tile_ops import FLOAT32_MAX, hadamard_cols, hadamard_rows
 
 
 @triton.jit(do_not_specialize=["row_rht_seed_value", "col_rht_seed_value"])
@@ -47,3 +49,47 @@ def amax_pair_kernel(
             col_tile = hadamard_cols(x, seed, BR, BC, COL_HADAMARD, COL_LOG2_HADAMARD,
                                      COL_HADAMARD_NORM, COL_HADAMARD_SIGNS)  # fmt: skip
         tl.atomic_max(amax_ptr + 1, finite_amax(col_tile))
+
+
+@triton.jit(do_not_specialize=["rht_seed_value"])
+def amax_kernel(
+    x_ptr,
+    amax_ptr,
+    rht_seed_ptr,
+    rht_seed_value,
+    lines,
+    length,
+    inner,
+    tiles_along,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+    SEED_FROM_PTR: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    LOG2_HADAMARD: tl.constexpr,
+    HADAMARD_NORM: tl.constexpr,
+    HADAMARD_SIGNS: tl.constexpr,
+):
+    """The largest finite |x| (after the Hadamard transform, if any) into amax_ptr."""
+    first_line, first_pos, outer, first_inner = tile_origin(
+        inner, tiles_along, ROWS, COLS, TRANSPOSED
+    )
+    x = transformed_tile(
+        x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
+        rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, SEED_FROM_PTR,
+        HADAMARD, LOG2_HADAMARD, HADAMARD_NORM, False, HADAMARD_SIGNS,
+    )  # fmt: skip
+    tl.atomic_max(amax_ptr, finite_amax(x))
+
+
+@triton.jit
+def finite_magnitude(values):
+    """|values|, with NaN and Inf as 0."""
+    magnitude = tl.abs(values)
+    return tl.where(magnitude <= FLOAT32_MAX, magnitude, 0.0)
+
+
+@triton.jit
+def finite_amax(tile):
+    """The largest finite |value| of a 2-D tile (NaN and Inf count as 0)."""
+    return tl.max(tl.max(finite_magnitude(tile), axis=1), axis=0)

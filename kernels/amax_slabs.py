@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.quantize import finite_magnitude
+from fp4cli.kernels.amax import finite_magnitude
 from fp4cli.kernels.tile_io import seed_of
 from fp4cli.kernels.tile_ops import FLOAT32_MAX, negated_positions
 

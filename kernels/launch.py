@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from fp4cli.formats import float32
+from fp4cli.kernels.amax import amax_kernel
 from fp4cli.kernels.dequantize import dequantize_kernel
 from fp4cli.kernels.prescale import prescale_constants
-from fp4cli.kernels.quantize import amax_kernel, quantize_kernel
+from fp4cli.kernels.quantize import quantize_kernel
 from fp4cli.kernels.tile_io import GRID_Y
 from fp4cli.kernels.two_level import ENCODE_TABLE, encode_table_kernel
 from fp4cli.quant import two_level

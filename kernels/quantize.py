@@ -6,9 +6,11 @@ with ties to even or away from zero, or stochastically) and writes either packed
 scale codes, or the dequantized values (the fake-quantization path), along the input's last
 axis or any other.
 
-Two-level (tensor-scaled) specs first reduce the tensor's finite amax with `amax_kernel` (one
-read); a tensor small enough for the L2 cache is then read the second time from there. The
-blocks' encode multipliers come from the tensor's table (`two_level`).
+Two-level (tensor-scaled) specs first reduce the tensor's finite amax with `amax.amax_kernel`
+(one read); a tensor small enough for the L2 cache is then read the second time from there.
+The blocks' encode multipliers come from the tensor's table (`two_level`); an outer block's
+(`QuantSpec.outer_block`) are computed in the tile, and MS-EDEN corrects the scales there
+(`ms_eden`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from fp4cli.kernels.tile_io import (
     tile_origin,
 )
 from fp4cli.kernels.tile_ops import (
-    FLOAT32_MAX,
     e8m0_exponent,
     hadamard_rows,
     outer_reduce,
@@ -482,47 +483,3 @@ def quantize_kernel(
         if OUTER > 0:
             store_outer_amax(tensor_amax_ptr, tensor_amax, first_line, first_pos, rows_ok,
                              padded_length, 1, ROWS, COLS, BLOCK, OUTER)  # fmt: skip
-
-
-@triton.jit(do_not_specialize=["rht_seed_value"])
-def amax_kernel(
-    x_ptr,
-    amax_ptr,
-    rht_seed_ptr,
-    rht_seed_value,
-    lines,
-    length,
-    inner,
-    tiles_along,
-    ROWS: tl.constexpr,
-    COLS: tl.constexpr,
-    TRANSPOSED: tl.constexpr,
-    SEED_FROM_PTR: tl.constexpr,
-    HADAMARD: tl.constexpr,
-    LOG2_HADAMARD: tl.constexpr,
-    HADAMARD_NORM: tl.constexpr,
-    HADAMARD_SIGNS: tl.constexpr,
-):
-    """The largest finite |x| (after the Hadamard transform, if any) into amax_ptr."""
-    first_line, first_pos, outer, first_inner = tile_origin(
-        inner, tiles_along, ROWS, COLS, TRANSPOSED
-    )
-    x = transformed_tile(
-        x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
-        rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, SEED_FROM_PTR,
-        HADAMARD, LOG2_HADAMARD, HADAMARD_NORM, False, HADAMARD_SIGNS,
-    )  # fmt: skip
-    tl.atomic_max(amax_ptr, finite_amax(x))
-
-
-@triton.jit
-def finite_magnitude(values):
-    """|values|, with NaN and Inf as 0."""
-    magnitude = tl.abs(values)
-    return tl.where(magnitude <= FLOAT32_MAX, magnitude, 0.0)
-
-
-@triton.jit
-def finite_amax(tile):
-    """The largest finite |value| of a 2-D tile (NaN and Inf count as 0)."""
-    return tl.max(tl.max(finite_magnitude(tile), axis=1), axis=0)

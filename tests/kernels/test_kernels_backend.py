@@ -248,9 +248,10 @@ def test_recipe_coverage_is_what_the_kernels_cover():
     assert "wang-fp4" in UNCOVERED_RECIPES
     assert "tetrajet-qema" in COVERED_RECIPES
     assert "ufp4" in COVERED_RECIPES  # E1M2 elements
+    assert {"tetrajet-v2", "quartet2"} <= set(COVERED_RECIPES)  # outer blocks, MS-EDEN
 
 
-def training_step(recipe: str, backend: str) -> list[torch.Tensor]:
+def training_step(recipe: str | fp4cli.LinearConfig, backend: str) -> list[torch.Tensor]:
     """Output, input grad and parameter grads of one forward/backward pass of a linear layer
     under `recipe` (all three GEMMs, six operands); 48 in, 26 out, 36 tokens: padded blocks,
     0-d tensor seeds (the layer's seed buffer), and per-element SR bits along the tokens for
@@ -293,14 +294,24 @@ def test_quant_linear_triton_equals_torch(recipe, monkeypatch):
             assert_bits(kernel_result, reference_result, f"{recipe}: {name}")
 
 
-# the vector-wise executor runs wang-fp4 and wang-direct on its own kernels
-# (tests/train/test_fast_vector.py)
-REFUSED_RECIPES = [
-    name for name in UNCOVERED_RECIPES if vector_gap(fp4cli.load_recipe(name).linear) is not None
-]
+def test_every_shipped_recipe_runs_on_kernels():
+    """The recipes the quantize kernels do not cover are the vector-wise executor's (wang-fp4,
+    wang-direct: tests/train/test_fast_vector.py)."""
+    for name in UNCOVERED_RECIPES:
+        assert vector_gap(fp4cli.load_recipe(name).linear) is None, name
 
 
-@pytest.mark.parametrize("recipe", REFUSED_RECIPES)
-def test_quant_linear_triton_refuses_an_uncovered_recipe(recipe):
+NVFP4_SPEC = QuantSpec.preset("nvfp4")
+REFUSED_SPECS = {
+    "ties-up": NVFP4_SPEC.replace(rounding="ties_up"),
+    "outer-block-48": QuantSpec.preset("nvfp4-outer128", outer_block=48),
+    "eden-group-48": QuantSpec.preset("nvfp4-eden", eden_group=48),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED_SPECS)
+def test_quant_linear_triton_refuses_an_uncovered_spec(name):
+    spec = REFUSED_SPECS[name]
+    config = fp4cli.LinearConfig(forward_x=NVFP4_SPEC, forward_w=NVFP4_SPEC, grad_input_dy=spec)
     with pytest.raises(SpecError, match="backend 'triton' does not cover"):
-        training_step(recipe, "triton")
+        training_step(config, "triton")
