@@ -69,11 +69,6 @@ class Direction:
         blocks."""
         return max(int(self.spec.block), self.hadamard or 0, group_side(self.spec))
 
-    def amax_pass(self) -> bool:
-        """Whether its scales need a tensor amax from a pass of its own (two-level, one
-        amax for the tensor; an outer block's is found in the tile)."""
-        return self.spec.whole_tensor_scale
-
     def drawing(self) -> bool:
         """Whether it computes more per value than rounding to nearest: random bits for
         stochastic rounding, or a Hadamard transform."""
@@ -228,7 +223,7 @@ def _check_directions(row: Direction | None, col: Direction | None, double: bool
             raise ValueError("block values are values: give the direction a values_dtype")
     if double and row is not None and row.block_values:
         raise ValueError("double quantization re-quantizes the row direction's whole values")
-    if double and col is not None and col.amax_pass():
+    if double and col is not None and col.spec.whole_tensor_scale:
         raise ValueError("double quantization into a two-level spec needs the row values' amax")
 
 
@@ -417,8 +412,9 @@ def quantize_pair(
         raise ValueError("these directions do not fit one tile; quantize them one at a time")
     br, bc = chosen
     row_amax = col_amax = row_table = col_table = None
-    if any(d is not None and d.amax_pass() for d in (row, col)):
-        row_pass, col_pass = (d if d is not None and d.amax_pass() else None for d in (row, col))
+    row_pass, col_pass = (d if d is not None and d.spec.whole_tensor_scale else None
+                          for d in (row, col))  # fmt: skip
+    if row_pass is not None or col_pass is not None:
         amax = pair_amax(x, row_pass, col_pass, chosen)
         row_amax, col_amax = amax[0:1], amax[1:2]
         row_table, col_table = pair_tables(amax, row_pass, col_pass)

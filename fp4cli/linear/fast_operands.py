@@ -162,9 +162,9 @@ def quantize_both(
     guide = guide if row_dir is not None else None
     # double quantization into a spec with one tensor scale: that amax is of the row values,
     # which the column direction reads after the row direction's launch
-    tile = None
-    if row_dir is not None and col_dir is not None and not (double and col_dir.amax_pass()):
-        tile = pair_tile(row_dir, col_dir)
+    both = row_dir is not None and col_dir is not None
+    doubled_into_scaled = double and col_dir is not None and col_dir.spec.whole_tensor_scale
+    tile = pair_tile(row_dir, col_dir) if both and not doubled_into_scaled else None
     value_sums = dtype if sum_row_values else None
     if tile is not None:
         row_out, col_out = quantize_pair(
