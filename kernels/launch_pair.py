@@ -45,7 +45,7 @@ from fp4cli.techniques.qema import AverageGuide
 # On an H100, 32 x 64 was the fastest of 32 or 64 rows by 64 or 128 columns, at 2, 4 or 8 warps
 # (and with programs looping over several tiles), over the pairs of the GPT-2-small layers.
 PAIR_TILE_ROWS, PAIR_TILE_COLS = 32, 64
-PAIR_MAX_ELEMENTS = 16384  # larger tiles (RHT-256 in both directions) take two launches
+PAIR_MAX_ELEMENTS = 16384  # a pair needing a larger tile takes two launches
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,13 @@ class Quantized:
 
 def pair_tile(row: Direction | None, col: Direction | None) -> tuple[int, int] | None:
     """(BR, BC) of the one-launch tile for these directions, or None when it would not fit.
-    Outer blocks both ways take two launches, and a lone direction with outer blocks a tile
-    OUTER_TILE_ELEMENTS wide (`_outer_tile`)."""
-    if row is not None and col is not None and row.spec.outer_block and col.spec.outer_block:
+    Directions that are both wide (`_wide`) take two launches, and a lone wide direction a
+    tile THIN_TILE_ELEMENTS in all (`_thin_tile`)."""
+    if row is not None and col is not None and _wide(row) and _wide(col):
         return None
     lone = row if col is None else col if row is None else None
-    if lone is not None and lone.spec.outer_block:
-        return _outer_tile(lone, lone is row)
+    if lone is not None and _wide(lone):
+        return _thin_tile(lone, lone is row)
     br = max(PAIR_TILE_ROWS, col.side() if col is not None else 0, _square(row))
     bc = max(PAIR_TILE_COLS, row.side() if row is not None else 0, _square(col))
     if br * bc > PAIR_MAX_ELEMENTS:
@@ -105,19 +105,28 @@ def pair_tile(row: Direction | None, col: Direction | None) -> tuple[int, int] |
     return br, bc
 
 
-# Outer blocks of 128 both ways need 128 x 128 tiles: on an H200, TetraJet-v2's dY pair (SR
-# and RHT-16 both ways, 8192 x 3072 bf16) took 0.46-1.40 ms in one launch at 4, 8 or 16 warps,
-# 0.36-0.40 ms as two launches of thin tiles (0.48 ms with the lone directions' usual 32 x 128
-# and 128 x 64 tiles); X's pair 0.21 and 0.22 ms. Of 16 or 32 lines by 128 and 128 by 16 to 64
-# at 2 to 8 warps, 16 lines (at `pair_warps`' warps) was the fastest or within 6% of it, but
-# for the rows rounded to nearest (docs/benchmarks.md).
-OUTER_TILE_ELEMENTS = 2048
+# Directions that span 128 positions or more both ways (outer blocks, RHT-128) need 128 x 128
+# tiles in one launch; two launches of thin tiles are faster. On an H200, TetraJet-v2's dY pair
+# (SR and RHT-16 both ways, outer blocks of 128, 8192 x 3072 bf16) took 0.46-1.40 ms in one
+# launch at 4, 8 or 16 warps, 0.36-0.40 ms as two launches of thin tiles (0.48 ms with the lone
+# directions' usual 32 x 128 and 128 x 64 tiles); X's pair 0.21 and 0.22 ms. Of 16 or 32 lines
+# by 128 and 128 by 16 to 64 at 2 to 8 warps, 16 lines (at `pair_warps`' warps) was the fastest
+# or within 6% of it, but for the rows rounded to nearest. Quartet II's dY pair (MS-EDEN after
+# RHT-128 both ways, 8192 x 3072): 2.41 ms in one launch, 1.08 ms in two of 16 lines, 1.30 ms of
+# the usual tiles (bf16 values; packed codes 0.81, 0.57 and 0.62 ms) (docs/benchmarks.md).
+WIDE_SIDE = 128
+THIN_TILE_ELEMENTS = 2048
 
 
-def _outer_tile(d: Direction, along_rows: bool) -> tuple[int, int]:
-    """A lone direction's tile: its side along the blocks, OUTER_TILE_ELEMENTS in all."""
+def _wide(d: Direction) -> bool:
+    """Whether a direction takes thin tiles: outer blocks, or a side of WIDE_SIDE or more."""
+    return bool(d.spec.outer_block) or d.side() >= WIDE_SIDE
+
+
+def _thin_tile(d: Direction, along_rows: bool) -> tuple[int, int]:
+    """A lone wide direction's tile: its side along the blocks, THIN_TILE_ELEMENTS in all."""
     side = d.side()
-    across = max(1, OUTER_TILE_ELEMENTS // side)
+    across = max(1, THIN_TILE_ELEMENTS // side)
     return (across, side) if along_rows else (side, across)
 
 

@@ -61,7 +61,8 @@ def _opcode(line: str) -> str:
 
 def pair_directions() -> dict[str, tuple[Any, Any]]:
     """(row, column) directions of each `pair:` config by name: X's (forward values,
-    weight-gradient operand packed) or dY's (both as values) of a recipe."""
+    weight-gradient operand packed) or dY's (both as values) of a recipe; or one direction
+    alone, as a wide direction's own launch (`pair_tile`)."""
     from fp4cli.kernels.launch_pair import Direction
     from fp4cli.quant import QuantSpec
 
@@ -69,6 +70,7 @@ def pair_directions() -> dict[str, tuple[Any, Any]]:
     plain, nvfp4 = QuantSpec.preset("mxfp4"), QuantSpec.preset("nvfp4")
     tseng = QuantSpec.preset("mxfp4-sr", sr_prescale=0.75)
     nvfp4_sr = nvfp4.replace(rounding="sr")
+    eden = QuantSpec.preset("nvfp4-eden")
     pairs = {
         "mxfp4-x": (Direction(plain, values_dtype=bf16), Direction(plain)),
         "mxfp4-dy": (Direction(plain, values_dtype=bf16), Direction(plain, values_dtype=bf16)),
@@ -85,6 +87,9 @@ def pair_directions() -> dict[str, tuple[Any, Any]]:
             Direction(nvfp4_sr, (seed, 1), values_dtype=bf16),
             Direction(nvfp4_sr, (seed, 3), 16, (seed, 4), values_dtype=bf16),
         ),
+        "quartet2-dy-rows": (Direction(eden, (seed, 1), 128, (seed, 2), values_dtype=bf16), None),
+        "quartet2-dy-cols": (None, Direction(eden, (seed, 3), 128, (seed, 4), values_dtype=bf16)),
+        "nvfp4-rht128-rows": (Direction(nvfp4, None, 128, (seed, 2), values_dtype=bf16), None),
     }
     return pairs
 

@@ -60,7 +60,7 @@ def _two_level_pass(
 def _pair(x: torch.Tensor, config: BenchConfig) -> Callable[[], object]:
     """x (2-D) quantized to packed codes along its rows and down its columns in one launch (a
     two-level spec's amax pass first), or one launch a direction where `pair_tile` refuses the
-    pair (outer blocks both ways), as the quantized Linear quantizes its operands (the Triton
+    pair (wide directions both ways), as the quantized Linear quantizes its operands (the Triton
     backend only)."""
     from fp4cli.kernels.launch_pair import Direction, pair_tile, quantize_pair
 

@@ -86,13 +86,20 @@ def test_the_seed_draws_the_scales():
 @pytest.mark.parametrize("shape", [(130, 300), (64, 96)])
 def test_pair_both_directions(shape):
     """Quartet II's dY pair: MS-EDEN after RHT-128 along the rows (values) and down the
-    columns (packed), one launch, each with its seed."""
+    columns (packed), each with its seed: in one launch of 128 x 128 tiles, and in the two
+    launches of thin tiles that `pair_tile` chooses."""
     x = rows_over_binades(*shape, seed=5)
     x[7, 3], x[40, 9] = NAN, INF
     row = Direction(EDEN, 21, 128, 22, values_dtype=torch.float32)
     col = Direction(EDEN, 23, 128, 24)
-    assert launch_pair.pair_tile(row, col) == (128, 128)
-    row_out, col_out = quantize_pair(x, row, col)
+    assert launch_pair.pair_tile(row, col) is None
+    assert launch_pair.pair_tile(row, None) == (16, 128)
+    assert launch_pair.pair_tile(None, col) == (128, 16)
+    row_out, col_out = quantize_pair(x, row, col, tile=(128, 128))
+    alone = quantize_pair(x, row, None)[0], quantize_pair(x, None, col)[1]
+    assert_bits(alone[0].values, row_out.values, "row values alone")
+    assert_bits(alone[1].codes, col_out.codes, "column codes alone")
+    assert_bits(alone[1].scales, col_out.scales, "column scale codes alone")
     expected = fake_quantize(x, EDEN, 1, 21, hadamard=128, hadamard_seed=22,
                              out_dtype=torch.float32, backend="torch")  # fmt: skip
     assert_same_up_to_zero_sign(row_out.values, expected, "row values")

@@ -320,6 +320,9 @@ def test_tiles_and_errors():
     assert pair_tile(Direction(MXFP4), Direction(MXFP4, hadamard=128)) == (128, 64)
     assert pair_tile(Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=64)) == (64, 256)
     assert pair_tile(Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=128)) is None
+    assert pair_tile(Direction(MXFP4, hadamard=128), Direction(MXFP4, hadamard=128)) is None
+    assert pair_tile(Direction(MXFP4, hadamard=128), None) == (16, 128)
+    assert pair_tile(None, Direction(MXFP4, hadamard=256)) == (256, 8)
     x = rows_over_binades(32, 32)
     with pytest.raises(ValueError, match="2-D"):
         quantize_pair(x[None], Direction(MXFP4), None)
@@ -333,6 +336,17 @@ def test_tiles_and_errors():
         quantize_pair(x, Direction(MXFP4, None, values_dtype=x.dtype), Direction(NVFP4), x.dtype)
     with pytest.raises(ValueError, match="one at a time"):
         quantize_pair(x, Direction(MXFP4, hadamard=256), Direction(MXFP4, hadamard=256))
+
+
+@pytest.mark.parametrize(("name", "hadamard"), [("sr", 128), ("nvfp4-sr", 256), ("block64", 128)])
+def test_a_lone_wide_direction_takes_a_thin_tile(name, hadamard):
+    """A direction spanning 128 positions or more, alone, on tiles of 2048 values (16 or 8
+    lines): the reference's bits along either axis, ragged both ways."""
+    row = Direction(PAIR_SPECS[name], 7, hadamard, 8, values_dtype=torch.float32)
+    col = Direction(PAIR_SPECS[name], 9, hadamard, 10)
+    x = rows_over_binades(21, 300, seed=3)
+    _check(x, row, None)
+    _check(x.T.contiguous(), None, col)
 
 
 @pytest.mark.parametrize(
