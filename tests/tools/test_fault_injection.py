@@ -1,6 +1,6 @@
-"""Seeded fault injection on real processes (bounded: about two minutes on two cores).
+"""Seeded fault injection on real processes (bounded: about a minute and a half on two cores).
 
-- A training run SIGKILLed at up to 20 random moments (during start-up, steps, checkpoint and
+- A training run SIGKILLed at up to 10 random moments (during start-up, steps, checkpoint and
   store writes), resumed after each, ends with the uninterrupted run's metrics exactly.
 - A two-worker sweep SIGKILLed at random moments, run again after each, ends with exactly one
   finished run per point.
@@ -43,7 +43,7 @@ TRAIN = [
     "--set",
     "log_every=1",
 ]  # fmt: skip  (about 2 s of start-up, then 5 s of training)
-KILLS = 20
+KILLS = 10
 
 
 def _series(store: RunStore, run_id: str) -> list[tuple[int, str, float]]:

@@ -31,8 +31,17 @@ def store(tmp_path):
     return RunStore(tmp_path / "fp4.db")
 
 
-@pytest.mark.parametrize("task", ["regression", "vit", "diffusion", "gpt"])
-@pytest.mark.parametrize("recipe", ["bf16", "mxfp4", "tetrajet", "nvfp4"])
+# Every task with each recipe family, but the diffusion task (the slowest on a CPU) with bf16
+# and one quantized recipe: the quantized layers do not depend on the task around them.
+TASK_RECIPES = [
+    (task, recipe)
+    for task in ("regression", "vit", "diffusion", "gpt")
+    for recipe in ("bf16", "mxfp4", "tetrajet", "nvfp4")
+    if task != "diffusion" or recipe in ("bf16", "nvfp4")
+]
+
+
+@pytest.mark.parametrize(("task", "recipe"), TASK_RECIPES)
 def test_every_task_trains_with_recipes(store, task, recipe):
     result, _ = _train(store, task=task, recipe=recipe, steps=3, batch_size=4)
     assert result.status == "finished"
