@@ -2,11 +2,11 @@
 
 Within a tile that holds whole correction groups along its blocks, a block's elements are
 already rounded to nearest (ties away) with its two-level scale; here each group's
-c = sum(u * u) / sum(u * q) is formed from the same int64 fixed-point terms as the reference
-(each exact float64 product truncated to a multiple of 2^-32, so the tile's summation order
-gives the reference's sums), taken as a float64 ratio, rounded to float32, and each usable
-block's scale s becomes s * c rounded stochastically onto the scale grid with the uniform
-number of the block's first element.
+c = sum(u * u) / sum(u * q) is formed from the same fixed-point terms as the reference (each
+exact float64 product truncated to a multiple of 2^-16, so the tile's summation order gives
+the reference's sums; a block's terms summed in int32), taken as a float64 ratio, rounded to
+float32, and each usable block's scale s becomes s * c rounded stochastically onto the scale
+grid with the uniform number of the block's first element.
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ import triton.language as tl
 
 from fp4cli.kernels.tile_ops import outer_reduce, pow2, round_unsigned_minifloat
 
-SUM_UNIT = tl.constexpr(2.0**32)  # `fp4cli.quant.ms_eden.SUM_UNIT`
+SUM_UNIT = tl.constexpr(2.0**16)  # `fp4cli.quant.ms_eden.SUM_UNIT`
+# Blocks of up to 16 values sum their terms in int32 (half the exchanges of int64 sums): |u| < 32
+# in grid units (6 * sr_prescale, sr_prescale at most 2, times at most 1.5 where a block scale
+# rounds to E4M3's least subnormal), so a term is below 2^10 / 2^-16 = 2^26, 16 of them 2^30.
+BLOCK_SUMS_32 = tl.constexpr(16)
 
 
 @triton.jit
@@ -50,8 +54,12 @@ def eden_scales(
     take = finite_values & tl.expand_dims(usable, BLOCK_AXIS + 1)
     u = tl.where(take, units, 0.0).to(tl.float64)
     q = tl.where(take, grid_magnitude, 0.0).to(tl.float64)
-    num = tl.sum((u * u * SUM_UNIT).to(tl.int64), axis=BLOCK_AXIS + 1)
-    den = tl.sum((u * q * SUM_UNIT).to(tl.int64), axis=BLOCK_AXIS + 1)
+    if BLOCK <= BLOCK_SUMS_32:  # a block's sums fit 31 bits (`BLOCK_SUMS_32`)
+        num = tl.sum((u * u * SUM_UNIT).to(tl.int32), axis=BLOCK_AXIS + 1).to(tl.int64)
+        den = tl.sum((u * q * SUM_UNIT).to(tl.int32), axis=BLOCK_AXIS + 1).to(tl.int64)
+    else:
+        num = tl.sum((u * u * SUM_UNIT).to(tl.int64), axis=BLOCK_AXIS + 1)
+        den = tl.sum((u * q * SUM_UNIT).to(tl.int64), axis=BLOCK_AXIS + 1)
     num = outer_reduce(num, ROWS, COLS, BLOCK, GROUP, BLOCK_AXIS, True).to(tl.float64)
     den = outer_reduce(den, ROWS, COLS, BLOCK, GROUP, BLOCK_AXIS, True).to(tl.float64)
     ratio = (num / tl.where(den == 0, 1.0, den)).to(tl.float32)

@@ -30,7 +30,7 @@ MS-EDEN (rounding "eden", from the QuantSpec docstring and Quartet II's released
 elements are rounded to nearest with ties away from zero; per group of eden_group / block
 consecutive blocks along a line, c = sum(v^2) / sum(v * q) over the group's blocks whose scale
 is not 0 (v: the pre-scaled grid values of step 3, q their rounded values; c = 1 when the
-denominator is 0), each term truncated to a multiple of 2^-32 and summed exactly (integers
+denominator is 0), each term truncated to a multiple of 2^-16 and summed exactly (integers
 here), the ratio of the two sums rounded to float64, then to float32; each such
 block's scale becomes the float32 product s * c rounded stochastically onto the scale grid with
 the uniform number of the block's first element (its smallest index in x). The tensor scale
@@ -464,8 +464,8 @@ def _eden(
         if scales[block] == 0:
             continue
         u, g = Fraction(float(v[i])), int(groups[i])
-        num[g] = num.get(g, Fraction(0)) + math.floor(u * u * 2**32)
-        den[g] = den.get(g, Fraction(0)) + math.floor(abs(u * Fraction(float(q[i]))) * 2**32)
+        num[g] = num.get(g, Fraction(0)) + math.floor(u * u * 2**16)
+        den[g] = den.get(g, Fraction(0)) + math.floor(abs(u * Fraction(float(q[i]))) * 2**16)
     corrected = scales.copy()
     block_group = (np.arange(scales.size) // per_line) * -(-per_line // k) + (
         np.arange(scales.size) % per_line

@@ -17,15 +17,17 @@ of sum(u * q * s' / s) is then sum(u * u): the quantized group keeps the length 
 projection on the source, which a random rotation turns into an unbiased estimate.
 
 The sums are exact and need no order: each term u * u and u * q (exact in float64) is
-truncated to a multiple of 2^-32 (`SUM_UNIT`) and summed as an int64; the ratio of the two
+truncated to a multiple of 2^-16 (`SUM_UNIT`) and summed as an int64; the ratio of the two
 sums is taken in float64 (both exact there: |u| stays under 2^5, a group under 2^10 values)
-and rounded to float32. A kernel summing in its own order gets the same bits (as
-four-over-six's errors, `fp4cli.quant.four_over_six`). A block whose scale rounded to 0
-(an amax below 2^-18 of the tensor's) decodes to 0 whatever its elements: it is left out of
-the sums and keeps scale 0. The tensor scale leaves room for the correction to raise a scale:
-it targets 256 instead of E4M3's 448 (`fp4cli.quant.two_level.scale_max`), as the released
-kernels do. The uniform number of a block's scale comes from the seed and the index (in the
-quantized tensor, row-major) of the block's first element.
+and rounded to float32. The truncations (each below 2^-16, of terms up to 36) add to at most
+the error of float32 sums of 128 such terms, the released kernels' arithmetic, and the unit
+of 2^-16 lets a kernel sum a block's terms in 32 bits. A kernel summing in its own order gets
+the same bits (as four-over-six's errors, `fp4cli.quant.four_over_six`). A block whose scale
+rounded to 0 (an amax below 2^-18 of the tensor's) decodes to 0 whatever its elements: it is
+left out of the sums and keeps scale 0. The tensor scale leaves room for the correction to
+raise a scale: it targets 256 instead of E4M3's 448 (`fp4cli.quant.two_level.scale_max`), as
+the released kernels do. The uniform number of a block's scale comes from the seed and the
+index (in the quantized tensor, row-major) of the block's first element.
 """
 
 from __future__ import annotations
@@ -37,12 +39,12 @@ from fp4cli.formats import encode, round_to_grid
 from fp4cli.quant import two_level
 from fp4cli.quant.spec import QuantSpec
 
-SUM_UNIT = 2.0**32  # the sums' terms in units of 2^-32
+SUM_UNIT = 2.0**16  # the sums' terms in units of 2^-16
 
 
 def fixed_point_terms(products: torch.Tensor) -> torch.Tensor:
-    """Non-negative float64 products, exact, truncated to multiples of 2^-32, as int64
-    counts of 2^-32."""
+    """Non-negative float64 products, exact, truncated to multiples of 2^-16, as int64
+    counts of 2^-16."""
     return (products * SUM_UNIT).to(torch.int64)
 
 

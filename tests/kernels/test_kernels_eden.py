@@ -117,3 +117,20 @@ def test_a_non_finite_blocks_finite_values_join_its_group():
     x[:128, 0] = NAN
     x[128:, 0] = -INF
     check_backends_agree(on_device(x), EDEN.replace(eden_group=32), seed=4)
+
+
+def test_the_largest_grid_units_sum_in_32_bits():
+    """A block scale rounded down to E4M3's least subnormal leaves grid units up to 1.5 times
+    6 * sr_prescale (18 with a pre-scale of 2): a block's 16 terms still sum in 32 bits, its
+    group's 128 past them, to the reference's bits."""
+    from fp4cli.quant import two_level
+
+    spec = EDEN_SPECS["prescale2"]
+    amax = 2.0 ** torch.linspace(-17, -15.5, 256)
+    x = amax[:, None] * torch.tensor([1.0, -1.0]).repeat(64)
+    x[0, 0] = 1.0  # the tensor amax
+    scales, _ = two_level.block_scales(amax, torch.tensor(1.0), spec)
+    units = amax * two_level.encode_multipliers(scales, torch.tensor(1.0), spec) * 2.0
+    assert units[scales > 0].max() > 17.9
+    check_backends_agree(on_device(x), spec, seed=6)
+    check_backends_agree(on_device(x.T.contiguous()), spec, axis=0, seed=7)

@@ -160,7 +160,7 @@ def test_the_kernels_and_the_fast_executor_run_it():
 
 
 def test_sums_need_no_order():
-    """The correction's sums are of terms truncated to multiples of 2^-32: integers, whose
+    """The correction's sums are of terms truncated to multiples of 2^-16: integers, whose
     sum is the same in any order (a kernel's tree, or torch's); c is their ratio, rounded to
     float64 then float32."""
     from fractions import Fraction
@@ -184,8 +184,8 @@ def test_sums_need_no_order():
         for group in range(2):
             u = units[line, 8 * group : 8 * group + 8].flatten().tolist()
             g = q[line, 8 * group : 8 * group + 8].flatten().tolist()
-            num = sum(floor(Fraction(a) ** 2 * 2**32) for a in u)
-            den = sum(floor(Fraction(a) * Fraction(b) * 2**32) for a, b in zip(u, g, strict=True))
+            num = sum(floor(Fraction(a) ** 2 * 2**16) for a in u)
+            den = sum(floor(Fraction(a) * Fraction(b) * 2**16) for a, b in zip(u, g, strict=True))
             assert den > 0
             expected = torch.tensor(float(num) / float(den), dtype=torch.float64).float()
             assert torch.equal(c[line, 8 * group], expected)
