@@ -142,17 +142,15 @@ def pair_warps(br: int, bc: int, row: Direction | None, col: Direction | None) -
     return 4 if br * bc <= 4096 else 8
 
 
-# On one H200, MS-EDEN after RHT-128 alone at 8192 x 3072 bf16 (Quartet II's dY): along the
-# rows, bf16 values 0.47 ms at 8 warps against 0.57 at 4 and 2, packed codes 0.17 ms at 4 and
-# 0.18-0.20 at 8 or 2; down the columns 0.34 ms (values) and 0.22 ms (codes) at 2 warps against
-# 0.38 and 0.34 at 4, 0.61-0.66 at 8. The step: quartet2 3.36x -> 2.98x bf16, tetrajet-v2 (outer
-# blocks) 1.92x -> 1.72x (docs/benchmarks.md).
+# On one H200, MS-EDEN after RHT-128 alone at 8192 x 3072 bf16 (Quartet II's dY): down the
+# columns 0.34 ms (values) and 0.22 ms (codes) at 2 warps against 0.38 and 0.34 at 4, 0.61-0.66
+# at 8; along the rows (butterflies as sums) values 0.23 ms at 4 warps, 0.21 at 8, 0.31 at 2,
+# codes 0.17 ms at 4, 0.18-0.20 at 8 or 2; TetraJet-v2's outer blocks along the rows 0.08 ms at 2
+# or 4, 0.09 at 8. The step: quartet2 3.36x -> 2.62x bf16, tetrajet-v2 1.92x -> 1.59x with the
+# sums (docs/benchmarks.md).
 def _thin_warps(d: Direction, along_rows: bool) -> int:
-    """Warps for a lone wide direction's thin tile: along the rows 8 writing values and 4
-    packed codes, down the columns 2."""
-    if along_rows:
-        return 8 if d.values_dtype is not None else 4
-    return 2
+    """Warps for a lone wide direction's thin tile: 4 along the rows, 2 down the columns."""
+    return 4 if along_rows else 2
 
 
 def _square(d: Direction | None) -> int:

@@ -73,13 +73,16 @@ def quantize_direction(
     written to amax_ptr (`tile_io.store_outer_amax`). EDEN (> 0): MS-EDEN over groups of EDEN
     blocks, a block's number drawn at its first element's index."""
     # codes along the rows take the butterflies as sums, as `quantize_kernel`'s do (an H100:
-    # the RHT-32 + SR pair to codes both ways 0.15x -> 0.18x the copy); values do not
+    # the RHT-32 + SR pair to codes both ways 0.15x -> 0.18x the copy); values do not, but for
+    # MS-EDEN's and outer blocks' rows, alone on thin tiles (an H200, 8192 x 3072 bf16 values:
+    # 0.46 -> 0.21 ms and 0.17 -> 0.08 ms; docs/benchmarks.md)
     packed_rows: tl.constexpr = BLOCK_AXIS == 1 and not (WRITE_VALUES or RETURN_VALUES)
+    sums_rows: tl.constexpr = packed_rows or (BLOCK_AXIS == 1 and (EDEN > 0 or OUTER > 0))
     if HADAMARD > 0:
         rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
         if BLOCK_AXIS == 1:
             tile = hadamard_rows(tile, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
-                                 HADAMARD_NORM, packed_rows, HADAMARD_SIGNS)  # fmt: skip
+                                 HADAMARD_NORM, sums_rows, HADAMARD_SIGNS)  # fmt: skip
             if GUIDED:
                 guide = hadamard_rows(guide, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
                                       HADAMARD_NORM, packed_rows, HADAMARD_SIGNS)  # fmt: skip

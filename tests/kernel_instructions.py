@@ -89,6 +89,7 @@ def pair_directions() -> dict[str, tuple[Any, Any]]:
         ),
         "quartet2-dy-rows": (Direction(eden, (seed, 1), 128, (seed, 2), values_dtype=bf16), None),
         "quartet2-dy-cols": (None, Direction(eden, (seed, 3), 128, (seed, 4), values_dtype=bf16)),
+        "quartet2-dy-rows-packed": (Direction(eden, (seed, 1), 128, (seed, 2)), None),
         "nvfp4-rht128-rows": (Direction(nvfp4, None, 128, (seed, 2), values_dtype=bf16), None),
     }
     return pairs

@@ -324,9 +324,9 @@ def test_tiles_and_errors():
     assert pair_tile(Direction(MXFP4, hadamard=128), None) == (16, 128)
     assert pair_tile(None, Direction(MXFP4, hadamard=256)) == (256, 8)
     wide = Direction(MXFP4, hadamard=128)
-    assert launch_pair.pair_warps(16, 128, wide, None) == 4  # packed codes along the rows
-    assert launch_pair.pair_warps(16, 128, Direction(MXFP4, None, 128, 0, torch.float32), None) == 8
-    assert launch_pair.pair_warps(128, 16, None, wide) == 2
+    assert launch_pair.pair_warps(16, 128, wide, None) == 4  # thin tiles: 4 along the rows
+    assert launch_pair.pair_warps(128, 16, None, wide) == 2  # and 2 down the columns
+    assert launch_pair.pair_warps(32, 64, Direction(MXFP4), Direction(MXFP4)) == 2
     x = rows_over_binades(32, 32)
     with pytest.raises(ValueError, match="2-D"):
         quantize_pair(x[None], Direction(MXFP4), None)
