@@ -130,27 +130,23 @@ def _thin_tile(d: Direction, along_rows: bool) -> tuple[int, int]:
     return (across, side) if along_rows else (side, across)
 
 
-def pair_warps(br: int, bc: int, row: Direction | None, col: Direction | None) -> int:
-    """Warps for a [br, bc] tile: a lone wide direction's thin tile (`_thin_warps`); else 2 for
-    the smallest tile when both directions only round to nearest (the fastest there), 4 when
-    either draws random bits or transforms; larger tiles 4, or 8 beyond 4096 values."""
-    lone = row if col is None else col if row is None else None
-    if lone is not None and _wide(lone):
-        return _thin_warps(lone, lone is row)
-    if br * bc <= PAIR_TILE_ROWS * PAIR_TILE_COLS:
-        return 4 if any(d is not None and d.drawing() for d in (row, col)) else 2
-    return 4 if br * bc <= 4096 else 8
-
-
 # On one H200, MS-EDEN after RHT-128 alone at 8192 x 3072 bf16 (Quartet II's dY): down the
 # columns 0.34 ms (values) and 0.22 ms (codes) at 2 warps against 0.38 and 0.34 at 4, 0.61-0.66
 # at 8; along the rows (butterflies as sums) values 0.23 ms at 4 warps, 0.21 at 8, 0.31 at 2,
 # codes 0.17 ms at 4, 0.18-0.20 at 8 or 2; TetraJet-v2's outer blocks along the rows 0.08 ms at 2
 # or 4, 0.09 at 8. The step: quartet2 3.36x -> 2.62x bf16, tetrajet-v2 1.92x -> 1.59x with the
 # sums (docs/benchmarks.md).
-def _thin_warps(d: Direction, along_rows: bool) -> int:
-    """Warps for a lone wide direction's thin tile: 4 along the rows, 2 down the columns."""
-    return 4 if along_rows else 2
+def pair_warps(br: int, bc: int, row: Direction | None, col: Direction | None) -> int:
+    """Warps for a [br, bc] tile: a lone wide direction's thin tile 4 along the rows and 2 down
+    the columns; else 2 for the smallest tile when both directions only round to nearest (the
+    fastest there), 4 when either draws random bits or transforms; larger tiles 4, or 8 beyond
+    4096 values."""
+    lone = row if col is None else col if row is None else None
+    if lone is not None and _wide(lone):
+        return 4 if lone is row else 2  # along the rows, down the columns
+    if br * bc <= PAIR_TILE_ROWS * PAIR_TILE_COLS:
+        return 4 if any(d is not None and d.drawing() for d in (row, col)) else 2
+    return 4 if br * bc <= 4096 else 8
 
 
 def _square(d: Direction | None) -> int:
