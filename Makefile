@@ -2,8 +2,8 @@
 # On the GPU machine there is no .venv: PY falls back to the image's python3.
 PY ?= $(shell [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)
 PYTEST_FLAGS ?=
-# `make test` runs the CPU suite on this many pytest-xdist workers (two cores: 15-17 instead of 24
-# minutes); PYTEST_WORKERS=0 runs it in one process.
+# `make test` runs the CPU suite on this many pytest-xdist workers (two cores: about 20 minutes);
+# PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
 
 .PHONY: install test lint gpu-test clean
