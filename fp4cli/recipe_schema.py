@@ -17,6 +17,8 @@ A recipe mapping (a YAML file's content, less its `base:`; see fp4cli.recipes):
       gemm: dequantized             # or exact | fast: the GEMMs on mxfp4_matmul (LinearConfig)
     optimizer:
       qramp: null                   # or {alpha: 16, beta: 5, max_period: null, interval: 500}
+      osci_reset: null              # or {start_step: 15000, period: 200, track_steps: 50,
+                                    #     threshold: 8}
 
 An operand is null (high precision), a QuantSpec preset name, or a mapping of QuantSpec fields
 with an optional `preset:` that the other fields override. A missing key means null / false.
@@ -117,6 +119,34 @@ class QRampConfig:
 
 
 @dataclass(frozen=True)
+class OsciResetConfig:
+    """TetraJet-v2's OsciReset (fp4cli.techniques.osci_reset): from `start_step` on, in each
+    window of `period` steps, `track_steps` steps of per-weight movement sums, then the weights
+    whose quantized value moved `threshold` times as far as they did are set to it. Defaults:
+    the released OLMo2 configs' (`TJv2-mix_fp8-osci_reset.yaml`: from step 15,000 of 25,500,
+    every 200 steps, 50 tracked, threshold 8)."""
+
+    start_step: int = 15000
+    period: int = 200
+    track_steps: int = 50
+    threshold: float = 8.0
+
+    def __post_init__(self) -> None:
+        for name, least in (("start_step", 0), ("period", 3), ("track_steps", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise SpecError(f"{name}: must be an integer of at least {least} (got {value!r})")
+        if self.track_steps + 1 >= self.period:
+            raise SpecError(
+                f"track_steps: must be below period - 1 (got {self.track_steps} with period "
+                f"{self.period}): the reset takes the step after the tracked ones"
+            )
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            raise SpecError(f"threshold: must be a positive number (got {t!r})")
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str
     description: str
@@ -125,6 +155,7 @@ class Recipe:
     qramp: QRampConfig | None
     source: str
     citation: str = ""  # the method's paper and code, for people (no effect on training)
+    osci_reset: OsciResetConfig | None = None
 
     def skips(self, module_name: str) -> bool:
         """Whether the module with this dotted name stays in high precision."""
@@ -150,7 +181,8 @@ class Recipe:
             "citation": self.citation,
             "skip": list(self.skip),
             "linear": linear,
-            "optimizer": {"qramp": _asdict(self.qramp)},
+            "optimizer": {"qramp": _asdict(self.qramp)}
+            | ({"osci_reset": _asdict(self.osci_reset)} if self.osci_reset else {}),
             "source": self.source,
         }
 
@@ -191,7 +223,7 @@ def build_recipe(raw: Any, label: str, *, keys: Sequence[str], name: str, source
     if not isinstance(skip, list) or not all(is_skip_pattern(p) for p in skip):
         expected = "must be a list of module-name patterns (or last:N, N > 0)"
         raise RecipeError(label, "skip", f"{expected} (got {excerpt(skip)})")
-    optimizer = _mapping(top.get("optimizer") or {}, label, "optimizer", ("qramp",))
+    optimizer = _mapping(top.get("optimizer") or {}, label, "optimizer", ("qramp", "osci_reset"))
     return Recipe(
         name=_string(top.get("name", name), label, "name"),
         description=_string(top.get("description", ""), label, "description"),
@@ -200,6 +232,9 @@ def build_recipe(raw: Any, label: str, *, keys: Sequence[str], name: str, source
         linear=_linear(top.get("linear") or {}, label),
         qramp=_config(optimizer.get("qramp"), QRampConfig, label, "optimizer.qramp"),
         source=_string(top.get("source", source), label, "source"),
+        osci_reset=_config(
+            optimizer.get("osci_reset"), OsciResetConfig, label, "optimizer.osci_reset"
+        ),
     )
 
 

@@ -114,5 +114,6 @@ def _techniques(recipe: Recipe) -> str:
     lin = recipe.linear
     names = [name for name in ("double_quant", "dge", "outliers", "qema") if getattr(lin, name)]
     names += ["qramp"] if recipe.qramp else []
+    names += ["osci_reset"] if recipe.osci_reset else []
     names += [f"gemm {lin.gemm}"] if lin.gemm != "dequantized" else []
     return "\n".join(names) or "-"

@@ -118,6 +118,7 @@ def check_config(dist: Distributed, config: Any, recipe: Any) -> None:
             ("quantization statistics (--stats-every)", config.stats_every > 0),
             ("Q-EMA (linear.qema)", recipe.linear.qema is not None),
             ("Q-Ramping (optimizer.qramp)", recipe.qramp is not None),
+            ("OsciReset (optimizer.osci_reset)", recipe.osci_reset is not None),
         ):
             if present:
                 raise ConfigError(

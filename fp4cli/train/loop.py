@@ -34,6 +34,7 @@ from fp4cli.train.config import ConfigError, TrainConfig
 from fp4cli.train.distributed import Distributed
 from fp4cli.train.memory import check_batch_fits
 from fp4cli.train.progress import Reporter, SilentReporter
+from fp4cli.train.shapes import LayerShapes
 from fp4cli.train.stats import QuantStatsCollector
 from fp4cli.train.step import (
     StepRunner,
@@ -128,6 +129,7 @@ class Trainer:
             self.train_model, self.optimizer, self.task.loss, config.grad_clip, self.device,
             cuda_graph=config.cuda_graph, plain_model=wrapped, recompute=config.recompute,
         )  # fmt: skip
+        self.osci_reset = osci_reset_for(self.model, self.recipe)
         self.run_id: str | None = None
         self.start_step = 0
 
@@ -205,6 +207,8 @@ class Trainer:
             state = load_checkpoint(path, self.device)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+            if self.osci_reset is not None:
+                self.osci_reset.load_state_dict(state["extra"].get("osci_reset", {}))
         if self.config.cuda_graph:
             device_learning_rates(self.optimizer, self.device)
         restore_rng(state["rng"])
@@ -309,6 +313,9 @@ class Trainer:
                 return "diverged", step
             grad_norm = distributed.local_value(grad_norm)
             self.stats.after_step()
+            reset = self.osci_reset.after_step(step) if self.osci_reset is not None else None
+            if reset is not None:
+                self.store.log_metrics(run_id, step + 1, {"osci_reset_fraction": reset})
             samples += config.batch_size
             done = step + 1
             if done % config.log_every == 0 or done == config.steps:
@@ -380,44 +387,13 @@ class Trainer:
                 directory, step, self.model, self.optimizer, config, self.dist.is_main
             )
         elif self.dist.is_main:  # DDP: every rank holds the same state
-            path = save_checkpoint(directory, step, self.model, self.optimizer, config)
+            extra = {"osci_reset": self.osci_reset.state_dict()} if self.osci_reset else None
+            path = save_checkpoint(directory, step, self.model, self.optimizer, config, extra)
         distributed.barrier(self.dist)
         if self.dist.is_main:
             self.store.add_checkpoint(self.run_id, step, str(path))
             prune_checkpoints(directory, path)  # only now: the store's checkpoint exists
             self._last_checkpoint = str(path)
-
-
-class LayerShapes:
-    """The GEMM shape of each linear layer in one forward pass: forward hooks that record the
-    rows of the layer's input (tokens summed over its calls), removed by rows()."""
-
-    def __init__(self, model: nn.Module) -> None:
-        from fp4cli.linear import QuantLinear
-
-        self.tokens: dict[str, int] = {}
-        self.layers = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-        self.quantized = {
-            name: isinstance(m, QuantLinear) and not m.config.is_high_precision
-            for name, m in self.layers.items()
-        }
-        self.handles = [m.register_forward_hook(self._hook(n)) for n, m in self.layers.items()]
-
-    def _hook(self, name: str) -> Any:
-        def record(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
-            x = inputs[0]  # (..., in_features)
-            self.tokens[name] = self.tokens.get(name, 0) + x.numel() // x.shape[-1]
-
-        return record
-
-    def rows(self) -> list[tuple[str, int, int, int, bool]]:
-        for handle in self.handles:
-            handle.remove()
-        return [
-            (name, self.tokens[name], m.in_features, m.out_features, self.quantized[name])
-            for name, m in self.layers.items()
-            if name in self.tokens
-        ]
 
 
 def _check_step_options(
@@ -432,6 +408,18 @@ def _check_step_options(
         raise ConfigError("cuda_graph: runs on one process (not with --nproc-per-node)")
     if recipe.qramp is not None:
         raise ConfigError("cuda_graph: not with Q-Ramping (its optimizer updates on the host)")
+
+
+def osci_reset_for(model: nn.Module, recipe: Any) -> Any:
+    """The recipe's OsciReset over the model's quantized layers, or None."""
+    if recipe.osci_reset is None:
+        return None
+    from fp4cli.techniques.osci_reset import OsciReset, OsciResetError
+
+    try:
+        return OsciReset(model, recipe.osci_reset)
+    except OsciResetError as error:
+        raise ConfigError(str(error)) from None
 
 
 def graph_hint(

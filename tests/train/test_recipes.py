@@ -29,6 +29,7 @@ SHIPPED = [
     "tetrajet-qema",
     "tetrajet-qramp",
     "tetrajet-v2",
+    "tetrajet-v2-osci",
     "tseng-baseline",
     "tseng-rht-sr",
     "ue5m3-hadamard-sr",

@@ -61,7 +61,21 @@ class _StopAt(SilentReporter):
             raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("recipe", ["tetrajet-qema", "tetrajet-qramp"])
+RESUME_OVERRIDES = {
+    "tetrajet-qema": [],
+    "tetrajet-qramp": ["optimizer.qramp.interval=15"],
+    # windows of 8 from step 0: the checkpoint after step 19 holds the tracked sums of the window
+    # that resets after step 20
+    "tetrajet-v2-osci": [
+        "optimizer.osci_reset.start_step=0",
+        "optimizer.osci_reset.period=8",
+        "optimizer.osci_reset.track_steps=3",
+        "optimizer.osci_reset.threshold=2",
+    ],
+}
+
+
+@pytest.mark.parametrize("recipe", RESUME_OVERRIDES)
 def test_resume_reproduces_an_uninterrupted_run(store, recipe):
     flags = {
         "task": "regression",
@@ -74,7 +88,7 @@ def test_resume_reproduces_an_uninterrupted_run(store, recipe):
         "log_every": 1,
         "stats_every": 10,
     }
-    overrides = ["optimizer.qramp.interval=15"] if recipe.endswith("qramp") else []
+    overrides = RESUME_OVERRIDES[recipe]
     full, _ = run_training(flags, overrides, store, reporter=SilentReporter())
     cut, _ = run_training(flags, overrides, store, reporter=_StopAt(27))
     assert cut.status == "interrupted"
@@ -87,6 +101,10 @@ def test_resume_reproduces_an_uninterrupted_run(store, recipe):
         return [(m["step"], m["name"], m["value"]) for m in rows if m["name"] != "samples_per_s"]
 
     assert series(resumed.run_id) == series(full.run_id)  # no duplicate, none missing
+    if recipe == "tetrajet-v2-osci":  # resets after steps 4, 12, 20, ...: logged at step + 1
+        resets = store.metrics(full.run_id, "osci_reset_fraction")
+        assert [m["step"] for m in resets] == [5, 13, 21, 29, 37]
+        assert all(0 < m["value"] < 1 for m in resets)
 
 
 def test_nan_loss_marks_the_run_diverged(store, monkeypatch):
