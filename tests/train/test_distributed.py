@@ -158,6 +158,10 @@ def test_the_launcher_command_and_its_errors(tmp_path):
         (["--nproc-per-node=2", "--node-rank=3"], "--node-rank: must be in 0..0"),
         (["--nproc-per-node=3", "--batch-size=8"], "batch_size: 8 does not split over 3"),
         (["--nproc-per-node=2", "--parallel=fsdp", "--stats-every=5"], "fsdp does not support"),
+        (
+            ["--nproc-per-node=2", "--parallel=fsdp", "--recipe=tetrajet-v2-osci"],
+            "fsdp does not support OsciReset",
+        ),
         (["--nproc-per-node=2", "--parallel=zero"], "parallel: must be ddp or fsdp"),
         (["--parallel=fsdp"], "needs several processes"),
     ):
