@@ -91,7 +91,7 @@ def pair_tile(row: Direction | None, col: Direction | None) -> tuple[int, int] |
     tile THIN_TILE_ELEMENTS in all (`_thin_tile`)."""
     if row is not None and col is not None and _wide(row) and _wide(col):
         return None
-    lone = row if col is None else col if row is None else None
+    lone = _lone(row, col)
     if lone is not None and _wide(lone):
         return _thin_tile(lone, lone is row)
     br = max(PAIR_TILE_ROWS, col.side() if col is not None else 0, _square(row))
@@ -118,6 +118,11 @@ WIDE_SIDE = 128
 THIN_TILE_ELEMENTS = 2048
 
 
+def _lone(row: Direction | None, col: Direction | None) -> Direction | None:
+    """The one direction given, or None where both or neither are."""
+    return row if col is None else col if row is None else None
+
+
 def _wide(d: Direction) -> bool:
     """Whether a direction takes thin tiles: outer blocks, or a side of WIDE_SIDE or more."""
     return bool(d.spec.outer_block) or d.side() >= WIDE_SIDE
@@ -141,7 +146,7 @@ def pair_warps(br: int, bc: int, row: Direction | None, col: Direction | None) -
     the columns; else 2 for the smallest tile when both directions only round to nearest (the
     fastest there), 4 when either draws random bits or transforms; larger tiles 4, or 8 beyond
     4096 values."""
-    lone = row if col is None else col if row is None else None
+    lone = _lone(row, col)
     if lone is not None and _wide(lone):
         return 4 if lone is row else 2  # along the rows, down the columns
     if br * bc <= PAIR_TILE_ROWS * PAIR_TILE_COLS:

@@ -85,7 +85,7 @@ def quantize_direction(
                                  HADAMARD_NORM, sums_rows, HADAMARD_SIGNS)  # fmt: skip
             if GUIDED:
                 guide = hadamard_rows(guide, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
-                                      HADAMARD_NORM, packed_rows, HADAMARD_SIGNS)  # fmt: skip
+                                      HADAMARD_NORM, sums_rows, HADAMARD_SIGNS)  # fmt: skip
         else:
             tile = hadamard_cols(tile, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD,
                                  HADAMARD_NORM, HADAMARD_SIGNS)  # fmt: skip

@@ -451,16 +451,12 @@ def outer_reduce(
     MS-EDEN group; the tile's extent along that axis is a multiple of OUTER * BLOCK)."""
     if BLOCK_AXIS == 1:
         runs = tl.reshape(per_block, (ROWS, COLS // (BLOCK * OUTER), OUTER))
-        reduced = tl.max(runs, axis=2)
-        if SUM:  # (the unused max is dropped by the compiler)
-            reduced = tl.sum(runs, axis=2)
+        reduced = tl.sum(runs, axis=2) if SUM else tl.max(runs, axis=2)
         spread = tl.broadcast_to(tl.expand_dims(reduced, 2), runs.shape)
         result = tl.reshape(spread, (ROWS, COLS // BLOCK))
     else:
         runs = tl.reshape(per_block, (ROWS // (BLOCK * OUTER), OUTER, COLS))
-        reduced = tl.max(runs, axis=1)
-        if SUM:  # (the unused max is dropped by the compiler)
-            reduced = tl.sum(runs, axis=1)
+        reduced = tl.sum(runs, axis=1) if SUM else tl.max(runs, axis=1)
         spread = tl.broadcast_to(tl.expand_dims(reduced, 1), runs.shape)
         result = tl.reshape(spread, (ROWS // BLOCK, COLS))
     return result

@@ -118,6 +118,23 @@ def line_cases() -> dict[str, torch.Tensor]:
     return {"edge": edge_blocks(40, 300), "ragged": rows_over_binades(7, 333, seed=3, spread=8)}
 
 
+def runs_at_extremes(
+    cols: int, seed: int, max_cols: slice, huge: float, ragged_from: int
+) -> torch.Tensor:
+    """Six rows of seeded normals whose runs of 128 values (outer blocks, MS-EDEN groups) take
+    extremes: all zero (row 0's first run), subnormal (row 1's second), -FLT_MAX..FLT_MAX over
+    `max_cols` of row 2, 16 values `huge` times the rest (row 3), the smallest float32
+    throughout (row 4), and zeros from `ragged_from` on (row 5's ragged last run)."""
+    x = seeded_normal((6, cols), seed)
+    x[0, :128] = 0.0
+    x[1, 128:256] *= 2.0**-140
+    x[2, max_cols] = torch.linspace(-1, 1, max_cols.stop - max_cols.start) * FP32_MAX
+    x[3, 16:32] *= huge
+    x[4, :] = 2.0**-149
+    x[5, ragged_from:] = 0.0
+    return on_device(x)
+
+
 def finite_amax(x: torch.Tensor) -> torch.Tensor:
     """The largest finite |x| (NaN and Inf left out), as a 1-element tensor."""
     magnitude = x.abs()

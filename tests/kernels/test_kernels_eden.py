@@ -8,7 +8,6 @@ import torch
 
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from tests.kernel_cases import (  # skips this module where the kernels cannot run
-    FP32_MAX,
     GROUP_SHAPES_AND_AXES,
     INF,
     NAN,
@@ -18,6 +17,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     line_cases,
     on_device,
     rows_over_binades,
+    runs_at_extremes,
     seeded_normal,
 )
 
@@ -41,14 +41,7 @@ def group_extremes() -> torch.Tensor:
     """Rows whose correction groups are all zero, subnormal, next to FLT_MAX (blocks scaled to
     0 leave the sums), a saturating block beside tiny ones, the smallest float32, and a
     ragged last group."""
-    x = seeded_normal((6, 300), 50)
-    x[0, :128] = 0.0
-    x[1, 128:256] *= 2.0**-140
-    x[2, :16] = torch.linspace(-1, 1, 16) * FP32_MAX
-    x[3, 16:32] *= 2.0**30
-    x[4, :] = 2.0**-149
-    x[5, 256:] = 0.0
-    return on_device(x)
+    return runs_at_extremes(300, 50, slice(0, 16), 2.0**30, 256)
 
 
 @pytest.mark.parametrize("spec_name", EDEN_SPECS)

@@ -10,7 +10,6 @@ import torch
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.quant.backend import KERNEL_OUTER_MAX, kernel_gap
 from tests.kernel_cases import (  # skips this module where the kernels cannot run
-    FP32_MAX,
     GROUP_SHAPES_AND_AXES,
     INF,
     NAN,
@@ -20,6 +19,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     line_cases,
     on_device,
     rows_over_binades,
+    runs_at_extremes,
     seeded_normal,
 )
 
@@ -47,14 +47,7 @@ def outer_extremes() -> torch.Tensor:
     """Rows of three outer blocks of 128 whose amaxes make each block's G extreme on its own:
     zeros, subnormal values, FLT_MAX (blocks far below it scale to 0), one block 2^100 above
     the rest, next to ordinary outer blocks; a ragged fourth outer block."""
-    x = seeded_normal((6, 400), 40)
-    x[0, :128] = 0.0
-    x[1, 128:256] *= 2.0**-140
-    x[2, 256:384] = torch.linspace(-1, 1, 128) * FP32_MAX
-    x[3, 16:32] *= 2.0**100
-    x[4, :] = 2.0**-149
-    x[5, 384:] = 0.0
-    return on_device(x)
+    return runs_at_extremes(400, 40, slice(256, 384), 2.0**100, 384)
 
 
 @pytest.mark.parametrize("spec_name", OUTER_SPECS)
