@@ -9,12 +9,10 @@ padded layout, or the dequantized values in the (transformed) input's layout.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from fp4cli.kernels.amax import amax_pair_kernel
-from fp4cli.kernels.amax_slabs import amax_rht16_cols_kernel, amax_rht32_both_kernel
 from fp4cli.kernels.launch import (
     SeedOffset,
     _hadamard_constants,
@@ -22,6 +20,7 @@ from fp4cli.kernels.launch import (
     _scale_constants,
     _seed_args,
     add_column_sums,
+    dequantize_e2m1,
     encode_tables,
     group_side,
     launch,
@@ -33,6 +32,7 @@ from fp4cli.kernels.launch import (
     signs_constant,
     two_level_constants,
 )
+from fp4cli.kernels.launch_amax import pair_amax
 from fp4cli.kernels.prescale import prescale_constants
 from fp4cli.kernels.quantize_pair import quantize_pair_kernel
 from fp4cli.quant.random_bits import Seed
@@ -175,7 +175,7 @@ def _direction_args(
         args: list[object] = [None, None, None, None, 0, None, 0, None, None]
         return args, _direction_constants(None, None, False, False, False, prefix), None, 1, 1
     block = int(d.spec.block)
-    out_length = _round_up(length, d.hadamard) if d.hadamard else length
+    out_length = _out_length(length, d)
     padded = _round_up(out_length, block)
     if d.values_dtype is not None:
         shape = (out_length, lines) if prefix == "COL" else (lines, out_length)
@@ -268,128 +268,6 @@ def pair_tables(
 
 
 @torch.compiler.disable
-def pair_amax(
-    x: torch.Tensor, row: Direction | None, col: Direction | None, tile: tuple[int, int]
-) -> torch.Tensor:
-    """[row direction's, column direction's] largest finite |value| quantized (after each
-    direction's Hadamard transform), float32, from one read of x (rows, cols)."""
-    amax = torch.zeros(2, dtype=torch.float32, device=x.device)
-    row_on = row is not None and row.spec.tensor_scale
-    row_rht = row is not None and row_on and bool(row.hadamard)
-    if col is not None and col.spec.tensor_scale and col.hadamard == 16 and not row_rht:
-        _amax_rht16_cols(x, amax, col, plain=row_on)
-        return amax
-    if row_rht and row.hadamard == 32 and col is not None and col.spec.tensor_scale \
-            and col.hadamard == 32:  # fmt: skip
-        _amax_rht32_both(x, amax, row, col)
-        return amax
-    rows, cols = x.shape
-    col_rht = col is not None and col.spec.tensor_scale and bool(col.hadamard)
-    br, bc, warps = _amax_tile(tile, row_rht and col_rht)
-    row_length = _round_up(cols, row.hadamard) if row is not None and row.hadamard else cols
-    col_length = _round_up(rows, col.hadamard) if col is not None and col.hadamard else rows
-    tiles_c = -(-max(cols, row_length) // bc)
-    programs = -(-max(rows, col_length) // br) * tiles_c
-    constants: dict[str, object] = {}
-    seeds: list[object] = []
-    for d, prefix in ((row, "ROW"), (col, "COL")):
-        rht_ptr, rht_value, rht_from_ptr = _seed_args(d.hadamard_seed if d else 0, x.device)
-        seeds += [rht_ptr, rht_value]
-        hadamard = _hadamard_constants(
-            d.hadamard if d else None, signs_constant(d.hadamard_seed if d else 0)
-        )
-        constants |= {f"{prefix}_{k}": v for k, v in hadamard.items()}
-        constants[f"{prefix}_ON"] = d is not None and d.spec.tensor_scale
-        constants[f"{prefix}_RHT_SEED_FROM_PTR"] = rht_from_ptr
-    launch(
-        amax_pair_kernel, (programs,), (x, amax, *seeds, rows, cols, tiles_c),
-        dict(BR=br, BC=bc, **constants), warps,
-    )  # fmt: skip
-    return amax
-
-
-def _amax_tile(tile: tuple[int, int], both_transformed: bool) -> tuple[int, int, int]:
-    """(BR, BC, warps) of the amax pass over a pair's tiles: the pair's tile, 4 warps (8 past
-    4096 values); a pair transformed both ways in the smallest tile reads it 4 times wider
-    with 2 warps (ue5m3-hadamard-sr's pairs, RHT-32 both ways: 71-72 us against 97 at
-    8192 x 3072, 23 against 28 at 8192 x 768 on an H100, the fastest of 32..128 rows x
-    64..256 columns at 2, 4 and 8 warps; the amax is the same)."""
-    br, bc = tile
-    if both_transformed and tile == (PAIR_TILE_ROWS, PAIR_TILE_COLS):
-        return br, 4 * bc, 2
-    return br, bc, 4 if br * bc <= 4096 else 8
-
-
-AMAX_SLAB_LINES, AMAX_SLAB_COLS = 4, 128  # a tile of the RHT-16 amax: 64 rows x 128
-AMAX_PROGRAMS_PER_SM = 4  # measured best of 4, 8, 16 and one program per tile
-
-
-@functools.cache
-def multiprocessors(device: torch.device) -> int:
-    """The GPU's streaming multiprocessors; 1 for the interpreter's CPU tensors."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _striding_grid(
-    x: torch.Tensor, tile_rows: int, tile_cols: int, per_multiprocessor: int
-) -> tuple[int, int, int]:
-    """(programs, tiles, tiles along the columns) of a slab amax pass over x (rows, cols) in
-    tiles of tile_rows x tile_cols: at most per_multiprocessor programs an SM, each striding
-    over the tiles."""
-    rows, cols = x.shape
-    tiles_c = -(-cols // tile_cols)
-    tiles = -(-rows // tile_rows) * tiles_c
-    return min(tiles, per_multiprocessor * multiprocessors(x.device)), tiles, tiles_c
-
-
-def _amax_rht16_cols(x: torch.Tensor, amax: torch.Tensor, col: Direction, plain: bool) -> None:
-    """amax[1]: the column direction's amax after its 16-point transform; with `plain`,
-    amax[0]: x's own (a row direction without a transform)."""
-    rows, cols = x.shape
-    programs, tiles, tiles_c = _striding_grid(
-        x, 16 * AMAX_SLAB_LINES, AMAX_SLAB_COLS, AMAX_PROGRAMS_PER_SM
-    )
-    rht_ptr, rht_value, rht_from_ptr = _seed_args(col.hadamard_seed, x.device)
-    launch(
-        amax_rht16_cols_kernel, (programs,),
-        (x, amax, rht_ptr, rht_value, rows, cols, tiles, tiles_c),
-        dict(G=AMAX_SLAB_LINES, BC=AMAX_SLAB_COLS, PLAIN=plain, RHT_SEED_FROM_PTR=rht_from_ptr,
-             NORM=_hadamard_constants(16)["HADAMARD_NORM"],
-             SIGNS=signs_constant(col.hadamard_seed)),
-        4,
-    )  # fmt: skip
-
-
-# The 32-slab amax pass: tiles of 32 rows x 256 columns, 4 warps, 8 striding programs an SM
-# (on an H100 the fastest or within 5% of 32 or 64 rows x 128 to 512 columns at 2, 4 and 8
-# warps, 4 or 8 programs an SM or one a tile, at 8192 x 768 to 8192 x 8192).
-AMAX32_SLAB_LINES, AMAX32_COLS, AMAX32_WARPS = 1, 256, 4
-AMAX32_PROGRAMS_PER_SM = 8
-
-
-def _amax_rht32_both(x: torch.Tensor, amax: torch.Tensor, row: Direction, col: Direction) -> None:
-    """amax[0], amax[1]: the row and column directions' amaxes after their 32-point
-    transforms, from the slab kernel."""
-    rows, cols = x.shape
-    programs, tiles, tiles_c = _striding_grid(
-        x, 32 * AMAX32_SLAB_LINES, AMAX32_COLS, AMAX32_PROGRAMS_PER_SM
-    )
-    row_ptr, row_value, row_from_ptr = _seed_args(row.hadamard_seed, x.device)
-    col_ptr, col_value, col_from_ptr = _seed_args(col.hadamard_seed, x.device)
-    launch(
-        amax_rht32_both_kernel, (programs,),
-        (x, amax, row_ptr, row_value, col_ptr, col_value, rows, cols, tiles, tiles_c),
-        dict(G=AMAX32_SLAB_LINES, BC=AMAX32_COLS, NORM=_hadamard_constants(32)["HADAMARD_NORM"],
-             ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr,
-             ROW_SIGNS=signs_constant(row.hadamard_seed),
-             COL_SIGNS=signs_constant(col.hadamard_seed)),
-        AMAX32_WARPS,
-    )  # fmt: skip
-
-
-@torch.compiler.disable
 def quantize_pair(
     x: torch.Tensor,
     row: Direction | None,
@@ -429,6 +307,8 @@ def quantize_pair(
     _check_directions(row, col, double is not None)
     _check_row_value_sums(row, double, column_sums, sum_row_values)
     x = x.contiguous()
+    if guide is None and column_sums is None and double is None and _values_from_codes(row, col):
+        return _decoded_values(x, row, col, tile)
     guide = guide.contiguous() if guide is not None else None
     rows, cols = x.shape
     chosen = tile or pair_tile(row, col)
@@ -468,6 +348,46 @@ def quantize_pair(
     )  # fmt: skip
     add_column_sums(partial_sums, column_sums)
     return row_out, col_out
+
+
+def _values_from_codes(row: Direction | None, col: Direction | None) -> bool:
+    """Whether a lone MS-EDEN direction's values come from its packed codes, decoded by a
+    second launch: faster than writing them from the quantize launch (one H200, RHT-128 at
+    8192 x 3072 bf16, the amax pass included: down the columns 0.28 against 0.34 ms, along the
+    rows 0.19 against 0.23 ms; docs/benchmarks.md). The same bits: the values are the codes'."""
+    lone = _lone(row, col)
+    return (
+        lone is not None
+        and lone.spec.rounding == "eden"
+        and lone.values_dtype is not None
+        and not lone.block_values
+    )
+
+
+def _decoded_values(
+    x: torch.Tensor, row: Direction | None, col: Direction | None, tile: tuple[int, int] | None
+) -> tuple[Quantized | None, Quantized | None]:
+    """`quantize_pair`'s result for the lone direction given: its packed codes decoded to
+    values in the (transformed) input's layout."""
+    d = row if row is not None else col
+    assert d is not None and d.values_dtype is not None
+    packed = replace(d, values_dtype=None)
+    if row is not None:
+        out = quantize_pair(x, packed, None, tile=tile)[0]
+        axis, shape = 1, (x.shape[0], _out_length(x.shape[1], d))
+    else:
+        out = quantize_pair(x, None, packed, tile=tile)[1]
+        axis, shape = 0, (_out_length(x.shape[0], d), x.shape[1])
+    assert out is not None
+    values = dequantize_e2m1(out.codes, out.scales, out.tensor_amax, d.spec, shape, axis,
+                             d.values_dtype)  # fmt: skip
+    result = Quantized(values=values, tensor_amax=out.tensor_amax)
+    return (result, None) if row is not None else (None, result)
+
+
+def _out_length(length: int, d: Direction) -> int:
+    """A direction's quantized length: padded to whole Hadamard transforms."""
+    return _round_up(length, d.hadamard) if d.hadamard else length
 
 
 def _check_row_value_sums(

@@ -291,13 +291,14 @@ if __name__ == "__main__" and sys.argv[1:] == ["gemm"]:
 elif __name__ == "__main__":
     import fp4cli.kernels.gradients as gradients
     import fp4cli.kernels.launch as launch
+    import fp4cli.kernels.launch_amax as launch_amax
     import fp4cli.kernels.launch_pair as launch_pair
 
     kernels = [
         (launch_pair, "quantize_pair_kernel"),
-        (launch_pair, "amax_pair_kernel"),
-        (launch_pair, "amax_rht16_cols_kernel"),
-        (launch_pair, "amax_rht32_both_kernel"),
+        (launch_amax, "amax_pair_kernel"),
+        (launch_amax, "amax_rht16_cols_kernel"),
+        (launch_amax, "amax_rht32_both_kernel"),
         (launch, "quantize_kernel"),
         (launch, "amax_kernel"),
         (launch, "dequantize_kernel"),

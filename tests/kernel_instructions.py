@@ -98,6 +98,7 @@ def pair_directions() -> dict[str, tuple[Any, Any]]:
 def _launch(config: str) -> tuple[Any, tuple, dict, float]:
     """(kernel, args, kwargs, elements per thread) of a config's launch."""
     import fp4cli.kernels.launch as launch
+    import fp4cli.kernels.launch_amax as launch_amax
     import fp4cli.kernels.launch_pair as launch_pair
     from fp4cli.quant import QuantSpec
 
@@ -109,9 +110,9 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         x = torch.zeros(256, 768, dtype=torch.bfloat16)
         found = intercepted_launches(
             lambda: launch_pair.quantize_pair(x, row, col),
-            [(launch_pair, "quantize_pair_kernel"), (launch_pair, "amax_pair_kernel"),
-             (launch_pair, "amax_rht16_cols_kernel"), (launch_pair, "amax_rht32_both_kernel"),
-             (launch, "encode_table_kernel")],
+            [(launch_pair, "quantize_pair_kernel"), (launch_amax, "amax_pair_kernel"),
+             (launch_amax, "amax_rht16_cols_kernel"), (launch_amax, "amax_rht32_both_kernel"),
+             (launch, "encode_table_kernel"), (launch, "dequantize_kernel")],
         )  # fmt: skip
         return _per_thread(found, "quantize_pair_kernel", "BR", "BC")
     if config.startswith("dequantize:"):

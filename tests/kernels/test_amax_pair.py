@@ -22,6 +22,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
 )
 
 launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+launch_amax = pytest.importorskip("fp4cli.kernels.launch_amax")
 Direction, pair_amax, pair_tile = (
     launch_pair.Direction,
     launch_pair.pair_amax,
@@ -58,12 +59,12 @@ def slab_kernel_only(monkeypatch):
     """Fails a test whose pairs reach the tile kernel."""
 
     class Refused:
-        fn = staticmethod(launch_pair.amax_pair_kernel.fn)  # its parameters, for `launch`
+        fn = staticmethod(launch_amax.amax_pair_kernel.fn)  # its parameters, for `launch`
 
         def __getitem__(self, grid):
             raise AssertionError("the tile kernel ran where a slab kernel should")
 
-    monkeypatch.setattr(launch_pair, "amax_pair_kernel", Refused())
+    monkeypatch.setattr(launch_amax, "amax_pair_kernel", Refused())
 
 
 ROWS = {  # the row direction beside a 16-point transform down the columns
@@ -161,3 +162,18 @@ def test_the_tile_kernel_gives_the_reference_amax(row_h, col_h, cols):
     x = _input(70, cols, seed=8)
     x[3, 4] = NAN
     _check(x, Direction(NVFP4, None, row_h, 7), Direction(NVFP4_SR, 2, col_h, 9))
+
+
+@pytest.mark.parametrize("hadamard", [128, 256])
+@pytest.mark.parametrize("shape", [(300, 130), (130, 300), (16, 520)])
+def test_a_lone_wide_transform_takes_its_own_tile(hadamard, shape):
+    """A lone direction transformed over 128 positions or more (Quartet II's RHT-128) reads
+    8 x 256 tiles along the rows and 128 x 32 down the columns (`_amax_tile`); ragged both
+    ways, a NaN and an Inf left out, the reference's amax."""
+    row, col = Direction(NVFP4, None, hadamard, 7), Direction(NVFP4_SR, 2, hadamard, 9)
+    assert launch_amax._amax_tile((16, hadamard), row, None, False) == (8, 256, 2)
+    assert launch_amax._amax_tile((hadamard, 16), None, col, False) == (hadamard, 32, 4)
+    x = _input(*shape, seed=shape[0])
+    x[3, 4], x[-1, -1] = NAN, -INF
+    _check(x, row, None)
+    _check(x, None, col)

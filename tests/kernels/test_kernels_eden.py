@@ -100,30 +100,45 @@ def test_pair_both_directions(shape):
     assert_bits(col_out.codes, reference.codes, "column codes")
     assert_bits(col_out.scales, reference.scales, "column scale codes")
     assert_bits(col_out.tensor_amax.reshape(()), reference.tensor_amax, "column amax")
+    col_values = Direction(EDEN, 23, 128, 24, values_dtype=torch.float32)
+    expected = fake_quantize(x, EDEN, 0, 23, hadamard=128, hadamard_seed=24,
+                             out_dtype=torch.float32, backend="torch")  # fmt: skip
+    col_out = quantize_pair(x, None, col_values)[1]
+    assert_same_up_to_zero_sign(col_out.values, expected, "column values")
 
 
-def test_a_non_finite_blocks_finite_values_join_its_group():
-    """As the reference: a block holding NaN or Inf is NaN, yet its finite values (scaled by
-    the scale of their amax) count in its group's sums; 256 groups of two blocks, so that a
-    kernel leaving them out draws some other block's scale differently."""
-    x = seeded_normal((256, 32), 9) * 3
-    x[:128, 0] = NAN
-    x[128:, 0] = -INF
-    check_backends_agree(on_device(x), EDEN.replace(eden_group=32), seed=4)
+def test_a_lone_direction_decodes_its_codes_for_values(monkeypatch):
+    """A lone MS-EDEN direction asked for values quantizes to packed codes and decodes them
+    (`launch_pair._values_from_codes`): a quantize launch writing no values, then a decode."""
+    import fp4cli.kernels.launch as launch
+
+    calls = []
+    for module, name in ((launch_pair, "quantize_pair_kernel"), (launch, "dequantize_kernel")):
+        monkeypatch.setattr(module, name, _Recorded(getattr(module, name), calls))
+    x = rows_over_binades(40, 256, seed=8)
+    quantize_pair(x, Direction(EDEN, 1, 128, 2, values_dtype=torch.float32), None)
+    quantize_pair(x, None, Direction(EDEN, 3, 128, 4, values_dtype=torch.float32))
+    assert [
+        (name, named.get("ROW_WRITE_VALUES"), named.get("COL_WRITE_VALUES"))
+        for name, named in calls
+    ] == [  # fmt: skip
+        ("quantize_pair_kernel", False, False),
+        ("dequantize_kernel", None, None),
+        ("quantize_pair_kernel", False, False),
+        ("dequantize_kernel", None, None),
+    ]
 
 
-def test_the_largest_grid_units_sum_in_32_bits():
-    """A block scale rounded down to E4M3's least subnormal leaves grid units up to 1.5 times
-    6 * sr_prescale (18 with a pre-scale of 2): a block's 16 terms still sum in 32 bits, its
-    group's 128 past them, to the reference's bits."""
-    from fp4cli.quant import two_level
+class _Recorded:
+    """A kernel that records each launch's arguments by name, then runs."""
 
-    spec = EDEN_SPECS["prescale2"]
-    amax = 2.0 ** torch.linspace(-17, -15.5, 256)
-    x = amax[:, None] * torch.tensor([1.0, -1.0]).repeat(64)
-    x[0, 0] = 1.0  # the tensor amax
-    scales, _ = two_level.block_scales(amax, torch.tensor(1.0), spec)
-    units = amax * two_level.encode_multipliers(scales, torch.tensor(1.0), spec) * 2.0
-    assert units[scales > 0].max() > 17.9
-    check_backends_agree(on_device(x), spec, seed=6)
-    check_backends_agree(on_device(x.T.contiguous()), spec, axis=0, seed=7)
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls, self.fn = kernel, calls, kernel.fn
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            named = dict(zip(self.kernel.arg_names, args, strict=True))
+            self.calls.append((self.fn.__name__, named))
+            return self.kernel[grid](*args, **kwargs)
+
+        return run
