@@ -34,6 +34,8 @@ def kernel_call(
         return _two_level_pass(kernel, x, config, axis)
     if kernel == "quantize-pair":
         return _pair(x, config)
+    if kernel.startswith("pair-"):
+        return _pair_direction(x, config, kernel)
     if kernel == "quantize":
         return lambda: quantize(x, spec, axis, SEED, hadamard=hadamard, backend=backend)
     if kernel == "fake-quantize":
@@ -68,6 +70,19 @@ def _pair(x: torch.Tensor, config: BenchConfig) -> Callable[[], object]:
     if pair_tile(direction, direction) is None:
         return lambda: (quantize_pair(x, direction, None), quantize_pair(x, None, direction))
     return lambda: quantize_pair(x, direction, direction)
+
+
+def _pair_direction(x: torch.Tensor, config: BenchConfig, kernel: str) -> Callable[[], object]:
+    """One direction of x's pair alone (`PAIR_DIRECTION_KERNELS`): along its rows or down its
+    columns, to packed codes or to values in x's dtype, as the quantized Linear quantizes a
+    direction that takes a launch of its own (a two-level spec's amax pass first)."""
+    from fp4cli.kernels.launch_pair import Direction, quantize_pair
+
+    values = x.dtype if kernel.endswith("-values") else None
+    direction = Direction(config.spec, SEED, config.hadamard, SEED, values)
+    if kernel.startswith("pair-rows"):
+        return lambda: quantize_pair(x, direction, None)
+    return lambda: quantize_pair(x, None, direction)
 
 
 def _reference_function(

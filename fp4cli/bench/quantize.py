@@ -27,7 +27,13 @@ from fp4cli.bench.timing import (
     median_ms,
     time_limit,
 )
-from fp4cli.bench.traffic import KERNELS, PAIR_KERNEL, TWO_LEVEL_KERNELS, quant_traffic
+from fp4cli.bench.traffic import (
+    KERNELS,
+    PAIR_DIRECTION_KERNELS,
+    PAIR_KERNEL,
+    TWO_LEVEL_KERNELS,
+    quant_traffic,
+)
 from fp4cli.quant.backend import interpreter_on, kernel_gap, triton_available
 
 BACKENDS = ("triton", "torch", "compile")
@@ -119,9 +125,12 @@ def run_quantize_bench(
     compile_timeout_s: float = COMPILE_TIMEOUT_S,
     on_case: Callable[[int, Case], None] | None = None,
     on_rows: Callable[[list[BenchRow]], None] | None = None,
+    pair_directions: bool = False,
 ) -> list[BenchRow]:
     """Measure every shape x config; `on_case(index, case)` is called before each case and
     `on_rows(rows)` with each case's rows as soon as they are measured (to store them then).
+    `pair_directions`: a 2-D case also times each direction of its pair alone
+    (`PAIR_DIRECTION_KERNELS`).
 
     A torch.compile that takes longer than `compile_timeout_s` (warm-up and timing included) is
     given up, and that config's kernel is not compiled again at the later shapes. timing
@@ -129,7 +138,8 @@ def run_quantize_bench(
     Python dispatch that "loop" includes); a call that cannot be captured gets a note."""
     torch_device = bench_device(device)
     check_request(shapes, axis, backends, iters, torch_device, timing)
-    runner = _Runner(torch_device, iters, warmup, repeats, backends, compile_timeout_s, timing)
+    runner = _Runner(torch_device, iters, warmup, repeats, backends, compile_timeout_s, timing,
+                     pair_directions)  # fmt: skip
     cases = [Case(shape, dtype, axis, c) for shape in shapes for c in bench_configs(configs)]
     rows: list[BenchRow] = []
     for index, case in enumerate(cases):
@@ -205,6 +215,7 @@ class _Runner:
     backends: Sequence[str]
     compile_timeout_s: float
     timing: str
+    pair_directions: bool = False
     gave_up: dict[tuple[str, str], str] = field(default_factory=dict)  # (config, kernel): why
 
     def case_rows(self, case: Case) -> list[BenchRow]:
@@ -220,7 +231,7 @@ class _Runner:
         if case.config.spec.whole_tensor_scale:
             kernels += TWO_LEVEL_KERNELS
         if len(case.shape) == 2:
-            kernels += (PAIR_KERNEL,)
+            kernels += (PAIR_KERNEL,) + (PAIR_DIRECTION_KERNELS if self.pair_directions else ())
         for kernel in kernels:
             kernel_rows = [
                 self.row(case, kernel, backend, traffic.kernel_bytes(kernel))

@@ -22,6 +22,9 @@ TWO_LEVEL_KERNELS = ("tensor-amax", "quantize-given-amax")
 # a 2-D tensor quantized along its rows and down its columns from one read (the quantized
 # Linear's operand pairs), both directions packed
 PAIR_KERNEL = "quantize-pair"
+# each direction of the pair alone (`quantize_pair` with one direction, as the quantized Linear
+# runs a direction that does not share a tile), to packed codes and to values in x's dtype
+PAIR_DIRECTION_KERNELS = ("pair-rows", "pair-cols", "pair-rows-values", "pair-cols-values")
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,8 @@ class QuantTraffic:
     input: x in its dtype. codes: the element codes (two per byte for 4-bit elements) in the
     padded axis-last layout. scales: the block scales plus the tensor scale, if any. values: the
     dequantized tensor in x's dtype (the Hadamard-padded length when there is a transform).
-    across: for a 2-D x, the codes and scales of x quantized along its other axis.
+    across: for a 2-D x, the codes and scales of x quantized along its other axis. rows, cols:
+    for a 2-D x, (codes + scales, values) of x quantized along its rows and down its columns.
     """
 
     input: int
@@ -39,6 +43,8 @@ class QuantTraffic:
     scales: int
     values: int
     across: int = 0
+    rows: tuple[int, int] = (0, 0)
+    cols: tuple[int, int] = (0, 0)
 
     def kernel_bytes(self, kernel: str) -> int:
         """Bytes `kernel` reads plus bytes it writes."""
@@ -50,6 +56,10 @@ class QuantTraffic:
             "tensor-amax": self.input,
             "quantize-given-amax": self.input + self.codes + self.scales,
             PAIR_KERNEL: self.input + self.codes + self.scales + self.across,
+            "pair-rows": self.input + self.rows[0],
+            "pair-cols": self.input + self.cols[0],
+            "pair-rows-values": self.input + self.rows[1],
+            "pair-cols-values": self.input + self.cols[1],
         }
         return moved[kernel]
 
@@ -61,12 +71,20 @@ def quant_traffic(
     axis = axis % len(shape)
     codes, scales, moved_shape = _stored(shape, axis, config)
     across = sum(_stored(shape, 1 - axis, config)[:2]) if len(shape) == 2 else 0
+    directions = [(0, 0), (0, 0)]
+    if len(shape) == 2:
+        for along in (0, 1):  # down the columns, along the rows
+            along_codes, along_scales, along_shape = _stored(shape, along, config)
+            values = math.prod(along_shape) * dtype.itemsize
+            directions[along] = (along_codes + along_scales, values)
     return QuantTraffic(
         input=math.prod(shape) * dtype.itemsize,
         codes=codes,
         scales=scales,
         values=math.prod(moved_shape) * dtype.itemsize,
         across=across,
+        rows=directions[1],
+        cols=directions[0],
     )
 
 

@@ -59,6 +59,14 @@ def quantize_command(
         float,
         Opt(min=0, help="Stop waiting for a torch.compile after this many seconds (0: never)."),
     ] = 120.0,
+    pair_directions: Annotated[
+        bool,
+        Opt(
+            "--pair-directions",
+            help="Also time each direction of a 2-D tensor's pair alone, to packed codes and to "
+            "values (pair-rows, pair-cols, pair-rows-values, pair-cols-values; Triton only).",
+        ),
+    ] = False,
     store: StoreOption = None,
     no_store: NoStoreOption = False,
 ) -> None:
@@ -95,7 +103,7 @@ def quantize_command(
         rows = run_quantize_bench(
             shape_list, config_names, torch_dtype, axis, backend_list, iters, torch_device,
             timing=timing, compile_timeout_s=compile_timeout, on_case=progress.case,
-            on_rows=recorder.record,
+            on_rows=recorder.record, pair_directions=pair_directions,
         )  # fmt: skip
     table = _table(rows, torch_device, dtype, axis, iters, timing)
     console_for(table).print(table)
@@ -222,6 +230,11 @@ def _caption(rows: list[Any]) -> str:
         " quantize-pair, a 2-D input quantized along its rows and down its columns from one"
         " read: input + both directions' codes + scales)."
     )
+    if any(row.kernel.startswith("pair-") for row in rows):
+        caption += (
+            " pair-rows / pair-cols: one direction of the pair alone, input + its codes +"
+            " scales (-values: input + its values)."
+        )
     scaled = sorted(
         {row.case.config.name for row in rows if row.case.config.spec.whole_tensor_scale}
     )

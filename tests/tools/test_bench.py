@@ -172,6 +172,11 @@ def test_traffic_of_a_hand_computed_case() -> None:
     assert columns.kernel_bytes("quantize-pair") == 12288 + 1536 + 96 + 64 * 34
     assert rht.across == 40 * 32 + 40 * 2  # 40 columns of 48 rows, transformed to 64
     assert quant_traffic((4, 64, 64), torch.float32, -1, CONFIGS["mxfp4"]).across == 0
+    # one direction alone: its own codes + scales, or its values (padded by the transform)
+    assert rht.kernel_bytes("pair-rows") == 3840 + 48 * 32 + 48 * 2
+    assert rht.kernel_bytes("pair-cols") == 3840 + 40 * 32 + 40 * 2
+    assert rht.kernel_bytes("pair-rows-values") == 3840 + 48 * 64 * 2
+    assert rht.kernel_bytes("pair-cols-values") == 3840 + 64 * 40 * 2
 
 
 @pytest.mark.skipif(not TRITON_RUNS, reason="runs the kernels under TRITON_INTERPRET=1")
@@ -201,6 +206,32 @@ def test_pair_row_is_both_directions_of_the_kernels() -> None:
     rows = run_quantize_bench([(2, 32, 32)], ["mxfp4"], backends=["triton"], iters=1,
                               device="cpu", warmup=0, repeats=1)  # fmt: skip
     assert "quantize-pair" not in {r.kernel for r in rows}
+
+
+@pytest.mark.skipif(not TRITON_RUNS, reason="runs the kernels under TRITON_INTERPRET=1")
+@pytest.mark.parametrize("config_name", ["mxfp4-rht32-sr", "nvfp4-eden-rht128"])
+def test_pair_direction_rows_are_each_direction_alone(config_name) -> None:
+    """pair-rows / pair-cols give `quantize`'s codes along that axis, and the -values kernels
+    `fake_quantize`'s values; `--pair-directions` adds the four rows to a 2-D case only."""
+    from fp4cli.bench.calls import SEED, kernel_call
+    from fp4cli.quant import fake_quantize, quantize
+
+    config = CONFIGS[config_name]
+    x = torch.randn(130, 72, generator=torch.Generator().manual_seed(4))
+    reference = dict(hadamard=config.hadamard, hadamard_seed=SEED, backend="torch")
+    for axis, name in ((1, "rows"), (0, "cols")):
+        (out,) = [o for o in kernel_call(f"pair-{name}", "triton", x, config, -1)() if o]
+        want = quantize(x, config.spec, axis, SEED, **reference)
+        assert torch.equal(out.codes, want.codes) and torch.equal(out.scales, want.scales)
+        (out,) = [o for o in kernel_call(f"pair-{name}-values", "triton", x, config, -1)() if o]
+        want = fake_quantize(x, config.spec, axis, SEED, out_dtype=x.dtype, **reference)
+        assert torch.equal(out.values, want)
+    rows = run_quantize_bench([(2, 32, 32), (32, 32)], ["mxfp4"], backends=["triton"],
+                              iters=1, device="cpu", warmup=0, repeats=1,
+                              pair_directions=True)  # fmt: skip
+    kernels = Counter(r.kernel for r in rows)
+    assert all(kernels[k] == 1 for k in ("pair-rows", "pair-cols", "pair-rows-values",
+                                          "pair-cols-values", "quantize-pair"))  # fmt: skip
 
 
 def test_row_arithmetic() -> None:
@@ -314,3 +345,13 @@ def test_an_outer_block_config_takes_no_amax_pass(tmp_path: Path) -> None:
         assert ("nvfp4", "tensor-amax") in kernels
         assert ("nvfp4-outer128", "quantize-pair") in kernels
     assert not any(k[0] == "nvfp4-outer128" and "amax" in k[1] for k in kernels)
+
+
+def test_pair_directions_flag_adds_the_lone_directions_rows() -> None:
+    result = bench(*SMALL, "--configs", "mxfp4", "--backends", "triton", "--pair-directions",
+                   "--no-store")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    for kernel in ("pair-rows", "pair-cols", "pair-rows-values", "pair-cols-values"):
+        assert kernel in result.stdout
+    plain = bench(*SMALL, "--configs", "mxfp4", "--backends", "triton", "--no-store")
+    assert "pair-rows" not in plain.stdout
