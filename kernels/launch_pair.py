@@ -307,8 +307,9 @@ def quantize_pair(
     _check_directions(row, col, double is not None)
     _check_row_value_sums(row, double, column_sums, sum_row_values)
     x = x.contiguous()
-    if guide is None and column_sums is None and double is None and _values_from_codes(row, col):
-        return _decoded_values(x, row, col, tile)
+    if column_sums is None and double is None and _values_from_codes(row, col):
+        assert col is not None
+        return _decoded_values(x, col, tile)
     guide = guide.contiguous() if guide is not None else None
     rows, cols = x.shape
     chosen = tile or pair_tile(row, col)
@@ -351,38 +352,33 @@ def quantize_pair(
 
 
 def _values_from_codes(row: Direction | None, col: Direction | None) -> bool:
-    """Whether a lone MS-EDEN direction's values come from its packed codes, decoded by a
-    second launch: faster than writing them from the quantize launch (one H200, RHT-128 at
-    8192 x 3072 bf16, the amax pass included: down the columns 0.28 against 0.34 ms, along the
-    rows 0.19 against 0.23 ms; docs/benchmarks.md). The same bits: the values are the codes'."""
-    lone = _lone(row, col)
+    """Whether a lone MS-EDEN column direction's values come from its packed codes, decoded by
+    a second launch: faster than writing them from the quantize launch (one H200, after
+    RHT-128, bf16, the amax pass included: 0.274 against 0.328 ms at 8192 x 3072, 0.077 against
+    0.088 at 8192 x 768). Along the rows the two took as long at 8192 x 3072 and the decode
+    was slower at 8192 x 768, so the rows write their values (docs/benchmarks.md). The same
+    bits: the values are the codes'."""
     return (
-        lone is not None
-        and lone.spec.rounding == "eden"
-        and lone.values_dtype is not None
-        and not lone.block_values
+        row is None
+        and col is not None
+        and col.spec.rounding == "eden"
+        and col.values_dtype is not None
+        and not col.block_values
     )
 
 
 def _decoded_values(
-    x: torch.Tensor, row: Direction | None, col: Direction | None, tile: tuple[int, int] | None
-) -> tuple[Quantized | None, Quantized | None]:
-    """`quantize_pair`'s result for the lone direction given: its packed codes decoded to
-    values in the (transformed) input's layout."""
-    d = row if row is not None else col
-    assert d is not None and d.values_dtype is not None
-    packed = replace(d, values_dtype=None)
-    if row is not None:
-        out = quantize_pair(x, packed, None, tile=tile)[0]
-        axis, shape = 1, (x.shape[0], _out_length(x.shape[1], d))
-    else:
-        out = quantize_pair(x, None, packed, tile=tile)[1]
-        axis, shape = 0, (_out_length(x.shape[0], d), x.shape[1])
+    x: torch.Tensor, col: Direction, tile: tuple[int, int] | None
+) -> tuple[None, Quantized]:
+    """`quantize_pair`'s result for a lone column direction: its packed codes decoded to values
+    in the (transformed) input's layout."""
+    assert col.values_dtype is not None
+    out = quantize_pair(x, None, replace(col, values_dtype=None), tile=tile)[1]
     assert out is not None
-    values = dequantize_e2m1(out.codes, out.scales, out.tensor_amax, d.spec, shape, axis,
-                             d.values_dtype)  # fmt: skip
-    result = Quantized(values=values, tensor_amax=out.tensor_amax)
-    return (result, None) if row is not None else (None, result)
+    shape = (_out_length(x.shape[0], col), x.shape[1])
+    values = dequantize_e2m1(out.codes, out.scales, out.tensor_amax, col.spec, shape, 0,
+                             col.values_dtype)  # fmt: skip
+    return None, Quantized(values=values, tensor_amax=out.tensor_amax)
 
 
 def _out_length(length: int, d: Direction) -> int:

@@ -108,8 +108,9 @@ def test_pair_both_directions(shape):
 
 
 def test_a_lone_direction_decodes_its_codes_for_values(monkeypatch):
-    """A lone MS-EDEN direction asked for values quantizes to packed codes and decodes them
-    (`launch_pair._values_from_codes`): a quantize launch writing no values, then a decode."""
+    """A lone MS-EDEN column direction asked for values quantizes to packed codes and decodes
+    them (`launch_pair._values_from_codes`): a quantize launch writing no values, then a
+    decode; a lone row direction writes its values."""
     import fp4cli.kernels.launch as launch
 
     calls = []
@@ -122,8 +123,7 @@ def test_a_lone_direction_decodes_its_codes_for_values(monkeypatch):
         (name, named.get("ROW_WRITE_VALUES"), named.get("COL_WRITE_VALUES"))
         for name, named in calls
     ] == [  # fmt: skip
-        ("quantize_pair_kernel", False, False),
-        ("dequantize_kernel", None, None),
+        ("quantize_pair_kernel", True, False),
         ("quantize_pair_kernel", False, False),
         ("dequantize_kernel", None, None),
     ]
