@@ -137,7 +137,7 @@ def run_quantize_bench(
     "graph" times each call from a CUDA graph of `iters` calls (the GPU's time, without the
     Python dispatch that "loop" includes); a call that cannot be captured gets a note."""
     torch_device = bench_device(device)
-    check_request(shapes, axis, backends, iters, torch_device, timing)
+    check_request(shapes, axis, backends, iters, torch_device, timing, pair_directions)
     runner = _Runner(torch_device, iters, warmup, repeats, backends, compile_timeout_s, timing,
                      pair_directions)  # fmt: skip
     cases = [Case(shape, dtype, axis, c) for shape in shapes for c in bench_configs(configs)]
@@ -183,11 +183,16 @@ def check_request(
     iters: int,
     device: torch.device | None = None,
     timing: str = "loop",
+    pair_directions: bool = False,
 ) -> None:
     """Raise BenchError for a request that cannot run (or would run for many minutes on a
-    CPU)."""
+    CPU), or whose `pair_directions` would time nothing."""
     if iters < 1:
         raise BenchError(f"iters: must be at least 1 (got {iters})")
+    if pair_directions and "triton" not in backends:
+        raise BenchError("--pair-directions times the Triton kernels: add triton to --backends")
+    if pair_directions and not any(len(shape) == 2 for shape in shapes):
+        raise BenchError("--pair-directions times 2-D tensors: give a shape such as 8192x3072")
     check_timing(timing, device)
     if device is not None and device.type != "cuda":
         for shape in shapes:

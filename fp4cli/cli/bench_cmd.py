@@ -93,7 +93,7 @@ def quantize_command(
     config_names = [config.name for config in bench_configs(split_list(configs))]
     backend_list = parse_choices("backends", backends, BACKENDS)
     torch_dtype, torch_device = parse_dtype(dtype), bench_device(device)
-    check_request(shape_list, axis, backend_list, iters, torch_device, timing)
+    check_request(shape_list, axis, backend_list, iters, torch_device, timing, pair_directions)
     if any(interpreted(backend, torch_device) for backend in backend_list):
         typer.echo(f"note: {INTERPRETED_NOTICE}", err=True)
     with (

@@ -355,3 +355,9 @@ def test_pair_directions_flag_adds_the_lone_directions_rows() -> None:
         assert kernel in result.stdout
     plain = bench(*SMALL, "--configs", "mxfp4", "--backends", "triton", "--no-store")
     assert "pair-rows" not in plain.stdout
+    for extra, message in (
+        (["--backends", "torch"], "add triton to --backends"),
+        (["--backends", "triton", "--shapes", "2x32x32"], "times 2-D tensors"),
+    ):
+        refused = bench(*SMALL, "--configs", "mxfp4", "--pair-directions", *extra)
+        assert refused.exit_code != 0 and message in refused.output
