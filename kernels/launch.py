@@ -65,12 +65,25 @@ class AxisView:
         return self.inner > 1
 
 
+# The pair kernel's smallest tile (`launch_pair.pair_tile`): whole blocks of 32 down its 32 rows,
+# and 64 positions (128 bytes of a 16-bit input) along each row; a direction's block or Hadamard
+# size, or a 2-D square, can widen it. On an H100, 32 x 64 was the fastest of 32 or 64 rows by 64
+# or 128 columns, at 2, 4 or 8 warps (and with programs looping over several tiles), over the
+# pairs of the GPT-2-small layers.
+PAIR_TILE_ROWS, PAIR_TILE_COLS = 32, 64
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def transformed_length(length: int, hadamard: int | None) -> int:
+    """A quantized axis's length: padded with zeros to whole Hadamard transforms, if any."""
+    return _round_up(length, hadamard) if hadamard else length
 
 
 def choose_tile(
@@ -345,7 +358,7 @@ def tensor_amax(
 ) -> torch.Tensor:
     """The largest finite |x| (of the Hadamard-transformed x, if any), a 1-element tensor."""
     view = AxisView.of(x.shape, axis)
-    out_length = _round_up(view.length, hadamard) if hadamard else view.length
+    out_length = transformed_length(view.length, hadamard)
     tile = tile or choose_tile(view, out_length, 8, hadamard)
     grid, along = _grid(view, tile, out_length)
     amax = torch.zeros(1, dtype=torch.float32, device=x.device)
@@ -386,7 +399,7 @@ def quantize_e2m1(
         guide = guide.contiguous()
     view = AxisView.of(x.shape, axis)
     block = int(spec.block)
-    out_length = _round_up(view.length, hadamard) if hadamard else view.length
+    out_length = transformed_length(view.length, hadamard)
     padded = _round_up(out_length, block)
     row_warps = TWO_LEVEL_ROW_WARPS if spec.tensor_scale else QUANTIZE_ROW_WARPS
     tile = tile or choose_tile(view, padded, block, hadamard, row_warps, group_side(spec))

@@ -12,13 +12,18 @@ import torch
 
 from fp4cli.kernels.amax import amax_pair_kernel
 from fp4cli.kernels.amax_slabs import amax_rht16_cols_kernel, amax_rht32_both_kernel
-from fp4cli.kernels.launch import _hadamard_constants, _round_up, _seed_args, launch, signs_constant
+from fp4cli.kernels.launch import (
+    PAIR_TILE_COLS,
+    PAIR_TILE_ROWS,
+    _hadamard_constants,
+    _seed_args,
+    launch,
+    signs_constant,
+    transformed_length,
+)
 
 if TYPE_CHECKING:
     from fp4cli.kernels.launch_pair import Direction
-
-# The pair's smallest tile (`launch_pair.PAIR_TILE_ROWS` x `PAIR_TILE_COLS`)
-PAIR_TILE = (32, 64)
 
 
 @torch.compiler.disable
@@ -42,8 +47,8 @@ def pair_amax(
     col_on = col is not None and col.spec.tensor_scale
     br, bc, warps = _amax_tile(tile, row if row_on else None, col if col_on else None,
                                row_rht and col_rht)  # fmt: skip
-    row_length = _round_up(cols, row.hadamard) if row is not None and row.hadamard else cols
-    col_length = _round_up(rows, col.hadamard) if col is not None and col.hadamard else rows
+    row_length = transformed_length(cols, row.hadamard if row is not None else None)
+    col_length = transformed_length(rows, col.hadamard if col is not None else None)
     tiles_c = -(-max(cols, row_length) // bc)
     programs = -(-max(rows, col_length) // br) * tiles_c
     constants: dict[str, object] = {}
@@ -84,7 +89,7 @@ def _amax_tile(
     `col`: the directions whose amax is taken) transformed over LONE_HADAMARD positions or
     more the LONE_* tiles."""
     br, bc = tile
-    if both_transformed and tile == PAIR_TILE:
+    if both_transformed and tile == (PAIR_TILE_ROWS, PAIR_TILE_COLS):
         return br, 4 * bc, 2
     lone = row if col is None else col if row is None else None
     if lone is not None and (lone.hadamard or 0) >= LONE_HADAMARD:

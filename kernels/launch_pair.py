@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from fp4cli.kernels.launch import (
+    PAIR_TILE_COLS,
+    PAIR_TILE_ROWS,
     SeedOffset,
     _hadamard_constants,
     _round_up,
@@ -30,6 +32,7 @@ from fp4cli.kernels.launch import (
     rounding_constants,
     same_tables,
     signs_constant,
+    transformed_length,
     two_level_constants,
 )
 from fp4cli.kernels.launch_amax import pair_amax
@@ -40,11 +43,6 @@ from fp4cli.quant.spec import QuantSpec
 from fp4cli.techniques.hadamard import FixedSigns
 from fp4cli.techniques.qema import AverageGuide
 
-# The smallest tile: whole blocks of 32 down its 32 rows, and 64 positions (128 bytes of a 16-bit
-# input) along each row; a direction's block or Hadamard size, or a 2-D square, can widen it.
-# On an H100, 32 x 64 was the fastest of 32 or 64 rows by 64 or 128 columns, at 2, 4 or 8 warps
-# (and with programs looping over several tiles), over the pairs of the GPT-2-small layers.
-PAIR_TILE_ROWS, PAIR_TILE_COLS = 32, 64
 PAIR_MAX_ELEMENTS = 16384  # a pair needing a larger tile takes two launches
 
 
@@ -175,7 +173,7 @@ def _direction_args(
         args: list[object] = [None, None, None, None, 0, None, 0, None, None]
         return args, _direction_constants(None, None, False, False, False, prefix), None, 1, 1
     block = int(d.spec.block)
-    out_length = _out_length(length, d)
+    out_length = transformed_length(length, d.hadamard)
     padded = _round_up(out_length, block)
     if d.values_dtype is not None:
         shape = (out_length, lines) if prefix == "COL" else (lines, out_length)
@@ -307,9 +305,9 @@ def quantize_pair(
     _check_directions(row, col, double is not None)
     _check_row_value_sums(row, double, column_sums, sum_row_values)
     x = x.contiguous()
-    if column_sums is None and double is None and _values_from_codes(row, col):
-        assert col is not None
-        return _decoded_values(x, col, tile)
+    decoded = _values_from_codes(row, col) if column_sums is None and double is None else None
+    if decoded is not None:
+        return _decoded_values(x, decoded, tile)
     guide = guide.contiguous() if guide is not None else None
     rows, cols = x.shape
     chosen = tile or pair_tile(row, col)
@@ -351,20 +349,17 @@ def quantize_pair(
     return row_out, col_out
 
 
-def _values_from_codes(row: Direction | None, col: Direction | None) -> bool:
-    """Whether a lone MS-EDEN column direction's values come from its packed codes, decoded by
-    a second launch: faster than writing them from the quantize launch (one H200, after
-    RHT-128, bf16, the amax pass included: 0.274 against 0.328 ms at 8192 x 3072, 0.077 against
-    0.088 at 8192 x 768). Along the rows the two took as long at 8192 x 3072 and the decode
-    was slower at 8192 x 768, so the rows write their values (docs/benchmarks.md). The same
-    bits: the values are the codes'."""
-    return (
-        row is None
-        and col is not None
-        and col.spec.rounding == "eden"
-        and col.values_dtype is not None
-        and not col.block_values
-    )
+def _values_from_codes(row: Direction | None, col: Direction | None) -> Direction | None:
+    """The column direction when it is a lone MS-EDEN direction whose values come from its
+    packed codes, decoded by a second launch (else None): faster than writing them from the
+    quantize launch (one H200, after RHT-128, bf16, the amax pass included: 0.274 against 0.328
+    ms at 8192 x 3072, 0.077 against 0.088 at 8192 x 768). Along the rows the two took as long
+    at 8192 x 3072 and the decode was slower at 8192 x 768, so the rows write their values
+    (docs/benchmarks.md). The same bits: the values are the codes'."""
+    if row is None and col is not None and col.spec.rounding == "eden" \
+            and col.values_dtype is not None and not col.block_values:  # fmt: skip
+        return col
+    return None
 
 
 def _decoded_values(
@@ -372,18 +367,13 @@ def _decoded_values(
 ) -> tuple[None, Quantized]:
     """`quantize_pair`'s result for a lone column direction: its packed codes decoded to values
     in the (transformed) input's layout."""
-    assert col.values_dtype is not None
     out = quantize_pair(x, None, replace(col, values_dtype=None), tile=tile)[1]
     assert out is not None
-    shape = (_out_length(x.shape[0], col), x.shape[1])
-    values = dequantize_e2m1(out.codes, out.scales, out.tensor_amax, col.spec, shape, 0,
-                             col.values_dtype)  # fmt: skip
+    shape = (transformed_length(x.shape[0], col.hadamard), x.shape[1])
+    dtype = col.values_dtype
+    assert dtype is not None
+    values = dequantize_e2m1(out.codes, out.scales, out.tensor_amax, col.spec, shape, 0, dtype)
     return None, Quantized(values=values, tensor_amax=out.tensor_amax)
-
-
-def _out_length(length: int, d: Direction) -> int:
-    """A direction's quantized length: padded to whole Hadamard transforms."""
-    return _round_up(length, d.hadamard) if d.hadamard else length
 
 
 def _check_row_value_sums(

@@ -70,13 +70,13 @@ def quant_traffic(
     """The operand sizes of `shape` in `dtype` quantized along `axis` with `config`."""
     axis = axis % len(shape)
     codes, scales, moved_shape = _stored(shape, axis, config)
-    across = sum(_stored(shape, 1 - axis, config)[:2]) if len(shape) == 2 else 0
     directions = [(0, 0), (0, 0)]
     if len(shape) == 2:
         for along in (0, 1):  # down the columns, along the rows
             along_codes, along_scales, along_shape = _stored(shape, along, config)
             values = math.prod(along_shape) * dtype.itemsize
             directions[along] = (along_codes + along_scales, values)
+    across = directions[1 - axis][0] if len(shape) == 2 else 0
     return QuantTraffic(
         input=math.prod(shape) * dtype.itemsize,
         codes=codes,
