@@ -8,8 +8,30 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.elements import signed_value
+from fp4cli.kernels.prescale import REMAINDER_SCALES
 from fp4cli.kernels.tile_io import line_mask, store_values, tile_origin
 from fp4cli.kernels.tile_ops import e8m0_scale, unsigned_minifloat_value
+
+SCALE_LOW = tl.constexpr(REMAINDER_SCALES[0])
+SCALE_HIGH = tl.constexpr(REMAINDER_SCALES[1])
+
+
+@triton.jit
+def remainder_quotient(values, scale, finite_blocks, PRESCALE: tl.constexpr,
+                       PRESCALE_INV: tl.constexpr):  # fmt: skip
+    """values / PRESCALE correctly rounded, by `kernels.prescale`'s remainder step where every
+    finite block's nonzero scale lies in REMAINDER_SCALES, else (for the whole tile) a division.
+    The remainder is taken as y * p - x, and signs are flipped by multiplying by -1 (Triton's
+    unary minus is 0 - x, which gives +0 for -(+0)), so that a zero keeps its sign."""
+    p = tl.full(values.shape, PRESCALE, tl.float32)
+    outside = finite_blocks & (scale != 0.0) & ~((scale >= SCALE_LOW) & (scale <= SCALE_HIGH))
+    if tl.max(outside.to(tl.int32)) == 0:
+        quotient = values * PRESCALE_INV
+        remainder = tl.fma(quotient, p, values * -1.0)
+        values = tl.fma(remainder, tl.full(values.shape, -PRESCALE_INV, tl.float32), quotient)
+    else:
+        values = tl.div_rn(values, p)
+    return values
 
 
 @triton.jit
@@ -25,17 +47,21 @@ def scaled_grid(
     PRESCALE_INV: tl.constexpr,
     PRESCALE_FIX: tl.constexpr,
     PRESCALE_FIX_RATIO: tl.constexpr,
+    PRESCALE_REMAINDER: tl.constexpr,
 ):
     """Signed grid values q (`elements.signed_value` of the codes, or the rounding's own) in
     blocks (`quantize.block_view`: [ROWS, BLOCKS, BLOCK] for BLOCK_AXIS 1, [BLOCKS, BLOCK, COLS]
     for 0; scales and finite_blocks without the BLOCK axis), dequantized: q * scale (two-level:
     q * ((scale * tensor amax) * DECODE_INV)), then over the pre-scale, correctly rounded: a
     multiplication by PRESCALE_INV where `kernels.prescale` found it exact (PRESCALE_FIX_RATIO
-    for the one magnitude PRESCALE_FIX it misses), else a division; NaN in non-finite blocks."""
+    for the one magnitude PRESCALE_FIX it misses), its remainder step (PRESCALE_REMAINDER) on a
+    tile whose block scales it covers, else a division; NaN in non-finite blocks."""
     if TENSOR_SCALE:
         scale = (scale * tensor_amax) * DECODE_INV
     values = grid * tl.expand_dims(scale, BLOCK_AXIS + 1)
-    if PRESCALE != 1.0 and PRESCALE_INV != 0.0:
+    if PRESCALE_REMAINDER:
+        values = remainder_quotient(values, scale, finite_blocks, PRESCALE, PRESCALE_INV)
+    elif PRESCALE != 1.0 and PRESCALE_INV != 0.0:
         if PRESCALE_FIX != 0.0:  # a float32 constant: a subnormal literal would be float64
             fix = tl.full(values.shape, PRESCALE_FIX, tl.float32)
             values = values * tl.where(tl.abs(values) == fix, PRESCALE_FIX_RATIO, PRESCALE_INV)
@@ -69,6 +95,7 @@ def dequantize_kernel(
     PRESCALE_INV: tl.constexpr,
     PRESCALE_FIX: tl.constexpr,
     PRESCALE_FIX_RATIO: tl.constexpr,
+    PRESCALE_REMAINDER: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
     DECODE_INV: tl.constexpr,
     E1M2: tl.constexpr,
@@ -112,7 +139,7 @@ def dequantize_kernel(
         tensor_amax = tl.load(tensor_amax_ptr)
     values = scaled_grid(
         signed_value(code, E1M2), scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
-        DECODE_INV, 1, PRESCALE_INV, PRESCALE_FIX, PRESCALE_FIX_RATIO,
+        DECODE_INV, 1, PRESCALE_INV, PRESCALE_FIX, PRESCALE_FIX_RATIO, PRESCALE_REMAINDER,
     )  # fmt: skip
     store_values(
         out_ptr,

@@ -33,7 +33,7 @@ def error_terms(x64, grid, scale, finite_blocks, unit, tensor_amax, BLOCK_AXIS: 
     `scaled_grid` decodes them, against the blocks x64 (x in float64), and per block whether a
     value decodes to Inf or NaN (int32 0 or 1)."""
     decoded = scaled_grid(grid, scale, finite_blocks, tensor_amax, 1.0, TENSOR_SCALE, DECODE_INV,
-                          BLOCK_AXIS, 0.0, 0.0, 0.0)  # fmt: skip
+                          BLOCK_AXIS, 0.0, 0.0, 0.0, False)  # fmt: skip
     finite = tl.abs(decoded) <= FLOAT32_MAX
     scaled = (decoded.to(tl.float64) - x64) * tl.expand_dims(unit, BLOCK_AXIS + 1)
     terms = tl.where(finite, tl.minimum(scaled * scaled, TERM_MAX), 0.0).to(tl.int64)

@@ -11,8 +11,18 @@ x / p for every one of them can be settled once, in exact rational arithmetic.
 divide) and PRESCALE_FIX / PRESCALE_FIX_RATIO: one magnitude x, a power of two, whose quotient
 the multiplication misses, and the factor that gives it exactly (x * ratio = fl(x / p));
 PRESCALE_FIX is 0.0 when there is none. With E8M0 scales and p = 0.75 the one exception is
-x = 2^-127, whose quotient is subnormal; with more exceptions (UE5M3 scales at 0.75 have 68)
-or any that is not a power of two, the kernels divide.
+x = 2^-127, whose quotient is subnormal.
+
+With a tensor scale q * s takes any float32 value, and the multiplication alone misses (for
+Quartet II's p = 16 / (17 * 0.93), a fifth of all significands). There PRESCALE_REMAINDER
+takes one remainder step: y = x * fl(1 / p), r = fma(y, p, -x) (exact: y is within an ulp of
+x / p), then fma(-r, fl(1 / p), y). Whether that is x / p correctly rounded for every x is
+settled once per p over every float32 significand (`remainder_misses`, exact): scaling x by a
+power of two scales y, r and the result alike while all of them stay normal, which holds for
+|x| in [2^-90, 2^90] when p is in [1/16, 16]. The kernels take the step on a tile whose block
+scales keep every nonzero |q * s| there (`REMAINDER_SCALES`, with |q| in [1/8, 8]) and divide on
+any other tile. The interpreter's fma rounds twice, so under it the kernels divide. Any spec
+neither method covers (UE5M3 scales at 0.75 have 68 exceptions to the multiplication) divides.
 """
 
 from __future__ import annotations
@@ -20,11 +30,17 @@ from __future__ import annotations
 import functools
 from fractions import Fraction
 
+import numpy as np
+
 from fp4cli.formats.minifloat import float32
+from fp4cli.quant.backend import interpreter_on
 from fp4cli.quant.spec import QuantSpec
 
 FLOAT32_MAX = Fraction((2 - 2**-23) * 2.0**127)
 HALF = Fraction(1, 2)
+REMAINDER_PRESCALES = (1 / 16, 16.0)  # p where the scaling argument above holds
+REMAINDER_SCALES = (2.0**-86, 2.0**86)  # block scales whose nonzero q * s it covers
+REMAINDER_GRID = (1 / 8, 8.0)  # nonzero grid magnitudes those scale bounds assume
 
 
 def round_float32(value: Fraction) -> Fraction:
@@ -57,6 +73,12 @@ def _scale_values(spec: QuantSpec) -> list[Fraction] | None:
     return None
 
 
+def _grid_magnitudes(spec: QuantSpec) -> list[float]:
+    """The element format's nonzero magnitudes, exactly."""
+    element = spec.element_format
+    return [element.decode_magnitude(c) for c in range(1, element.max_code + 1)]
+
+
 @functools.lru_cache(maxsize=64)
 def _multiplication(prescale: float, spec: QuantSpec) -> tuple[float, float, float]:
     """(fl(1 / p), the exception x or 0.0, x's exact factor) when x * fl(1 / p) rounds as
@@ -66,8 +88,7 @@ def _multiplication(prescale: float, spec: QuantSpec) -> tuple[float, float, flo
         return 0.0, 0.0, 0.0
     p = Fraction(float32(prescale))
     inverse = round_float32(1 / p)
-    grid = [Fraction(spec.element_format.decode_magnitude(c))
-            for c in range(1, spec.element_format.max_code + 1)]  # fmt: skip
+    grid = [Fraction(q) for q in _grid_magnitudes(spec)]
     missed = set()
     for q in grid:
         for s in scales:
@@ -85,9 +106,64 @@ def _multiplication(prescale: float, spec: QuantSpec) -> tuple[float, float, flo
     return float(inverse), float(fix), float(ratio)
 
 
-def prescale_constants(spec: QuantSpec) -> dict[str, float]:
-    """The kernels' PRESCALE, PRESCALE_INV, PRESCALE_FIX and PRESCALE_FIX_RATIO (above)."""
+def _float32_nearest(values: np.ndarray, exact) -> np.ndarray:
+    """float32 rounding of exact values known as float64 `values` within half a float64 ulp;
+    where that half ulp straddles a float32 rounding boundary, of exact(i) for those i."""
+    low = np.nextafter(values, -np.inf).astype(np.float32)
+    high = np.nextafter(values, np.inf).astype(np.float32)
+    rounded = values.astype(np.float32)
+    for i in np.flatnonzero(low != high):
+        rounded[i] = np.float32(float(round_float32(exact(int(i)))))
+    return rounded
+
+
+@functools.lru_cache(maxsize=8)
+def remainder_misses(prescale: float, corrected: bool = True) -> int:
+    """How many float32 x in [1, 2) (all 2^23) the remainder step (above; `corrected=False`: the
+    multiplication x * fl(1 / p) alone) fails to round as x / p, settled exactly. Every product
+    of two float32 fits float64's 53 bits; the two sums that may not are rounded to float32
+    through `_float32_nearest`."""
+    p = Fraction(float32(prescale))
+    inverse = round_float32(1 / p)
+    p64, inverse64 = float(p), float(inverse)
+    x = (np.arange(1 << 23, dtype=np.int32) + (127 << 23)).view(np.float32).astype(np.float64)
+    quotient = _float32_nearest(x / p64, lambda i: Fraction(float(x[i])) / p)
+    y = (x * inverse64).astype(np.float32).astype(np.float64)  # x * inverse: exact in float64
+    if not corrected:
+        return int(np.count_nonzero(y != quotient))
+    product = y * p64  # exact
+    remainder = product - x
+    if np.any((product - remainder) != x):  # not exact in float64: the check does not apply
+        raise ArithmeticError(f"remainder of x / {p64!r} past float64")
+    r = remainder.astype(np.float32).astype(np.float64)  # the fma's one rounding
+    step = _float32_nearest(
+        y - r * inverse64, lambda i: Fraction(float(y[i])) - Fraction(float(r[i])) * inverse
+    )
+    return int(np.count_nonzero(step != quotient))
+
+
+def _remainder_covers(prescale: float, spec: QuantSpec) -> bool:
+    """Whether the kernels may take the remainder step for this spec (module docstring)."""
+    low, high = REMAINDER_PRESCALES
+    grid = _grid_magnitudes(spec)
+    return (
+        low <= prescale <= high
+        and REMAINDER_GRID[0] <= min(grid)
+        and max(grid) <= REMAINDER_GRID[1]
+        and remainder_misses(prescale) == 0
+    )
+
+
+def prescale_constants(spec: QuantSpec) -> dict[str, float | bool]:
+    """The kernels' PRESCALE, PRESCALE_INV, PRESCALE_FIX, PRESCALE_FIX_RATIO and
+    PRESCALE_REMAINDER (above); with PRESCALE_REMAINDER, PRESCALE_INV is fl(1 / p)."""
     prescale = float(spec.sr_prescale)
     inverse, fix, ratio = (0.0, 0.0, 0.0) if prescale == 1.0 else _multiplication(prescale, spec)
+    remainder = (
+        prescale != 1.0 and inverse == 0.0 and not interpreter_on()
+        and _remainder_covers(prescale, spec)
+    )  # fmt: skip
+    if remainder:
+        inverse = float(round_float32(1 / Fraction(float32(prescale))))
     return {"PRESCALE": prescale, "PRESCALE_INV": inverse, "PRESCALE_FIX": fix,
-            "PRESCALE_FIX_RATIO": ratio}  # fmt: skip
+            "PRESCALE_FIX_RATIO": ratio, "PRESCALE_REMAINDER": remainder}  # fmt: skip

@@ -345,6 +345,7 @@ def quantize_kernel(
     PRESCALE_INV: tl.constexpr,
     PRESCALE_FIX: tl.constexpr,
     PRESCALE_FIX_RATIO: tl.constexpr,
+    PRESCALE_REMAINDER: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
     DECODE_INV: tl.constexpr,
     HADAMARD: tl.constexpr,
@@ -450,6 +451,7 @@ def quantize_kernel(
             PRESCALE_INV,
             PRESCALE_FIX,
             PRESCALE_FIX_RATIO,
+            PRESCALE_REMAINDER,
         )
         store_values(
             out_ptr,

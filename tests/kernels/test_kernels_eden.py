@@ -142,3 +142,18 @@ class _Recorded:
             return self.kernel[grid](*args, **kwargs)
 
         return run
+
+
+@pytest.mark.parametrize("exponent", [-100, 0, 100])
+def test_the_prescale_division_at_far_magnitudes(exponent):
+    """Scaled by 2^exponent, the tiles' block scales fall outside (-100, 100) or inside (0) the
+    range where the kernels on a GPU divide by the pre-scale with a remainder step
+    (kernels/prescale.py): both ways the reference's bits, in the single-direction kernel, its
+    dequantization, and the pair's row values."""
+    x = rows_over_binades(16, 128, seed=3, spread=2) * 2.0**exponent
+    x[2, 5] = 0.0
+    check_backends_agree(x, EDEN, seed=8)
+    row = Direction(EDEN, 21, 128, 22, values_dtype=torch.float32)
+    expected = fake_quantize(x, EDEN, 1, 21, hadamard=128, hadamard_seed=22,
+                             out_dtype=torch.float32, backend="torch")  # fmt: skip
+    assert_same_up_to_zero_sign(quantize_pair(x, row, None)[0].values, expected, "row values")

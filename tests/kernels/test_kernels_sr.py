@@ -202,12 +202,15 @@ def test_sr_is_unbiased(spec_name):
 # --------------------------------------------------------------------------------------------
 
 
-def test_prescale_division_becomes_a_multiplication_only_where_exact():
+def test_prescale_division_becomes_a_multiplication_only_where_exact(monkeypatch):
     """For E8M0 scales and p = 0.75, x * fl(1/p) rounds as x / p for every q * s but 2^-127,
     whose factor gives its quotient; checked here with torch's float32 division, not the
     exact arithmetic that chose the constants. UE5M3 scales, two-level specs and a pre-scale
-    whose misses are many keep the division."""
+    whose misses are many keep the division under the interpreter (its fma rounds twice)."""
+    from fp4cli.kernels import prescale
     from fp4cli.kernels.prescale import prescale_constants
+
+    monkeypatch.setattr(prescale, "interpreter_on", lambda: True)
 
     constants = prescale_constants(MXFP4_SR_PRESCALE)
     assert constants["PRESCALE_INV"] == torch.tensor(1 / 0.75, dtype=torch.float32).item()
@@ -229,8 +232,55 @@ def test_prescale_division_becomes_a_multiplication_only_where_exact():
         NVFP4_SR.replace(sr_prescale=0.75),
         MXFP4_SR_PRESCALE.replace(sr_prescale=0.93),
     ):
-        assert prescale_constants(spec)["PRESCALE_INV"] == 0.0, spec.short()
+        constants = prescale_constants(spec)
+        assert constants["PRESCALE_INV"] == 0.0 and not constants["PRESCALE_REMAINDER"], spec
     assert prescale_constants(MXFP4_SR)["PRESCALE"] == 1.0
+
+
+def test_the_remainder_step_takes_over_where_the_multiplication_misses(monkeypatch):
+    """On a GPU, the specs the multiplication misses take the remainder step with fl(1 / p);
+    those it covers, and pre-scales outside the step's range, keep their constants."""
+    from fractions import Fraction
+
+    from fp4cli.kernels import prescale
+
+    monkeypatch.setattr(prescale, "interpreter_on", lambda: False)
+    for spec in (
+        QuantSpec.preset("mxfp4-ue5m3", rounding="sr", sr_prescale=0.75),
+        NVFP4_SR.replace(sr_prescale=0.75),
+        QuantSpec.preset("nvfp4-eden"),
+    ):
+        constants = prescale.prescale_constants(spec)
+        inverse = prescale.round_float32(1 / Fraction(prescale.float32(spec.sr_prescale)))
+        assert constants["PRESCALE_REMAINDER"], spec.short()
+        assert constants["PRESCALE_INV"] == float(inverse)
+    assert not prescale.prescale_constants(MXFP4_SR_PRESCALE)["PRESCALE_REMAINDER"]
+    assert not prescale.prescale_constants(MXFP4_SR)["PRESCALE_REMAINDER"]
+    assert not prescale.prescale_constants(NVFP4_SR.replace(sr_prescale=0.05))["PRESCALE_REMAINDER"]
+
+
+def test_remainder_misses_counts_what_torch_counts():
+    """The exhaustive check over every significand in [1, 2): the multiplication alone misses
+    exactly the significands torch's float32 division says it misses (a fifth at Quartet II's
+    p, two thirds at 0.93); the remainder step, recomputed here in exact rationals on a sample
+    (the fma's single rounding as `round_float32`), misses none of them."""
+    from fractions import Fraction
+
+    from fp4cli.kernels.prescale import remainder_misses, round_float32
+
+    x = (torch.arange(1 << 23, dtype=torch.int32) + (127 << 23)).view(torch.float32)
+    for p in (16 / (17 * 0.93), 0.93):
+        p32 = torch.tensor(p, dtype=torch.float32)
+        inverse = float(round_float32(1 / Fraction(p32.item())))
+        missed = int((x * inverse != x / p32).sum())
+        assert missed > 2**20 and remainder_misses(p, corrected=False) == missed
+        assert remainder_misses(p) == 0
+        sample = x[torch.randperm(1 << 23, generator=torch.Generator().manual_seed(1))[:400]]
+        q, inv = Fraction(p32.item()), Fraction(inverse)
+        for value in sample.tolist():
+            y = round_float32(Fraction(value) * inv)
+            r = round_float32(y * q - Fraction(value))
+            assert round_float32(y - r * inv) == round_float32(Fraction(value) / q), value
 
 
 def test_round_float32_is_the_nearest_float32():
