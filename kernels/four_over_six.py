@@ -17,6 +17,11 @@ from fp4cli.kernels.elements import signed_value
 from fp4cli.kernels.tile_ops import FLOAT32_MAX, square_reduce
 
 TERM_MAX = tl.constexpr(2.0**54)
+# The float32 estimate (`estimated_preference`): its relative error bound, with room to spare,
+# for sums of up to 256 terms, and the float32 range its units and errors keep to.
+ESTIMATE_SLACK = tl.constexpr(2.0**-14)
+LEAST_FIELD = tl.constexpr(23)  # 2^(150 - f) is a float32 for f >= 23
+ERROR_MAX = tl.constexpr(2.0**26)
 
 
 @triton.jit
@@ -27,17 +32,84 @@ def error_units(amax_bits):
 
 
 @triton.jit
-def error_terms(x64, grid, scale, finite_blocks, unit, tensor_amax, BLOCK_AXIS: tl.constexpr,
-                TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr):  # fmt: skip
-    """The int64 error terms of the signed grid values `grid` with scales `scale`, decoded as
-    `scaled_grid` decodes them, against the blocks x64 (x in float64), and per block whether a
-    value decodes to Inf or NaN (int32 0 or 1)."""
-    decoded = scaled_grid(grid, scale, finite_blocks, tensor_amax, 1.0, TENSOR_SCALE, DECODE_INV,
-                          BLOCK_AXIS, 0.0, 0.0, 0.0, False)  # fmt: skip
+def error_terms(x64, decoded, unit, BLOCK_AXIS: tl.constexpr):
+    """The int64 error terms of the decoded values against the blocks x64 (x in float64)."""
     finite = tl.abs(decoded) <= FLOAT32_MAX
     scaled = (decoded.to(tl.float64) - x64) * tl.expand_dims(unit, BLOCK_AXIS + 1)
-    terms = tl.where(finite, tl.minimum(scaled * scaled, TERM_MAX), 0.0).to(tl.int64)
-    return terms, tl.max((~finite).to(tl.int32), axis=BLOCK_AXIS + 1)
+    return tl.where(finite, tl.minimum(scaled * scaled, TERM_MAX), 0.0).to(tl.int64)
+
+
+@triton.jit
+def exact_preference(x, decoded_six, decoded_four, amax_bits, ROWS: tl.constexpr,
+                     COLS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr,
+                     TILE2D: tl.constexpr):  # fmt: skip
+    """Per block (square), four's integer error minus six's (`fp4cli.quant.four_over_six`), as
+    one reduction of the terms' differences."""
+    unit = error_units(amax_bits)
+    x64 = x.to(tl.float64)
+    six = error_terms(x64, decoded_six, unit, BLOCK_AXIS)
+    four = error_terms(x64, decoded_four, unit, BLOCK_AXIS)
+    four_minus_six = tl.sum(four - six, axis=BLOCK_AXIS + 1)
+    if TILE2D:
+        four_minus_six = square_reduce(four_minus_six, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
+    return four_minus_six
+
+
+@triton.jit
+def exact_sign(x, decoded_six, decoded_four, amax_bits, ROWS: tl.constexpr, COLS: tl.constexpr,
+               BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr, TILE2D: tl.constexpr):  # fmt: skip
+    """The sign (-1, 0 or 1) of `exact_preference`."""
+    four_minus_six = exact_preference(x, decoded_six, decoded_four, amax_bits, ROWS, COLS, BLOCK,
+                                      BLOCK_AXIS, TILE2D)  # fmt: skip
+    return tl.where(four_minus_six < 0, -1, tl.where(four_minus_six > 0, 1, 0))
+
+
+@triton.jit
+def estimated_errors(x, decoded, unit, BLOCK_AXIS: tl.constexpr):
+    """Per block, the float32 sum of the squared errors in the units of `error_units`, and its
+    largest scaled error (finite decoded values only, as the exact terms)."""
+    finite = tl.abs(decoded) <= FLOAT32_MAX
+    scaled = tl.where(finite, (decoded - x) * tl.expand_dims(unit, BLOCK_AXIS + 1), 0.0)
+    largest = tl.max(tl.abs(scaled), axis=BLOCK_AXIS + 1)
+    return tl.sum(scaled * scaled, axis=BLOCK_AXIS + 1), largest
+
+
+@triton.jit
+def estimated_preference(x, decoded_six, decoded_four, amax_bits, ROWS: tl.constexpr,
+                         COLS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr,
+                         TILE2D: tl.constexpr):  # fmt: skip
+    """Per block (square): the sign of four's integer error minus six's (-1, 0 or 1) from float32
+    sums, and whether those sums cannot tell it. Each float32 sum S lies within 2^-15 * S + 1 of
+    the real sum of the exact terms before truncation, which lies within 257 of the integer
+    error, so a difference beyond ESTIMATE_SLACK * (S4 + S6) + 2 * 257 has the integer
+    difference's sign; two sums under 1/2 leave every term under 1, both errors 0. Blocks whose
+    amax is under 2^-104 (their unit is no float32) or whose scaled error passes 2^26 are not
+    told."""
+    field = tl.maximum(amax_bits >> 23, 1)
+    unit = ((277 - field) << 23).to(tl.float32, bitcast=True)  # 2^(150 - field): 277 = 150 + 127
+    six, six_largest = estimated_errors(x, decoded_six, unit, BLOCK_AXIS)
+    four, four_largest = estimated_errors(x, decoded_four, unit, BLOCK_AXIS)
+    out_of_range = (field < LEAST_FIELD) | (tl.maximum(six_largest, four_largest) >= ERROR_MAX)
+    if TILE2D:
+        six = square_reduce(six, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
+        four = square_reduce(four, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
+        out_of_range = square_reduce(out_of_range.to(tl.int32), ROWS, COLS, BLOCK, BLOCK_AXIS,
+                                     False) > 0  # fmt: skip
+    apart = tl.abs(four - six) > (four + six) * ESTIMATE_SLACK + 514.0
+    both_small = (four < 0.5) & (six < 0.5)
+    sign = tl.where(apart, tl.where(four < six, -1, 1), 0)
+    return sign, out_of_range | ~(apart | both_small)
+
+
+@triton.jit
+def decoded_candidate(grid, scale, finite_blocks, tensor_amax, BLOCK_AXIS: tl.constexpr,
+                      TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr):  # fmt: skip
+    """A candidate's values decoded as `scaled_grid` decodes them, and per block whether one is
+    Inf or NaN (int32 0 or 1)."""
+    decoded = scaled_grid(grid, scale, finite_blocks, tensor_amax, 1.0, TENSOR_SCALE, DECODE_INV,
+                          BLOCK_AXIS, 0.0, 0.0, 0.0, False)  # fmt: skip
+    infinite = tl.max((~(tl.abs(decoded) <= FLOAT32_MAX)).to(tl.int32), axis=BLOCK_AXIS + 1)
+    return decoded, infinite
 
 
 @triton.jit
@@ -45,31 +117,36 @@ def prefer_four(
     x, code_six, code_four, scale_six, scale_four, finite_blocks, amax_bits, tensor_amax,
     ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr,
     TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr, TILE2D: tl.constexpr,
-    GRID: tl.constexpr, E1M2: tl.constexpr,
+    GRID: tl.constexpr, E1M2: tl.constexpr, ESTIMATE: tl.constexpr,
 ):  # fmt: skip
     """Per block (square under TILE2D): whether the candidate scaled to 4 is strictly nearer
     the float32 blocks x (`quantize.block_view`). The candidates are signed codes (GRID: signed
     grid values) and scale values; amax_bits the blocks' amax bits, which set the error unit.
-    The two integer sums are compared as the sum of their terms' differences (one reduction,
-    the same result); an infinite error loses to a finite one, and two tie (six kept)."""
+    An infinite error loses to a finite one, and two tie (six kept). The integer errors are
+    compared (ESTIMATE) through float32 sums where those tell their order
+    (`estimated_preference`), and on a tile with any block they do not tell, or without
+    ESTIMATE, exactly (`exact_preference`)."""
     grid_six = code_six
     grid_four = code_four
     if not GRID:
         grid_six = signed_value(code_six, E1M2)
         grid_four = signed_value(code_four, E1M2)
-    unit = error_units(amax_bits)
-    x64 = x.to(tl.float64)
-    six, infinite_six = error_terms(
-        x64, grid_six, scale_six, finite_blocks, unit, tensor_amax, BLOCK_AXIS, TENSOR_SCALE,
-        DECODE_INV,
-    )  # fmt: skip
-    four, infinite_four = error_terms(
-        x64, grid_four, scale_four, finite_blocks, unit, tensor_amax, BLOCK_AXIS, TENSOR_SCALE,
-        DECODE_INV,
-    )  # fmt: skip
-    four_minus_six = tl.sum(four - six, axis=BLOCK_AXIS + 1)
+    decoded_six, infinite_six = decoded_candidate(grid_six, scale_six, finite_blocks, tensor_amax,
+                                                  BLOCK_AXIS, TENSOR_SCALE, DECODE_INV)  # fmt: skip
+    decoded_four, infinite_four = decoded_candidate(grid_four, scale_four, finite_blocks,
+                                                    tensor_amax, BLOCK_AXIS, TENSOR_SCALE,
+                                                    DECODE_INV)  # fmt: skip
     if TILE2D:
-        four_minus_six = square_reduce(four_minus_six, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
         infinite_six = square_reduce(infinite_six, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
         infinite_four = square_reduce(infinite_four, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
-    return (infinite_four == 0) & ((infinite_six > 0) | (four_minus_six < 0))
+    if ESTIMATE:
+        both_finite = (infinite_six == 0) & (infinite_four == 0)
+        sign, untold = estimated_preference(x, decoded_six, decoded_four, amax_bits, ROWS, COLS,
+                                            BLOCK, BLOCK_AXIS, TILE2D)  # fmt: skip
+        if tl.max((untold & both_finite).to(tl.int32)) > 0:
+            sign = exact_sign(x, decoded_six, decoded_four, amax_bits, ROWS, COLS, BLOCK,
+                              BLOCK_AXIS, TILE2D)  # fmt: skip
+    else:
+        sign = exact_sign(x, decoded_six, decoded_four, amax_bits, ROWS, COLS, BLOCK, BLOCK_AXIS,
+                          TILE2D)  # fmt: skip
+    return (infinite_four == 0) & ((infinite_six > 0) | (sign < 0))

@@ -439,7 +439,7 @@ def quantize_e2m1(
              **prescale_constants(spec), TENSOR_SCALE=spec.tensor_scale,
              **two_level_constants(spec),
              WRITE_VALUES=values_dtype is not None, GUIDED=guide is not None,
-             E1M2=spec.element == "e1m2", FOUR_OVER_SIX=spec.four_over_six,
+             E1M2=spec.element == "e1m2", FOUR_OVER_SIX=2 * spec.four_over_six,
              **_scale_constants(spec), **outer_constants(spec),
              **_hadamard_constants(hadamard, signs_constant(hadamard_seed))),
         tile.warps,

@@ -109,6 +109,30 @@ def test_a_candidate_that_decodes_to_infinity_loses():
     check_backends_agree(on_device(x), SPECS["e8m0-ceil-sr"], seed=2)
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_near_ties_on_both_sides_of_the_float32_estimate(axis):
+    """Blocks of 6 and v = 2.125 + k * 2^-22 (UE4M3 scales 1 and 1.5): scaled to 6, v decodes
+    to 2 (error 0.125 + k ulps); scaled to 4, to 2.25 (0.125 - k ulps), so four wins exactly for
+    k > 0. The kernels' float32 sums tell the two apart for |k| > 16 and leave the tiles with
+    |k| <= 16 to the exact integer sums: both give the reference's choice, in the single-
+    direction kernel and in the pair kernel (alone, with the estimate, and beside the other
+    direction, on the exact sums only), along and across the blocks."""
+    spec = SPECS["ue4m3-per-block"]
+    steps = torch.arange(-200, 201, dtype=torch.float32)
+    x = torch.zeros(len(steps), 16)
+    x[:, 0] = 6.0
+    x[:, 1] = 2.125 + steps * 2.0**-22
+    x = on_device(x if axis == 1 else x.T.contiguous())
+    chosen = quantize(x, spec, axis=axis, backend="triton").scale_values().cpu().reshape(-1)
+    assert chosen.tolist() == torch.where(steps > 0, 1.5, 1.0).tolist()
+    check_backends_agree(x, spec, axis=axis)
+    expected = quantize(x, spec, axis=axis, backend="torch").scales
+    lone = (Direction(spec), None) if axis == 1 else (None, Direction(spec))
+    assert_bits(quantize_pair(x, *lone)[1 - axis].scales, expected, "a lone direction's scales")
+    both = quantize_pair(x, Direction(spec), Direction(spec))[1 - axis]
+    assert_bits(both.scales, expected, "the pair's scales")
+
+
 @pytest.mark.parametrize("hadamard", [None, 16])
 def test_the_pair_kernel_writes_both_directions(hadamard):
     """Activation-like pairs (X: values one way, codes the other), two-level, SR on one."""
