@@ -69,8 +69,8 @@ def quantize_direction(
     VALUES_TENSOR_SCALE: values carry the tensor scale (else q * s, a two-level spec's block
     values). E1M2: the uniform grid's codes (`elements`). FOUR_OVER_SIX: each block keeps the
     nearer of its candidates scaled to 6 and to 4 (`four_over_six`; 2: the float32 estimate
-    first, 1: the exact errors alone, as a kernel taking four-over-six both ways does: the
-    estimate's fallback would make it spill). HADAMARD_SIGNS: the transform's
+    first, 1: the exact errors alone, as the column direction does beside a row direction
+    taking four-over-six: with the estimate's fallback both ways the kernel spills). HADAMARD_SIGNS: the transform's
     signs (`tile_ops.hadamard_signs`). OUTER (> 0, two-level): an amax per OUTER blocks, found
     in the tile (whose side along the blocks holds whole outer blocks) and, with packed codes,
     written to amax_ptr (`tile_io.store_outer_amax`). EDEN (> 0): MS-EDEN over groups of EDEN
@@ -232,7 +232,7 @@ def quantize_pair_kernel(
             DOUBLE or SUM_ROW_VALUES, ROW_GUIDED,
             ROW_TENSOR_SCALE, ROW_DECODE_INV, ROW_TILE2D,
             ROW_VALUES_TENSOR_SCALE, ROW_E1M2,
-            ROW_FOUR_OVER_SIX * (2 - COL_FOUR_OVER_SIX), ROW_OUTER,
+            ROW_FOUR_OVER_SIX * 2, ROW_OUTER,
             ROW_TWO_LEVEL_TARGET, ROW_ELEM_INV, ROW_EDEN,
         )  # fmt: skip
         # the row values in the compute dtype: what the reference re-quantizes (DOUBLE), and
