@@ -71,10 +71,11 @@ def quantize_direction(
     nearer of its candidates scaled to 6 and to 4 (`four_over_six`; 2: the float32 estimate
     first, 1: the exact errors alone, as the column direction does beside a row direction
     taking four-over-six: with the estimate's fallback both ways the kernel spills).
-    HADAMARD_SIGNS: the transform's signs (`tile_ops.hadamard_signs`). OUTER (> 0, two-level): an amax per OUTER blocks, found
-    in the tile (whose side along the blocks holds whole outer blocks) and, with packed codes,
-    written to amax_ptr (`tile_io.store_outer_amax`). EDEN (> 0): MS-EDEN over groups of EDEN
-    blocks, a block's number drawn at its first element's index."""
+    HADAMARD_SIGNS: the transform's signs (`tile_ops.hadamard_signs`). OUTER (> 0, two-level):
+    an amax per OUTER blocks, found in the tile (whose side along the blocks holds whole outer
+    blocks) and, with packed codes, written to amax_ptr (`tile_io.store_outer_amax`). EDEN
+    (> 0): MS-EDEN over groups of EDEN blocks, a block's number drawn at its first element's
+    index."""
     # codes along the rows take the butterflies as sums, as `quantize_kernel`'s do (an H100:
     # the RHT-32 + SR pair to codes both ways 0.15x -> 0.18x the copy); values do not, but for
     # MS-EDEN's and outer blocks' rows, alone on thin tiles (an H200, 8192 x 3072 bf16 values:
