@@ -32,6 +32,7 @@ from fp4cli.kernels.quantize import quantize_kernel
 from fp4cli.kernels.tile_io import GRID_Y
 from fp4cli.kernels.two_level import ENCODE_TABLE, encode_table_kernel
 from fp4cli.quant import two_level
+from fp4cli.quant.blocking import round_up, transformed_length
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.techniques.hadamard import FixedSigns, normalization
@@ -75,15 +76,6 @@ PAIR_TILE_ROWS, PAIR_TILE_COLS = 32, 64
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def transformed_length(length: int, hadamard: int | None) -> int:
-    """A quantized axis's length: padded with zeros to whole Hadamard transforms, if any."""
-    return _round_up(length, hadamard) if hadamard else length
 
 
 def choose_tile(
@@ -400,7 +392,7 @@ def quantize_e2m1(
     view = AxisView.of(x.shape, axis)
     block = int(spec.block)
     out_length = transformed_length(view.length, hadamard)
-    padded = _round_up(out_length, block)
+    padded = round_up(out_length, block)
     row_warps = TWO_LEVEL_ROW_WARPS if spec.tensor_scale else QUANTIZE_ROW_WARPS
     tile = tile or choose_tile(view, padded, block, hadamard, row_warps, group_side(spec))
     grid, along = _grid(view, tile, padded)

@@ -19,8 +19,8 @@ from fp4cli.kernels.launch import (
     _seed_args,
     launch,
     signs_constant,
-    transformed_length,
 )
+from fp4cli.quant.blocking import transformed_length
 
 if TYPE_CHECKING:
     from fp4cli.kernels.launch_pair import Direction

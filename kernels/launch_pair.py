@@ -18,7 +18,6 @@ from fp4cli.kernels.launch import (
     PAIR_TILE_ROWS,
     SeedOffset,
     _hadamard_constants,
-    _round_up,
     _scale_constants,
     _seed_args,
     add_column_sums,
@@ -32,12 +31,12 @@ from fp4cli.kernels.launch import (
     rounding_constants,
     same_tables,
     signs_constant,
-    transformed_length,
     two_level_constants,
 )
 from fp4cli.kernels.launch_amax import pair_amax
 from fp4cli.kernels.prescale import prescale_constants
 from fp4cli.kernels.quantize_pair import quantize_pair_kernel
+from fp4cli.quant.blocking import round_up, transformed_length
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.techniques.hadamard import FixedSigns
@@ -174,7 +173,7 @@ def _direction_args(
         return args, _direction_constants(None, None, False, False, False, prefix), None, 1, 1
     block = int(d.spec.block)
     out_length = transformed_length(length, d.hadamard)
-    padded = _round_up(out_length, block)
+    padded = round_up(out_length, block)
     if d.values_dtype is not None:
         shape = (out_length, lines) if prefix == "COL" else (lines, out_length)
         values = torch.empty(shape, dtype=d.values_dtype, device=device)

@@ -41,7 +41,7 @@ from fp4cli.cost.devices import DeviceProfile
 from fp4cli.cost.items import CostItem, Work, fused_items, pass_item, pass_seconds
 from fp4cli.cost.measured import MeasuredRate, MeasuredRates, spec_key
 from fp4cli.cost.shapes import OPERAND_DIMS, LayerShape
-from fp4cli.quant.blocking import BlockLayout
+from fp4cli.quant.blocking import BlockLayout, transformed_length
 
 if TYPE_CHECKING:
     from fp4cli.quant.spec import QuantSpec
@@ -80,7 +80,7 @@ class OperandSize:
 def operand_size(operand: str, shape: LayerShape, hadamard: int | None = None) -> OperandSize:
     along_dim, across_dim = OPERAND_DIMS[operand]
     along, across = shape.dim(along_dim), shape.dim(across_dim)
-    padded = _round_up(along, hadamard) if hadamard else along
+    padded = transformed_length(along, hadamard)
     return OperandSize(padded, across, along * across)
 
 
@@ -211,7 +211,3 @@ def element_precision(spec: QuantSpec | None) -> str:
     if spec is None:
         return "bf16"
     return "fp4" if spec.element == "e2m1" else "fp8"
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple

@@ -37,17 +37,17 @@ class BlockLayout:
             if len(moved_shape) != 2:
                 raise SpecError(f"tile2d: needs a 2-D tensor (got shape {tuple(moved_shape)})")
             block = int(spec.block)
-            rows = _round_up(moved_shape[0], block)
-            return cls("tile2d", block, moved_shape, (rows, _round_up(length, block)))
+            rows = round_up(moved_shape[0], block)
+            return cls("tile2d", block, moved_shape, (rows, round_up(length, block)))
         if spec.block == "row":
-            return cls("row", length, moved_shape, (*moved_shape[:-1], _round_up(length, pack)))
+            return cls("row", length, moved_shape, (*moved_shape[:-1], round_up(length, pack)))
         if spec.block == "tensor":
-            return cls("tensor", length, moved_shape, (*moved_shape[:-1], _round_up(length, pack)))
+            return cls("tensor", length, moved_shape, (*moved_shape[:-1], round_up(length, pack)))
         if spec.block == "column":
             lines = math.prod(moved_shape[:-1])
-            return cls("column", lines, moved_shape, (*moved_shape[:-1], _round_up(length, pack)))
+            return cls("column", lines, moved_shape, (*moved_shape[:-1], round_up(length, pack)))
         block = int(spec.block)
-        return cls("int", block, moved_shape, (*moved_shape[:-1], _round_up(length, block)))
+        return cls("int", block, moved_shape, (*moved_shape[:-1], round_up(length, block)))
 
     @property
     def scale_count(self) -> int:
@@ -117,5 +117,11 @@ class BlockLayout:
         return blocks.reshape(self.padded_shape)
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+    """n rounded up to a multiple of `multiple`."""
     return -(-n // multiple) * multiple
+
+
+def transformed_length(length: int, hadamard: int | None) -> int:
+    """A quantized axis's length: padded with zeros to whole Hadamard transforms, if any."""
+    return round_up(length, hadamard) if hadamard else length

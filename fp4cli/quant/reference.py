@@ -27,7 +27,7 @@ import torch
 from fp4cli.formats import decode, encode, pack_nibbles, round_to_grid, unpack_nibbles
 from fp4cli.quant import four_over_six, ms_eden, random_bits, two_level
 from fp4cli.quant.backend import use_kernels
-from fp4cli.quant.blocking import BlockLayout
+from fp4cli.quant.blocking import BlockLayout, transformed_length
 from fp4cli.quant.scales import block_scales, divide, nan_scales, scale_values
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.quant.two_level import encode_multipliers
@@ -229,7 +229,7 @@ def _transformed_shape(x: torch.Tensor, axis: int, hadamard: int | None) -> torc
     if not hadamard:
         return x.shape
     shape = list(x.shape)
-    shape[axis] = -(-shape[axis] // hadamard) * hadamard
+    shape[axis] = transformed_length(shape[axis], hadamard)
     return torch.Size(shape)
 
 
