@@ -8,6 +8,9 @@ PYTEST_FLAGS ?=
 # default `fp4 train` runs side by side took 669 s, against 119 s on one thread each).
 PYTEST_WORKERS ?= 2
 TEST_THREADS ?= 1
+# idle workers take tests queued on busy ones: the suite's slowest tests (minutes each) end
+# together instead of one worker finishing alone
+PYTEST_DIST ?= $(if $(filter 0,$(PYTEST_WORKERS)),,--dist worksteal)
 
 .PHONY: install test lint gpu-test clean
 
@@ -19,7 +22,7 @@ install:
 
 test:
 	OMP_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) TRITON_INTERPRET=1 \
-		$(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_FLAGS)
+		$(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(PYTEST_FLAGS)
 
 lint:
 	$(PY) -m ruff check .
