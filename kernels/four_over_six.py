@@ -47,11 +47,10 @@ def error_terms(x64, decoded, unit, BLOCK_AXIS: tl.constexpr):
 
 
 @triton.jit
-def exact_preference(x, decoded_six, decoded_four, amax_bits, ROWS: tl.constexpr,
-                     COLS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr,
-                     TILE2D: tl.constexpr):  # fmt: skip
-    """Per block (square), four's integer error minus six's (`fp4cli.quant.four_over_six`), as
-    one reduction of the terms' differences."""
+def exact_sign(x, decoded_six, decoded_four, amax_bits, ROWS: tl.constexpr, COLS: tl.constexpr,
+               BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr, TILE2D: tl.constexpr):  # fmt: skip
+    """Per block (square), the sign (-1, 0 or 1) of four's integer error minus six's
+    (`fp4cli.quant.four_over_six`), summed as one reduction of the terms' differences."""
     unit = error_units(amax_bits)
     x64 = x.to(tl.float64)
     six = error_terms(x64, decoded_six, unit, BLOCK_AXIS)
@@ -59,15 +58,6 @@ def exact_preference(x, decoded_six, decoded_four, amax_bits, ROWS: tl.constexpr
     four_minus_six = tl.sum(four - six, axis=BLOCK_AXIS + 1)
     if TILE2D:
         four_minus_six = square_reduce(four_minus_six, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
-    return four_minus_six
-
-
-@triton.jit
-def exact_sign(x, decoded_six, decoded_four, amax_bits, ROWS: tl.constexpr, COLS: tl.constexpr,
-               BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr, TILE2D: tl.constexpr):  # fmt: skip
-    """The sign (-1, 0 or 1) of `exact_preference`."""
-    four_minus_six = exact_preference(x, decoded_six, decoded_four, amax_bits, ROWS, COLS, BLOCK,
-                                      BLOCK_AXIS, TILE2D)  # fmt: skip
     return tl.where(four_minus_six < 0, -1, tl.where(four_minus_six > 0, 1, 0))
 
 
@@ -132,7 +122,7 @@ def prefer_four(
     An infinite error loses to a finite one, and two tie (six kept). The integer errors are
     compared (ESTIMATE) through float32 sums where those tell their order
     (`estimated_preference`), and on a tile with any block they do not tell, or without
-    ESTIMATE, exactly (`exact_preference`)."""
+    ESTIMATE, exactly (`exact_sign`)."""
     grid_six = code_six
     grid_four = code_four
     if not GRID:

@@ -28,6 +28,7 @@ neither method covers (UE5M3 scales at 0.75 have 68 exceptions to the multiplica
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
@@ -79,6 +80,11 @@ def _grid_magnitudes(spec: QuantSpec) -> list[float]:
     return [element.decode_magnitude(c) for c in range(1, element.max_code + 1)]
 
 
+def _inverse(prescale: float) -> Fraction:
+    """fl(1 / p) for the float32 p the kernels hold, exactly."""
+    return round_float32(1 / Fraction(float32(prescale)))
+
+
 @functools.lru_cache(maxsize=64)
 def _multiplication(prescale: float, spec: QuantSpec) -> tuple[float, float, float]:
     """(fl(1 / p), the exception x or 0.0, x's exact factor) when x * fl(1 / p) rounds as
@@ -87,7 +93,7 @@ def _multiplication(prescale: float, spec: QuantSpec) -> tuple[float, float, flo
     if spec.tensor_scale or scales is None:
         return 0.0, 0.0, 0.0
     p = Fraction(float32(prescale))
-    inverse = round_float32(1 / p)
+    inverse = _inverse(prescale)
     grid = [Fraction(q) for q in _grid_magnitudes(spec)]
     missed = set()
     for q in grid:
@@ -106,7 +112,7 @@ def _multiplication(prescale: float, spec: QuantSpec) -> tuple[float, float, flo
     return float(inverse), float(fix), float(ratio)
 
 
-def _float32_nearest(values: np.ndarray, exact) -> np.ndarray:
+def _float32_nearest(values: np.ndarray, exact: Callable[[int], Fraction]) -> np.ndarray:
     """float32 rounding of exact values known as float64 `values` within half a float64 ulp;
     where that half ulp straddles a float32 rounding boundary, of exact(i) for those i."""
     low = np.nextafter(values, -np.inf).astype(np.float32)
@@ -124,7 +130,7 @@ def remainder_misses(prescale: float, corrected: bool = True) -> int:
     of two float32 fits float64's 53 bits; the two sums that may not are rounded to float32
     through `_float32_nearest`."""
     p = Fraction(float32(prescale))
-    inverse = round_float32(1 / p)
+    inverse = _inverse(prescale)
     p64, inverse64 = float(p), float(inverse)
     x = (np.arange(1 << 23, dtype=np.int32) + (127 << 23)).view(np.float32).astype(np.float64)
     quotient = _float32_nearest(x / p64, lambda i: Fraction(float(x[i])) / p)
@@ -142,6 +148,7 @@ def remainder_misses(prescale: float, corrected: bool = True) -> int:
     return int(np.count_nonzero(step != quotient))
 
 
+@functools.lru_cache(maxsize=64)
 def _remainder_covers(prescale: float, spec: QuantSpec) -> bool:
     """Whether the kernels may take the remainder step for this spec (module docstring)."""
     low, high = REMAINDER_PRESCALES
@@ -164,6 +171,6 @@ def prescale_constants(spec: QuantSpec) -> dict[str, float | bool]:
         and _remainder_covers(prescale, spec)
     )  # fmt: skip
     if remainder:
-        inverse = float(round_float32(1 / Fraction(float32(prescale))))
+        inverse = float(_inverse(prescale))
     return {"PRESCALE": prescale, "PRESCALE_INV": inverse, "PRESCALE_FIX": fix,
             "PRESCALE_FIX_RATIO": ratio, "PRESCALE_REMAINDER": remainder}  # fmt: skip
