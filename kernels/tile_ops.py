@@ -13,6 +13,12 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.philox import philox_words
+from fp4cli.quant.backend import interpreter_on
+
+# The interpreter runs a reduction's combining function in Python, element by element (an RHT
+# pair kernel by sums took minutes on the CPU); there the sums over each pair are taken as the
+# one addition each of them is. tests/kernels/test_tile_ops.py runs both forms.
+SUMS_BY_REDUCE = tl.constexpr(not interpreter_on())
 
 FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 
@@ -355,8 +361,13 @@ def butterfly_by_sums(pairs):
     that axis: a + b, and a + (-b), which is a - b exactly. Reduced with `add`, not `tl.sum`,
     whose interpreter starts from +0.0 (-0.0 + -0.0 came out +0.0)."""
     pair_sign = 1.0 - 2.0 * tl.arange(0, 2).to(tl.float32)
-    total = tl.reduce(pairs, 1, add)
-    difference = tl.reduce(pairs * pair_sign[None, :, None], 1, add)
+    if SUMS_BY_REDUCE:
+        total = tl.reduce(pairs, 1, add)
+        difference = tl.reduce(pairs * pair_sign[None, :, None], 1, add)
+    else:  # the same additions: a + b, and a + (-b)
+        a, b = tl.split(tl.permute(pairs, (0, 2, 1)))
+        total = a + b
+        difference = a + b * -1.0
     first = (tl.arange(0, 2) == 0)[None, :, None]
     return tl.where(first, tl.expand_dims(total, 1), tl.expand_dims(difference, 1))
 

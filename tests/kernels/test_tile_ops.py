@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from fp4cli.formats import ELEMENT_FORMATS, encode, round_to_grid
+from fp4cli.kernels import tile_ops
 from fp4cli.kernels.tile_io import rounded_to_bf16
 from fp4cli.kernels.tile_ops import (
     e2m1_code_rne,
@@ -22,6 +23,7 @@ from fp4cli.kernels.tile_ops import (
     unsigned_minifloat_value,
 )
 from fp4cli.quant import QuantSpec
+from fp4cli.quant.backend import interpreter_on
 from fp4cli.quant.random_bits import uniform_from_bits
 from fp4cli.techniques.hadamard import normalization, rht
 from tests.kernel_cases import assert_bits, on_device
@@ -142,17 +144,21 @@ def butterfly_edge_rows(cols: int) -> torch.Tensor:
     return torch.stack([values, zeros, mixed, subnormal, huge, special, -zeros, values * 1e30])
 
 
-@pytest.mark.parametrize("by_sums", [False, True])
+@pytest.mark.parametrize("by_sums", [False, True, "reduce"])
 @pytest.mark.parametrize("size", [4, 16, 32])
-def test_hadamard_rows_is_the_reference_transform(size, by_sums):
+def test_hadamard_rows_is_the_reference_transform(size, by_sums, monkeypatch):
     """Both ways to the butterflies (pairs split and joined, or sums over each pair) give the
-    reference `rht`'s bits, the sign of zero included."""
+    reference `rht`'s bits, the sign of zero included. "reduce": the sums as the compiled
+    kernels take them, reductions over each pair, which the interpreter otherwise replaces with
+    the additions they are (`tile_ops.SUMS_BY_REDUCE`)."""
+    if by_sums == "reduce" and interpreter_on():
+        monkeypatch.setattr(tile_ops, "SUMS_BY_REDUCE", tl.constexpr(True))
     x = butterfly_edge_rows(64)
     expected = rht(x, -1, size, 11)
     out = on_device(torch.empty_like(x))
     _hadamard_rows_kernel[(1,)](
         on_device(x), out, 11, ROWS=x.shape[0], COLS=x.shape[1], SIZE=size,
-        LOG2_SIZE=size.bit_length() - 1, NORM=normalization(size), BY_SUMS=by_sums,
+        LOG2_SIZE=size.bit_length() - 1, NORM=normalization(size), BY_SUMS=bool(by_sums),
     )  # fmt: skip
     assert_bits(out.cpu(), expected, f"RHT-{size}, by sums: {by_sums}")
 
