@@ -39,6 +39,8 @@ STAGED_DTYPES = {"int8": torch.int8, "e5m2": torch.float8_e5m2, "e4m3": torch.fl
 # words at K = 768, 288 at 2304), or more formats
 PREP_SHAPES = {32: (16, 32), 64: (8, 64), 128: (8, 128)}
 PREP_SHAPE_FORMATS = (4, 64)
+# under the interpreter, which pays for every operation of every program, 32 rows a program
+INTERPRETER_PREP_ROWS = 32
 PREP_SCALE_CHUNK = 64
 PREP_WARPS = 4
 # Triton's `maxnreg` for the preparation kernel: with it, Triton 3.6 gives the kernel 48-55
@@ -166,10 +168,10 @@ def _register_cap(registers: int | None) -> dict[str, int]:
 
 def _prep_shape(k_padded: int, formats: int) -> tuple[int, int]:
     """(rows, words) of a preparation program (`PREP_SHAPES`) for rows of k_padded codes."""
-    if formats > 1:
-        return PREP_SHAPE_FORMATS
-    words = next((w for w in (128, 64) if (k_padded // 8) % w == 0), 32)
-    return PREP_SHAPES[words]
+    rows, words = PREP_SHAPE_FORMATS
+    if formats <= 1:
+        rows, words = PREP_SHAPES[next((w for w in (128, 64) if (k_padded // 8) % w == 0), 32)]
+    return (INTERPRETER_PREP_ROWS if interpreter_on() else rows), words
 
 
 def _bias_pointer(bias: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
