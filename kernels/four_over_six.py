@@ -23,6 +23,10 @@ from fp4cli.kernels.dequantize import scaled_grid
 from fp4cli.kernels.elements import signed_value
 from fp4cli.kernels.tile_ops import FLOAT32_MAX, square_reduce
 
+# The kernels' FOUR_OVER_SIX: off, the exact sums alone, or the float32 estimate first
+FOUR_OVER_SIX_OFF = tl.constexpr(0)
+FOUR_OVER_SIX_EXACT = tl.constexpr(1)
+FOUR_OVER_SIX_ESTIMATE = tl.constexpr(2)
 TERM_MAX = tl.constexpr(2.0**54)
 # The float32 estimate (`estimated_preference`): its relative error bound, with room to spare,
 # for sums of up to 256 terms, and the float32 range its units and errors keep to.

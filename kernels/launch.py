@@ -27,6 +27,7 @@ import torch
 from fp4cli.formats import float32
 from fp4cli.kernels.amax import amax_kernel
 from fp4cli.kernels.dequantize import dequantize_kernel
+from fp4cli.kernels.four_over_six import FOUR_OVER_SIX_ESTIMATE, FOUR_OVER_SIX_OFF
 from fp4cli.kernels.prescale import prescale_constants
 from fp4cli.kernels.quantize import quantize_kernel
 from fp4cli.kernels.tile_io import GRID_Y
@@ -431,7 +432,7 @@ def quantize_e2m1(
              **prescale_constants(spec), TENSOR_SCALE=spec.tensor_scale,
              **two_level_constants(spec),
              WRITE_VALUES=values_dtype is not None, GUIDED=guide is not None,
-             E1M2=spec.element == "e1m2", FOUR_OVER_SIX=2 * spec.four_over_six,
+             E1M2=spec.element == "e1m2", FOUR_OVER_SIX=four_over_six_mode(spec),
              **_scale_constants(spec), **outer_constants(spec),
              **_hadamard_constants(hadamard, signs_constant(hadamard_seed))),
         tile.warps,
@@ -442,6 +443,11 @@ def quantize_e2m1(
 
 
 @torch.compiler.disable
+def four_over_six_mode(spec: QuantSpec) -> int:
+    """The single-direction kernel's FOUR_OVER_SIX: the float32 estimate first, or off."""
+    return (FOUR_OVER_SIX_ESTIMATE if spec.four_over_six else FOUR_OVER_SIX_OFF).value
+
+
 def dequantize_e2m1(
     codes: torch.Tensor,
     scales: torch.Tensor,

@@ -28,7 +28,7 @@ from fp4cli.kernels.elements import (
     signed_value,
     sr_grid,
 )
-from fp4cli.kernels.four_over_six import prefer_four
+from fp4cli.kernels.four_over_six import FOUR_OVER_SIX_ESTIMATE, prefer_four
 from fp4cli.kernels.ms_eden import eden_scales
 from fp4cli.kernels.tile_io import (
     block_first_bits,
@@ -242,8 +242,8 @@ def quantize_tile(
     `elements.signed_value(code)` (float32) in place of the codes, straight from the rounding
     for RNE and SR. E1M2: the uniform grid's codes and values instead of E2M1's
     (`elements`). FOUR_OVER_SIX: each block (square) also quantized with its amax onto 4, and
-    keeps the nearer candidate (`four_over_six`; no pre-scale; 2: its float32 estimate first,
-    1: the exact errors alone), decoded with `tensor_amax`
+    keeps the nearer candidate (`four_over_six`; no pre-scale; FOUR_OVER_SIX_ESTIMATE: its
+    float32 estimate first, FOUR_OVER_SIX_EXACT: the exact errors alone), decoded with `tensor_amax`
     and DECODE_INV under TENSOR_SCALE. OUTER (> 0, with TENSOR_SCALE): A is each run of OUTER
     blocks' largest finite |x| (`QuantSpec.outer_block`; the tile's extent along the blocks is
     a multiple of OUTER * BLOCK) instead of `tensor_amax`, with the formulas' constants
@@ -299,7 +299,7 @@ def quantize_tile(
         four = prefer_four(
             bits.to(tl.float32, bitcast=True), code, code4, scale, scale4, finite_blocks,
             amax_bits, tensor_amax, ROWS, COLS, BLOCK, BLOCK_AXIS, TENSOR_SCALE, DECODE_INV,
-            TILE2D, GRID, E1M2, FOUR_OVER_SIX == 2,
+            TILE2D, GRID, E1M2, FOUR_OVER_SIX == FOUR_OVER_SIX_ESTIMATE,
         )  # fmt: skip
         code = tl.where(tl.expand_dims(four, BLOCK_AXIS + 1), code4, code)
         scale = tl.where(four, scale4, scale)

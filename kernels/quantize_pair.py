@@ -21,6 +21,11 @@ import triton.language as tl
 
 from fp4cli.kernels.dequantize import scaled_grid
 from fp4cli.kernels.elements import signed_value
+from fp4cli.kernels.four_over_six import (
+    FOUR_OVER_SIX_ESTIMATE,
+    FOUR_OVER_SIX_EXACT,
+    FOUR_OVER_SIX_OFF,
+)
 from fp4cli.kernels.quantize import quantize_tile
 from fp4cli.kernels.tile_io import (
     block_first_bits,
@@ -68,9 +73,8 @@ def quantize_direction(
     (`two_level`). TILE2D: BLOCK x BLOCK square scales.
     VALUES_TENSOR_SCALE: values carry the tensor scale (else q * s, a two-level spec's block
     values). E1M2: the uniform grid's codes (`elements`). FOUR_OVER_SIX: each block keeps the
-    nearer of its candidates scaled to 6 and to 4 (`four_over_six`; 2: the float32 estimate
-    first, 1: the exact errors alone, as the column direction does beside a row direction
-    taking four-over-six: with the estimate's fallback both ways the kernel spills).
+    nearer of its candidates scaled to 6 and to 4 (`four_over_six`: FOUR_OVER_SIX_ESTIMATE, the
+    float32 estimate first, or FOUR_OVER_SIX_EXACT, the exact errors alone).
     HADAMARD_SIGNS: the transform's signs (`tile_ops.hadamard_signs`). OUTER (> 0, two-level):
     an amax per OUTER blocks, found in the tile (whose side along the blocks holds whole outer
     blocks) and, with packed codes, written to amax_ptr (`tile_io.store_outer_amax`). EDEN
@@ -207,6 +211,15 @@ def quantize_pair_kernel(
     SUM_ROW_VALUES, of the row direction's values instead (rounded as SOURCE_BF16 / SOURCE_F16
     say: the operand its GEMM reads). ROUND_BF16: x (float32) is quantized as x rounded to
     bfloat16, the compute dtype's cast done here."""
+    # four-over-six: the float32 estimate along the rows; down the columns too unless the rows
+    # take it (with the estimate's fallback both ways the kernel spills)
+    row_four_over_six: tl.constexpr = (
+        FOUR_OVER_SIX_ESTIMATE if ROW_FOUR_OVER_SIX else FOUR_OVER_SIX_OFF
+    )
+    col_estimate: tl.constexpr = (
+        FOUR_OVER_SIX_EXACT if ROW_FOUR_OVER_SIX else FOUR_OVER_SIX_ESTIMATE
+    )
+    col_four_over_six: tl.constexpr = col_estimate if COL_FOUR_OVER_SIX else FOUR_OVER_SIX_OFF
     row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
     read = x
     if ROUND_BF16:
@@ -233,7 +246,7 @@ def quantize_pair_kernel(
             DOUBLE or SUM_ROW_VALUES, ROW_GUIDED,
             ROW_TENSOR_SCALE, ROW_DECODE_INV, ROW_TILE2D,
             ROW_VALUES_TENSOR_SCALE, ROW_E1M2,
-            ROW_FOUR_OVER_SIX * 2, ROW_OUTER,
+            row_four_over_six, ROW_OUTER,
             ROW_TWO_LEVEL_TARGET, ROW_ELEM_INV, ROW_EDEN,
         )  # fmt: skip
         # the row values in the compute dtype: what the reference re-quantizes (DOUBLE), and
@@ -259,6 +272,6 @@ def quantize_pair_kernel(
             False,
             COL_TENSOR_SCALE, COL_DECODE_INV, COL_TILE2D,
             COL_VALUES_TENSOR_SCALE, COL_E1M2,
-            COL_FOUR_OVER_SIX * (2 - ROW_FOUR_OVER_SIX), COL_OUTER,
+            col_four_over_six, COL_OUTER,
             COL_TWO_LEVEL_TARGET, COL_ELEM_INV, COL_EDEN,
         )  # fmt: skip
