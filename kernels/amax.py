@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.quantize import transformed_tile
-from fp4cli.kernels.tile_io import load_program_tile, seed_of, tile_origin
+from fp4cli.kernels.tile_io import load_program_tile, rounded_to_bf16, seed_of, tile_origin
 from fp4cli.kernels.tile_ops import FLOAT32_MAX, hadamard_cols, hadamard_rows
 
 
@@ -29,12 +29,15 @@ def amax_pair_kernel(
     ROW_HADAMARD_SIGNS: tl.constexpr,
     COL_ON: tl.constexpr, COL_RHT_SEED_FROM_PTR: tl.constexpr, COL_HADAMARD: tl.constexpr,
     COL_LOG2_HADAMARD: tl.constexpr, COL_HADAMARD_NORM: tl.constexpr,
-    COL_HADAMARD_SIGNS: tl.constexpr,
+    COL_HADAMARD_SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
 ):  # fmt: skip
     """The largest finite |value| each direction quantizes, from one read of x (rows, cols):
     of x, or of its Hadamard transform along that direction's axis, into amax_ptr[0] (row
-    direction) and amax_ptr[1] (column direction)."""
+    direction) and amax_ptr[1] (column direction). ROUND_BF16: a float32 x read as its
+    bfloat16 rounding."""
     row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
+    if ROUND_BF16:
+        x = rounded_to_bf16(x)
     if ROW_ON:
         row_tile = x
         if ROW_HADAMARD > 0:

@@ -28,19 +28,24 @@ if TYPE_CHECKING:
 
 @torch.compiler.disable
 def pair_amax(
-    x: torch.Tensor, row: Direction | None, col: Direction | None, tile: tuple[int, int]
+    x: torch.Tensor,
+    row: Direction | None,
+    col: Direction | None,
+    tile: tuple[int, int],
+    round_bf16: bool = False,
 ) -> torch.Tensor:
     """[row direction's, column direction's] largest finite |value| quantized (after each
-    direction's Hadamard transform), float32, from one read of x (rows, cols)."""
+    direction's Hadamard transform), float32, from one read of x (rows, cols); round_bf16: of
+    a float32 x rounded to bfloat16 as it is read (`quantize_pair`'s read_as)."""
     amax = torch.zeros(2, dtype=torch.float32, device=x.device)
     row_on = row is not None and row.spec.tensor_scale
     row_rht = row is not None and row_on and bool(row.hadamard)
     if col is not None and col.spec.tensor_scale and col.hadamard == 16 and not row_rht:
-        _amax_rht16_cols(x, amax, col, plain=row_on)
+        _amax_rht16_cols(x, amax, col, row_on, round_bf16)
         return amax
     if row_rht and row.hadamard == 32 and col is not None and col.spec.tensor_scale \
             and col.hadamard == 32:  # fmt: skip
-        _amax_rht32_both(x, amax, row, col)
+        _amax_rht32_both(x, amax, row, col, round_bf16)
         return amax
     rows, cols = x.shape
     col_rht = col is not None and col.spec.tensor_scale and bool(col.hadamard)
@@ -64,7 +69,7 @@ def pair_amax(
         constants[f"{prefix}_RHT_SEED_FROM_PTR"] = rht_from_ptr
     launch(
         amax_pair_kernel, (programs,), (x, amax, *seeds, rows, cols, tiles_c),
-        dict(BR=br, BC=bc, **constants), warps,
+        dict(BR=br, BC=bc, ROUND_BF16=round_bf16, **constants), warps,
     )  # fmt: skip
     return amax
 
@@ -124,7 +129,9 @@ def _striding_grid(
     return min(tiles, per_multiprocessor * multiprocessors(x.device)), tiles, tiles_c
 
 
-def _amax_rht16_cols(x: torch.Tensor, amax: torch.Tensor, col: Direction, plain: bool) -> None:
+def _amax_rht16_cols(
+    x: torch.Tensor, amax: torch.Tensor, col: Direction, plain: bool, round_bf16: bool
+) -> None:
     """amax[1]: the column direction's amax after its 16-point transform; with `plain`,
     amax[0]: x's own (a row direction without a transform)."""
     rows, cols = x.shape
@@ -137,7 +144,7 @@ def _amax_rht16_cols(x: torch.Tensor, amax: torch.Tensor, col: Direction, plain:
         (x, amax, rht_ptr, rht_value, rows, cols, tiles, tiles_c),
         dict(G=AMAX_SLAB_LINES, BC=AMAX_SLAB_COLS, PLAIN=plain, RHT_SEED_FROM_PTR=rht_from_ptr,
              NORM=_hadamard_constants(16)["HADAMARD_NORM"],
-             SIGNS=signs_constant(col.hadamard_seed)),
+             SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16),
         4,
     )  # fmt: skip
 
@@ -149,7 +156,9 @@ AMAX32_SLAB_LINES, AMAX32_COLS, AMAX32_WARPS = 1, 256, 4
 AMAX32_PROGRAMS_PER_SM = 8
 
 
-def _amax_rht32_both(x: torch.Tensor, amax: torch.Tensor, row: Direction, col: Direction) -> None:
+def _amax_rht32_both(
+    x: torch.Tensor, amax: torch.Tensor, row: Direction, col: Direction, round_bf16: bool
+) -> None:
     """amax[0], amax[1]: the row and column directions' amaxes after their 32-point
     transforms, from the slab kernel."""
     rows, cols = x.shape
@@ -164,6 +173,6 @@ def _amax_rht32_both(x: torch.Tensor, amax: torch.Tensor, row: Direction, col: D
         dict(G=AMAX32_SLAB_LINES, BC=AMAX32_COLS, NORM=_hadamard_constants(32)["HADAMARD_NORM"],
              ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr,
              ROW_SIGNS=signs_constant(row.hadamard_seed),
-             COL_SIGNS=signs_constant(col.hadamard_seed)),
+             COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16),
         AMAX32_WARPS,
     )  # fmt: skip

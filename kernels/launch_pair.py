@@ -286,12 +286,11 @@ def quantize_pair(
     tiles; with `sum_row_values`, the sums of the row direction's values rounded to that dtype
     instead (its GEMM's operand: TetraJet's bias gradient from the quantized dY).
     read_as=torch.bfloat16: a float32 x is quantized as x.to(torch.bfloat16), rounded
-    as the kernel reads it (no cast pass; not with a two-level spec, whose tensor amax pass
-    reads x as it is). The caller checks `pair_tile` first: a pair it refuses must be
-    quantized one direction at a time."""
+    as the kernels read it, the tensor amax pass's too (no cast pass). The caller checks
+    `pair_tile` first: a pair it refuses must be quantized one direction at a time."""
     if x.dim() != 2:
         raise ValueError(f"quantize_pair takes a 2-D tensor (got shape {tuple(x.shape)})")
-    round_bf16 = _rounds_to_bf16(x, read_as, row, col)
+    round_bf16 = _rounds_to_bf16(x, read_as)
     if double is not None and (row is None or row.hadamard):
         raise ValueError(
             "double quantization needs the row direction, without a Hadamard transform"
@@ -306,7 +305,7 @@ def quantize_pair(
     x = x.contiguous()
     decoded = _values_from_codes(row, col) if column_sums is None and double is None else None
     if decoded is not None:
-        return _decoded_values(x, decoded, tile)
+        return _decoded_values(x, decoded, tile, read_as)
     guide = guide.contiguous() if guide is not None else None
     rows, cols = x.shape
     chosen = tile or pair_tile(row, col)
@@ -317,7 +316,7 @@ def quantize_pair(
     row_pass, col_pass = (d if d is not None and d.spec.whole_tensor_scale else None
                           for d in (row, col))  # fmt: skip
     if row_pass is not None or col_pass is not None:
-        amax = pair_amax(x, row_pass, col_pass, chosen)
+        amax = pair_amax(x, row_pass, col_pass, chosen, round_bf16)
         row_amax, col_amax = amax[0:1], amax[1:2]
         row_table, col_table = pair_tables(amax, row_pass, col_pass)
     row_args, row_constants, row_out, row_length, row_padded = _direction_args(
@@ -362,11 +361,11 @@ def _values_from_codes(row: Direction | None, col: Direction | None) -> Directio
 
 
 def _decoded_values(
-    x: torch.Tensor, col: Direction, tile: tuple[int, int] | None
+    x: torch.Tensor, col: Direction, tile: tuple[int, int] | None, read_as: torch.dtype | None
 ) -> tuple[None, Quantized]:
     """`quantize_pair`'s result for a lone column direction: its packed codes decoded to values
     in the (transformed) input's layout."""
-    out = quantize_pair(x, None, replace(col, values_dtype=None), tile=tile)[1]
+    out = quantize_pair(x, None, replace(col, values_dtype=None), tile=tile, read_as=read_as)[1]
     assert out is not None
     shape = (transformed_length(x.shape[0], col.hadamard), x.shape[1])
     dtype = col.values_dtype
@@ -392,27 +391,18 @@ def _check_row_value_sums(
         raise ValueError("double quantization and the row value sums round to one dtype")
 
 
-def rounds_as_read(source: torch.dtype, read_as: torch.dtype, specs: list[QuantSpec]) -> bool:
+def rounds_as_read(source: torch.dtype, read_as: torch.dtype) -> bool:
     """Whether `quantize_pair` reads a `source` tensor as its cast to `read_as`, rounding in
-    the kernel, for directions of these specs: float32 as bfloat16, no whole-tensor scale (a
-    two-level spec's amax pass reads the tensor as it is; an outer block's amax is found from
-    the rounded tile)."""
-    return (
-        source == torch.float32
-        and read_as == torch.bfloat16
-        and not any(spec.whole_tensor_scale for spec in specs)
-    )
+    the kernels (the quantize launch, a tensor amax pass, an outer block's amax from the
+    rounded tile): float32 as bfloat16."""
+    return source == torch.float32 and read_as == torch.bfloat16
 
 
-def _rounds_to_bf16(
-    x: torch.Tensor, read_as: torch.dtype | None, row: Direction | None, col: Direction | None
-) -> bool:
+def _rounds_to_bf16(x: torch.Tensor, read_as: torch.dtype | None) -> bool:
     """Whether the pair kernel rounds x to bfloat16 as it reads it (`quantize_pair`'s
     read_as); a ValueError where it cannot."""
     if read_as is None or read_as == x.dtype:
         return False
-    if rounds_as_read(x.dtype, read_as, [d.spec for d in (row, col) if d is not None]):
-        return True
-    if read_as != torch.bfloat16 or x.dtype != torch.float32:
+    if not rounds_as_read(x.dtype, read_as):
         raise ValueError(f"read_as rounds float32 to bfloat16 (got {x.dtype} as {read_as})")
-    raise ValueError("read_as is not for two-level specs: cast x first")
+    return True

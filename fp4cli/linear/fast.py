@@ -206,15 +206,16 @@ def read_as_rounded(
 ) -> tuple[torch.Tensor, torch.dtype | None]:
     """(the tensor to quantize, the dtype the pair kernel rounds it to as it reads it) for a
     tensor that the compute dtype casts: a float32 X or W under bfloat16 autocast (a
-    LayerNorm's output, the parameters) is rounded in the kernel, without a cast pass, when
-    every operand drawn from it is quantized there without a tensor scale (the bits of
-    `tensor.to(dtype)`, `launch_pair.rounds_as_read`); otherwise it is cast here."""
+    LayerNorm's output, the parameters) is rounded in the kernels, without a cast pass, when
+    every operand drawn from it is quantized there (the bits of `tensor.to(dtype)`,
+    `launch_pair.rounds_as_read`; a two-level spec's amax pass rounds it alike); otherwise it
+    is cast here."""
     from fp4cli.kernels.launch_pair import rounds_as_read
 
     if tensor.dtype == dtype:
         return tensor, None
     specs = [r.spec for r in requests if r is not None]
-    if None not in specs and rounds_as_read(tensor.dtype, dtype, specs):
+    if None not in specs and rounds_as_read(tensor.dtype, dtype):
         return tensor, dtype
     return tensor.to(dtype), None
 

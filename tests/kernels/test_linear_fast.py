@@ -192,6 +192,41 @@ def test_autocast_rounds_float32_inputs_in_the_kernels(name):
         assert {read for read in reads if read != rounded} == {(torch.bfloat16, None)}
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4-4over6", "ue5m3-hadamard-sr", "quartet2"])
+def test_two_level_recipes_round_float32_inputs_in_their_amax_passes_too(name):
+    """A two-level spec's tensor amax pass reads the float32 input and weight rounded to
+    bfloat16 as the quantize launch does: every output and gradient is the one the executor
+    gives when it casts them first (the kernels' cast refused), bit for bit, ties included;
+    the rounding replaces the cast of X and W each pass, except where double quantization
+    into a tensor-scaled spec takes two launches (quartet2: cast once, as before)."""
+    import fp4cli.kernels.launch_pair as launch_pair
+
+    x, grad_y = linear_inputs(seed=7)
+    with torch.no_grad():
+        x.view(-1, 96)[3, :4] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2**-134])
+    reads, real_pair = [], launch_pair.quantize_pair
+
+    def recording_pair(tensor, *args, **kwargs):
+        reads.append((tensor.dtype, kwargs.get("read_as", args[6] if len(args) > 6 else None)))
+        return real_pair(tensor, *args, **kwargs)
+
+    def passes():
+        layer = seeded_layer(CONFIGS[name], "triton")
+        with torch.no_grad():
+            layer.weight[5, :2] = torch.tensor([0.5 + 2**-9, -(0.5 + 3 * 2**-9)])
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            return training_passes(layer, x, grad_y)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launch_pair, "quantize_pair", recording_pair)
+        rounded = passes()
+        rounded_reads, reads[:] = list(reads), []
+        patch.setattr(launch_pair, "rounds_as_read", lambda *_: False)
+        assert_same_passes(rounded, passes())
+    assert rounded_reads.count((torch.float32, torch.bfloat16)) == (0 if name == "quartet2" else 4)
+    assert (torch.float32, torch.bfloat16) not in reads
+
+
 @pytest.mark.parametrize("name", ["mxfp4", "tetrajet", "wang-direct"])
 def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
     """Under bf16 autocast the fast (and the vector-wise) backward returns the float32 input's,
