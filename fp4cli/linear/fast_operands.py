@@ -174,15 +174,18 @@ def quantize_both(
         return _result(row_out, row), _result(col_out, col)
     if isinstance(guide, AverageGuide):  # formed from the tensor as given, before a cast
         guide = guide.values(tensor)
-    if read_as is not None:  # read by torch below, or in two launches: cast once
-        tensor = tensor.to(read_as)
+    # read by torch below, or in two launches: cast once; unless the row launch alone reads it
+    # (double quantization: the columns read the row values)
+    row_alone = double and row_dir is not None and (column_sums is None or sum_row_values)
+    if read_as is not None and not row_alone:
+        tensor, read_as = tensor.to(read_as), None
     if column_sums is not None and not sum_row_values:
         torch.sum(tensor, 0, dtype=torch.float32, out=column_sums)
     row_result: tuple[torch.Tensor, ...] = ()
     if row_dir is not None:
         row_sums = column_sums if sum_row_values else None
         row_out = quantize_pair(tensor, row_dir, None, guide=guide, column_sums=row_sums,
-                                sum_row_values=value_sums)[0]  # fmt: skip
+                                read_as=read_as, sum_row_values=value_sums)[0]  # fmt: skip
         row_result = _result(row_out, row)
     elif row is not None:
         row_result = (_reference_operand(tensor, row, 1, dtype),)

@@ -197,8 +197,8 @@ def test_two_level_recipes_round_float32_inputs_in_their_amax_passes_too(name):
     """A two-level spec's tensor amax pass reads the float32 input and weight rounded to
     bfloat16 as the quantize launch does: every output and gradient is the one the executor
     gives when it casts them first (the kernels' cast refused), bit for bit, ties included;
-    the rounding replaces the cast of X and W each pass, except where double quantization
-    into a tensor-scaled spec takes two launches (quartet2: cast once, as before)."""
+    the rounding replaces the cast of X and W each pass (quartet2's too, whose double
+    quantization into a tensor-scaled spec takes two launches: the first rounds as it reads)."""
     import fp4cli.kernels.launch_pair as launch_pair
 
     x, grad_y = linear_inputs(seed=7)
@@ -223,7 +223,7 @@ def test_two_level_recipes_round_float32_inputs_in_their_amax_passes_too(name):
         rounded_reads, reads[:] = list(reads), []
         patch.setattr(launch_pair, "rounds_as_read", lambda *_: False)
         assert_same_passes(rounded, passes())
-    assert rounded_reads.count((torch.float32, torch.bfloat16)) == (0 if name == "quartet2" else 4)
+    assert rounded_reads.count((torch.float32, torch.bfloat16)) == 4
     assert (torch.float32, torch.bfloat16) not in reads
 
 
