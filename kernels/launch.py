@@ -367,6 +367,11 @@ def tensor_amax(
     return amax
 
 
+def four_over_six_mode(spec: QuantSpec) -> int:
+    """The single-direction kernel's FOUR_OVER_SIX: the float32 estimate first, or off."""
+    return (FOUR_OVER_SIX_ESTIMATE if spec.four_over_six else FOUR_OVER_SIX_OFF).value
+
+
 @torch.compiler.disable
 def quantize_e2m1(
     x: torch.Tensor,
@@ -443,11 +448,6 @@ def quantize_e2m1(
 
 
 @torch.compiler.disable
-def four_over_six_mode(spec: QuantSpec) -> int:
-    """The single-direction kernel's FOUR_OVER_SIX: the float32 estimate first, or off."""
-    return (FOUR_OVER_SIX_ESTIMATE if spec.four_over_six else FOUR_OVER_SIX_OFF).value
-
-
 def dequantize_e2m1(
     codes: torch.Tensor,
     scales: torch.Tensor,

@@ -50,3 +50,21 @@ def test_fp_fusion_off_reaches_the_compiler_and_is_left_out_otherwise() -> None:
         {"num_warps": 8, "enable_fp_fusion": False},
         {"num_warps": 8},
     ]
+
+
+def test_the_launchers_are_hidden_from_torch_compile():
+    """Every launcher the executors call runs outside dynamo's tracing (torch.compiler.disable):
+    a compiled model meets them through the custom ops, never traced into their Python."""
+    from fp4cli.kernels import launch as launch_module
+    from fp4cli.kernels.launch_amax import pair_amax
+    from fp4cli.kernels.launch_pair import quantize_pair
+
+    launchers = (
+        launch_module.tensor_amax,
+        launch_module.quantize_e2m1,
+        launch_module.dequantize_e2m1,
+        quantize_pair,
+        pair_amax,
+    )
+    for launcher in launchers:
+        assert getattr(launcher, "_torchdynamo_disable", False), launcher.__name__
