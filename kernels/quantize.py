@@ -244,10 +244,10 @@ def quantize_tile(
     (`elements`). FOUR_OVER_SIX: each block (square) also quantized with its amax onto 4, and
     keeps the nearer candidate (`four_over_six`; no pre-scale; FOUR_OVER_SIX_ESTIMATE: its
     float32 estimate first, FOUR_OVER_SIX_EXACT: the exact errors alone), decoded with
-    `tensor_amax` and DECODE_INV under TENSOR_SCALE. OUTER (> 0, with TENSOR_SCALE): A is each run of OUTER
-    blocks' largest finite |x| (`QuantSpec.outer_block`; the tile's extent along the blocks is
-    a multiple of OUTER * BLOCK) instead of `tensor_amax`, with the formulas' constants
-    TWO_LEVEL_TARGET and ELEM_INV. Also returns the A each block was scaled by. EDEN (> 0,
+    `tensor_amax` and DECODE_INV under TENSOR_SCALE. OUTER (> 0, with TENSOR_SCALE): A is each
+    run of OUTER blocks' largest finite |x| (`QuantSpec.outer_block`; the tile's extent along
+    the blocks is a multiple of OUTER * BLOCK) instead of `tensor_amax`, with the formulas'
+    constants TWO_LEVEL_TARGET and ELEM_INV. Also returns the A each block was scaled by. EDEN (> 0,
     with TENSOR_SCALE and AWAY): MS-EDEN, each block's scale corrected over its group of EDEN
     blocks (`ms_eden.eden_scales`), `random_bits` then one word per block (its first
     element's)."""
