@@ -251,22 +251,33 @@ def expand_line(line_values, BY: tl.constexpr):
 @triton.jit
 def amax_kernel(
     x_ptr, amax_ptr, sums_ptr, R, C, tiles_c,
-    BR: tl.constexpr, BC: tl.constexpr, BY: tl.constexpr, COLUMN_SUMS: tl.constexpr,
+    BR: tl.constexpr, BC: tl.constexpr, G: tl.constexpr, BY: tl.constexpr,
+    COLUMN_SUMS: tl.constexpr,
 ):  # fmt: skip
     """Atomically max the |x| bits of each column (BY_COLUMN) or of the whole tensor
     (BY_TENSOR) of a contiguous (R, C) tensor into the int32 buffer at amax_ptr (zeroed).
-    COLUMN_SUMS: also each tile's float32 column sums, into column (row tile) of the
-    (C, row tiles) sums (a linear layer's bias gradient from dY's read)."""
-    first_row, first_col, offsets, mask = program_tile(R, C, tiles_c, BR, BC)
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    A program reads G tiles of [BR, BC] down one strip of columns (programs numbered group of
+    G row tiles by group, tiles_c to a group) and reduces once. COLUMN_SUMS: also each
+    group's float32 column sums (element by element over its tiles, then over its BR rows),
+    into column (group) of the (C, groups) sums (a linear layer's bias gradient from dY's
+    read)."""
+    pid = tl.program_id(0)
+    group, first_col = pid // tiles_c, (pid % tiles_c) * BC
+    sums = tl.zeros([BR, BC], tl.float32)
+    top = tl.zeros([BR, BC], tl.int32)
+    for g in tl.static_range(G):
+        offsets, mask = block_at((group * G + g) * BR, first_col, R, C, BR, BC)
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if COLUMN_SUMS:
+            sums += x
+        top = tl.maximum(top, magnitude_bits(x, mask))
     if COLUMN_SUMS:
-        store_column_sums(sums_ptr, x, first_row, first_col, C, tiles_c, BR, BC)
-    bits = magnitude_bits(x, mask)
+        store_column_sums(sums_ptr, sums, group * BR, first_col, C, tiles_c, BR, BC)
     if BY == BY_COLUMN:
         cols = first_col + tl.arange(0, BC)
-        tl.atomic_max(amax_ptr + cols, tl.max(bits, axis=0), mask=cols < C)
+        tl.atomic_max(amax_ptr + cols, tl.max(top, axis=0), mask=cols < C)
     else:
-        tl.atomic_max(amax_ptr, tl.max(tl.max(bits, axis=1), axis=0))
+        tl.atomic_max(amax_ptr, tl.max(tl.max(top, axis=1), axis=0))
 
 
 @triton.jit

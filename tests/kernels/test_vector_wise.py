@@ -106,6 +106,19 @@ def test_all_zero_and_non_finite_tensors():
     assert values.isnan().all()
 
 
+@pytest.mark.parametrize("row", [0, 127, 128, 161, 299])
+def test_the_amax_pass_reads_every_tile_of_its_programs(row):
+    """A program of the amax pass reads several row tiles down its columns: the largest value,
+    or an Inf, in any of them (the first and last rows of a program, a later tile, the ragged
+    last program) sets the scale of a per-tensor and a per-column spec."""
+    x = torch.randn(300, 130, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    x[row, 129] = 1e4
+    for spec in (SPECS["e5m2-tensor"], SPECS["fp4-column"]):
+        _check(x, spec, 0)
+    x[row, 129] = INF
+    assert _check(x, SPECS["e4m3-tensor"], 0).isnan().all()
+
+
 def test_long_rows_are_read_in_chunks(monkeypatch):
     """Rows longer than the chunk a program holds loop over it (the same bits)."""
     monkeypatch.setattr(launch_vector, "ROW_CHUNK", 16)
@@ -187,11 +200,12 @@ def test_fused_amax_feeds_a_per_tensor_spec_of_the_written_values():
 
 
 @pytest.mark.parametrize("name", ["e4m3-tensor", "e5m2-column"])
-@pytest.mark.parametrize("shape", [(70, 45), (33, 130), (1, 3)])
+@pytest.mark.parametrize("shape", [(70, 45), (33, 130), (1, 3), (600, 45)])
 def test_the_amax_pass_sums_the_columns(name, shape):
-    """column_sums: each column's float32 sum from the amax pass's read, tile by tile, then
-    over the tiles: on integers every order gives the same sums, so they equal torch's exactly;
-    the quantized operand is unchanged by asking for them."""
+    """column_sums: each column's float32 sum from the amax pass's read, over each program's
+    tiles, then over the programs (600 rows: three programs down a column, the last ragged):
+    on integers every order gives the same sums, so they equal torch's exactly; the quantized
+    operand is unchanged by asking for them."""
     generator = torch.Generator().manual_seed(7)
     x = torch.randint(-300, 301, shape, generator=generator).float().to(DEVICE)
     spec, axis = SPECS[name], 1  # one scale per tensor, or per column
