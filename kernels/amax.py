@@ -7,6 +7,11 @@ the tile, or of its Hadamard transform along that direction's axis (`hadamard_ro
 `hadamard_cols`), any pair of directions. Its transforms move values between threads at their
 wider butterfly stages; the commonest transformed pairs take the slab kernels of
 `amax_slabs.py`, which move nothing.
+
+Each program writes its maxima to the (directions, programs) partial maxima (`store_partial`):
+no buffer to zero and no atomics on one address. The encode-table launch that follows reduces
+them (`two_level.encode_table_kernel`), or torch does where only the amax is wanted
+(`launch_amax.pair_amax`, `launch.tensor_amax`): a maximum in any order is the same.
 """
 
 from __future__ import annotations
@@ -32,26 +37,30 @@ def amax_pair_kernel(
     COL_HADAMARD_SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
 ):  # fmt: skip
     """The largest finite |value| each direction quantizes, from one read of x (rows, cols):
-    of x, or of its Hadamard transform along that direction's axis, into amax_ptr[0] (row
-    direction) and amax_ptr[1] (column direction). ROUND_BF16: a float32 x read as its
-    bfloat16 rounding."""
+    of x, or of its Hadamard transform along that direction's axis, this program's into the
+    partial maxima at amax_ptr, direction 0 the rows' and 1 the columns' (0 for a direction
+    not on; `store_partial`). ROUND_BF16: a float32 x read as its bfloat16 rounding."""
     row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
     if ROUND_BF16:
         x = rounded_to_bf16(x)
+    row_amax = 0.0
     if ROW_ON:
         row_tile = x
         if ROW_HADAMARD > 0:
             seed = seed_of(row_rht_seed_ptr, row_rht_seed_value, ROW_RHT_SEED_FROM_PTR)
             row_tile = hadamard_rows(x, seed, BR, BC, ROW_HADAMARD, ROW_LOG2_HADAMARD,
                                      ROW_HADAMARD_NORM, False, ROW_HADAMARD_SIGNS)  # fmt: skip
-        tl.atomic_max(amax_ptr, finite_amax(row_tile))
+        row_amax = finite_amax(row_tile)
+    col_amax = 0.0
     if COL_ON:
         col_tile = x
         if COL_HADAMARD > 0:
             seed = seed_of(col_rht_seed_ptr, col_rht_seed_value, COL_RHT_SEED_FROM_PTR)
             col_tile = hadamard_cols(x, seed, BR, BC, COL_HADAMARD, COL_LOG2_HADAMARD,
                                      COL_HADAMARD_NORM, COL_HADAMARD_SIGNS)  # fmt: skip
-        tl.atomic_max(amax_ptr + 1, finite_amax(col_tile))
+        col_amax = finite_amax(col_tile)
+    store_partial(amax_ptr, 0, row_amax)
+    store_partial(amax_ptr, 1, col_amax)
 
 
 @triton.jit(do_not_specialize=["rht_seed_value"])
@@ -73,7 +82,8 @@ def amax_kernel(
     HADAMARD_NORM: tl.constexpr,
     HADAMARD_SIGNS: tl.constexpr,
 ):
-    """The largest finite |x| (after the Hadamard transform, if any) into amax_ptr."""
+    """The largest finite |x| (after the Hadamard transform, if any) of this program's tile into
+    the partial maxima at amax_ptr (`store_partial`)."""
     first_line, first_pos, outer, first_inner = tile_origin(
         inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
@@ -82,7 +92,18 @@ def amax_kernel(
         rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, SEED_FROM_PTR,
         HADAMARD, LOG2_HADAMARD, HADAMARD_NORM, False, HADAMARD_SIGNS,
     )  # fmt: skip
-    tl.atomic_max(amax_ptr, finite_amax(x))
+    store_partial(amax_ptr, 0, finite_amax(x))
+
+
+@triton.jit
+def store_partial(partials_ptr, direction, value):
+    """This program's maximum of a direction into row `direction` of the (directions,
+    programs) float32 partial maxima at partials_ptr, programs numbered along the grid's first
+    axis, then its second and third."""
+    first, second = tl.num_programs(0), tl.num_programs(1)
+    programs = first * second * tl.num_programs(2)
+    program = tl.program_id(0) + first * (tl.program_id(1) + second * tl.program_id(2))
+    tl.store(partials_ptr + direction * programs + program, value)
 
 
 @triton.jit

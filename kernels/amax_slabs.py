@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.amax import finite_magnitude
+from fp4cli.kernels.amax import finite_magnitude, store_partial
 from fp4cli.kernels.tile_io import rounded_to_bf16, seed_of
 from fp4cli.kernels.tile_ops import FLOAT32_MAX, negated_positions
 
@@ -271,21 +271,22 @@ def amax_rht16_cols_kernel(
     G: tl.constexpr, BC: tl.constexpr, PLAIN: tl.constexpr, RHT_SEED_FROM_PTR: tl.constexpr,
     NORM: tl.constexpr, SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
 ):  # fmt: skip
-    """amax_ptr[1]: the largest finite |value| of x (rows, cols) after the 16-point random
+    """Direction 1: the largest finite |value| of x (rows, cols) after the 16-point random
     Hadamard transform down its columns (rows padded with zeros to a multiple of 16); with
-    PLAIN, amax_ptr[0]: the largest finite |x|. Tile t holds rows [16 G (t // tiles_c),
+    PLAIN, direction 0: the largest finite |x| (else 0). Tile t holds rows [16 G (t // tiles_c),
     16 G (t // tiles_c + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p,
-    p + programs, .. and adds its maxima by one atomic per direction. ROUND_BF16: a float32 x
-    read as its bfloat16 rounding."""
+    p + programs, .. and writes its maxima into the partial maxima at amax_ptr
+    (`amax.store_partial`). ROUND_BF16: a float32 x read as its bfloat16 rounding."""
     flips = sign_flips(seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR), 16, SIGNS)
     plain, transformed = _program_maxima16(x_ptr, rows, cols, tiles, tiles_c, flips, G, BC,
                                            False, ROUND_BF16)  # fmt: skip
     if not ((plain <= FLOAT32_MAX) & (transformed <= FLOAT32_MAX)):  # an Inf (or a kept NaN)
         plain, transformed = _program_maxima16(x_ptr, rows, cols, tiles, tiles_c, flips, G, BC,
                                                True, ROUND_BF16)  # fmt: skip
-    if PLAIN:
-        tl.atomic_max(amax_ptr, plain)
-    tl.atomic_max(amax_ptr + 1, transformed * NORM)
+    if not PLAIN:
+        plain = 0.0
+    store_partial(amax_ptr, 0, plain)
+    store_partial(amax_ptr, 1, transformed * NORM)
 
 
 @triton.jit
@@ -359,12 +360,12 @@ def amax_rht32_both_kernel(
     ROW_SEED_FROM_PTR: tl.constexpr, COL_SEED_FROM_PTR: tl.constexpr,
     ROW_SIGNS: tl.constexpr, COL_SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
 ):  # fmt: skip
-    """amax_ptr[0] and [1]: the largest finite |value| of x (rows, cols) after the 32-point
+    """Directions 0 and 1: the largest finite |value| of x (rows, cols) after the 32-point
     random Hadamard transform along its rows and after the one down its columns (each padded
     with zeros to a multiple of 32). Tile t holds rows [32 G (t // tiles_c), 32 G (t // tiles_c
-    + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p, p + programs, .. and adds
-    its maxima by one atomic per direction. ROUND_BF16: a float32 x read as its bfloat16
-    rounding."""
+    + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p, p + programs, .. and
+    writes its maxima into the partial maxima at amax_ptr (`amax.store_partial`). ROUND_BF16:
+    a float32 x read as its bfloat16 rounding."""
     row_flips = sign_flips(seed_of(row_seed_ptr, row_seed_value, ROW_SEED_FROM_PTR), 32,
                            ROW_SIGNS)  # fmt: skip
     col_flips = sign_flips(seed_of(col_seed_ptr, col_seed_value, COL_SEED_FROM_PTR), 32,
@@ -374,5 +375,5 @@ def amax_rht32_both_kernel(
     if not ((row_max <= FLOAT32_MAX) & (col_max <= FLOAT32_MAX)):  # an Inf (or a kept NaN)
         row_max, col_max = _program_maxima32(x_ptr, rows, cols, tiles, tiles_c, row_flips,
                                              col_flips, G, BC, True, ROUND_BF16)  # fmt: skip
-    tl.atomic_max(amax_ptr, row_max * NORM)
-    tl.atomic_max(amax_ptr + 1, col_max * NORM)
+    store_partial(amax_ptr, 0, row_max * NORM)
+    store_partial(amax_ptr, 1, col_max * NORM)

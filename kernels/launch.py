@@ -311,15 +311,26 @@ def same_tables(a: QuantSpec, b: QuantSpec) -> bool:
     return _table_constants(a) == _table_constants(b)
 
 
-def encode_tables(amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+def encode_tables(
+    amax: torch.Tensor, spec: QuantSpec, partials: torch.Tensor | None = None
+) -> torch.Tensor:
     """(n, ENCODE_TABLE) float32: the encode table (`two_level.encode_table_kernel`) of each of
     the n tensor amaxes in `amax` (float32, n elements) under `spec`'s two-level scaling, from
-    one launch."""
+    one launch. partials (n, programs): an amax pass's partial maxima (`amax.store_partial`),
+    reduced in that launch into `amax` (then an output)."""
     amax = amax.reshape(-1)
     tables = torch.empty(
         (amax.numel(), ENCODE_TABLE.value), dtype=torch.float32, device=amax.device
     )
-    launch(encode_table_kernel, (amax.numel(),), (amax, tables), _table_constants(spec), 4)
+    reduce = partials is not None
+    if partials is None:
+        partials = amax
+    elif partials.shape[0] != amax.numel() or not partials.is_contiguous():
+        raise ValueError("partial maxima must be contiguous, a row per tensor amax")
+    launch(
+        encode_table_kernel, (amax.numel(),), (amax, tables, partials, partials.shape[-1]),
+        dict(REDUCE=reduce, **_table_constants(spec)), 4,
+    )  # fmt: skip
     return tables
 
 
@@ -350,21 +361,33 @@ def tensor_amax(
     tile: Tile | None = None,
 ) -> torch.Tensor:
     """The largest finite |x| (of the Hadamard-transformed x, if any), a 1-element tensor."""
+    partials = amax_partials(x, axis, hadamard, hadamard_seed, tile)
+    return partials.amax(1) if partials.numel() else partials.new_zeros(1)
+
+
+def amax_partials(
+    x: torch.Tensor,
+    axis: int,
+    hadamard: int | None,
+    hadamard_seed: Seed | FixedSigns,
+    tile: Tile | None = None,
+) -> torch.Tensor:
+    """`tensor_amax`'s partial maxima, (1, programs) float32 (`amax.store_partial`)."""
     view = AxisView.of(x.shape, axis)
     out_length = transformed_length(view.length, hadamard)
     tile = tile or choose_tile(view, out_length, 8, hadamard)
     grid, along = _grid(view, tile, out_length)
-    amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+    partials = torch.empty((1, math.prod(grid)), dtype=torch.float32, device=x.device)
     seed_ptr, seed_value, from_ptr = _seed_args(hadamard_seed, x.device)
     launch(
         amax_kernel, grid,
-        (x, amax, seed_ptr, seed_value, view.outer, view.length, view.inner, along),
+        (x, partials, seed_ptr, seed_value, view.outer, view.length, view.inner, along),
         dict(ROWS=tile.rows, COLS=tile.cols, TRANSPOSED=view.transposed,
              SEED_FROM_PTR=from_ptr,
              **_hadamard_constants(hadamard, signs_constant(hadamard_seed))),
         tile.warps,
     )  # fmt: skip
-    return amax
+    return partials
 
 
 def four_over_six_mode(spec: QuantSpec) -> int:
@@ -412,9 +435,13 @@ def quantize_e2m1(
             outer = outer_count(padded, spec)
             t_amax = torch.empty([*lead, outer], dtype=torch.float32, device=x.device)
     else:
-        if t_amax is None:
-            t_amax = tensor_amax(x, axis, hadamard, hadamard_seed)[0]
-        table = encode_tables(t_amax, spec)
+        if t_amax is None:  # reduced by the table's launch
+            partials = amax_partials(x, axis, hadamard, hadamard_seed)
+            reduced = torch.empty(1, dtype=torch.float32, device=x.device)
+            table = encode_tables(reduced, spec, partials)
+            t_amax = reduced[0]
+        else:
+            table = encode_tables(t_amax, spec)
     codes = scales = values = None
     if values_dtype is not None:
         out_shape = [*x.shape[:axis], out_length, *x.shape[axis + 1 :]]

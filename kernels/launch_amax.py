@@ -35,18 +35,28 @@ def pair_amax(
     round_bf16: bool = False,
 ) -> torch.Tensor:
     """[row direction's, column direction's] largest finite |value| quantized (after each
-    direction's Hadamard transform), float32, from one read of x (rows, cols); round_bf16: of
-    a float32 x rounded to bfloat16 as it is read (`quantize_pair`'s read_as)."""
-    amax = torch.zeros(2, dtype=torch.float32, device=x.device)
+    direction's Hadamard transform; 0 for a direction without a tensor scale), float32, from
+    one read of x (rows, cols); round_bf16: of a float32 x rounded to bfloat16 as it is read
+    (`quantize_pair`'s read_as)."""
+    partials = pair_amax_partials(x, row, col, tile, round_bf16)
+    return partials.amax(1) if partials.numel() else partials.new_zeros(2)
+
+
+def pair_amax_partials(
+    x: torch.Tensor,
+    row: Direction | None,
+    col: Direction | None,
+    tile: tuple[int, int],
+    round_bf16: bool = False,
+) -> torch.Tensor:
+    """`pair_amax`'s partial maxima, (2, programs) float32: a row per direction."""
     row_on = row is not None and row.spec.tensor_scale
     row_rht = row is not None and row_on and bool(row.hadamard)
     if col is not None and col.spec.tensor_scale and col.hadamard == 16 and not row_rht:
-        _amax_rht16_cols(x, amax, col, row_on, round_bf16)
-        return amax
+        return _amax_rht16_cols(x, col, row_on, round_bf16)
     if row_rht and row.hadamard == 32 and col is not None and col.spec.tensor_scale \
             and col.hadamard == 32:  # fmt: skip
-        _amax_rht32_both(x, amax, row, col, round_bf16)
-        return amax
+        return _amax_rht32_both(x, row, col, round_bf16)
     rows, cols = x.shape
     col_rht = col is not None and col.spec.tensor_scale and bool(col.hadamard)
     col_on = col is not None and col.spec.tensor_scale
@@ -67,11 +77,17 @@ def pair_amax(
         constants |= {f"{prefix}_{k}": v for k, v in hadamard.items()}
         constants[f"{prefix}_ON"] = d is not None and d.spec.tensor_scale
         constants[f"{prefix}_RHT_SEED_FROM_PTR"] = rht_from_ptr
+    partials = _partials(programs, x.device)
     launch(
-        amax_pair_kernel, (programs,), (x, amax, *seeds, rows, cols, tiles_c),
+        amax_pair_kernel, (programs,), (x, partials, *seeds, rows, cols, tiles_c),
         dict(BR=br, BC=bc, ROUND_BF16=round_bf16, **constants), warps,
     )  # fmt: skip
-    return amax
+    return partials
+
+
+def _partials(programs: int, device: torch.device) -> torch.Tensor:
+    """The two directions' partial maxima of an amax pass of `programs` programs."""
+    return torch.empty((2, programs), dtype=torch.float32, device=device)
 
 
 # A lone direction transformed over LONE_HADAMARD positions or more (MS-EDEN's RHT-128, on the
@@ -130,23 +146,25 @@ def _striding_grid(
 
 
 def _amax_rht16_cols(
-    x: torch.Tensor, amax: torch.Tensor, col: Direction, plain: bool, round_bf16: bool
-) -> None:
-    """amax[1]: the column direction's amax after its 16-point transform; with `plain`,
-    amax[0]: x's own (a row direction without a transform)."""
+    x: torch.Tensor, col: Direction, plain: bool, round_bf16: bool
+) -> torch.Tensor:
+    """Partial maxima: direction 1 the column direction's after its 16-point transform; with
+    `plain`, direction 0 x's own (a row direction without a transform)."""
     rows, cols = x.shape
     programs, tiles, tiles_c = _striding_grid(
         x, 16 * AMAX_SLAB_LINES, AMAX_SLAB_COLS, AMAX_PROGRAMS_PER_SM
     )
     rht_ptr, rht_value, rht_from_ptr = _seed_args(col.hadamard_seed, x.device)
+    partials = _partials(programs, x.device)
     launch(
         amax_rht16_cols_kernel, (programs,),
-        (x, amax, rht_ptr, rht_value, rows, cols, tiles, tiles_c),
+        (x, partials, rht_ptr, rht_value, rows, cols, tiles, tiles_c),
         dict(G=AMAX_SLAB_LINES, BC=AMAX_SLAB_COLS, PLAIN=plain, RHT_SEED_FROM_PTR=rht_from_ptr,
              NORM=_hadamard_constants(16)["HADAMARD_NORM"],
              SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16),
         4,
     )  # fmt: skip
+    return partials
 
 
 # The 32-slab amax pass: tiles of 32 rows x 256 columns, 4 warps, 8 striding programs an SM
@@ -157,22 +175,24 @@ AMAX32_PROGRAMS_PER_SM = 8
 
 
 def _amax_rht32_both(
-    x: torch.Tensor, amax: torch.Tensor, row: Direction, col: Direction, round_bf16: bool
-) -> None:
-    """amax[0], amax[1]: the row and column directions' amaxes after their 32-point
-    transforms, from the slab kernel."""
+    x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool
+) -> torch.Tensor:
+    """Partial maxima of the row and column directions after their 32-point transforms, from
+    the slab kernel."""
     rows, cols = x.shape
     programs, tiles, tiles_c = _striding_grid(
         x, 32 * AMAX32_SLAB_LINES, AMAX32_COLS, AMAX32_PROGRAMS_PER_SM
     )
     row_ptr, row_value, row_from_ptr = _seed_args(row.hadamard_seed, x.device)
     col_ptr, col_value, col_from_ptr = _seed_args(col.hadamard_seed, x.device)
+    partials = _partials(programs, x.device)
     launch(
         amax_rht32_both_kernel, (programs,),
-        (x, amax, row_ptr, row_value, col_ptr, col_value, rows, cols, tiles, tiles_c),
+        (x, partials, row_ptr, row_value, col_ptr, col_value, rows, cols, tiles, tiles_c),
         dict(G=AMAX32_SLAB_LINES, BC=AMAX32_COLS, NORM=_hadamard_constants(32)["HADAMARD_NORM"],
              ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr,
              ROW_SIGNS=signs_constant(row.hadamard_seed),
              COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16),
         AMAX32_WARPS,
     )  # fmt: skip
+    return partials

@@ -33,7 +33,7 @@ from fp4cli.kernels.launch import (
     signs_constant,
     two_level_constants,
 )
-from fp4cli.kernels.launch_amax import pair_amax
+from fp4cli.kernels.launch_amax import pair_amax_partials
 from fp4cli.kernels.prescale import prescale_constants
 from fp4cli.kernels.quantize_pair import quantize_pair_kernel
 from fp4cli.quant.blocking import round_up, transformed_length
@@ -249,18 +249,24 @@ def _check_directions(row: Direction | None, col: Direction | None, double: bool
 
 
 def pair_tables(
-    amax: torch.Tensor, row: Direction | None, col: Direction | None
+    amax: torch.Tensor,
+    row: Direction | None,
+    col: Direction | None,
+    partials: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The two-level directions' encode tables from their amaxes (`pair_amax`), in one launch
-    where both have one and their specs share the formula."""
+    """The two-level directions' encode tables from their amaxes (`launch_amax.pair_amax`), in
+    one launch where both have one and their specs share the formula. partials (2, programs):
+    the amax pass's partial maxima (`pair_amax_partials`), reduced by the tables' launches into
+    `amax` (then an output: the entries of the directions with a table)."""
     scaled = [d.spec for d in (row, col) if d is not None and d.spec.tensor_scale]
     if len(scaled) == 2 and same_tables(scaled[0], scaled[1]):
-        both = encode_tables(amax, scaled[0])
+        both = encode_tables(amax, scaled[0], partials)
         return both[0], both[1]
     tables: list[torch.Tensor | None] = [None, None]
     for i, d in enumerate((row, col)):
         if d is not None and d.spec.tensor_scale:
-            tables[i] = encode_tables(amax[i : i + 1], d.spec)[0]
+            part = partials[i : i + 1] if partials is not None else None
+            tables[i] = encode_tables(amax[i : i + 1], d.spec, part)[0]
     return tables[0], tables[1]
 
 
@@ -316,9 +322,11 @@ def quantize_pair(
     row_pass, col_pass = (d if d is not None and d.spec.whole_tensor_scale else None
                           for d in (row, col))  # fmt: skip
     if row_pass is not None or col_pass is not None:
-        amax = pair_amax(x, row_pass, col_pass, chosen, round_bf16)
-        row_amax, col_amax = amax[0:1], amax[1:2]
-        row_table, col_table = pair_tables(amax, row_pass, col_pass)
+        partials = pair_amax_partials(x, row_pass, col_pass, chosen, round_bf16)
+        amax = torch.empty(2, dtype=torch.float32, device=x.device)
+        row_table, col_table = pair_tables(amax, row_pass, col_pass, partials)
+        row_amax = amax[0:1] if row_pass is not None else None
+        col_amax = amax[1:2] if col_pass is not None else None
     row_args, row_constants, row_out, row_length, row_padded = _direction_args(
         row, cols, rows, row_amax, row_table, x.device, "ROW"
     )

@@ -2,8 +2,9 @@
 
 A block's encode multiplier e = min(1 / (s * D), FLT_MAX) depends only on its scale s, one of the
 scale format's codes, and on the tensor's D. So one small launch per tensor amax
-(`encode_table_kernel`) evaluates it for every code (and the tensor's block factor
-G * fl(1 / E), and G * fl(1 / 4) for four-over-six's second candidate) into a table,
+(`encode_table_kernel`, which first reduces the amax pass's partial maxima) evaluates it for
+every code (and the tensor's block factor G * fl(1 / E), and G * fl(1 / 4) for
+four-over-six's second candidate) into a table,
 `ENCODE_TABLE` float32 values, in the reference's order of operations; the quantize kernels
 round each block's scale onto the grid as before and look its multiplier up by the scale code.
 The bits are those of the formula (the same float32 operations on the same operands); what
@@ -82,16 +83,37 @@ def write_table(
     tl.store(table + FOUR_ENCODE_SLOT, block_encode(global_encode, ELEM_INV, True))
 
 
+PARTIALS_READ = tl.constexpr(1024)  # partial maxima the table kernel reads at a time
+
+
+@triton.jit
+def reduced_partials(partials_ptr, count):
+    """The largest of `count` float32 partial maxima (each finite and at least 0)."""
+    top = tl.zeros([PARTIALS_READ], tl.float32)
+    for start in range(0, count, PARTIALS_READ):
+        index = start + tl.arange(0, PARTIALS_READ)
+        top = tl.maximum(top, tl.load(partials_ptr + index, mask=index < count, other=0.0))
+    return tl.max(top, axis=0)
+
+
 @triton.jit
 def encode_table_kernel(
-    amax_ptr, table_ptr, SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr,
-    SCALE_MAX_CODE: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr, ELEM_INV: tl.constexpr,
+    amax_ptr, table_ptr, partials_ptr, partial_count, REDUCE: tl.constexpr,
+    SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr, SCALE_MAX_CODE: tl.constexpr,
+    TWO_LEVEL_TARGET: tl.constexpr, ELEM_INV: tl.constexpr,
 ):  # fmt: skip
-    """Program t: the table of the tensor whose amax is amax_ptr[t], into row t of table_ptr."""
+    """Program t: the table of the tensor whose amax is amax_ptr[t], into row t of table_ptr;
+    REDUCE: that amax is first reduced from row t of the (tensors, partial_count) partial
+    maxima of an amax pass (`amax.store_partial`) and written to amax_ptr[t]."""
     tensor = tl.program_id(0)
+    if REDUCE:
+        tensor_amax = reduced_partials(partials_ptr + tensor * partial_count, partial_count)
+        tl.store(amax_ptr + tensor, tensor_amax)
+    else:
+        tensor_amax = tl.load(amax_ptr + tensor)
     write_table(
-        tl.load(amax_ptr + tensor), table_ptr + tensor * ENCODE_TABLE, SCALE_MBITS,
-        SCALE_MIN_EXP, SCALE_MAX_CODE, TWO_LEVEL_TARGET, ELEM_INV,
+        tensor_amax, table_ptr + tensor * ENCODE_TABLE, SCALE_MBITS, SCALE_MIN_EXP,
+        SCALE_MAX_CODE, TWO_LEVEL_TARGET, ELEM_INV,
     )  # fmt: skip
 
 

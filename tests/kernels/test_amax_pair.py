@@ -25,7 +25,7 @@ launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
 launch_amax = pytest.importorskip("fp4cli.kernels.launch_amax")
 Direction, pair_amax, pair_tile = (
     launch_pair.Direction,
-    launch_pair.pair_amax,
+    launch_amax.pair_amax,
     launch_pair.pair_tile,
 )
 

@@ -24,9 +24,10 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
 from tests.kernel_checks import assert_same_up_to_zero_sign
 
 launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+launch_amax = pytest.importorskip("fp4cli.kernels.launch_amax")
 Direction, pair_amax, pair_tile, quantize_pair = (
     launch_pair.Direction,
-    launch_pair.pair_amax,
+    launch_amax.pair_amax,
     launch_pair.pair_tile,
     launch_pair.quantize_pair,
 )

@@ -63,3 +63,33 @@ def test_a_pairs_directions_get_their_own_specs_tables(row_spec):
         assert row_table is None
     else:
         assert_encode_table(row_table, amax[0], row.spec)
+
+
+@pytest.mark.parametrize("count", [1, 1000, 2500])
+def test_the_table_launch_reduces_an_amax_pass_partial_maxima(count):
+    """With an amax pass's partial maxima (a row per tensor, `amax.store_partial`), the table's
+    launch writes each row's largest into the amax and builds its table from it: the largest
+    anywhere in a row, past the first chunk the kernel reads (1024 at a time) too."""
+    generator = torch.Generator().manual_seed(count)
+    partials = torch.rand((2, count), generator=generator) * 100
+    partials[0, count - 1] = 250.0  # the last entry of a row
+    partials[1] *= 1e-42  # subnormal maxima, the largest in the middle
+    partials[1, count // 2] = 1e-39
+    expected = partials.amax(1)
+    spec = TABLE_SPECS["nvfp4"]
+    amax = on_device(torch.full((2,), float("nan")))
+    tables = encode_tables(amax, spec, on_device(partials))
+    assert torch.equal(amax.cpu(), expected)
+    for table, tensor_amax in zip(tables, expected, strict=True):
+        assert_encode_table(table, tensor_amax, spec)
+    row, col = Direction(spec, None), Direction(spec.replace(rounding="sr"), 3)
+    amax = on_device(torch.full((2,), float("nan")))
+    row_table, col_table = pair_tables(amax, row, col, on_device(partials))
+    assert torch.equal(amax.cpu(), expected)
+    assert_encode_table(row_table, expected[0], spec)
+    assert_encode_table(col_table, expected[1], col.spec)
+
+
+def test_partial_maxima_must_be_a_row_per_amax():
+    with pytest.raises(ValueError, match="a row per tensor amax"):
+        encode_tables(on_device(torch.zeros(2)), TABLE_SPECS["nvfp4"], on_device(torch.zeros(3, 4)))
