@@ -361,8 +361,13 @@ def tensor_amax(
     tile: Tile | None = None,
 ) -> torch.Tensor:
     """The largest finite |x| (of the Hadamard-transformed x, if any), a 1-element tensor."""
-    partials = amax_partials(x, axis, hadamard, hadamard_seed, tile)
-    return partials.amax(1) if partials.numel() else partials.new_zeros(1)
+    return reduced_partials(amax_partials(x, axis, hadamard, hadamard_seed, tile))
+
+
+def reduced_partials(partials: torch.Tensor) -> torch.Tensor:
+    """The amaxes of an amax pass's (directions, programs) partial maxima, by torch (0 where the
+    pass had no programs)."""
+    return partials.amax(1) if partials.numel() else partials.new_zeros(partials.shape[0])
 
 
 def amax_partials(

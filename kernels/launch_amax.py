@@ -18,6 +18,7 @@ from fp4cli.kernels.launch import (
     _hadamard_constants,
     _seed_args,
     launch,
+    reduced_partials,
     signs_constant,
 )
 from fp4cli.quant.blocking import transformed_length
@@ -38,8 +39,7 @@ def pair_amax(
     direction's Hadamard transform; 0 for a direction without a tensor scale), float32, from
     one read of x (rows, cols); round_bf16: of a float32 x rounded to bfloat16 as it is read
     (`quantize_pair`'s read_as)."""
-    partials = pair_amax_partials(x, row, col, tile, round_bf16)
-    return partials.amax(1) if partials.numel() else partials.new_zeros(2)
+    return reduced_partials(pair_amax_partials(x, row, col, tile, round_bf16))
 
 
 def pair_amax_partials(
