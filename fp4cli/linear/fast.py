@@ -214,8 +214,8 @@ def read_as_rounded(
 
     if tensor.dtype == dtype:
         return tensor, None
-    specs = [r.spec for r in requests if r is not None]
-    if None not in specs and rounds_as_read(tensor.dtype, dtype):
+    quantized = all(r.spec is not None for r in requests if r is not None)
+    if quantized and rounds_as_read(tensor.dtype, dtype):
         return tensor, dtype
     return tensor.to(dtype), None
 
