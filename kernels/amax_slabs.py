@@ -125,15 +125,19 @@ def butterfly32_max(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, 
 
 @triton.jit
 def _slab(x_ptr, row0, col0, rows, cols, flips, J: tl.constexpr, SIZE: tl.constexpr,
-          G: tl.constexpr, BC: tl.constexpr, ROUND_BF16: tl.constexpr):  # fmt: skip
+          G: tl.constexpr, BC: tl.constexpr, ROUND_BF16: tl.constexpr,
+          EVEN: tl.constexpr):  # fmt: skip
     """(slab J of the tile down the columns: rows row0 + SIZE g + J (g < G), columns col0 ..
     col0 + BC, zero outside x; the slab signed for the SIZE-point transform). ROUND_BF16: a
-    float32 x read as its bfloat16 rounding."""
+    float32 x read as its bfloat16 rounding. EVEN: every tile lies inside x (no masks)."""
     lines = row0 + SIZE * tl.arange(0, G).to(tl.int64) + J
     positions = col0 + tl.arange(0, BC)
-    mask = (lines < rows)[:, None] & (positions < cols)[None, :]
-    slab = tl.load(x_ptr + lines[:, None] * cols + positions[None, :], mask=mask, other=0.0)
-    slab = slab.to(tl.float32)
+    pointers = x_ptr + lines[:, None] * cols + positions[None, :]
+    if EVEN:
+        slab = tl.load(pointers).to(tl.float32)
+    else:
+        mask = (lines < rows)[:, None] & (positions < cols)[None, :]
+        slab = tl.load(pointers, mask=mask, other=0.0).to(tl.float32)
     if ROUND_BF16:
         slab = rounded_to_bf16(slab)
     return slab, signed(slab, flips, J)
@@ -141,42 +145,42 @@ def _slab(x_ptr, row0, col0, rows, cols, flips, J: tl.constexpr, SIZE: tl.conste
 
 @triton.jit
 def _cols_max(x_ptr, row0, col0, rows, cols, flips, G: tl.constexpr, BC: tl.constexpr,
-              FINITE: tl.constexpr, ROUND_BF16: tl.constexpr):  # fmt: skip
+              FINITE: tl.constexpr, ROUND_BF16: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
     """[G, BC]: the largest |transformed value| (before the normalization) of each column's
     32-block at each slab position."""
     return butterfly32_max(
-        _slab(x_ptr, row0, col0, rows, cols, flips, 0, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 1, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 2, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 3, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 4, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 5, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 6, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 7, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 8, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 9, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 10, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 11, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 12, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 13, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 14, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 15, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 16, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 17, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 18, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 19, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 20, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 21, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 22, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 23, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 24, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 25, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 26, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 27, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 28, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 29, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 30, 32, G, BC, ROUND_BF16)[1],
-        _slab(x_ptr, row0, col0, rows, cols, flips, 31, 32, G, BC, ROUND_BF16)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 0, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 1, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 2, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 3, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 4, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 5, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 6, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 7, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 8, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 9, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 10, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 11, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 12, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 13, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 14, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 15, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 16, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 17, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 18, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 19, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 20, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 21, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 22, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 23, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 24, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 25, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 26, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 27, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 28, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 29, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 30, 32, G, BC, ROUND_BF16, EVEN)[1],
+        _slab(x_ptr, row0, col0, rows, cols, flips, 31, 32, G, BC, ROUND_BF16, EVEN)[1],
         FINITE,
     )
 
@@ -217,25 +221,26 @@ def _plain_max(r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, 
 
 @triton.jit
 def _rht16_slab_maxima(x_ptr, row0, col0, rows, cols, flips, G: tl.constexpr, BC: tl.constexpr,
-                       FINITE: tl.constexpr, ROUND_BF16: tl.constexpr):  # fmt: skip
+                       FINITE: tl.constexpr, ROUND_BF16: tl.constexpr,
+                       EVEN: tl.constexpr):  # fmt: skip
     """(largest |x|, largest |transformed x| before the normalization) at each of the [G, BC]
     positions of the tile's 16 slabs (rows row0 + 16 g + j, columns col0 + c)."""
-    r0, s0 = _slab(x_ptr, row0, col0, rows, cols, flips, 0, 16, G, BC, ROUND_BF16)
-    r1, s1 = _slab(x_ptr, row0, col0, rows, cols, flips, 1, 16, G, BC, ROUND_BF16)
-    r2, s2 = _slab(x_ptr, row0, col0, rows, cols, flips, 2, 16, G, BC, ROUND_BF16)
-    r3, s3 = _slab(x_ptr, row0, col0, rows, cols, flips, 3, 16, G, BC, ROUND_BF16)
-    r4, s4 = _slab(x_ptr, row0, col0, rows, cols, flips, 4, 16, G, BC, ROUND_BF16)
-    r5, s5 = _slab(x_ptr, row0, col0, rows, cols, flips, 5, 16, G, BC, ROUND_BF16)
-    r6, s6 = _slab(x_ptr, row0, col0, rows, cols, flips, 6, 16, G, BC, ROUND_BF16)
-    r7, s7 = _slab(x_ptr, row0, col0, rows, cols, flips, 7, 16, G, BC, ROUND_BF16)
-    r8, s8 = _slab(x_ptr, row0, col0, rows, cols, flips, 8, 16, G, BC, ROUND_BF16)
-    r9, s9 = _slab(x_ptr, row0, col0, rows, cols, flips, 9, 16, G, BC, ROUND_BF16)
-    r10, s10 = _slab(x_ptr, row0, col0, rows, cols, flips, 10, 16, G, BC, ROUND_BF16)
-    r11, s11 = _slab(x_ptr, row0, col0, rows, cols, flips, 11, 16, G, BC, ROUND_BF16)
-    r12, s12 = _slab(x_ptr, row0, col0, rows, cols, flips, 12, 16, G, BC, ROUND_BF16)
-    r13, s13 = _slab(x_ptr, row0, col0, rows, cols, flips, 13, 16, G, BC, ROUND_BF16)
-    r14, s14 = _slab(x_ptr, row0, col0, rows, cols, flips, 14, 16, G, BC, ROUND_BF16)
-    r15, s15 = _slab(x_ptr, row0, col0, rows, cols, flips, 15, 16, G, BC, ROUND_BF16)
+    r0, s0 = _slab(x_ptr, row0, col0, rows, cols, flips, 0, 16, G, BC, ROUND_BF16, EVEN)
+    r1, s1 = _slab(x_ptr, row0, col0, rows, cols, flips, 1, 16, G, BC, ROUND_BF16, EVEN)
+    r2, s2 = _slab(x_ptr, row0, col0, rows, cols, flips, 2, 16, G, BC, ROUND_BF16, EVEN)
+    r3, s3 = _slab(x_ptr, row0, col0, rows, cols, flips, 3, 16, G, BC, ROUND_BF16, EVEN)
+    r4, s4 = _slab(x_ptr, row0, col0, rows, cols, flips, 4, 16, G, BC, ROUND_BF16, EVEN)
+    r5, s5 = _slab(x_ptr, row0, col0, rows, cols, flips, 5, 16, G, BC, ROUND_BF16, EVEN)
+    r6, s6 = _slab(x_ptr, row0, col0, rows, cols, flips, 6, 16, G, BC, ROUND_BF16, EVEN)
+    r7, s7 = _slab(x_ptr, row0, col0, rows, cols, flips, 7, 16, G, BC, ROUND_BF16, EVEN)
+    r8, s8 = _slab(x_ptr, row0, col0, rows, cols, flips, 8, 16, G, BC, ROUND_BF16, EVEN)
+    r9, s9 = _slab(x_ptr, row0, col0, rows, cols, flips, 9, 16, G, BC, ROUND_BF16, EVEN)
+    r10, s10 = _slab(x_ptr, row0, col0, rows, cols, flips, 10, 16, G, BC, ROUND_BF16, EVEN)
+    r11, s11 = _slab(x_ptr, row0, col0, rows, cols, flips, 11, 16, G, BC, ROUND_BF16, EVEN)
+    r12, s12 = _slab(x_ptr, row0, col0, rows, cols, flips, 12, 16, G, BC, ROUND_BF16, EVEN)
+    r13, s13 = _slab(x_ptr, row0, col0, rows, cols, flips, 13, 16, G, BC, ROUND_BF16, EVEN)
+    r14, s14 = _slab(x_ptr, row0, col0, rows, cols, flips, 14, 16, G, BC, ROUND_BF16, EVEN)
+    r15, s15 = _slab(x_ptr, row0, col0, rows, cols, flips, 15, 16, G, BC, ROUND_BF16, EVEN)
     plain = _plain_max(r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
                        FINITE)  # fmt: skip
     s0, s1, s2, s3, s4, s5, s6, s7 = butterfly8(s0, s1, s2, s3, s4, s5, s6, s7)
@@ -248,7 +253,7 @@ def _rht16_slab_maxima(x_ptr, row0, col0, rows, cols, flips, G: tl.constexpr, BC
 @triton.jit
 def _program_maxima16(x_ptr, rows, cols, tiles, tiles_c, flips, G: tl.constexpr,
                       BC: tl.constexpr, FINITE: tl.constexpr,
-                      ROUND_BF16: tl.constexpr):  # fmt: skip
+                      ROUND_BF16: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
     """(largest |x|, largest |transformed x| before the normalization) over this program's
     tiles of `amax_rht16_cols_kernel`."""
     plain = tl.zeros((G, BC), tl.float32)
@@ -257,7 +262,7 @@ def _program_maxima16(x_ptr, rows, cols, tiles, tiles_c, flips, G: tl.constexpr,
         row0 = ((tile // tiles_c) * 16 * G).to(tl.int64)
         col0 = ((tile % tiles_c) * BC).to(tl.int64)
         tile_plain, tile_transformed = _rht16_slab_maxima(
-            x_ptr, row0, col0, rows, cols, flips, G, BC, FINITE, ROUND_BF16
+            x_ptr, row0, col0, rows, cols, flips, G, BC, FINITE, ROUND_BF16, EVEN
         )
         plain = tl.maximum(plain, tile_plain)
         transformed = tl.maximum(transformed, tile_transformed)
@@ -270,19 +275,21 @@ def amax_rht16_cols_kernel(
     x_ptr, amax_ptr, rht_seed_ptr, rht_seed_value, rows, cols, tiles, tiles_c,
     G: tl.constexpr, BC: tl.constexpr, PLAIN: tl.constexpr, RHT_SEED_FROM_PTR: tl.constexpr,
     NORM: tl.constexpr, SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
+    EVEN: tl.constexpr = False,
 ):  # fmt: skip
     """Direction 1: the largest finite |value| of x (rows, cols) after the 16-point random
     Hadamard transform down its columns (rows padded with zeros to a multiple of 16); with
     PLAIN, direction 0: the largest finite |x| (else 0). Tile t holds rows [16 G (t // tiles_c),
     16 G (t // tiles_c + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p,
     p + programs, .. and writes its maxima into the partial maxima at amax_ptr
-    (`amax.store_partial`). ROUND_BF16: a float32 x read as its bfloat16 rounding."""
+    (`amax.store_partial`). ROUND_BF16: a float32 x read as its bfloat16 rounding. EVEN: the
+    tiles cover x exactly (loads without masks)."""
     flips = sign_flips(seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR), 16, SIGNS)
     plain, transformed = _program_maxima16(x_ptr, rows, cols, tiles, tiles_c, flips, G, BC,
-                                           False, ROUND_BF16)  # fmt: skip
+                                           False, ROUND_BF16, EVEN)  # fmt: skip
     if not ((plain <= FLOAT32_MAX) & (transformed <= FLOAT32_MAX)):  # an Inf (or a kept NaN)
         plain, transformed = _program_maxima16(x_ptr, rows, cols, tiles, tiles_c, flips, G, BC,
-                                               True, ROUND_BF16)  # fmt: skip
+                                               True, ROUND_BF16, EVEN)  # fmt: skip
     if not PLAIN:
         plain = 0.0
     store_partial(amax_ptr, 0, plain)
@@ -291,16 +298,19 @@ def amax_rht16_cols_kernel(
 
 @triton.jit
 def _eight(x_ptr, row0, col0, rows, cols, flips, Q: tl.constexpr, R: tl.constexpr,
-           BC: tl.constexpr, ROUND_BF16: tl.constexpr):  # fmt: skip
+           BC: tl.constexpr, ROUND_BF16: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
     """Positions 8 Q .. 8 Q + 7 of each row's 32-blocks in the tile (rows row0 .. row0 + R,
     columns col0 .. col0 + BC), each an [R, BC / 32] tensor, signed: one vector load of 8
     columns, split in registers."""
     lines = row0 + tl.arange(0, R).to(tl.int64)
     blocks = col0 + 32 * tl.arange(0, BC // 32) + 8 * Q
     positions = blocks[:, None] + tl.arange(0, 8)[None, :]
-    mask = (lines < rows)[:, None, None] & (positions < cols)[None, :, :]
-    offsets = lines[:, None, None] * cols + positions[None, :, :]
-    chunk = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    pointers = x_ptr + lines[:, None, None] * cols + positions[None, :, :]
+    if EVEN:
+        chunk = tl.load(pointers).to(tl.float32)
+    else:
+        mask = (lines < rows)[:, None, None] & (positions < cols)[None, :, :]
+        chunk = tl.load(pointers, mask=mask, other=0.0).to(tl.float32)
     if ROUND_BF16:
         chunk = rounded_to_bf16(chunk)
     even, odd = tl.split(tl.reshape(chunk, (R, BC // 32, 4, 2)))  # positions 0, 2, 4, 6; 1, 3, 5, 7
@@ -318,17 +328,17 @@ def _eight(x_ptr, row0, col0, rows, cols, flips, Q: tl.constexpr, R: tl.constexp
 
 @triton.jit
 def _rows_max(x_ptr, row0, col0, rows, cols, flips, R: tl.constexpr, BC: tl.constexpr,
-              FINITE: tl.constexpr, ROUND_BF16: tl.constexpr):  # fmt: skip
+              FINITE: tl.constexpr, ROUND_BF16: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
     """[R, BC / 32]: the largest |transformed value| (before the normalization) of each row's
     32-blocks in the tile."""
     a0, a1, a2, a3, a4, a5, a6, a7 = _eight(x_ptr, row0, col0, rows, cols, flips, 0, R, BC,
-                                            ROUND_BF16)  # fmt: skip
+                                            ROUND_BF16, EVEN)  # fmt: skip
     a8, a9, a10, a11, a12, a13, a14, a15 = _eight(x_ptr, row0, col0, rows, cols, flips, 1, R,
-                                                  BC, ROUND_BF16)  # fmt: skip
+                                                  BC, ROUND_BF16, EVEN)  # fmt: skip
     b0, b1, b2, b3, b4, b5, b6, b7 = _eight(x_ptr, row0, col0, rows, cols, flips, 2, R, BC,
-                                            ROUND_BF16)  # fmt: skip
+                                            ROUND_BF16, EVEN)  # fmt: skip
     b8, b9, b10, b11, b12, b13, b14, b15 = _eight(x_ptr, row0, col0, rows, cols, flips, 3, R,
-                                                  BC, ROUND_BF16)  # fmt: skip
+                                                  BC, ROUND_BF16, EVEN)  # fmt: skip
     return butterfly32_max(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15,
                            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15,
                            FINITE)  # fmt: skip
@@ -337,7 +347,7 @@ def _rows_max(x_ptr, row0, col0, rows, cols, flips, R: tl.constexpr, BC: tl.cons
 @triton.jit
 def _program_maxima32(x_ptr, rows, cols, tiles, tiles_c, row_flips, col_flips, G: tl.constexpr,
                       BC: tl.constexpr, FINITE: tl.constexpr,
-                      ROUND_BF16: tl.constexpr):  # fmt: skip
+                      ROUND_BF16: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
     """(row direction's, column direction's) largest |transformed value| before the
     normalization over this program's tiles of `amax_rht32_both_kernel`."""
     row_max = tl.zeros((32 * G, BC // 32), tl.float32)
@@ -346,9 +356,9 @@ def _program_maxima32(x_ptr, rows, cols, tiles, tiles_c, row_flips, col_flips, G
         row0 = ((tile // tiles_c) * 32 * G).to(tl.int64)
         col0 = ((tile % tiles_c) * BC).to(tl.int64)
         col_max = tl.maximum(col_max, _cols_max(x_ptr, row0, col0, rows, cols, col_flips, G, BC,
-                                                FINITE, ROUND_BF16))  # fmt: skip
+                                                FINITE, ROUND_BF16, EVEN))  # fmt: skip
         row_max = tl.maximum(row_max, _rows_max(x_ptr, row0, col0, rows, cols, row_flips,
-                                                32 * G, BC, FINITE, ROUND_BF16))  # fmt: skip
+                                                32 * G, BC, FINITE, ROUND_BF16, EVEN))  # fmt: skip
     return tl.max(tl.max(row_max, axis=1), axis=0), tl.max(tl.max(col_max, axis=1), axis=0)
 
 
@@ -359,21 +369,23 @@ def amax_rht32_both_kernel(
     G: tl.constexpr, BC: tl.constexpr, NORM: tl.constexpr,
     ROW_SEED_FROM_PTR: tl.constexpr, COL_SEED_FROM_PTR: tl.constexpr,
     ROW_SIGNS: tl.constexpr, COL_SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
+    EVEN: tl.constexpr = False,
 ):  # fmt: skip
     """Directions 0 and 1: the largest finite |value| of x (rows, cols) after the 32-point
     random Hadamard transform along its rows and after the one down its columns (each padded
     with zeros to a multiple of 32). Tile t holds rows [32 G (t // tiles_c), 32 G (t // tiles_c
     + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p, p + programs, .. and
     writes its maxima into the partial maxima at amax_ptr (`amax.store_partial`). ROUND_BF16:
-    a float32 x read as its bfloat16 rounding."""
+    a float32 x read as its bfloat16 rounding. EVEN: the tiles cover x exactly (loads without
+    masks)."""
     row_flips = sign_flips(seed_of(row_seed_ptr, row_seed_value, ROW_SEED_FROM_PTR), 32,
                            ROW_SIGNS)  # fmt: skip
     col_flips = sign_flips(seed_of(col_seed_ptr, col_seed_value, COL_SEED_FROM_PTR), 32,
                            COL_SIGNS)  # fmt: skip
     row_max, col_max = _program_maxima32(x_ptr, rows, cols, tiles, tiles_c, row_flips,
-                                         col_flips, G, BC, False, ROUND_BF16)  # fmt: skip
+                                         col_flips, G, BC, False, ROUND_BF16, EVEN)  # fmt: skip
     if not ((row_max <= FLOAT32_MAX) & (col_max <= FLOAT32_MAX)):  # an Inf (or a kept NaN)
         row_max, col_max = _program_maxima32(x_ptr, rows, cols, tiles, tiles_c, row_flips,
-                                             col_flips, G, BC, True, ROUND_BF16)  # fmt: skip
+                                             col_flips, G, BC, True, ROUND_BF16, EVEN)  # fmt: skip
     store_partial(amax_ptr, 0, row_max * NORM)
     store_partial(amax_ptr, 1, col_max * NORM)

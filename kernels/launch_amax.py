@@ -145,6 +145,13 @@ def _striding_grid(
     return min(tiles, per_multiprocessor * multiprocessors(x.device)), tiles, tiles_c
 
 
+def _even(x: torch.Tensor, tile_rows: int, tile_cols: int) -> bool:
+    """Whether tiles of tile_rows x tile_cols cover x (rows, cols) exactly: a slab pass then
+    loads without masks."""
+    rows, cols = x.shape
+    return rows % tile_rows == 0 and cols % tile_cols == 0
+
+
 def _amax_rht16_cols(
     x: torch.Tensor, col: Direction, plain: bool, round_bf16: bool
 ) -> torch.Tensor:
@@ -161,7 +168,8 @@ def _amax_rht16_cols(
         (x, partials, rht_ptr, rht_value, rows, cols, tiles, tiles_c),
         dict(G=AMAX_SLAB_LINES, BC=AMAX_SLAB_COLS, PLAIN=plain, RHT_SEED_FROM_PTR=rht_from_ptr,
              NORM=_hadamard_constants(16)["HADAMARD_NORM"],
-             SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16),
+             SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16,
+             EVEN=_even(x, 16 * AMAX_SLAB_LINES, AMAX_SLAB_COLS)),
         4,
     )  # fmt: skip
     return partials
@@ -192,7 +200,8 @@ def _amax_rht32_both(
         dict(G=AMAX32_SLAB_LINES, BC=AMAX32_COLS, NORM=_hadamard_constants(32)["HADAMARD_NORM"],
              ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr,
              ROW_SIGNS=signs_constant(row.hadamard_seed),
-             COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16),
+             COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16,
+             EVEN=_even(x, 32 * AMAX32_SLAB_LINES, AMAX32_COLS)),
         AMAX32_WARPS,
     )  # fmt: skip
     return partials

@@ -81,9 +81,11 @@ def test_the_16_slab_kernel_gives_the_reference_amax(slab_kernel_only, row, shap
     _check(x, ROWS[row], Direction(NVFP4_SR, 3, 16, 41))
 
 
-def test_the_16_slab_kernel_on_zeros_non_finite_and_overflowing_sums(slab_kernel_only):
+@pytest.mark.parametrize("shape", [(96, 160), (192, 256)])
+def test_the_16_slab_kernel_on_zeros_non_finite_and_overflowing_sums(slab_kernel_only, shape):
+    """(192, 256): whole 64 x 128 tiles, read without masks, several a program."""
     col = Direction(NVFP4, None, 16, 5)
-    x = _input(96, 160, seed=3)
+    x = _input(*shape, seed=3)
     x[0:16, 7] = FP32_MAX  # sums of 16 overflow: Inf, which the amax leaves out
     x[40, 9], x[41, 150], x[95, 0] = NAN, INF, -INF
     x[50, 20] = -3e38
@@ -101,14 +103,23 @@ def test_the_16_slab_kernel_on_bfloat16_and_tensor_seeds(slab_kernel_only):
     _check(x, None, Direction(NVFP4, None, 16, base))
 
 
+def _padded(x, shape):
+    """x in the top left corner of zeros of `shape` (whole tiles: loads without masks)."""
+    out = torch.zeros(shape)
+    out[: x.shape[0], : x.shape[1]] = x
+    return out
+
+
+@pytest.mark.parametrize("even", [False, True])
 @pytest.mark.parametrize("position", range(16))
-def test_each_transformed_position_can_hold_the_amax(slab_kernel_only, position):
+def test_each_transformed_position_can_hold_the_amax(slab_kernel_only, position, even):
     """x = R y for y peaked at one position of its 16-block: after the transform the amax is
-    at that position, so every butterfly output is checked."""
+    at that position, so every butterfly output is checked (even: in whole tiles)."""
     y = seeded_normal((16, 24), position) * 0.1
     y[position] = 100.0 + seeded_normal((24,), position + 16)
-    x = rht_matrix(16, 29).to(torch.float64) @ y.to(torch.float64)
-    _check(on_device(x.to(torch.float32)), None, Direction(NVFP4, None, 16, 29))
+    x = (rht_matrix(16, 29).to(torch.float64) @ y.to(torch.float64)).to(torch.float32)
+    x = _padded(x, (64, 128)) if even else x
+    _check(on_device(x), None, Direction(NVFP4, None, 16, 29))
 
 
 UE5M3_SR = QuantSpec.preset("mxfp4-ue5m3", rounding="sr", scale_rule="ceil")
@@ -121,8 +132,10 @@ def test_the_32_slab_kernel_gives_the_reference_amax(slab_kernel_only, shape):
     _check(_input(*shape, seed=shape[1]), *BOTH_32)
 
 
-def test_the_32_slab_kernel_on_zeros_non_finite_and_overflowing_sums(slab_kernel_only):
-    x = _input(96, 160, seed=3)
+@pytest.mark.parametrize("shape", [(96, 160), (160, 512)])
+def test_the_32_slab_kernel_on_zeros_non_finite_and_overflowing_sums(slab_kernel_only, shape):
+    """(160, 512): whole 32 x 256 tiles, read without masks, several a program."""
+    x = _input(*shape, seed=3)
     x[0:32, 7] = FP32_MAX  # sums of 32 overflow down a column
     x[40, 9], x[41, 150], x[95, 0] = NAN, INF, -INF
     _check(x, *BOTH_32)
@@ -141,16 +154,17 @@ def test_the_32_slab_kernel_on_bfloat16_and_tensor_seeds(slab_kernel_only):
     _check(x, Direction(UE5M3_SR, 1, 32, (base, 2)), Direction(UE5M3_SR, 2, 32, base))
 
 
-def test_each_transformed_position_of_both_ways_can_hold_the_amax(slab_kernel_only):
+@pytest.mark.parametrize("even", [False, True])
+def test_each_transformed_position_of_both_ways_can_hold_the_amax(slab_kernel_only, even):
     """x = R y for y peaked at one position of its 32-block, down the columns (then x^T
-    along the rows): every output of both butterflies is checked."""
+    along the rows): every output of both butterflies is checked (even: in whole tiles)."""
     for position in range(32):
         y = seeded_normal((32, 8), position) * 0.1
         y[position] = 100.0 + seeded_normal((8,), position + 32)
         x = (rht_matrix(32, 6).to(torch.float64) @ y.to(torch.float64)).to(torch.float32)
-        _check(on_device(x), *BOTH_32)
-        x = (rht_matrix(32, 5).to(torch.float64) @ y.to(torch.float64)).to(torch.float32)
-        _check(on_device(x.T.contiguous()), *BOTH_32)
+        _check(on_device(_padded(x, (32, 256)) if even else x), *BOTH_32)
+        x = (rht_matrix(32, 5).to(torch.float64) @ y.to(torch.float64)).to(torch.float32).T
+        _check(on_device(_padded(x, (32, 256)) if even else x.contiguous()), *BOTH_32)
 
 
 @pytest.mark.parametrize("row_h,col_h", [(None, None), (16, None), (32, 16), (None, 32), (16, 16)])
