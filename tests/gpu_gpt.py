@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import fp4cli
-from tests.kernel_checks import assert_bits, assert_same_sum
+from tests.kernel_checks import assert_bits, assert_same_sum_of
 
 
 def tiny_gpt(recipe: str, backend: str):
@@ -35,14 +35,22 @@ def gpt_batches(count: int, batch: int = 8, length: int = 128):
 
 
 def autocast_gradients(
-    recipe: str, backend: str, executor: str, compiler: str | None = None
+    recipe: str,
+    backend: str,
+    executor: str,
+    compiler: str | None = None,
+    output_grads: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """{"loss": the last loss, each parameter's name: its gradient} after two batches under
     bf16 autocast, with every quantized layer checked to run on `executor`; with `compiler`,
-    the model compiled in one graph by that torch.compile backend."""
+    the model compiled in one graph by that torch.compile backend. output_grads: filled with
+    each quantized layer's sum of |dY| over its tokens (float32, per output feature), the terms
+    of its bias gradient."""
     model = tiny_gpt(recipe, backend)
-    layers = fp4cli.quantized_layers(model).values()
-    assert all(layer.executor()[0] == executor for layer in layers)
+    layers = fp4cli.quantized_layers(model)
+    assert all(layer.executor()[0] == executor for layer in layers.values())
+    if output_grads is not None:
+        _sum_output_grads(layers, output_grads)
     if compiler is not None:
         torch._dynamo.reset()
     run = model if compiler is None else torch.compile(model, backend=compiler, fullgraph=True)
@@ -71,18 +79,34 @@ def train_steps(recipe: str, cuda_graph: bool, steps: int = 8, recompute: bool =
     return torch.stack(losses), [p.detach().clone() for p in model.parameters()], runner
 
 
+def _sum_output_grads(layers: dict, sums: dict[str, torch.Tensor]) -> None:
+    """Hooks adding each layer's |dY| over its tokens into sums[name] as the backward runs."""
+
+    def add(name: str, grad: torch.Tensor) -> None:
+        magnitude = grad.float().abs().reshape(-1, grad.shape[-1]).sum(0)
+        sums[name] = sums[name] + magnitude if name in sums else magnitude
+
+    def watch(name: str, output: torch.Tensor) -> None:  # returns None: the output stays
+        output.register_hook(lambda grad: add(name, grad))
+
+    for name, layer in layers.items():
+        layer.register_forward_hook(lambda _m, _i, out, name=name: watch(name, out))
+
+
 def check_executor_gives_the_reference_bits(recipe: str, backend: str, executor: str) -> None:
     """The loss and every gradient of `executor` (under `backend`) under bf16 autocast are the
     reference executor's, bit for bit; the fast and vector-wise executors' bias gradients are
     the same sums added in another order (in the kernel's read of dY that quantizes it or
     reduces its amax)."""
-    want = autocast_gradients(recipe, "torch", "reference")
+    magnitudes: dict[str, torch.Tensor] = {}
+    want = autocast_gradients(recipe, "torch", "reference", output_grads=magnitudes)
     got = autocast_gradients(recipe, backend, executor)
     assert got.keys() == want.keys()
-    summed = {f"{name}.bias" for name in fp4cli.quantized_layers(tiny_gpt(recipe, backend))}
+    terms = sum(batch[0].numel() for batch in gpt_batches(2))  # tokens: each bias sums as many
     for name, tensor in got.items():
-        if executor in ("fast", "vector") and name in summed:
-            assert_same_sum(tensor, want[name], f"{recipe}: {name}")
+        layer = name.removesuffix(".bias")
+        if executor in ("fast", "vector") and name.endswith(".bias") and layer in magnitudes:
+            assert_same_sum_of(tensor, want[name], magnitudes[layer], terms, f"{recipe}: {name}")
         else:
             assert_bits(tensor, want[name], f"{recipe}: {name}")
 

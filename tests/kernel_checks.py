@@ -78,6 +78,20 @@ def assert_same_sum(actual: torch.Tensor, expected: torch.Tensor, what: str = "s
     torch.testing.assert_close(actual, expected, rtol=eps, atol=1e-5 * largest, msg=what)
 
 
+def assert_same_sum_of(
+    actual: torch.Tensor, expected: torch.Tensor, magnitudes: torch.Tensor, terms: int, what: str
+) -> None:
+    """Two float32 sums of the same `terms` terms added in any two orders: each lies within
+    (terms - 1) u sum |term| of the exact sum (u = 2^-24, to first order), so they differ by at
+    most 2 terms u `magnitudes` (the sums of the terms' magnitudes), element by element. Where
+    terms cancel this is far wider than the sum's own last place, and far narrower than one
+    term left out."""
+    assert actual.dtype == expected.dtype == torch.float32 and actual.shape == expected.shape
+    bound = 2 * terms * 2.0**-24 * magnitudes.to(actual.device)
+    excess = (actual - expected).abs() - bound
+    assert bool((excess <= 0).all()), f"{what}: beyond the bound by up to {excess.max().item()}"
+
+
 def assert_same_up_to_zero_sign(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     """As assert_bits, except that 0.0 and -0.0 count as equal (as test_quantize's assert_same:
     the reference's fake_quantize keeps the sign of a value that rounds to zero, its codes and
