@@ -78,17 +78,12 @@ def assert_same_sum(actual: torch.Tensor, expected: torch.Tensor, what: str = "s
     torch.testing.assert_close(actual, expected, rtol=eps, atol=1e-5 * largest, msg=what)
 
 
-def assert_same_sum_of(
-    actual: torch.Tensor, expected: torch.Tensor, magnitudes: torch.Tensor, terms: int, what: str
+def assert_within(
+    actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str
 ) -> None:
-    """Two float32 sums of the same `terms` terms added in any two orders: each lies within
-    (terms - 1) u sum |term| of the exact sum (u = 2^-24, to first order), so they differ by at
-    most 2 terms u `magnitudes` (the sums of the terms' magnitudes), element by element. Where
-    terms cancel this is far wider than the sum's own last place, and far narrower than one
-    term left out."""
-    assert actual.dtype == expected.dtype == torch.float32 and actual.shape == expected.shape
-    bound = 2 * terms * 2.0**-24 * magnitudes.to(actual.device)
-    excess = (actual - expected).abs() - bound
+    """|actual - expected| <= bound, element by element (the same dtype and shape)."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, what
+    excess = (actual - expected).abs() - bound.to(actual.device, actual.dtype)
     assert bool((excess <= 0).all()), f"{what}: beyond the bound by up to {excess.max().item()}"
 
 
