@@ -135,21 +135,15 @@ def multiprocessors(device: torch.device) -> int:
 
 def _striding_grid(
     x: torch.Tensor, tile_rows: int, tile_cols: int, per_multiprocessor: int
-) -> tuple[int, int, int]:
-    """(programs, tiles, tiles along the columns) of a slab amax pass over x (rows, cols) in
-    tiles of tile_rows x tile_cols: at most per_multiprocessor programs an SM, each striding
-    over the tiles."""
+) -> tuple[int, int, int, bool]:
+    """(programs, tiles, tiles along the columns, whether the tiles cover x exactly: loads
+    without masks) of a slab amax pass over x (rows, cols) in tiles of tile_rows x tile_cols:
+    at most per_multiprocessor programs an SM, each striding over the tiles."""
     rows, cols = x.shape
     tiles_c = -(-cols // tile_cols)
     tiles = -(-rows // tile_rows) * tiles_c
-    return min(tiles, per_multiprocessor * multiprocessors(x.device)), tiles, tiles_c
-
-
-def _even(x: torch.Tensor, tile_rows: int, tile_cols: int) -> bool:
-    """Whether tiles of tile_rows x tile_cols cover x (rows, cols) exactly: a slab pass then
-    loads without masks."""
-    rows, cols = x.shape
-    return rows % tile_rows == 0 and cols % tile_cols == 0
+    programs = min(tiles, per_multiprocessor * multiprocessors(x.device))
+    return programs, tiles, tiles_c, rows % tile_rows == 0 and cols % tile_cols == 0
 
 
 def _amax_rht16_cols(
@@ -158,7 +152,7 @@ def _amax_rht16_cols(
     """Partial maxima: direction 1 the column direction's after its 16-point transform; with
     `plain`, direction 0 x's own (a row direction without a transform)."""
     rows, cols = x.shape
-    programs, tiles, tiles_c = _striding_grid(
+    programs, tiles, tiles_c, even = _striding_grid(
         x, 16 * AMAX_SLAB_LINES, AMAX_SLAB_COLS, AMAX_PROGRAMS_PER_SM
     )
     rht_ptr, rht_value, rht_from_ptr = _seed_args(col.hadamard_seed, x.device)
@@ -168,8 +162,7 @@ def _amax_rht16_cols(
         (x, partials, rht_ptr, rht_value, rows, cols, tiles, tiles_c),
         dict(G=AMAX_SLAB_LINES, BC=AMAX_SLAB_COLS, PLAIN=plain, RHT_SEED_FROM_PTR=rht_from_ptr,
              NORM=_hadamard_constants(16)["HADAMARD_NORM"],
-             SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16,
-             EVEN=_even(x, 16 * AMAX_SLAB_LINES, AMAX_SLAB_COLS)),
+             SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16, EVEN=even),
         4,
     )  # fmt: skip
     return partials
@@ -188,7 +181,7 @@ def _amax_rht32_both(
     """Partial maxima of the row and column directions after their 32-point transforms, from
     the slab kernel."""
     rows, cols = x.shape
-    programs, tiles, tiles_c = _striding_grid(
+    programs, tiles, tiles_c, even = _striding_grid(
         x, 32 * AMAX32_SLAB_LINES, AMAX32_COLS, AMAX32_PROGRAMS_PER_SM
     )
     row_ptr, row_value, row_from_ptr = _seed_args(row.hadamard_seed, x.device)
@@ -200,8 +193,7 @@ def _amax_rht32_both(
         dict(G=AMAX32_SLAB_LINES, BC=AMAX32_COLS, NORM=_hadamard_constants(32)["HADAMARD_NORM"],
              ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr,
              ROW_SIGNS=signs_constant(row.hadamard_seed),
-             COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16,
-             EVEN=_even(x, 32 * AMAX32_SLAB_LINES, AMAX32_COLS)),
+             COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16, EVEN=even),
         AMAX32_WARPS,
     )  # fmt: skip
     return partials

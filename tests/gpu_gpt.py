@@ -85,12 +85,11 @@ def _sum_output_grads(layers: dict, sums: dict[str, torch.Tensor]) -> None:
     """Hooks adding, per layer and output feature, the bound of `bias_sum_bound` over each
     batch's dY into sums[name] as the backward runs."""
 
-    def add(name: str, grad: torch.Tensor) -> None:
-        bound = bias_sum_bound(grad.reshape(-1, grad.shape[-1]))
-        sums[name] = sums[name] + bound if name in sums else bound
-
     def watch(name: str, output: torch.Tensor) -> None:  # returns None: the output stays
-        output.register_hook(lambda grad: add(name, grad))
+        def add(grad: torch.Tensor) -> None:
+            sums[name] = sums.get(name, 0) + bias_sum_bound(grad.reshape(-1, grad.shape[-1]))
+
+        output.register_hook(add)
 
     for name, layer in layers.items():
         layer.register_forward_hook(lambda _m, _i, out, name=name: watch(name, out))
