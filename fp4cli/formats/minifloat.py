@@ -102,14 +102,35 @@ def grid_interval(magnitude: torch.Tensor, fmt: Minifloat) -> tuple[torch.Tensor
 
 
 def _grid_spacing(fmt: Minifloat, magnitude: torch.Tensor) -> torch.Tensor:
-    """The spacing of `fmt`'s grid at |x| (float32, a power of two), exact via frexp."""
+    """The spacing of `fmt`'s grid at |x| (a power of two in x's dtype), exact: for float32 from
+    |x|'s exponent field and the power's bits (the regression task's default step on one CPU
+    thread 0.205 -> 0.163 s), else via frexp and ldexp. Both give round_to_grid the same bits
+    (tests/quant/test_formats.py)."""
     import torch
 
     if fmt.ebits == 0:
         return torch.ones_like(magnitude)
+    if magnitude.dtype == torch.float32 and fmt.min_exponent - fmt.mbits >= FLOAT32_MIN_EXPONENT:
+        # the exponent field: floor(log2 |x|) of a normal |x|, below min_exponent for zero and
+        # subnormals (clamped up as below); Inf and NaN get 127, a finite spacing, as frexp's 0
+        field = (magnitude.view(torch.int32) >> 23) & 0xFF
+        exponent = torch.clamp(field - 127, min=fmt.min_exponent, max=127)
+        return normal_pow2(exponent - fmt.mbits)
     _, exp = torch.frexp(magnitude)  # magnitude = m * 2^exp, m in [0.5, 1)
     exponent = torch.clamp(exp - 1, min=fmt.min_exponent)  # floor(log2 |x|), clamped to normals
     return torch.ldexp(torch.ones_like(magnitude), exponent - fmt.mbits)
+
+
+FLOAT32_MIN_EXPONENT = -126  # of float32's smallest normal number
+
+
+def normal_pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """2^exponent as float32 for integer exponents in [-126, 127] (float32's normal range),
+    built from its bits: exactly `torch.ldexp(1.0, exponent)` there, at a fraction of its cost
+    on the CPU (which raises 2 to a float32 power element by element)."""
+    import torch
+
+    return ((exponent.to(torch.int32) - FLOAT32_MIN_EXPONENT + 1) << 23).view(torch.float32)
 
 
 def _lower_code_is_odd(fmt: Minifloat, floor_units: torch.Tensor, spacing: torch.Tensor):

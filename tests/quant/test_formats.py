@@ -21,10 +21,12 @@ from fp4cli.formats import (
     decode,
     encode,
     float32,
+    minifloat,
     pack_nibbles,
     round_to_grid,
     unpack_nibbles,
 )
+from fp4cli.formats.minifloat import normal_pow2
 from fp4cli.quant import QuantSpec, quantize
 from tests import oracle
 
@@ -203,6 +205,40 @@ def test_round_to_grid_sr_brackets(name):
     got = round_to_grid(x, ELEMENT_FORMATS[name], "sr", uniform=u)
     expected = oracle.round_to_grid(x.double().numpy(), oracle.GRIDS[name], "sr", u.numpy())
     assert_same(got, torch.from_numpy(expected).float())
+
+
+def _every_exponent_field() -> torch.Tensor:
+    """float32 values of every exponent field (zeros, subnormals, normals, Inf, NaN) with edge
+    and random mantissas, both signs."""
+    mantissas = [0, 1, 2, 3, 4, 0x100000, 0x200000, 0x3FFFFF, 0x400000, 0x600000, 0x7FFFFE,
+                 0x7FFFFF]  # fmt: skip
+    random = torch.randint(0, 1 << 23, (20,), generator=torch.Generator().manual_seed(2))
+    fields = torch.arange(256, dtype=torch.int32)[:, None] << 23
+    bits = (fields | torch.tensor(mantissas + random.tolist(), dtype=torch.int32)).flatten()
+    return torch.cat([bits, bits | torch.iinfo(torch.int32).min]).view(torch.float32)
+
+
+def test_normal_pow2_is_ldexp_of_one_over_float32s_normal_range():
+    exponents = torch.arange(-126, 128)
+    expected = torch.ldexp(torch.ones(exponents.shape), exponents)
+    assert torch.equal(normal_pow2(exponents).view(torch.int32), expected.view(torch.int32))
+
+
+@pytest.mark.parametrize("mode", ["rne", "away", "ties_up", "up", "sr", "guided"])
+@pytest.mark.parametrize("fmt", [*ELEMENT_FORMATS.values(), UE5M3, UE4M3], ids=str)
+def test_grid_spacing_from_the_bits_rounds_as_frexp_and_ldexp(fmt, mode, monkeypatch):
+    """float32's grid spacing from its exponent field gives round_to_grid's frexp / ldexp
+    results bit for bit on every exponent field, Inf and NaN included (the spacing of zero,
+    Inf and NaN differs; what they round to does not)."""
+    generator = torch.Generator().manual_seed(4)
+    x = torch.cat([_every_exponent_field(), torch.randn(4000, generator=generator) * 8])
+    uniform = torch.rand(x.shape, generator=generator)
+    guide = x + torch.randn(x.shape, generator=generator)
+    arguments = {"sr": {"uniform": uniform}, "guided": {"guide": guide}}.get(mode, {})
+    from_bits = round_to_grid(x, fmt, mode, **arguments)
+    monkeypatch.setattr(minifloat, "FLOAT32_MIN_EXPONENT", 10**6)  # frexp and ldexp alone
+    from_frexp = round_to_grid(x, fmt, mode, **arguments)
+    assert torch.equal(from_bits.view(torch.int32), from_frexp.view(torch.int32))
 
 
 def test_float32_rounds_host_numbers_as_torch_casts_them():
