@@ -62,10 +62,17 @@ def philox4(seed: Seed, counters: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return c0, c1, c2, c3
 
 
-def philox_bits(seed: Seed, offsets: torch.Tensor) -> torch.Tensor:
+def philox_bits(seed: Seed, offsets: torch.Tensor, count: int | None = None) -> torch.Tensor:
     """32 random bits (int64 in [0, 2^32)) for each non-negative int64 offset: word
-    (offset mod 4) of Philox for counter offset // 4."""
+    (offset mod 4) of Philox for counter offset // 4.
+
+    count: every offset is below it (a tensor's element indices, in any order or repeated).
+    Philox then runs once for each counter below ceil(count / 4) and the offsets look their
+    words up: a quarter of the calls of one per offset, the same bits."""
     offsets = offsets.to(torch.int64)
+    if count is not None:
+        counters = torch.arange(-(-count // 4), device=offsets.device, dtype=torch.int64)
+        return torch.stack(philox4(seed, counters), dim=-1).flatten()[offsets]
     words = torch.stack(philox4(seed, offsets >> 2), dim=-1)
     return torch.gather(words, -1, (offsets & 3).unsqueeze(-1)).squeeze(-1)
 
@@ -75,14 +82,15 @@ def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
     return (bits >> 8).to(torch.float32) * (2.0**-24)
 
 
-def uniform(seed: Seed, offsets: torch.Tensor) -> torch.Tensor:
-    """Counter-based uniform numbers in [0, 1), one per offset."""
-    return uniform_from_bits(philox_bits(seed, offsets))
+def uniform(seed: Seed, offsets: torch.Tensor, count: int | None = None) -> torch.Tensor:
+    """Counter-based uniform numbers in [0, 1), one per offset (`philox_bits`' count: every
+    offset below it)."""
+    return uniform_from_bits(philox_bits(seed, offsets, count))
 
 
 def random_signs(seed: Seed, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """n random +-1 (float32) from the top bit of the counter-based bits for offsets 0..n-1."""
-    bits = philox_bits(seed, torch.arange(n, device=device, dtype=torch.int64))
+    bits = philox_bits(seed, torch.arange(n, device=device, dtype=torch.int64), n)
     return 1.0 - 2.0 * (bits >> 31).to(torch.float32)
 
 

@@ -269,7 +269,7 @@ def _uniform_blocks(
     moved_index = layout.to_blocks(layout.pad(index.movedim(axis, -1)))
     if spec.rounding == "eden":
         moved_index = moved_index[..., 0]
-    return random_bits.uniform(seed, moved_index)
+    return random_bits.uniform(seed, moved_index, x.numel())  # padding draws at index 0
 
 
 def _quantize_blocks(

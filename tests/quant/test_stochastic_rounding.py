@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fp4cli.quant import QuantSpec, fake_quantize, quantize
+from fp4cli.quant import QuantSpec, fake_quantize, quantize, random_bits
 from tests import oracle, oracle_philox
 from tests.quant.test_quantize import (
     _random,
@@ -42,6 +42,23 @@ def test_oracle_philox_known_answer():
     zero = np.zeros(1, dtype=np.uint64)
     words = oracle_philox.philox4x32_10((zero, zero, zero, zero), (0, 0))
     assert [int(w[0]) for w in words] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+
+@pytest.mark.parametrize("count", [1, 7, 64, 4099])
+def test_philox_bits_below_a_count_are_each_offsets_own_words(count):
+    """With `count`, Philox runs once a counter below ceil(count / 4) and the offsets (in any
+    order, repeated, a count that is not a multiple of 4) look up the words that a call per
+    offset gives; seeds as tensors too."""
+    generator = torch.Generator().manual_seed(count)
+    offsets = torch.cat([torch.randperm(count, generator=generator),
+                         torch.randint(0, count, (3, 50), generator=generator).flatten(),
+                         torch.tensor([0, count - 1])])  # fmt: skip
+    for seed in (0, 2**40 + 3, torch.tensor(-5)):
+        expected = random_bits.philox_bits(seed, offsets)
+        assert torch.equal(random_bits.philox_bits(seed, offsets, count), expected)
+        shaped = offsets[: 2 * (offsets.numel() // 2)].reshape(2, -1)
+        assert torch.equal(random_bits.uniform(seed, shaped, count),
+                           random_bits.uniform(seed, shaped))  # fmt: skip
 
 
 @pytest.mark.parametrize("spec", SR_SPECS, ids=lambda s: s.short())
