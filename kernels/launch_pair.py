@@ -270,6 +270,29 @@ def pair_tables(
     return tables[0], tables[1]
 
 
+def pair_amax(
+    x: torch.Tensor,
+    row: Direction | None,
+    col: Direction | None,
+    tile: tuple[int, int],
+    round_bf16: bool = False,
+) -> tuple[torch.Tensor | None, ...]:
+    """(row amax, column amax, row table, column table) of the directions with one tensor scale
+    for their whole tensor (None for the others): `quantize_pair`'s amax pass over x in its
+    [tile] tiles, each direction's amax of x as it quantizes it (transformed), then their
+    encode tables."""
+    row_pass, col_pass = (d if d is not None and d.spec.whole_tensor_scale else None
+                          for d in (row, col))  # fmt: skip
+    if row_pass is None and col_pass is None:
+        return None, None, None, None
+    partials = pair_amax_partials(x, row_pass, col_pass, tile, round_bf16)
+    amax = torch.empty(2, dtype=torch.float32, device=x.device)
+    row_table, col_table = pair_tables(amax, row_pass, col_pass, partials)
+    row_amax = amax[0:1] if row_pass is not None else None
+    col_amax = amax[1:2] if col_pass is not None else None
+    return row_amax, col_amax, row_table, col_table
+
+
 @torch.compiler.disable
 def quantize_pair(
     x: torch.Tensor,
@@ -318,15 +341,7 @@ def quantize_pair(
     if chosen is None:
         raise ValueError("these directions do not fit one tile; quantize them one at a time")
     br, bc = chosen
-    row_amax = col_amax = row_table = col_table = None
-    row_pass, col_pass = (d if d is not None and d.spec.whole_tensor_scale else None
-                          for d in (row, col))  # fmt: skip
-    if row_pass is not None or col_pass is not None:
-        partials = pair_amax_partials(x, row_pass, col_pass, chosen, round_bf16)
-        amax = torch.empty(2, dtype=torch.float32, device=x.device)
-        row_table, col_table = pair_tables(amax, row_pass, col_pass, partials)
-        row_amax = amax[0:1] if row_pass is not None else None
-        col_amax = amax[1:2] if col_pass is not None else None
+    row_amax, col_amax, row_table, col_table = pair_amax(x, row, col, chosen, round_bf16)
     row_args, row_constants, row_out, row_length, row_padded = _direction_args(
         row, cols, rows, row_amax, row_table, x.device, "ROW"
     )

@@ -34,6 +34,8 @@ def kernel_call(
         return _two_level_pass(kernel, x, config, axis)
     if kernel == "quantize-pair":
         return _pair(x, config)
+    if kernel.endswith("-amax") and kernel.startswith("pair"):
+        return _pair_amax(x, config, kernel)
     if kernel.startswith("pair-"):
         return _pair_direction(x, config, kernel)
     if kernel == "quantize":
@@ -70,6 +72,24 @@ def _pair(x: torch.Tensor, config: BenchConfig) -> Callable[[], object]:
     if pair_tile(direction, direction) is None:
         return lambda: (quantize_pair(x, direction, None), quantize_pair(x, None, direction))
     return lambda: quantize_pair(x, direction, direction)
+
+
+def _pair_amax(x: torch.Tensor, config: BenchConfig, kernel: str) -> Callable[[], object]:
+    """A two-level spec's amax pass alone, as `quantize-pair` (pair-amax) or a lone direction
+    (pair-rows-amax, pair-cols-amax) runs it: each direction's tensor amax from one read, and
+    the encode tables (the Triton backend only). Where the pair takes a launch a direction, so
+    does its amax."""
+    from fp4cli.kernels.launch_pair import Direction, pair_amax, pair_tile
+
+    direction = Direction(config.spec, SEED, config.hadamard, SEED)
+    row = direction if kernel != "pair-cols-amax" else None
+    col = direction if kernel != "pair-rows-amax" else None
+    tile = pair_tile(row, col)
+    if tile is None:  # wide both ways: a pass a direction, each on its own tile
+        rows_tile, cols_tile = pair_tile(row, None), pair_tile(None, col)
+        assert rows_tile is not None and cols_tile is not None
+        return lambda: (pair_amax(x, row, None, rows_tile), pair_amax(x, None, col, cols_tile))
+    return lambda: pair_amax(x, row, col, tile)
 
 
 def _pair_direction(x: torch.Tensor, config: BenchConfig, kernel: str) -> Callable[[], object]:

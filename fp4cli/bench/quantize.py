@@ -29,6 +29,8 @@ from fp4cli.bench.timing import (
 )
 from fp4cli.bench.traffic import (
     KERNELS,
+    PAIR_AMAX_KERNEL,
+    PAIR_DIRECTION_AMAX_KERNELS,
     PAIR_DIRECTION_KERNELS,
     PAIR_KERNEL,
     TWO_LEVEL_KERNELS,
@@ -237,6 +239,9 @@ class _Runner:
             kernels += TWO_LEVEL_KERNELS
         if len(case.shape) == 2:
             kernels += (PAIR_KERNEL,) + (PAIR_DIRECTION_KERNELS if self.pair_directions else ())
+            if case.config.spec.whole_tensor_scale:
+                kernels += (PAIR_AMAX_KERNEL,)
+                kernels += PAIR_DIRECTION_AMAX_KERNELS if self.pair_directions else ()
         for kernel in kernels:
             kernel_rows = [
                 self.row(case, kernel, backend, traffic.kernel_bytes(kernel))

@@ -25,6 +25,10 @@ PAIR_KERNEL = "quantize-pair"
 # each direction of the pair alone (`quantize_pair` with one direction, as the quantized Linear
 # runs a direction that does not share a tile), to packed codes and to values in x's dtype
 PAIR_DIRECTION_KERNELS = ("pair-rows", "pair-cols", "pair-rows-values", "pair-cols-values")
+# a two-level spec's pair: its amax pass alone (`launch_pair.pair_amax`, both directions' amaxes,
+# transformed, from one read, and their encode tables); with the directions, each one's alone
+PAIR_AMAX_KERNEL = "pair-amax"
+PAIR_DIRECTION_AMAX_KERNELS = ("pair-rows-amax", "pair-cols-amax")
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class QuantTraffic:
             "pair-cols": self.input + self.cols[0],
             "pair-rows-values": self.input + self.rows[1],
             "pair-cols-values": self.input + self.cols[1],
+            PAIR_AMAX_KERNEL: self.input,
+            **{kernel: self.input for kernel in PAIR_DIRECTION_AMAX_KERNELS},
         }
         return moved[kernel]
 

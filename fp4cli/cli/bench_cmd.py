@@ -64,7 +64,8 @@ def quantize_command(
         Opt(
             "--pair-directions",
             help="Also time each direction of a 2-D tensor's pair alone, to packed codes and to "
-            "values (pair-rows, pair-cols, pair-rows-values, pair-cols-values; Triton only).",
+            "values (pair-rows, pair-cols, pair-rows-values, pair-cols-values), and a two-level "
+            "config's amax pass of each (pair-rows-amax, pair-cols-amax); Triton only.",
         ),
     ] = False,
     store: StoreOption = None,
@@ -242,7 +243,9 @@ def _caption(rows: list[Any]) -> str:
         caption += (
             f" {', '.join(scaled)}: the tensor amax pass reads the input a second time inside"
             " the timed call; the bytes count one read. tensor-amax times that pass alone (input"
-            " bytes), quantize-given-amax the quantization after it."
+            " bytes), quantize-given-amax the quantization after it; pair-amax the pair's amax"
+            " pass alone, both directions' amaxes from one read (input bytes; pair-rows-amax,"
+            " pair-cols-amax: one direction's)."
         )
     return caption
 

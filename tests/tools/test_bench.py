@@ -59,6 +59,7 @@ def test_quantize_command_prints_and_stores(tmp_path: Path) -> None:
     expected += [("nvfp4", "tensor-amax", "triton"), ("nvfp4", "quantize-given-amax", "triton")]
     # a 2-D tensor quantized along its rows and down its columns from one read
     expected += [(c, "quantize-pair", "triton") for c in ("mxfp4", "nvfp4")]
+    expected += [("nvfp4", "pair-amax", "triton")]  # the pair's amax pass alone
     if not TRITON_RUNS:
         assert "needs CUDA or TRITON_INTERPRET=1" in result.stdout
         expected = [key for key in expected if key[2] != "triton"]
@@ -177,6 +178,8 @@ def test_traffic_of_a_hand_computed_case() -> None:
     assert rht.kernel_bytes("pair-cols") == 3840 + 40 * 32 + 40 * 2
     assert rht.kernel_bytes("pair-rows-values") == 3840 + 48 * 64 * 2
     assert rht.kernel_bytes("pair-cols-values") == 3840 + 64 * 40 * 2
+    for kernel in ("pair-amax", "pair-rows-amax", "pair-cols-amax"):
+        assert nvfp4.kernel_bytes(kernel) == 8192  # one read
 
 
 @pytest.mark.skipif(not TRITON_RUNS, reason="runs the kernels under TRITON_INTERPRET=1")
@@ -232,6 +235,42 @@ def test_pair_direction_rows_are_each_direction_alone(config_name) -> None:
     kernels = Counter(r.kernel for r in rows)
     assert all(kernels[k] == 1 for k in ("pair-rows", "pair-cols", "pair-rows-values",
                                           "pair-cols-values", "quantize-pair"))  # fmt: skip
+
+
+@pytest.mark.skipif(not TRITON_RUNS, reason="runs the kernels under TRITON_INTERPRET=1")
+@pytest.mark.parametrize("config_name", ["mxfp4-ue5m3-rht32-sr", "nvfp4-rht16-sr", "nvfp4"])
+def test_pair_amax_rows_give_each_directions_tensor_amax(config_name) -> None:
+    """pair-amax gives both directions' tensor amaxes of `quantize` (of x transformed along
+    each axis), pair-rows-amax / pair-cols-amax one."""
+    from fp4cli.bench.calls import SEED, kernel_call
+    from fp4cli.quant import quantize
+
+    config = CONFIGS[config_name]
+    x = torch.randn(96, 72, generator=torch.Generator().manual_seed(5)) * 3
+    reference = dict(hadamard=config.hadamard, hadamard_seed=SEED, backend="torch")
+    want = [quantize(x, config.spec, axis, SEED, **reference).tensor_amax for axis in (1, 0)]
+    row_amax, col_amax = kernel_call("pair-amax", "triton", x, config, -1)()[:2]
+    assert torch.equal(row_amax, want[0].reshape(1)) and torch.equal(col_amax, want[1].reshape(1))
+    alone = kernel_call("pair-rows-amax", "triton", x, config, -1)()
+    assert torch.equal(alone[0], want[0].reshape(1)) and alone[1] is None
+    alone = kernel_call("pair-cols-amax", "triton", x, config, -1)()
+    assert alone[0] is None and torch.equal(alone[1], want[1].reshape(1))
+
+
+@pytest.mark.skipif(not TRITON_RUNS, reason="runs the kernels under TRITON_INTERPRET=1")
+def test_pair_amax_rows_come_with_a_two_level_configs_2d_cases() -> None:
+    """pair-amax for a two-level config's 2-D case; pair-rows-amax and pair-cols-amax with
+    `--pair-directions` too."""
+    for directions in (False, True):
+        rows = run_quantize_bench([(32, 32), (2, 32, 32)], ["nvfp4", "mxfp4"], backends=["triton"],
+                                  iters=1, device="cpu", warmup=0, repeats=1,
+                                  pair_directions=directions)  # fmt: skip
+        kernels = Counter((r.case.config.name, r.kernel) for r in rows if "amax" in r.kernel)
+        expected = {("nvfp4", "tensor-amax"): 2, ("nvfp4", "quantize-given-amax"): 2,
+                    ("nvfp4", "pair-amax"): 1}  # fmt: skip
+        if directions:
+            expected |= {("nvfp4", "pair-rows-amax"): 1, ("nvfp4", "pair-cols-amax"): 1}
+        assert kernels == expected
 
 
 def test_row_arithmetic() -> None:
