@@ -279,8 +279,9 @@ def _quantize_blocks(
     guide: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(element values q on the grid, stored scales, tensor amax) for float32 blocks."""
-    finite_block = torch.isfinite(blocks).all(dim=-1)
-    blocks = torch.where(torch.isfinite(blocks), blocks, torch.zeros_like(blocks))
+    finite = torch.isfinite(blocks)
+    finite_block = finite.all(dim=-1)
+    blocks = torch.where(finite, blocks, 0.0)
     block_amax = blocks.abs().amax(dim=-1)
     t_amax = two_level.second_level_amax(block_amax, spec) if spec.tensor_scale else None
     q, stored, scales = _candidate(blocks, block_amax, t_amax, spec, uniform, guide)
