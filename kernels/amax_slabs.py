@@ -14,6 +14,7 @@ h = 1, 2, 4, .., then the normalization), so the amax has the same bits.
   another down the columns. Down the columns, slab j holds rows 32 g + j of the tile; along the
   rows, four loads of 8 consecutive columns per 32-block (vector loads, the second read of the
   tile mostly from L1), split in registers into the block's 32 positions.
+- `amax_rht16_both_kernel`: the same for 16-point transforms both ways (UFP4's pairs).
 
 Three facts make the maxima cheaper than the transformed values:
 
@@ -298,12 +299,13 @@ def amax_rht16_cols_kernel(
 
 @triton.jit
 def _eight(x_ptr, row0, col0, rows, cols, flips, Q: tl.constexpr, R: tl.constexpr,
-           BC: tl.constexpr, ROUND_BF16: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
-    """Positions 8 Q .. 8 Q + 7 of each row's 32-blocks in the tile (rows row0 .. row0 + R,
-    columns col0 .. col0 + BC), each an [R, BC / 32] tensor, signed: one vector load of 8
+           BC: tl.constexpr, ROUND_BF16: tl.constexpr, EVEN: tl.constexpr,
+           SIZE: tl.constexpr = 32):  # fmt: skip
+    """Positions 8 Q .. 8 Q + 7 of each row's SIZE-blocks in the tile (rows row0 .. row0 + R,
+    columns col0 .. col0 + BC), each an [R, BC / SIZE] tensor, signed: one vector load of 8
     columns, split in registers."""
     lines = row0 + tl.arange(0, R).to(tl.int64)
-    blocks = col0 + 32 * tl.arange(0, BC // 32) + 8 * Q
+    blocks = col0 + SIZE * tl.arange(0, BC // SIZE) + 8 * Q
     positions = blocks[:, None] + tl.arange(0, 8)[None, :]
     pointers = x_ptr + lines[:, None, None] * cols + positions[None, :, :]
     if EVEN:
@@ -313,9 +315,9 @@ def _eight(x_ptr, row0, col0, rows, cols, flips, Q: tl.constexpr, R: tl.constexp
         chunk = tl.load(pointers, mask=mask, other=0.0).to(tl.float32)
     if ROUND_BF16:
         chunk = rounded_to_bf16(chunk)
-    even, odd = tl.split(tl.reshape(chunk, (R, BC // 32, 4, 2)))  # positions 0, 2, 4, 6; 1, 3, 5, 7
-    e04, e26 = tl.split(tl.reshape(even, (R, BC // 32, 2, 2)))
-    o15, o37 = tl.split(tl.reshape(odd, (R, BC // 32, 2, 2)))
+    even, odd = tl.split(tl.reshape(chunk, (R, BC // SIZE, 4, 2)))  # 0, 2, 4, 6; 1, 3, 5, 7
+    e04, e26 = tl.split(tl.reshape(even, (R, BC // SIZE, 2, 2)))
+    o15, o37 = tl.split(tl.reshape(odd, (R, BC // SIZE, 2, 2)))
     e0, e4 = tl.split(e04)
     e2, e6 = tl.split(e26)
     e1, e5 = tl.split(o15)
@@ -387,5 +389,67 @@ def amax_rht32_both_kernel(
     if not ((row_max <= FLOAT32_MAX) & (col_max <= FLOAT32_MAX)):  # an Inf (or a kept NaN)
         row_max, col_max = _program_maxima32(x_ptr, rows, cols, tiles, tiles_c, row_flips,
                                              col_flips, G, BC, True, ROUND_BF16, EVEN)  # fmt: skip
+    store_partial(amax_ptr, 0, row_max * NORM)
+    store_partial(amax_ptr, 1, col_max * NORM)
+
+
+@triton.jit
+def _rows_max16(x_ptr, row0, col0, rows, cols, flips, R: tl.constexpr, BC: tl.constexpr,
+                FINITE: tl.constexpr, ROUND_BF16: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """[R, BC / 16]: the largest |transformed value| (before the normalization) of each row's
+    16-blocks in the tile."""
+    a0, a1, a2, a3, a4, a5, a6, a7 = _eight(x_ptr, row0, col0, rows, cols, flips, 0, R, BC,
+                                            ROUND_BF16, EVEN, 16)  # fmt: skip
+    b0, b1, b2, b3, b4, b5, b6, b7 = _eight(x_ptr, row0, col0, rows, cols, flips, 1, R, BC,
+                                            ROUND_BF16, EVEN, 16)  # fmt: skip
+    a0, a1, a2, a3, a4, a5, a6, a7 = butterfly8(a0, a1, a2, a3, a4, a5, a6, a7)
+    b0, b1, b2, b3, b4, b5, b6, b7 = butterfly8(b0, b1, b2, b3, b4, b5, b6, b7)
+    return _half_max(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7, FINITE)
+
+
+@triton.jit
+def _program_maxima16_both(x_ptr, rows, cols, tiles, tiles_c, row_flips, col_flips,
+                           G: tl.constexpr, BC: tl.constexpr, FINITE: tl.constexpr,
+                           ROUND_BF16: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """(row direction's, column direction's) largest |transformed value| before the
+    normalization over this program's tiles of `amax_rht16_both_kernel`."""
+    row_max = tl.zeros((16 * G, BC // 16), tl.float32)
+    col_max = tl.zeros((G, BC), tl.float32)
+    for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        row0 = ((tile // tiles_c) * 16 * G).to(tl.int64)
+        col0 = ((tile % tiles_c) * BC).to(tl.int64)
+        tile_cols = _rht16_slab_maxima(x_ptr, row0, col0, rows, cols, col_flips, G, BC, FINITE,
+                                       ROUND_BF16, EVEN)[1]  # fmt: skip
+        tile_rows = _rows_max16(x_ptr, row0, col0, rows, cols, row_flips, 16 * G, BC, FINITE,
+                                ROUND_BF16, EVEN)  # fmt: skip
+        col_max = tl.maximum(col_max, tile_cols)
+        row_max = tl.maximum(row_max, tile_rows)
+    return tl.max(tl.max(row_max, axis=1), axis=0), tl.max(tl.max(col_max, axis=1), axis=0)
+
+
+@triton.jit(do_not_specialize=["row_seed_value", "col_seed_value"])
+def amax_rht16_both_kernel(
+    x_ptr, amax_ptr, row_seed_ptr, row_seed_value, col_seed_ptr, col_seed_value,
+    rows, cols, tiles, tiles_c,
+    G: tl.constexpr, BC: tl.constexpr, NORM: tl.constexpr,
+    ROW_SEED_FROM_PTR: tl.constexpr, COL_SEED_FROM_PTR: tl.constexpr,
+    ROW_SIGNS: tl.constexpr, COL_SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
+    EVEN: tl.constexpr = False,
+):  # fmt: skip
+    """`amax_rht32_both_kernel` for 16-point transforms both ways (UFP4's pairs): tile t holds
+    rows [16 G (t // tiles_c), 16 G (t // tiles_c + 1)) of columns [BC (t % tiles_c), ..);
+    down the columns slab j holds rows 16 g + j, along the rows two loads of 8 consecutive
+    columns per 16-block."""
+    row_flips = sign_flips(seed_of(row_seed_ptr, row_seed_value, ROW_SEED_FROM_PTR), 16,
+                           ROW_SIGNS)  # fmt: skip
+    col_flips = sign_flips(seed_of(col_seed_ptr, col_seed_value, COL_SEED_FROM_PTR), 16,
+                           COL_SIGNS)  # fmt: skip
+    row_max, col_max = _program_maxima16_both(x_ptr, rows, cols, tiles, tiles_c, row_flips,
+                                              col_flips, G, BC, False, ROUND_BF16,
+                                              EVEN)  # fmt: skip
+    if not ((row_max <= FLOAT32_MAX) & (col_max <= FLOAT32_MAX)):  # an Inf (or a kept NaN)
+        row_max, col_max = _program_maxima16_both(x_ptr, rows, cols, tiles, tiles_c, row_flips,
+                                                  col_flips, G, BC, True, ROUND_BF16,
+                                                  EVEN)  # fmt: skip
     store_partial(amax_ptr, 0, row_max * NORM)
     store_partial(amax_ptr, 1, col_max * NORM)

@@ -11,7 +11,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from fp4cli.kernels.amax import amax_pair_kernel
-from fp4cli.kernels.amax_slabs import amax_rht16_cols_kernel, amax_rht32_both_kernel
+from fp4cli.kernels.amax_slabs import (
+    amax_rht16_both_kernel,
+    amax_rht16_cols_kernel,
+    amax_rht32_both_kernel,
+)
 from fp4cli.kernels.launch import (
     PAIR_TILE_COLS,
     PAIR_TILE_ROWS,
@@ -54,9 +58,9 @@ def pair_amax_partials(
     row_rht = row is not None and row_on and bool(row.hadamard)
     if col is not None and col.spec.tensor_scale and col.hadamard == 16 and not row_rht:
         return _amax_rht16_cols(x, col, row_on, round_bf16)
-    if row_rht and row.hadamard == 32 and col is not None and col.spec.tensor_scale \
-            and col.hadamard == 32:  # fmt: skip
-        return _amax_rht32_both(x, row, col, round_bf16)
+    if row_rht and row.hadamard in (16, 32) and col is not None and col.spec.tensor_scale \
+            and col.hadamard == row.hadamard:  # fmt: skip
+        return _amax_both(x, row, col, round_bf16)
     rows, cols = x.shape
     col_rht = col is not None and col.spec.tensor_scale and bool(col.hadamard)
     col_on = col is not None and col.spec.tensor_scale
@@ -175,22 +179,28 @@ AMAX32_SLAB_LINES, AMAX32_COLS, AMAX32_WARPS = 1, 256, 4
 AMAX32_PROGRAMS_PER_SM = 8
 
 
-def _amax_rht32_both(
-    x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool
-) -> torch.Tensor:
-    """Partial maxima of the row and column directions after their 32-point transforms, from
-    the slab kernel."""
+# The 16-slab pass of 16-point transforms both ways: tiles of 32 rows x 256 columns (two slab
+# lines), as the 32-point one's.
+AMAX16_BOTH_SLAB_LINES = 2
+
+
+def _amax_both(x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool) -> torch.Tensor:
+    """Partial maxima of the row and column directions after their 16- or 32-point transforms
+    (the same size both ways), from the slab kernel of that size."""
     rows, cols = x.shape
+    size = row.hadamard
+    kernel, lines = ((amax_rht32_both_kernel, AMAX32_SLAB_LINES) if size == 32
+                     else (amax_rht16_both_kernel, AMAX16_BOTH_SLAB_LINES))  # fmt: skip
     programs, tiles, tiles_c, even = _striding_grid(
-        x, 32 * AMAX32_SLAB_LINES, AMAX32_COLS, AMAX32_PROGRAMS_PER_SM
+        x, size * lines, AMAX32_COLS, AMAX32_PROGRAMS_PER_SM
     )
     row_ptr, row_value, row_from_ptr = _seed_args(row.hadamard_seed, x.device)
     col_ptr, col_value, col_from_ptr = _seed_args(col.hadamard_seed, x.device)
     partials = _partials(programs, x.device)
     launch(
-        amax_rht32_both_kernel, (programs,),
+        kernel, (programs,),
         (x, partials, row_ptr, row_value, col_ptr, col_value, rows, cols, tiles, tiles_c),
-        dict(G=AMAX32_SLAB_LINES, BC=AMAX32_COLS, NORM=_hadamard_constants(32)["HADAMARD_NORM"],
+        dict(G=lines, BC=AMAX32_COLS, NORM=_hadamard_constants(size)["HADAMARD_NORM"],
              ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr,
              ROW_SIGNS=signs_constant(row.hadamard_seed),
              COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16, EVEN=even),

@@ -240,7 +240,8 @@ def quantized_linear_launches() -> None:
     quantize_pair(x, Direction(ue5m3_sr, (seed, 2), 32, top, bf16),
                   Direction(ue5m3_sr, (seed, 4), 32, top, bf16))  # fmt: skip
     quantize_e2m1(x, nvfp4_sr, 1, seed, hadamard=16, hadamard_seed=te)
-    # ufp4's E1M2 elements: a two-level pair with RHT-16 (values one way, codes the other),
+    # ufp4's E1M2 elements: a two-level pair with RHT-16 (values one way, codes the other; the
+    # 16-slab amax pass of both ways),
     # an SR pair, a single direction guided, and decoding
     ufp4, e1m2_sr = QuantSpec.preset("nvfp4", element="e1m2"), ceil_sr.replace(element="e1m2")
     quantize_pair(x, Direction(ufp4, None, 16, (seed, 7), bf16),
@@ -299,6 +300,7 @@ elif __name__ == "__main__":
         (launch_amax, "amax_pair_kernel"),
         (launch_amax, "amax_rht16_cols_kernel"),
         (launch_amax, "amax_rht32_both_kernel"),
+        (launch_amax, "amax_rht16_both_kernel"),
         (launch, "quantize_kernel"),
         (launch, "amax_kernel"),
         (launch, "dequantize_kernel"),

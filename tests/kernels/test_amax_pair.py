@@ -1,6 +1,6 @@
 """The tensor amax pass of two-level pairs (`pair_amax`) against the reference quantizer's
 tensor amax, bit for bit: the 16-slab kernel of a 16-point transform down the columns, the
-32-slab kernel of 32-point transforms both ways, and the tile kernel of every other pair
+slab kernels of 16- or 32-point transforms both ways, and the tile kernel of every other pair
 (interpreter on the CPU, or a GPU)."""
 
 import pytest
@@ -123,56 +123,66 @@ def test_each_transformed_position_can_hold_the_amax(slab_kernel_only, position,
 
 
 UE5M3_SR = QuantSpec.preset("mxfp4-ue5m3", rounding="sr", scale_rule="ceil")
-BOTH_32 = (Direction(UE5M3_SR, 3, 32, 5), Direction(UE5M3_SR, 4, 32, 6))  # ue5m3-hadamard-sr's
+BOTH = {  # transforms of one size both ways: ue5m3-hadamard-sr's pairs, ufp4's
+    32: (Direction(UE5M3_SR, 3, 32, 5), Direction(UE5M3_SR, 4, 32, 6)),
+    16: (Direction(NVFP4, None, 16, 5), Direction(NVFP4_SR, 4, 16, 6)),
+}
 
 
+@pytest.mark.parametrize("size", [32, 16])
 @pytest.mark.parametrize("shape", [(64, 256), (7, 33), (100, 530)])
-def test_the_32_slab_kernel_gives_the_reference_amax(slab_kernel_only, shape):
+def test_the_both_ways_slab_kernels_give_the_reference_amax(slab_kernel_only, shape, size):
     """(100, 530): ragged row and column tiles, and programs that read several tiles."""
-    _check(_input(*shape, seed=shape[1]), *BOTH_32)
+    _check(_input(*shape, seed=shape[1]), *BOTH[size])
 
 
+@pytest.mark.parametrize("size", [32, 16])
 @pytest.mark.parametrize("shape", [(96, 160), (160, 512)])
-def test_the_32_slab_kernel_on_zeros_non_finite_and_overflowing_sums(slab_kernel_only, shape):
+def test_the_both_ways_slab_kernels_on_zeros_non_finite_and_overflowing_sums(
+    slab_kernel_only, shape, size
+):
     """(160, 512): whole 32 x 256 tiles, read without masks, several a program."""
     x = _input(*shape, seed=3)
-    x[0:32, 7] = FP32_MAX  # sums of 32 overflow down a column
+    x[0:size, 7] = FP32_MAX  # sums of a block overflow down a column
     x[40, 9], x[41, 150], x[95, 0] = NAN, INF, -INF
-    _check(x, *BOTH_32)
+    _check(x, *BOTH[size])
     for line in (0, 1):  # the last stage's pair: one output overflows, the other is the amax
         x = _input(64, 64, seed=line)
-        x[(34, 34), (0, 16)] = torch.tensor([3e38, -1e38], device=x.device)
-        _check(x if line == 0 else x.T.contiguous(), *BOTH_32)
-    _check(on_device(torch.zeros(33, 17)), *BOTH_32)
-    _check(on_device(torch.full((32, 32), NAN)), *BOTH_32)
-    _check(_input(64, 96, seed=4) * 1e-42, *BOTH_32)  # subnormal values and sums
+        x[(34, 34), (0, size // 2)] = torch.tensor([3e38, -1e38], device=x.device)
+        _check(x if line == 0 else x.T.contiguous(), *BOTH[size])
+    _check(on_device(torch.zeros(33, 17)), *BOTH[size])
+    _check(on_device(torch.full((32, 32), NAN)), *BOTH[size])
+    _check(_input(64, 96, seed=4) * 1e-42, *BOTH[size])  # subnormal values and sums
 
 
-def test_the_32_slab_kernel_on_bfloat16_and_tensor_seeds(slab_kernel_only):
+@pytest.mark.parametrize("size", [32, 16])
+def test_the_both_ways_slab_kernels_on_bfloat16_and_tensor_seeds(slab_kernel_only, size):
     x = _input(80, 96, seed=6).to(torch.bfloat16)
     base = torch.tensor(-(2**62) - 5, dtype=torch.int64, device=DEVICE)
-    _check(x, Direction(UE5M3_SR, 1, 32, (base, 2)), Direction(UE5M3_SR, 2, 32, base))
+    spec = BOTH[size][0].spec
+    _check(x, Direction(spec, 1, size, (base, 2)), Direction(spec, 2, size, base))
 
 
+@pytest.mark.parametrize("size", [32, 16])
 @pytest.mark.parametrize("even", [False, True])
-def test_each_transformed_position_of_both_ways_can_hold_the_amax(slab_kernel_only, even):
-    """x = R y for y peaked at one position of its 32-block, down the columns (then x^T
-    along the rows): every output of both butterflies is checked (even: in whole tiles)."""
-    for position in range(32):
-        y = seeded_normal((32, 8), position) * 0.1
+def test_each_transformed_position_of_both_ways_can_hold_the_amax(slab_kernel_only, even, size):
+    """x = R y for y peaked at one position of its block, down the columns (then x^T along
+    the rows): every output of both butterflies is checked (even: in whole 32 x 256 tiles)."""
+    for position in range(size):
+        y = seeded_normal((size, 8), position) * 0.1
         y[position] = 100.0 + seeded_normal((8,), position + 32)
-        x = (rht_matrix(32, 6).to(torch.float64) @ y.to(torch.float64)).to(torch.float32)
-        _check(on_device(_padded(x, (32, 256)) if even else x), *BOTH_32)
-        x = (rht_matrix(32, 5).to(torch.float64) @ y.to(torch.float64)).to(torch.float32).T
-        _check(on_device(_padded(x, (32, 256)) if even else x.contiguous()), *BOTH_32)
+        x = (rht_matrix(size, 6).to(torch.float64) @ y.to(torch.float64)).to(torch.float32)
+        _check(on_device(_padded(x, (32, 256)) if even else x), *BOTH[size])
+        x = (rht_matrix(size, 5).to(torch.float64) @ y.to(torch.float64)).to(torch.float32).T
+        _check(on_device(_padded(x, (32, 256)) if even else x.contiguous()), *BOTH[size])
 
 
 @pytest.mark.parametrize("row_h,col_h", [(None, None), (16, None), (32, 16), (None, 32), (16, 16)])
 @pytest.mark.parametrize("cols", [100, 600])
 def test_the_tile_kernel_gives_the_reference_amax(row_h, col_h, cols):
     """Transforms both ways take the tile kernel in 32 x 256 tiles (600 columns: a ragged
-    third), but for 32-point ones (the 32-slab kernel); the amax is the reference's either
-    way."""
+    third), but for one size both ways, 16 or 32 (the slab kernels); the amax is the
+    reference's either way."""
     x = _input(70, cols, seed=8)
     x[3, 4] = NAN
     _check(x, Direction(NVFP4, None, row_h, 7), Direction(NVFP4_SR, 2, col_h, 9))
