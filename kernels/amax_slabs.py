@@ -10,11 +10,11 @@ h = 1, 2, 4, .., then the normalization), so the amax has the same bits.
 - `amax_rht16_cols_kernel`: the commonest pair of NVIDIA's recipe (no transform along the rows,
   a 16-point transform down the columns, for the weight-gradient GEMM). Slab j holds rows
   16 g + j of the tile (g < G).
-- `amax_rht32_both_kernel`: ue5m3-hadamard-sr's pairs, a 32-point transform along the rows and
-  another down the columns. Down the columns, slab j holds rows 32 g + j of the tile; along the
-  rows, four loads of 8 consecutive columns per 32-block (vector loads, the second read of the
-  tile mostly from L1), split in registers into the block's 32 positions.
-- `amax_rht16_both_kernel`: the same for 16-point transforms both ways (UFP4's pairs).
+- `amax_both_kernel`: a transform of one size along the rows and down the columns:
+  ue5m3-hadamard-sr's pairs (32 points), UFP4's (16). Down the columns, slab j holds rows
+  SIZE g + j of the tile; along the rows, SIZE / 8 loads of 8 consecutive columns per block
+  (vector loads, the second read of the tile mostly from L1), split in registers into the
+  block's positions.
 
 Three facts make the maxima cheaper than the transformed values:
 
@@ -347,53 +347,6 @@ def _rows_max(x_ptr, row0, col0, rows, cols, flips, R: tl.constexpr, BC: tl.cons
 
 
 @triton.jit
-def _program_maxima32(x_ptr, rows, cols, tiles, tiles_c, row_flips, col_flips, G: tl.constexpr,
-                      BC: tl.constexpr, FINITE: tl.constexpr,
-                      ROUND_BF16: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
-    """(row direction's, column direction's) largest |transformed value| before the
-    normalization over this program's tiles of `amax_rht32_both_kernel`."""
-    row_max = tl.zeros((32 * G, BC // 32), tl.float32)
-    col_max = tl.zeros((G, BC), tl.float32)
-    for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
-        row0 = ((tile // tiles_c) * 32 * G).to(tl.int64)
-        col0 = ((tile % tiles_c) * BC).to(tl.int64)
-        col_max = tl.maximum(col_max, _cols_max(x_ptr, row0, col0, rows, cols, col_flips, G, BC,
-                                                FINITE, ROUND_BF16, EVEN))  # fmt: skip
-        row_max = tl.maximum(row_max, _rows_max(x_ptr, row0, col0, rows, cols, row_flips,
-                                                32 * G, BC, FINITE, ROUND_BF16, EVEN))  # fmt: skip
-    return tl.max(tl.max(row_max, axis=1), axis=0), tl.max(tl.max(col_max, axis=1), axis=0)
-
-
-@triton.jit(do_not_specialize=["row_seed_value", "col_seed_value"])
-def amax_rht32_both_kernel(
-    x_ptr, amax_ptr, row_seed_ptr, row_seed_value, col_seed_ptr, col_seed_value,
-    rows, cols, tiles, tiles_c,
-    G: tl.constexpr, BC: tl.constexpr, NORM: tl.constexpr,
-    ROW_SEED_FROM_PTR: tl.constexpr, COL_SEED_FROM_PTR: tl.constexpr,
-    ROW_SIGNS: tl.constexpr, COL_SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
-    EVEN: tl.constexpr = False,
-):  # fmt: skip
-    """Directions 0 and 1: the largest finite |value| of x (rows, cols) after the 32-point
-    random Hadamard transform along its rows and after the one down its columns (each padded
-    with zeros to a multiple of 32). Tile t holds rows [32 G (t // tiles_c), 32 G (t // tiles_c
-    + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p, p + programs, .. and
-    writes its maxima into the partial maxima at amax_ptr (`amax.store_partial`). ROUND_BF16:
-    a float32 x read as its bfloat16 rounding. EVEN: the tiles cover x exactly (loads without
-    masks)."""
-    row_flips = sign_flips(seed_of(row_seed_ptr, row_seed_value, ROW_SEED_FROM_PTR), 32,
-                           ROW_SIGNS)  # fmt: skip
-    col_flips = sign_flips(seed_of(col_seed_ptr, col_seed_value, COL_SEED_FROM_PTR), 32,
-                           COL_SIGNS)  # fmt: skip
-    row_max, col_max = _program_maxima32(x_ptr, rows, cols, tiles, tiles_c, row_flips,
-                                         col_flips, G, BC, False, ROUND_BF16, EVEN)  # fmt: skip
-    if not ((row_max <= FLOAT32_MAX) & (col_max <= FLOAT32_MAX)):  # an Inf (or a kept NaN)
-        row_max, col_max = _program_maxima32(x_ptr, rows, cols, tiles, tiles_c, row_flips,
-                                             col_flips, G, BC, True, ROUND_BF16, EVEN)  # fmt: skip
-    store_partial(amax_ptr, 0, row_max * NORM)
-    store_partial(amax_ptr, 1, col_max * NORM)
-
-
-@triton.jit
 def _rows_max16(x_ptr, row0, col0, rows, cols, flips, R: tl.constexpr, BC: tl.constexpr,
                 FINITE: tl.constexpr, ROUND_BF16: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
     """[R, BC / 16]: the largest |transformed value| (before the normalization) of each row's
@@ -408,48 +361,58 @@ def _rows_max16(x_ptr, row0, col0, rows, cols, flips, R: tl.constexpr, BC: tl.co
 
 
 @triton.jit
-def _program_maxima16_both(x_ptr, rows, cols, tiles, tiles_c, row_flips, col_flips,
-                           G: tl.constexpr, BC: tl.constexpr, FINITE: tl.constexpr,
-                           ROUND_BF16: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+def _program_maxima_both(x_ptr, rows, cols, tiles, tiles_c, row_flips, col_flips,
+                         SIZE: tl.constexpr, G: tl.constexpr, BC: tl.constexpr,
+                         FINITE: tl.constexpr, ROUND_BF16: tl.constexpr,
+                         EVEN: tl.constexpr):  # fmt: skip
     """(row direction's, column direction's) largest |transformed value| before the
-    normalization over this program's tiles of `amax_rht16_both_kernel`."""
-    row_max = tl.zeros((16 * G, BC // 16), tl.float32)
+    normalization over this program's tiles of `amax_both_kernel`."""
+    row_max = tl.zeros((SIZE * G, BC // SIZE), tl.float32)
     col_max = tl.zeros((G, BC), tl.float32)
     for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
-        row0 = ((tile // tiles_c) * 16 * G).to(tl.int64)
+        row0 = ((tile // tiles_c) * SIZE * G).to(tl.int64)
         col0 = ((tile % tiles_c) * BC).to(tl.int64)
-        tile_cols = _rht16_slab_maxima(x_ptr, row0, col0, rows, cols, col_flips, G, BC, FINITE,
-                                       ROUND_BF16, EVEN)[1]  # fmt: skip
-        tile_rows = _rows_max16(x_ptr, row0, col0, rows, cols, row_flips, 16 * G, BC, FINITE,
-                                ROUND_BF16, EVEN)  # fmt: skip
+        if SIZE == 32:
+            tile_cols = _cols_max(x_ptr, row0, col0, rows, cols, col_flips, G, BC, FINITE,
+                                  ROUND_BF16, EVEN)  # fmt: skip
+            tile_rows = _rows_max(x_ptr, row0, col0, rows, cols, row_flips, SIZE * G, BC,
+                                  FINITE, ROUND_BF16, EVEN)  # fmt: skip
+        else:
+            tile_cols = _rht16_slab_maxima(x_ptr, row0, col0, rows, cols, col_flips, G, BC,
+                                           FINITE, ROUND_BF16, EVEN)[1]  # fmt: skip
+            tile_rows = _rows_max16(x_ptr, row0, col0, rows, cols, row_flips, SIZE * G, BC,
+                                    FINITE, ROUND_BF16, EVEN)  # fmt: skip
         col_max = tl.maximum(col_max, tile_cols)
         row_max = tl.maximum(row_max, tile_rows)
     return tl.max(tl.max(row_max, axis=1), axis=0), tl.max(tl.max(col_max, axis=1), axis=0)
 
 
 @triton.jit(do_not_specialize=["row_seed_value", "col_seed_value"])
-def amax_rht16_both_kernel(
+def amax_both_kernel(
     x_ptr, amax_ptr, row_seed_ptr, row_seed_value, col_seed_ptr, col_seed_value,
     rows, cols, tiles, tiles_c,
-    G: tl.constexpr, BC: tl.constexpr, NORM: tl.constexpr,
+    SIZE: tl.constexpr, G: tl.constexpr, BC: tl.constexpr, NORM: tl.constexpr,
     ROW_SEED_FROM_PTR: tl.constexpr, COL_SEED_FROM_PTR: tl.constexpr,
     ROW_SIGNS: tl.constexpr, COL_SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
     EVEN: tl.constexpr = False,
 ):  # fmt: skip
-    """`amax_rht32_both_kernel` for 16-point transforms both ways (UFP4's pairs): tile t holds
-    rows [16 G (t // tiles_c), 16 G (t // tiles_c + 1)) of columns [BC (t % tiles_c), ..);
-    down the columns slab j holds rows 16 g + j, along the rows two loads of 8 consecutive
-    columns per 16-block."""
-    row_flips = sign_flips(seed_of(row_seed_ptr, row_seed_value, ROW_SEED_FROM_PTR), 16,
+    """Directions 0 and 1: the largest finite |value| of x (rows, cols) after the SIZE-point
+    (16 or 32) random Hadamard transform along its rows and after the one down its columns
+    (each padded with zeros to a multiple of SIZE). Tile t holds rows [SIZE G (t // tiles_c),
+    SIZE G (t // tiles_c + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p,
+    p + programs, .. and writes its maxima into the partial maxima at amax_ptr
+    (`amax.store_partial`). ROUND_BF16: a float32 x read as its bfloat16 rounding. EVEN: the
+    tiles cover x exactly (loads without masks)."""
+    row_flips = sign_flips(seed_of(row_seed_ptr, row_seed_value, ROW_SEED_FROM_PTR), SIZE,
                            ROW_SIGNS)  # fmt: skip
-    col_flips = sign_flips(seed_of(col_seed_ptr, col_seed_value, COL_SEED_FROM_PTR), 16,
+    col_flips = sign_flips(seed_of(col_seed_ptr, col_seed_value, COL_SEED_FROM_PTR), SIZE,
                            COL_SIGNS)  # fmt: skip
-    row_max, col_max = _program_maxima16_both(x_ptr, rows, cols, tiles, tiles_c, row_flips,
-                                              col_flips, G, BC, False, ROUND_BF16,
-                                              EVEN)  # fmt: skip
+    row_max, col_max = _program_maxima_both(x_ptr, rows, cols, tiles, tiles_c, row_flips,
+                                            col_flips, SIZE, G, BC, False, ROUND_BF16,
+                                            EVEN)  # fmt: skip
     if not ((row_max <= FLOAT32_MAX) & (col_max <= FLOAT32_MAX)):  # an Inf (or a kept NaN)
-        row_max, col_max = _program_maxima16_both(x_ptr, rows, cols, tiles, tiles_c, row_flips,
-                                                  col_flips, G, BC, True, ROUND_BF16,
-                                                  EVEN)  # fmt: skip
+        row_max, col_max = _program_maxima_both(x_ptr, rows, cols, tiles, tiles_c, row_flips,
+                                                col_flips, SIZE, G, BC, True, ROUND_BF16,
+                                                EVEN)  # fmt: skip
     store_partial(amax_ptr, 0, row_max * NORM)
     store_partial(amax_ptr, 1, col_max * NORM)

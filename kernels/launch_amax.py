@@ -11,11 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fp4cli.kernels.amax import amax_pair_kernel
-from fp4cli.kernels.amax_slabs import (
-    amax_rht16_both_kernel,
-    amax_rht16_cols_kernel,
-    amax_rht32_both_kernel,
-)
+from fp4cli.kernels.amax_slabs import amax_both_kernel, amax_rht16_cols_kernel
 from fp4cli.kernels.launch import (
     PAIR_TILE_COLS,
     PAIR_TILE_ROWS,
@@ -189,8 +185,7 @@ def _amax_both(x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool
     (the same size both ways), from the slab kernel of that size."""
     rows, cols = x.shape
     size = row.hadamard
-    kernel, lines = ((amax_rht32_both_kernel, AMAX32_SLAB_LINES) if size == 32
-                     else (amax_rht16_both_kernel, AMAX16_BOTH_SLAB_LINES))  # fmt: skip
+    lines = AMAX32_SLAB_LINES if size == 32 else AMAX16_BOTH_SLAB_LINES
     programs, tiles, tiles_c, even = _striding_grid(
         x, size * lines, AMAX32_COLS, AMAX32_PROGRAMS_PER_SM
     )
@@ -198,9 +193,9 @@ def _amax_both(x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool
     col_ptr, col_value, col_from_ptr = _seed_args(col.hadamard_seed, x.device)
     partials = _partials(programs, x.device)
     launch(
-        kernel, (programs,),
+        amax_both_kernel, (programs,),
         (x, partials, row_ptr, row_value, col_ptr, col_value, rows, cols, tiles, tiles_c),
-        dict(G=lines, BC=AMAX32_COLS, NORM=_hadamard_constants(size)["HADAMARD_NORM"],
+        dict(SIZE=size, G=lines, BC=AMAX32_COLS, NORM=_hadamard_constants(size)["HADAMARD_NORM"],
              ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr,
              ROW_SIGNS=signs_constant(row.hadamard_seed),
              COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16, EVEN=even),

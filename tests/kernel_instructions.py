@@ -111,8 +111,7 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         found = intercepted_launches(
             lambda: launch_pair.quantize_pair(x, row, col),
             [(launch_pair, "quantize_pair_kernel"), (launch_amax, "amax_pair_kernel"),
-             (launch_amax, "amax_rht16_cols_kernel"), (launch_amax, "amax_rht32_both_kernel"),
-             (launch_amax, "amax_rht16_both_kernel"),
+             (launch_amax, "amax_rht16_cols_kernel"), (launch_amax, "amax_both_kernel"),
              (launch, "encode_table_kernel"), (launch, "dequantize_kernel")],
         )  # fmt: skip
         return _per_thread(found, "quantize_pair_kernel", "BR", "BC")
