@@ -270,7 +270,7 @@ def pair_tables(
     return tables[0], tables[1]
 
 
-def pair_amax(
+def pair_amax_pass(
     x: torch.Tensor,
     row: Direction | None,
     col: Direction | None,
@@ -341,7 +341,7 @@ def quantize_pair(
     if chosen is None:
         raise ValueError("these directions do not fit one tile; quantize them one at a time")
     br, bc = chosen
-    row_amax, col_amax, row_table, col_table = pair_amax(x, row, col, chosen, round_bf16)
+    row_amax, col_amax, row_table, col_table = pair_amax_pass(x, row, col, chosen, round_bf16)
     row_args, row_constants, row_out, row_length, row_padded = _direction_args(
         row, cols, rows, row_amax, row_table, x.device, "ROW"
     )

@@ -79,7 +79,7 @@ def _pair_amax(x: torch.Tensor, config: BenchConfig, kernel: str) -> Callable[[]
     (pair-rows-amax, pair-cols-amax) runs it: each direction's tensor amax from one read, and
     the encode tables (the Triton backend only). Where the pair takes a launch a direction, so
     does its amax."""
-    from fp4cli.kernels.launch_pair import Direction, pair_amax, pair_tile
+    from fp4cli.kernels.launch_pair import Direction, pair_amax_pass, pair_tile
 
     direction = Direction(config.spec, SEED, config.hadamard, SEED)
     row = direction if kernel != "pair-cols-amax" else None
@@ -88,8 +88,11 @@ def _pair_amax(x: torch.Tensor, config: BenchConfig, kernel: str) -> Callable[[]
     if tile is None:  # wide both ways: a pass a direction, each on its own tile
         rows_tile, cols_tile = pair_tile(row, None), pair_tile(None, col)
         assert rows_tile is not None and cols_tile is not None
-        return lambda: (pair_amax(x, row, None, rows_tile), pair_amax(x, None, col, cols_tile))
-    return lambda: pair_amax(x, row, col, tile)
+        return lambda: (
+            pair_amax_pass(x, row, None, rows_tile),
+            pair_amax_pass(x, None, col, cols_tile),
+        )
+    return lambda: pair_amax_pass(x, row, col, tile)
 
 
 def _pair_direction(x: torch.Tensor, config: BenchConfig, kernel: str) -> Callable[[], object]:

@@ -25,8 +25,8 @@ PAIR_KERNEL = "quantize-pair"
 # each direction of the pair alone (`quantize_pair` with one direction, as the quantized Linear
 # runs a direction that does not share a tile), to packed codes and to values in x's dtype
 PAIR_DIRECTION_KERNELS = ("pair-rows", "pair-cols", "pair-rows-values", "pair-cols-values")
-# a two-level spec's pair: its amax pass alone (`launch_pair.pair_amax`, both directions' amaxes,
-# transformed, from one read, and their encode tables); with the directions, each one's alone
+# a two-level spec's pair: its amax pass alone (`launch_pair.pair_amax_pass`, both directions'
+# amaxes, transformed, from one read, and their encode tables); with the directions, each one's
 PAIR_AMAX_KERNEL = "pair-amax"
 PAIR_DIRECTION_AMAX_KERNELS = ("pair-rows-amax", "pair-cols-amax")
 
