@@ -14,13 +14,11 @@ PYTEST_DIST ?= $(if $(filter 0,$(PYTEST_WORKERS)),,--dist worksteal)
 
 .PHONY: install test lint gpu-test clean
 
-# --no-compile: Python byte-compiles a module when it is first imported instead of pip compiling
-# every installed file (torch's install on two cores: 96 s with the compile, 62 s without)
 install:
 	python3 -m venv .venv
 	.venv/bin/python -m pip install --upgrade pip
-	.venv/bin/python -m pip install --no-compile "torch==2.14.1" "torchvision==0.29.1"
-	.venv/bin/python -m pip install --no-compile -e ".[test]"
+	.venv/bin/python -m pip install "torch==2.14.1" "torchvision==0.29.1"
+	.venv/bin/python -m pip install -e ".[test]"
 
 test:
 	OMP_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) TRITON_INTERPRET=1 \
