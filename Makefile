@@ -15,7 +15,7 @@ PYTEST_DIST ?= $(if $(filter 0,$(PYTEST_WORKERS)),,--dist worksteal)
 .PHONY: install test lint gpu-test clean
 
 # pip byte-compiles what it installs: keep it. With `--no-compile` torch installed in 62 s
-# instead of 96, but where PYTHONDONTWRITEBYTECODE=1 (as on the CI machine) no process then
+# instead of 96, but where PYTHONDONTWRITEBYTECODE=1 (as on the test machine) no process then
 # writes a .pyc, every one compiles torch from source, and the suite ran far slower.
 install:
 	python3 -m venv .venv
