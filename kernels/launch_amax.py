@@ -54,7 +54,7 @@ def pair_amax_partials(
     row_rht = row is not None and row_on and bool(row.hadamard)
     if col is not None and col.spec.tensor_scale and col.hadamard == 16 and not row_rht:
         return _amax_rht16_cols(x, col, row_on, round_bf16)
-    if row_rht and row.hadamard in (16, 32) and col is not None and col.spec.tensor_scale \
+    if row_rht and row.hadamard in BOTH_SLAB_LINES and col is not None and col.spec.tensor_scale \
             and col.hadamard == row.hadamard:  # fmt: skip
         return _amax_both(x, row, col, round_bf16)
     rows, cols = x.shape
@@ -168,16 +168,12 @@ def _amax_rht16_cols(
     return partials
 
 
-# The 32-slab amax pass: tiles of 32 rows x 256 columns, 4 warps, 8 striding programs an SM
-# (on an H100 the fastest or within 5% of 32 or 64 rows x 128 to 512 columns at 2, 4 and 8
-# warps, 4 or 8 programs an SM or one a tile, at 8192 x 768 to 8192 x 8192).
-AMAX32_SLAB_LINES, AMAX32_COLS, AMAX32_WARPS = 1, 256, 4
-AMAX32_PROGRAMS_PER_SM = 8
-
-
-# The 16-slab pass of 16-point transforms both ways: tiles of 32 rows x 256 columns (two slab
-# lines), as the 32-point one's.
-AMAX16_BOTH_SLAB_LINES = 2
+# The both-ways slab pass: tiles of 32 rows x 256 columns (slab lines by transform size: one
+# of 32 rows, two of 16), 4 warps, 8 striding programs an SM (for 32 points, on an H100 the
+# fastest or within 5% of 32 or 64 rows x 128 to 512 columns at 2, 4 and 8 warps, 4 or 8
+# programs an SM or one a tile, at 8192 x 768 to 8192 x 8192; 16 points takes the same).
+BOTH_SLAB_LINES = {32: 1, 16: 2}
+BOTH_COLS, BOTH_WARPS, BOTH_PROGRAMS_PER_SM = 256, 4, 8
 
 
 def _amax_both(x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool) -> torch.Tensor:
@@ -185,9 +181,9 @@ def _amax_both(x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool
     (the same size both ways), from the slab kernel of that size."""
     rows, cols = x.shape
     size = row.hadamard
-    lines = AMAX32_SLAB_LINES if size == 32 else AMAX16_BOTH_SLAB_LINES
+    lines = BOTH_SLAB_LINES[size]
     programs, tiles, tiles_c, even = _striding_grid(
-        x, size * lines, AMAX32_COLS, AMAX32_PROGRAMS_PER_SM
+        x, size * lines, BOTH_COLS, BOTH_PROGRAMS_PER_SM
     )
     row_ptr, row_value, row_from_ptr = _seed_args(row.hadamard_seed, x.device)
     col_ptr, col_value, col_from_ptr = _seed_args(col.hadamard_seed, x.device)
@@ -195,10 +191,10 @@ def _amax_both(x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool
     launch(
         amax_both_kernel, (programs,),
         (x, partials, row_ptr, row_value, col_ptr, col_value, rows, cols, tiles, tiles_c),
-        dict(SIZE=size, G=lines, BC=AMAX32_COLS, NORM=_hadamard_constants(size)["HADAMARD_NORM"],
+        dict(SIZE=size, G=lines, BC=BOTH_COLS, NORM=_hadamard_constants(size)["HADAMARD_NORM"],
              ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr,
              ROW_SIGNS=signs_constant(row.hadamard_seed),
              COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16, EVEN=even),
-        AMAX32_WARPS,
+        BOTH_WARPS,
     )  # fmt: skip
     return partials

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from fp4cli.bench.configs import BenchConfig
+from fp4cli.bench.traffic import PAIR_AMAX_KERNEL, PAIR_DIRECTION_AMAX_KERNELS
 from fp4cli.quant import fake_quantize, quantize
 
 SEED = 0
@@ -34,7 +35,7 @@ def kernel_call(
         return _two_level_pass(kernel, x, config, axis)
     if kernel == "quantize-pair":
         return _pair(x, config)
-    if kernel.endswith("-amax") and kernel.startswith("pair"):
+    if kernel in (PAIR_AMAX_KERNEL, *PAIR_DIRECTION_AMAX_KERNELS):
         return _pair_amax(x, config, kernel)
     if kernel.startswith("pair-"):
         return _pair_direction(x, config, kernel)
