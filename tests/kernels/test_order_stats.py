@@ -148,11 +148,15 @@ def test_thresholds_equal_the_sorted_rows(cols, dtype):
     is a kernel variant of its own)."""
     values = awkward_rows(cols, seed=cols).to(dtype).to(DEVICE)
     ordered = values.float().cpu().sort(dim=1).values
+    launched = set()  # short rows give several quantiles the same ranks: one launch each
     for q in QUANTILES:
         low, high = nearest_ranks(cols, q)
         want = keys(ordered[:, [low, high]].contiguous())
         amax_bits = clamped_amax_bits(values.cpu(), low, high)
         for chunk, rows_a_program in layouts(cols, dtype, q):
+            if (low, high, chunk, rows_a_program) in launched:
+                continue
+            launched.add((low, high, chunk, rows_a_program))
             got = searched(values, low, high, chunk, rows_a_program).cpu()
             case = (q, chunk, rows_a_program)
             assert torch.equal(keys(got[:, :2].contiguous()), want), case
