@@ -106,6 +106,16 @@ def _half_max(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
 
 
 @triton.jit
+def butterfly16_max(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
+                    FINITE: tl.constexpr):  # fmt: skip
+    """The largest |output| (before the normalization) of the 16-point butterfly of signed
+    positions a0 .. a7, b0 .. b7, element by element."""
+    a0, a1, a2, a3, a4, a5, a6, a7 = butterfly8(a0, a1, a2, a3, a4, a5, a6, a7)
+    b0, b1, b2, b3, b4, b5, b6, b7 = butterfly8(b0, b1, b2, b3, b4, b5, b6, b7)
+    return _half_max(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7, FINITE)
+
+
+@triton.jit
 def butterfly32_max(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15,
                     b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15,
                     FINITE: tl.constexpr):  # fmt: skip
@@ -244,10 +254,8 @@ def _rht16_slab_maxima(x_ptr, row0, col0, rows, cols, flips, G: tl.constexpr, BC
     r15, s15 = _slab(x_ptr, row0, col0, rows, cols, flips, 15, 16, G, BC, ROUND_BF16, EVEN)
     plain = _plain_max(r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
                        FINITE)  # fmt: skip
-    s0, s1, s2, s3, s4, s5, s6, s7 = butterfly8(s0, s1, s2, s3, s4, s5, s6, s7)
-    s8, s9, s10, s11, s12, s13, s14, s15 = butterfly8(s8, s9, s10, s11, s12, s13, s14, s15)
-    transformed = _half_max(s0, s1, s2, s3, s4, s5, s6, s7,
-                            s8, s9, s10, s11, s12, s13, s14, s15, FINITE)  # fmt: skip
+    transformed = butterfly16_max(s0, s1, s2, s3, s4, s5, s6, s7,
+                                  s8, s9, s10, s11, s12, s13, s14, s15, FINITE)  # fmt: skip
     return plain, transformed
 
 
@@ -355,9 +363,7 @@ def _rows_max16(x_ptr, row0, col0, rows, cols, flips, R: tl.constexpr, BC: tl.co
                                             ROUND_BF16, EVEN, 16)  # fmt: skip
     b0, b1, b2, b3, b4, b5, b6, b7 = _eight(x_ptr, row0, col0, rows, cols, flips, 1, R, BC,
                                             ROUND_BF16, EVEN, 16)  # fmt: skip
-    a0, a1, a2, a3, a4, a5, a6, a7 = butterfly8(a0, a1, a2, a3, a4, a5, a6, a7)
-    b0, b1, b2, b3, b4, b5, b6, b7 = butterfly8(b0, b1, b2, b3, b4, b5, b6, b7)
-    return _half_max(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7, FINITE)
+    return butterfly16_max(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7, FINITE)
 
 
 @triton.jit
