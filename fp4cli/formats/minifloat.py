@@ -138,8 +138,9 @@ def _lower_code_is_odd(fmt: Minifloat, floor_units: torch.Tensor, spacing: torch
     import torch
 
     if fmt.mbits > 0 or fmt.ebits == 0:
-        # The code's last bit is the mantissa's (or the integer's) last bit.
-        return torch.remainder(floor_units, 2) == 1
+        # The code's last bit is the mantissa's (or the integer's) last bit: floor_units is a
+        # small whole number wherever a tie can occur (a non-finite one never ties)
+        return (floor_units.to(torch.int32) & 1).bool()
     # No mantissa bits (E3M0): the last bit is the exponent field's; zero has code 0.
     _, exp = torch.frexp(spacing)
     exp_field = exp - 1 + fmt.bias

@@ -279,9 +279,9 @@ def _quantize_blocks(
     guide: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(element values q on the grid, stored scales, tensor amax) for float32 blocks."""
-    finite = torch.isfinite(blocks)
-    finite_block = finite.all(dim=-1)
-    blocks = torch.where(finite, blocks, 0.0)
+    # a block holding NaN or +-Inf has a non-finite largest magnitude (amax keeps NaN)
+    finite_block = torch.isfinite(blocks.abs().amax(dim=-1))
+    blocks = torch.nan_to_num(blocks, nan=0.0, posinf=0.0, neginf=0.0)
     block_amax = blocks.abs().amax(dim=-1)
     t_amax = two_level.second_level_amax(block_amax, spec) if spec.tensor_scale else None
     q, stored, scales = _candidate(blocks, block_amax, t_amax, spec, uniform, guide)
