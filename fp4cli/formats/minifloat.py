@@ -111,11 +111,13 @@ def _grid_spacing(fmt: Minifloat, magnitude: torch.Tensor) -> torch.Tensor:
     if fmt.ebits == 0:
         return torch.ones_like(magnitude)
     if magnitude.dtype == torch.float32 and fmt.min_exponent - fmt.mbits >= FLOAT32_MIN_EXPONENT:
-        # the exponent field: floor(log2 |x|) of a normal |x|, below min_exponent for zero and
-        # subnormals (clamped up as below); Inf and NaN get 127, a finite spacing, as frexp's 0
-        field = (magnitude.view(torch.int32) >> 23) & 0xFF
-        exponent = torch.clamp(field - 127, min=fmt.min_exponent, max=127)
-        return normal_pow2(exponent - fmt.mbits)
+        # the exponent field in place: floor(log2 |x|) of a normal |x|, clamped up to
+        # min_exponent for zero and subnormals and down to 127 for Inf and NaN (a finite
+        # spacing, as frexp's 0 gives); less mbits, the spacing's own bits
+        field = magnitude.view(torch.int32) & 0x7F800000
+        lowest, highest = (fmt.min_exponent + 127) << 23, 254 << 23
+        spacing_bits = torch.clamp(field, min=lowest, max=highest) - (fmt.mbits << 23)
+        return spacing_bits.view(torch.float32)
     _, exp = torch.frexp(magnitude)  # magnitude = m * 2^exp, m in [0.5, 1)
     exponent = torch.clamp(exp - 1, min=fmt.min_exponent)  # floor(log2 |x|), clamped to normals
     return torch.ldexp(torch.ones_like(magnitude), exponent - fmt.mbits)
