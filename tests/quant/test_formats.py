@@ -26,7 +26,6 @@ from fp4cli.formats import (
     round_to_grid,
     unpack_nibbles,
 )
-from fp4cli.formats.minifloat import normal_pow2
 from fp4cli.quant import QuantSpec, quantize
 from tests import oracle
 
@@ -216,12 +215,6 @@ def _every_exponent_field() -> torch.Tensor:
     fields = torch.arange(256, dtype=torch.int32)[:, None] << 23
     bits = (fields | torch.tensor(mantissas + random.tolist(), dtype=torch.int32)).flatten()
     return torch.cat([bits, bits | torch.iinfo(torch.int32).min]).view(torch.float32)
-
-
-def test_normal_pow2_is_ldexp_of_one_over_float32s_normal_range():
-    exponents = torch.arange(-126, 128)
-    expected = torch.ldexp(torch.ones(exponents.shape), exponents)
-    assert torch.equal(normal_pow2(exponents).view(torch.int32), expected.view(torch.int32))
 
 
 @pytest.mark.parametrize("mode", ["rne", "away", "ties_up", "up", "sr", "guided"])
