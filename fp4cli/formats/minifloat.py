@@ -126,13 +126,19 @@ def _grid_spacing(fmt: Minifloat, magnitude: torch.Tensor) -> torch.Tensor:
 FLOAT32_MIN_EXPONENT = -126  # of float32's smallest normal number
 
 
+def _code_parity_is_the_counts(fmt: Minifloat) -> bool:
+    """Whether a grid point's code ends in the last bit of its count of grid steps in its
+    binade: the mantissa's last bit, or the integer's (not E3M0's, the exponent field's)."""
+    return fmt.mbits > 0 or fmt.ebits == 0
+
+
 def _lower_code_is_odd(fmt: Minifloat, floor_units: torch.Tensor, spacing: torch.Tensor):
     """Whether the lower of the two bracketing grid points has an odd code (for ties to even)."""
     import torch
 
-    if fmt.mbits > 0 or fmt.ebits == 0:
-        # The code's last bit is the mantissa's (or the integer's) last bit: floor_units is a
-        # small whole number wherever a tie can occur (a non-finite one never ties)
+    if _code_parity_is_the_counts(fmt):
+        # floor_units is a small whole number wherever a tie can occur (a non-finite one never
+        # ties)
         return (floor_units.to(torch.int32) & 1).bool()
     # No mantissa bits (E3M0): the last bit is the exponent field's; zero has code 0.
     _, exp = torch.frexp(spacing)
@@ -160,9 +166,8 @@ def round_to_grid(
     magnitude = x.abs()
     spacing = _grid_spacing(fmt, magnitude)
     units = magnitude / spacing  # exact: division by a power of two
-    if rounding == "rne" and (fmt.mbits > 0 or fmt.ebits == 0):
-        # the code's last bit is the unit count's (see _lower_code_is_odd): ties to the even
-        # code are ties to the even count, torch.round's rounding, in one pass
+    if rounding == "rne" and _code_parity_is_the_counts(fmt):
+        # ties to the even code are ties to the even count: torch.round's rounding, one pass
         rounded = torch.clamp(torch.round(units) * spacing, max=fmt.max_value)
         return torch.copysign(rounded, x)
     floor_units = torch.floor(units)

@@ -36,12 +36,9 @@ def _losses(store, run):
     return [m["value"] for m in store.metrics(run["id"], "train_loss")]
 
 
-@pytest.mark.parametrize(
-    ("task", "recipe", "parallel"),
-    [("gpt", "mxfp4", "ddp"), ("vit", "bf16", "ddp")],  # FSDP2: the Ctrl-C test below
-)
-def test_two_processes_train_as_one_with_the_same_global_batch(tmp_path, task, recipe, parallel):
-    args = [f"--task={task}", f"--recipe={recipe}", "--steps=4", "--batch-size=8"]
+def _trains_as_one(tmp_path, args, parallel, metric):
+    """One process, then two (`parallel`) on the same global batch: the same losses and final
+    `metric`. Returns the two-process run."""
     _train(tmp_path, *args)
     _train(tmp_path, *args, "--nproc-per-node=2", f"--parallel={parallel}")
     store = RunStore(tmp_path / "s.db")
@@ -49,23 +46,25 @@ def test_two_processes_train_as_one_with_the_same_global_batch(tmp_path, task, r
     assert (distributed["world_size"], distributed["parallel"]) == (2, parallel)
     assert (single["world_size"], single["parallel"]) == (1, "none")
     assert _losses(store, distributed) == pytest.approx(_losses(store, single), rel=1e-5)
-    metric = "val_loss" if task == "gpt" else "top1"
     final = [store.final_metrics(run["id"], [metric])[metric] for run in (distributed, single)]
     assert final[0] == pytest.approx(final[1], rel=1e-4)
+    return distributed
+
+
+@pytest.mark.parametrize(
+    ("task", "recipe", "metric"),
+    [("gpt", "mxfp4", "val_loss"), ("vit", "bf16", "top1")],  # FSDP2: the Ctrl-C test below
+)
+def test_two_processes_train_as_one_with_the_same_global_batch(tmp_path, task, recipe, metric):
+    args = [f"--task={task}", f"--recipe={recipe}", "--steps=4", "--batch-size=8"]
+    _trains_as_one(tmp_path, args, "ddp", metric)
 
 
 def test_fsdp_run_stopped_by_ctrl_c_resumes_on_the_same_world_size(tmp_path):
     """Two FSDP2 processes train as one (the same global batch), and a run of them stopped by
     Ctrl-C resumes to the uninterrupted run's losses."""
     args = ["--task=gpt", "--recipe=mxfp4", "--steps=30", "--set=checkpoint_every=3"]
-    _train(tmp_path, *args)  # one process
-    _train(tmp_path, *args, "--nproc-per-node=2", "--parallel=fsdp")
-    store = RunStore(tmp_path / "s.db")
-    fsdp, single = store.list_runs()
-    assert (fsdp["world_size"], fsdp["parallel"], single["world_size"]) == (2, "fsdp", 1)
-    assert _losses(store, fsdp) == pytest.approx(_losses(store, single), rel=1e-5)
-    final = [store.final_metrics(run["id"], ["val_loss"])["val_loss"] for run in (fsdp, single)]
-    assert final[0] == pytest.approx(final[1], rel=1e-4)
+    fsdp = _trains_as_one(tmp_path, args, "fsdp", "val_loss")
     db = tmp_path / "s.db"
     command = [*FP4, *BASE, "--store", str(db), *args, "--nproc-per-node=2", "--parallel=fsdp"]
     process = subprocess.Popen(
