@@ -33,9 +33,11 @@ from fp4cli.kernels.quantize import quantize_kernel
 from fp4cli.kernels.tile_io import GRID_Y
 from fp4cli.kernels.two_level import ENCODE_TABLE, encode_table_kernel
 from fp4cli.quant import two_level
+from fp4cli.quant.backend import interpreter_on
 from fp4cli.quant.blocking import round_up, transformed_length
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
+from fp4cli.replay.recorder import active_recorder
 from fp4cli.techniques.hadamard import FixedSigns, normalization
 
 SeedOffset = tuple[torch.Tensor, int]  # a seed tensor and an offset the kernel adds to it
@@ -143,10 +145,13 @@ def launch(
     constexprs: Mapping[str, object],
     num_warps: int,
     fp_fusion: bool = True,
+    **launch_options: Any,
 ) -> None:
     """kernel[grid](*args, **constexprs, num_warps=num_warps), with every argument passed by
     position in the kernel's parameter order (`args` first, then the constexprs by name);
-    `fp_fusion=False` compiles it without fused multiply-adds (each product rounded alone).
+    `fp_fusion=False` compiles it without fused multiply-adds (each product rounded alone);
+    `launch_options` are Triton's others (num_stages, maxnreg). Within a recording
+    (`fp4cli.replay`) the launch is recorded with the kernel it ran.
 
     Triton binds keyword arguments on every launch: for the pair kernel's 53 constexprs that
     took as long as the rest of its dispatch (H100 host: 104-112 us a launch with keywords, 54
@@ -156,8 +161,17 @@ def launch(
     rest = _parameter_names(kernel)[len(args) :]
     if len(rest) != len(constexprs):
         raise TypeError(f"{kernel}: constexprs {sorted(constexprs)} are not its {list(rest)}")
-    options = {} if fp_fusion else {"enable_fp_fusion": False}
-    kernel[grid](*args, *[constexprs[name] for name in rest], num_warps=num_warps, **options)
+    options: dict[str, Any] = {"num_warps": num_warps, **launch_options}
+    if not fp_fusion:
+        options["enable_fp_fusion"] = False
+    every = (*args, *[constexprs[name] for name in rest])
+    recorder = active_recorder()
+    if recorder is None:
+        kernel[grid](*every, **options)
+        return
+    with recorder.paused():
+        compiled = kernel[grid](*every, **options)
+    recorder.record_launch(kernel, grid, every, options, None if interpreter_on() else compiled)
 
 
 def partial_column_sums(

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from fp4cli.replay import host_step
+
 LIBRARY_NAMES = ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so")
 # No workspace: without a split of K the tiled algorithms need none, and the NVFP4 GEMM ran as
 # fast with none as with 32 MiB (H100, 8192^3 and Llama-7B's shapes); none keeps the peak
@@ -225,6 +227,7 @@ def _bias_fits(bias: torch.Tensor, n: int, out: torch.Tensor) -> bool:
     )
 
 
+@host_step
 def alpha_matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -236,7 +239,8 @@ def alpha_matmul(
     and b (N, K) of one 16-bit dtype (row- or column-major), alpha a (1,) float32 tensor, out a
     contiguous (M, N) tensor of the operands' dtype or float32 and an optional (N,) bias of the
     output's dtype or a 16-bit one. Returns whether it ran: False, having done nothing, where
-    cuBLASLt cannot take it."""
+    cuBLASLt cannot take it. One step of a recording (`fp4cli.replay`): a replay calls it again
+    and checks that it ran as the recorded call did."""
     m, k = a.shape
     n = b.shape[0]
     if not (

@@ -31,6 +31,7 @@ from fp4cli.kernels.gemm.int8 import mxfp4_int8_gemm_kernel
 from fp4cli.kernels.gemm.prep import operand_prep_kernel
 from fp4cli.kernels.gemm.scaled import scaled_dot_kernel, weight_only_kernel
 from fp4cli.kernels.gemm.split import KSplit, k_split
+from fp4cli.kernels.launch import launch
 from fp4cli.quant.backend import interpreter_on
 
 STAGED_DTYPES = {"int8": torch.int8, "e5m2": torch.float8_e5m2, "e4m3": torch.float8_e4m3fn}
@@ -144,12 +145,15 @@ def prepare(
     scales = torch.empty(rows if e4m3 else 1, dtype=torch.float32, device=device)
     rows_per_program, words = _prep_shape(k_padded, len(formats))
     programs = triton.cdiv(rows_a, rows_per_program) + triton.cdiv(rows_b, rows_per_program)
-    operand_prep_kernel[(programs,)](
-        a.codes.view(torch.int32), a.scales, b.codes.view(torch.int32), b.scales,
-        staged.view(torch.int32), facts, scales, *_split_pointers(split, facts), rows_a, rows_b,
-        k_padded, ROWS=rows_per_program, WORDS=words, SCALE_CHUNK=PREP_SCALE_CHUNK,
-        BLOCK=a.block, WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3, TIER_FLAGS=tier_flags,
-        SPLIT=split is not None, num_warps=PREP_WARPS, **_register_cap(PREP_MAX_REGISTERS),
+    launch(
+        operand_prep_kernel, (programs,),
+        (a.codes.view(torch.int32), a.scales, b.codes.view(torch.int32), b.scales,
+         staged.view(torch.int32), facts, scales, *_split_pointers(split, facts), rows_a, rows_b,
+         k_padded),
+        dict(ROWS=rows_per_program, WORDS=words, SCALE_CHUNK=PREP_SCALE_CHUNK,
+             BLOCK=a.block, WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3,
+             TIER_FLAGS=tier_flags, SPLIT=split is not None),
+        PREP_WARPS, **_register_cap(PREP_MAX_REGISTERS),
     )  # fmt: skip
     pairs = {
         name: (part[:rows_a].view(STAGED_DTYPES[name]), part[rows_a:].view(STAGED_DTYPES[name]))
@@ -286,11 +290,13 @@ def launch_int8(
     e5m2 = prepared.e5m2 or prepared.int8  # never read without a split
     e5m2_a, e5m2_b = e5m2[0].view(torch.uint8), e5m2[1].view(torch.uint8)
     _, lo_start = _split_pointers(split, prepared.facts)
-    mxfp4_int8_gemm_kernel[_grid(a.rows, b.rows, tile)](
-        *prepared.int8, e5m2_a, e5m2_b, prepared.facts, lo_start,
-        out, _bias_pointer(bias, out), a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1),
-        BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, SPLIT=split is not None,
-        HI_BK=hi_bk, HAS_BIAS=bias is not None, num_warps=tile.warps, num_stages=tile.stages,
+    launch(
+        mxfp4_int8_gemm_kernel, _grid(a.rows, b.rows, tile),
+        (*prepared.int8, e5m2_a, e5m2_b, prepared.facts, lo_start,
+         out, _bias_pointer(bias, out), a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1)),
+        dict(BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, SPLIT=split is not None,
+             HI_BK=hi_bk, HAS_BIAS=bias is not None),
+        tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 
@@ -314,13 +320,14 @@ def launch_fp8(
     _check_whole_tiles(narrow, tile)
     staged_a, staged_b = prepared.e5m2 or (a.codes, b.codes)  # never read when fused
     staged_a, staged_b = staged_a.view(torch.uint8), staged_b.view(torch.uint8)
-    mxfp4_fp8_gemm_kernel[_grid(a.rows, b.rows, tile)](
-        a.codes, a.scales, staged_a, b.codes, b.scales, staged_b, prepared.facts,
-        out, _bias_pointer(bias, out), a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1),
-        BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, BLOCK=a.block,
-        FUSED=prepared.e5m2 is None, EXACT=exact, SKIP_NARROW=skip_narrow is not None,
-        NARROW_BM=narrow.bm, NARROW_BN=narrow.bn, HAS_BIAS=bias is not None,
-        num_warps=tile.warps, num_stages=tile.stages,
+    launch(
+        mxfp4_fp8_gemm_kernel, _grid(a.rows, b.rows, tile),
+        (a.codes, a.scales, staged_a, b.codes, b.scales, staged_b, prepared.facts,
+         out, _bias_pointer(bias, out), a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1)),
+        dict(BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, BLOCK=a.block,
+             FUSED=prepared.e5m2 is None, EXACT=exact, SKIP_NARROW=skip_narrow is not None,
+             NARROW_BM=narrow.bm, NARROW_BN=narrow.bn, HAS_BIAS=bias is not None),
+        tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 
@@ -336,11 +343,13 @@ def scaled_dot_matmul(
     """Through Triton's `tl.dot_scaled` (e2m1 x e2m1, block 32): the native MXFP4 MMA on
     Blackwell, a bf16 emulation elsewhere."""
     tile = _tile(tile, SCALED_DOT_TILE)
-    scaled_dot_kernel[_grid(a.rows, b.rows, tile)](
-        a.codes, a.scales, b.codes, b.scales, out, _bias_pointer(bias, out), a.rows, b.rows,
-        a.k_padded, out.stride(0), out.stride(1),
-        BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, HAS_BIAS=bias is not None,
-        num_warps=tile.warps, num_stages=tile.stages,
+    launch(
+        scaled_dot_kernel, _grid(a.rows, b.rows, tile),
+        (a.codes, a.scales, b.codes, b.scales, out, _bias_pointer(bias, out), a.rows, b.rows,
+         a.k_padded, out.stride(0), out.stride(1)),
+        dict(BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m,
+             HAS_BIAS=bias is not None),
+        tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 
@@ -358,10 +367,12 @@ def weight_only_matmul(
     tensor cores in that dtype with float32 accumulation."""
     tile = _tile(tile, WEIGHT_ONLY_TILE)
     a = a.contiguous()
-    weight_only_kernel[_grid(a.shape[0], b.rows, tile)](
-        a, b.codes, b.scales, out, _bias_pointer(bias, out), a.shape[0], b.rows, a.shape[1],
-        b.k_padded, out.stride(0), out.stride(1),
-        BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, BLOCK=b.block,
-        HAS_BIAS=bias is not None, num_warps=tile.warps, num_stages=tile.stages,
+    launch(
+        weight_only_kernel, _grid(a.shape[0], b.rows, tile),
+        (a, b.codes, b.scales, out, _bias_pointer(bias, out), a.shape[0], b.rows, a.shape[1],
+         b.k_padded, out.stride(0), out.stride(1)),
+        dict(BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, BLOCK=b.block,
+             HAS_BIAS=bias is not None),
+        tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out

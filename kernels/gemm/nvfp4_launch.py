@@ -34,8 +34,10 @@ from fp4cli.kernels.gemm.nvfp4_decoded import (
     nvfp4_alpha_scalar_kernel,
     nvfp4_decode_kernel,
 )
+from fp4cli.kernels.launch import launch
 from fp4cli.quant import QuantizedTensor
 from fp4cli.quant.backend import interpreter_on
+from fp4cli.replay import host_step
 
 # Hopper: wide tiles amortize the decode (each A tile is decoded N / BN times, each B tile
 # M / BM times); BK is at least 128 (each of the 8 dots of a K step takes BK / 8). Compiled
@@ -90,6 +92,13 @@ def _tuned_kernel() -> Any:
     return triton.autotune(configs, key=["M", "N", "k_padded"])(even_k(nvfp4_fused_kernel))
 
 
+@host_step
+def _autotuned_launch(grid: Any, args: tuple[Any, ...]) -> None:
+    """The autotuned fused kernel's launch: one step of a recording (`fp4cli.replay`),
+    replayed through the autotuner, which keeps the configuration it chose."""
+    _tuned_kernel()[grid](*args, DECODE=decode_type())
+
+
 @torch.compiler.disable
 def fused_matmul(
     a: NvOperand, b: NvOperand, factor: float, out: torch.Tensor, tile: GemmTile | None = None
@@ -106,13 +115,14 @@ def fused_matmul(
         def grid(meta: dict[str, Any]) -> tuple[int]:
             return (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
 
-        _tuned_kernel()[grid](*args, DECODE=decode_type())
+        _autotuned_launch(grid, args)
         return out
     tile = tile or INTERPRETER_TILE
-    nvfp4_fused_kernel[(triton.cdiv(m, tile.bm) * triton.cdiv(n, tile.bn),)](
-        *args, BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m,
-        EVEN_K=k_padded % tile.bk == 0, DECODE=decode_type(),
-        num_warps=tile.warps, num_stages=tile.stages,
+    launch(
+        nvfp4_fused_kernel, (triton.cdiv(m, tile.bm) * triton.cdiv(n, tile.bn),), args,
+        dict(BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m,
+             EVEN_K=k_padded % tile.bk == 0, DECODE=decode_type()),
+        tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 
@@ -124,9 +134,9 @@ def decode_values(q: NvOperand) -> torch.Tensor:
     dtype = torch.float32 if interpreter_on() else torch.bfloat16
     values = torch.empty(q.rows, q.k_padded, dtype=dtype, device=q.codes.device)
     grid = (triton.cdiv(q.rows, DECODE_ROWS), triton.cdiv(q.k_padded // 2, DECODE_BYTES))
-    nvfp4_decode_kernel[grid](
-        q.codes, q.scales, values, q.rows, q.k_padded,
-        ROWS=DECODE_ROWS, BYTES=DECODE_BYTES, num_warps=DECODE_WARPS,
+    launch(
+        nvfp4_decode_kernel, grid, (q.codes, q.scales, values, q.rows, q.k_padded),
+        dict(ROWS=DECODE_ROWS, BYTES=DECODE_BYTES), DECODE_WARPS,
     )  # fmt: skip
     return values
 
@@ -158,15 +168,16 @@ def block_values_matmul(
         return out
     if a.dtype != torch.float32 and a.is_cuda:
         alpha = torch.empty(1, dtype=torch.float32, device=out.device)
-        nvfp4_alpha_scalar_kernel[(1,)](amaxes[0], amaxes[1], factor, alpha)
+        launch(nvfp4_alpha_scalar_kernel, (1,), (amaxes[0], amaxes[1], factor, alpha), {}, 4)
         if alpha_matmul(a, b, alpha, out, bias):
             return out
     product = _float32_product(a, b, out)
     m, n = out.shape
-    nvfp4_alpha_kernel[(triton.cdiv(m, ALPHA_BM), triton.cdiv(n, ALPHA_BN))](
-        product, amaxes[0], amaxes[1], factor, out, out if bias is None else bias.contiguous(),
-        m, n, out.stride(0), out.stride(1),
-        BM=ALPHA_BM, BN=ALPHA_BN, HAS_BIAS=bias is not None, num_warps=ALPHA_WARPS,
+    launch(
+        nvfp4_alpha_kernel, (triton.cdiv(m, ALPHA_BM), triton.cdiv(n, ALPHA_BN)),
+        (product, amaxes[0], amaxes[1], factor, out, out if bias is None else bias.contiguous(),
+         m, n, out.stride(0), out.stride(1)),
+        dict(BM=ALPHA_BM, BN=ALPHA_BN, HAS_BIAS=bias is not None), ALPHA_WARPS,
     )  # fmt: skip
     return out
 

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fp4cli.kernels.launch import launch
+
 OUTLIER_BINADES = 2
 SAMPLE_ROWS = 64
 HI_STEP = 2  # the FP8 segment is read 64 wide: its length is rounded up to 2 windows
@@ -63,10 +65,12 @@ def k_split(scales_a: torch.Tensor, scales_b: torch.Tensor, block: int) -> KSpli
     n_windows = n_blocks * block // 32
     source = torch.empty(n_windows, dtype=torch.int32, device=device)
     lo_start = torch.empty(1, dtype=torch.int32, device=device)
-    k_split_kernel[(1,)](
-        scales_a, scales_b, means, source, lo_start, rows_a, rows_b, n_blocks, n_windows,
-        BLOCK=block, SAMPLE=SAMPLE_ROWS, SAMPLE_STEP=SAMPLE_STEP, CHUNK=CHUNK,
-        BINADES=OUTLIER_BINADES, STEP=HI_STEP, num_warps=SPLIT_WARPS,
+    launch(
+        k_split_kernel, (1,),
+        (scales_a, scales_b, means, source, lo_start, rows_a, rows_b, n_blocks, n_windows),
+        dict(BLOCK=block, SAMPLE=SAMPLE_ROWS, SAMPLE_STEP=SAMPLE_STEP, CHUNK=CHUNK,
+             BINADES=OUTLIER_BINADES, STEP=HI_STEP),
+        SPLIT_WARPS,
     )  # fmt: skip
     return KSplit(source, lo_start)
 

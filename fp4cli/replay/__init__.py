@@ -1,0 +1,8 @@
+"""Host programs recorded once and replayed: what a quantized layer's call decides from its
+config and its inputs' shapes is worked out on one call, and later calls of the same shapes
+only allocate and launch (`cache.ProgramCache`)."""
+
+from fp4cli.replay.cache import ProgramCache, replay_enabled, replays
+from fp4cli.replay.recorder import active_recorder, host_step
+
+__all__ = ["ProgramCache", "active_recorder", "host_step", "replay_enabled", "replays"]
