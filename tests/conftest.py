@@ -1,4 +1,5 @@
-"""Test-session set-up: the Triton interpreter without its repeated language patching.
+"""Test-session set-up: the Triton interpreter without its repeated language patching, and no
+recorded layer programs carried from one test into the next.
 
 Under `TRITON_INTERPRET=1` Triton patches `triton.language` for a kernel launch and restores it
 after; every call of a `@triton.jit` helper inside that launch patches it again (the attributes
@@ -13,7 +14,19 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 from fp4cli.quant.backend import interpreter_on
+
+
+@pytest.fixture(autouse=True)
+def _fresh_layer_programs():
+    """Each test starts with no recorded layer programs (`fp4cli.linear.plans`): a layer's
+    first calls in a test run its executor's Python, whatever ran before."""
+    from fp4cli.linear.plans import PROGRAMS
+
+    PROGRAMS.clear()
+    yield
 
 
 def _skip_repeated_patches() -> None:

@@ -50,6 +50,7 @@ from fp4cli.linear.fast_operands import (
     quantized_length,
     saved_form,
 )
+from fp4cli.linear.plans import run_planned
 from fp4cli.linear.recompute import OutputUse, tag
 from fp4cli.linear.routes import GEMM_OPERANDS, block_product
 from fp4cli.quant import QuantizedTensor
@@ -326,10 +327,72 @@ def _backward_product(
     return dy_values.mm(layout.values(tensors))
 
 
+def planned_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: LinearConfig,
+    key: str,
+    call_seed: torch.Tensor,
+    weight_guide: torch.Tensor | AverageGuide | None,
+    rank: int,
+    needs_dx: bool,
+    needs_dw: bool,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[Saved, Saved]]:
+    """`fast_forward` without recomputation, replayed from the layer programs
+    (`fp4cli.linear.plans`); `key` is the config's `ops.op_key`."""
+    average = updates = guide = None
+    warmup = -1
+    if isinstance(weight_guide, AverageGuide):
+        average, updates, warmup = weight_guide.average, weight_guide.updates, weight_guide.warmup
+    else:
+        guide = weight_guide
+
+    def call(x, weight, bias, call_seed, average, updates, guide):
+        if average is not None:
+            guide = AverageGuide(average, updates, warmup)
+        return fast_forward(
+            x, weight, bias, config, call_seed, guide, rank, needs_dx, needs_dw, dtype
+        )
+
+    signature = ("fast_forward", key, rank, needs_dx, needs_dw, dtype, warmup)
+    return run_planned(signature, call, (x, weight, bias, call_seed, average, updates, guide))
+
+
+def planned_backward(
+    grad_y: torch.Tensor,
+    x_tensors: tuple[torch.Tensor, ...],
+    w_tensors: tuple[torch.Tensor, ...],
+    config: LinearConfig,
+    key: str,
+    call_seed: torch.Tensor,
+    rank: int,
+    layouts: tuple[Saved, Saved],
+    needs: tuple[bool, bool, bool],
+    targets: tuple[torch.dtype | None, ...],
+    forward: tuple[torch.Size, torch.Size, torch.dtype],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """`fast_backward`, replayed from the layer programs; `forward`: the forward pass's x and
+    W shapes and compute dtype (which, with the config and the rank, decide `layouts`)."""
+    split = len(x_tensors)
+
+    def call(grad_y, call_seed, *saved):
+        return fast_backward(
+            grad_y, saved[:split], saved[split:], config, call_seed, rank, layouts, needs,
+            targets,
+        )  # fmt: skip
+
+    signature = ("fast_backward", key, rank, needs, targets, split, *forward)
+    return run_planned(signature, call, (grad_y, call_seed, *x_tensors, *w_tensors))
+
+
 class FastQuantLinearFunction(torch.autograd.Function):
     """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `fast_gap`
     accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes.
-    (Under torch.compile the layer calls the same steps as custom ops: `ops.py`.)"""
+    (Under torch.compile the layer calls the same steps as custom ops: `ops.py`.) Both passes
+    replay the layer programs (`planned_forward`, `planned_backward`) unless the output is
+    tagged for recomputation."""
 
     @staticmethod
     def forward(
@@ -338,6 +401,7 @@ class FastQuantLinearFunction(torch.autograd.Function):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         config: LinearConfig,
+        key: str,
         call_seed: torch.Tensor,
         weight_guide: torch.Tensor | AverageGuide | None,
         rank: int = 0,
@@ -345,30 +409,39 @@ class FastQuantLinearFunction(torch.autograd.Function):
         recompute: OutputUse | None = None,
     ) -> torch.Tensor:
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        y, x_saved, w_saved, ctx.layouts = fast_forward(
-            x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw, dtype,
-            recompute,
-        )  # fmt: skip
+        if recompute is None:
+            y, x_saved, w_saved, ctx.layouts = planned_forward(
+                x, weight, bias, config, key, call_seed, weight_guide, rank, needs_dx, needs_dw,
+                dtype,
+            )  # fmt: skip
+        else:
+            y, x_saved, w_saved, ctx.layouts = fast_forward(
+                x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw,
+                dtype, recompute,
+            )  # fmt: skip
         ctx.save_for_backward(*x_saved, *w_saved)
         ctx.split = len(x_saved)
-        ctx.config, ctx.call_seed, ctx.rank = config, call_seed, rank
+        ctx.config, ctx.key, ctx.call_seed, ctx.rank = config, key, call_seed, rank
         ctx.has_bias = bias is not None
         ctx.targets = given_dtypes(x, weight, bias)
+        ctx.forward = (x.shape, weight.shape, dtype or x.dtype)
         return y
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor):
         saved = ctx.saved_tensors
         needs_db = ctx.has_bias and ctx.needs_input_grad[2]
-        grads = fast_backward(
+        grads = planned_backward(
             grad_y,
             saved[: ctx.split],
             saved[ctx.split :],
             ctx.config,
+            ctx.key,
             ctx.call_seed,
             ctx.rank,
             ctx.layouts,
             (ctx.needs_input_grad[0], ctx.needs_input_grad[1], needs_db),
             ctx.targets,
+            ctx.forward,
         )
-        return *grads, None, None, None, None, None, None
+        return *grads, None, None, None, None, None, None, None

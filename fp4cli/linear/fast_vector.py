@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from fp4cli.linear.config import GEMMS, OPERANDS, LinearConfig
 from fp4cli.linear.fast import given_dtypes, in_target_dtypes
+from fp4cli.linear.plans import run_planned
 from fp4cli.linear.recompute import OutputUse, tag
 from fp4cli.quant import QuantSpec
 from fp4cli.techniques.outliers import nearest_ranks
@@ -417,10 +418,63 @@ def vector_backward(
     return in_target_dtypes((grad_x, grad_w), bias_sums, grad_y.dtype, targets)
 
 
+def planned_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: LinearConfig,
+    key: str,
+    needs_dx: bool,
+    needs_dw: bool,
+    dtype: torch.dtype | None,
+) -> tuple[
+    torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]
+]:
+    """`vector_forward` without recomputation, on x, W and the bias cast to `dtype` (None:
+    as they are), replayed from the layer programs (`fp4cli.linear.plans`); `key` is the
+    config's `ops.op_key`."""
+
+    def call(x, weight, bias):
+        x, weight, bias = in_compute_dtype(x, weight, bias, dtype)
+        return vector_forward(x, weight, bias, config, needs_dx, needs_dw)
+
+    return run_planned(("vector_forward", key, needs_dx, needs_dw, dtype), call, (x, weight, bias))
+
+
+def planned_backward(
+    grad_y: torch.Tensor,
+    kept: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]],
+    config: LinearConfig,
+    key: str,
+    dtype: torch.dtype,
+    needs: tuple[bool, bool, bool],
+    targets: tuple[torch.dtype | None, ...],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """`vector_backward`, replayed from the layer programs."""
+    first, second = len(kept[0]), len(kept[0]) + len(kept[1])
+
+    def call(grad_y, *saved):
+        groups = (saved[:first], saved[first:second], saved[second:])
+        return vector_backward(grad_y, groups, config, dtype, needs, targets)
+
+    signature = ("vector_backward", key, dtype, needs, targets, first, second)
+    return run_planned(signature, call, (grad_y, *kept[0], *kept[1], *kept[2]))
+
+
+def in_compute_dtype(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """x, W and the bias cast to the compute dtype as autocast casts them (None: unchanged)."""
+    if dtype is None:
+        return x, weight, bias
+    return x.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None
+
+
 class VectorQuantLinearFunction(torch.autograd.Function):
     """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `vector_gap`
     accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes.
-    (Under torch.compile the layer calls the same steps as custom ops: `ops.py`.)"""
+    (Under torch.compile the layer calls the same steps as custom ops: `ops.py`.) Both passes
+    replay the layer programs unless the output is tagged for recomputation."""
 
     @staticmethod
     def forward(
@@ -429,6 +483,7 @@ class VectorQuantLinearFunction(torch.autograd.Function):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         config: LinearConfig,
+        key: str,
         dtype: torch.dtype | None = None,
         recompute: OutputUse | None = None,
     ) -> torch.Tensor:
@@ -436,15 +491,19 @@ class VectorQuantLinearFunction(torch.autograd.Function):
         recompute: `vector_forward`'s."""
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.targets = given_dtypes(x, weight, bias)
-        if dtype is not None:
-            x, weight = x.to(dtype), weight.to(dtype)
-            bias = bias.to(dtype) if bias is not None else None
-        y, x_kept, w_kept, dge_tensors = vector_forward(
-            x, weight, bias, config, needs_dx, needs_dw, recompute
-        )
+        if recompute is None:
+            y, x_kept, w_kept, dge_tensors = planned_forward(
+                x, weight, bias, config, key, needs_dx, needs_dw, dtype
+            )
+        else:
+            x, weight, bias = in_compute_dtype(x, weight, bias, dtype)
+            y, x_kept, w_kept, dge_tensors = vector_forward(
+                x, weight, bias, config, needs_dx, needs_dw, recompute
+            )
         ctx.save_for_backward(*x_kept, *w_kept, *dge_tensors)
         ctx.split = (len(x_kept), len(x_kept) + len(w_kept))
-        ctx.config, ctx.has_bias, ctx.dtype = config, bias is not None, x.dtype
+        ctx.config, ctx.key, ctx.has_bias = config, key, bias is not None
+        ctx.dtype = dtype or x.dtype
         return y
 
     @staticmethod
@@ -452,12 +511,13 @@ class VectorQuantLinearFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         first, second = ctx.split
         needs = ctx.needs_input_grad
-        grads = vector_backward(
+        grads = planned_backward(
             grad_y,
             (saved[:first], saved[first:second], saved[second:]),
             ctx.config,
+            ctx.key,
             ctx.dtype,
             (needs[0], needs[1], ctx.has_bias and needs[2]),
             ctx.targets,
         )
-        return *grads, None, None, None
+        return *grads, None, None, None, None

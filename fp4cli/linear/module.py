@@ -97,6 +97,50 @@ class QuantLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._high_precision:
             return F.linear(x, self.weight, self.bias)
+        if self.stats is None and not torch.compiler.is_compiling():
+            executor = self.executor(x)[0]
+            if executor != "reference":
+                return self._kernel_forward(x, executor)
+        return self._general_forward(x)
+
+    def _next_call_seed(self) -> torch.Tensor:
+        """This call's seed (rng_seed + calls * SEED_STRIDE), counting a training call."""
+        call_seed = torch.add(self.rng_seed, self.calls, alpha=SEED_STRIDE)  # one launch
+        if self.training:
+            with torch.no_grad():
+                self.calls.add_(1)
+        return call_seed
+
+    def _kernel_forward(self, x: torch.Tensor, executor: str) -> torch.Tensor:
+        """An eager call of the fast or vector-wise executor: x, W and the bias are cast to
+        autocast's dtype by the executor itself, whose steps run with autocast off (switched
+        directly: the context manager's host time counts in every call)."""
+        device_type = x.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        dtype = torch.get_autocast_dtype(device_type) if autocast else None
+        call_seed = self._next_call_seed()
+        rows = x.reshape(-1, self.in_features)
+        if autocast:
+            torch.set_autocast_enabled(device_type, False)
+        try:
+            if executor == "fast":
+                y = FastQuantLinearFunction.apply(
+                    rows, self.weight, self.bias, self.config, self._op_key, call_seed,
+                    self._average_guide(), self.rank, dtype, self._recompute.next_use(),
+                )  # fmt: skip
+            else:
+                y = VectorQuantLinearFunction.apply(
+                    rows, self.weight, self.bias, self.config, self._op_key, dtype,
+                    self._recompute.next_use(),
+                )  # fmt: skip
+        finally:
+            if autocast:
+                torch.set_autocast_enabled(device_type, True)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _general_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The reference executor's call (statistics steps too), or the custom ops' under
+        torch.compile."""
         weight: torch.Tensor = self.weight
         bias: torch.Tensor | None = self.bias
         device_type = x.device.type
@@ -105,13 +149,9 @@ class QuantLinear(nn.Linear):
         dtype = None
         if torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
-            if executor not in ("fast", "vector") or compiling:  # else cast in the executor
-                x, weight = x.to(dtype), weight.to(dtype)
-                bias = bias.to(dtype) if bias is not None else None
-        call_seed = torch.add(self.rng_seed, self.calls, alpha=SEED_STRIDE)  # one launch
-        if self.training:
-            with torch.no_grad():
-                self.calls.add_(1)
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = bias.to(dtype) if bias is not None else None
+        call_seed = self._next_call_seed()
         with torch.autocast(device_type, enabled=False):
             rows = x.reshape(-1, self.in_features)
             if executor != "reference" and compiling:
@@ -119,15 +159,6 @@ class QuantLinear(nn.Linear):
                     rows, weight, bias, executor, self._op_key, call_seed,
                     self._weight_guide(), self.rank,
                 )  # fmt: skip
-            elif executor == "fast":
-                y = FastQuantLinearFunction.apply(
-                    rows, weight, bias, self.config, call_seed, self._average_guide(), self.rank,
-                    dtype, self._recompute.next_use(),
-                )  # fmt: skip
-            elif executor == "vector":
-                y = VectorQuantLinearFunction.apply(
-                    rows, weight, bias, self.config, dtype, self._recompute.next_use()
-                )
             else:
                 y = QuantLinearFunction.apply(
                     rows,

@@ -17,13 +17,16 @@ registers it; a layer registers its own when it is built.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
+from fp4cli.linear import fast, fast_vector
 from fp4cli.linear.config import LinearConfig
-from fp4cli.linear.fast import fast_backward, fast_forward, saved_layouts
-from fp4cli.linear.fast_vector import vector_backward, vector_forward, vector_plans
+from fp4cli.linear.fast import saved_layouts
+from fp4cli.linear.fast_operands import Saved
+from fp4cli.linear.fast_vector import vector_plans
 
 _CONFIGS: dict[str, LinearConfig] = {}
 EXECUTORS = ("fast", "vector")
@@ -64,12 +67,14 @@ def _forward(
     """[y = x W^T + b, then the tensors the executor keeps for the backward pass]."""
     linear = _config(config)
     if executor == "fast":
-        y, x_kept, w_kept, _ = fast_forward(
-            x, weight, bias, linear, call_seed, weight_guide, rank, needs_dx, needs_dw
+        y, x_kept, w_kept, _ = fast.planned_forward(
+            x, weight, bias, linear, config, call_seed, weight_guide, rank, needs_dx, needs_dw
         )
         groups: tuple[tuple[torch.Tensor, ...], ...] = (w_kept, x_kept)
     elif executor == "vector":
-        y, x_kept, w_kept, dge = vector_forward(x, weight, bias, linear, needs_dx, needs_dw)
+        y, x_kept, w_kept, dge = fast_vector.planned_forward(
+            x, weight, bias, linear, config, needs_dx, needs_dw, None
+        )
         groups = (dge, w_kept, x_kept)
     else:
         raise RuntimeError(f"fp4cli::quant_linear: no executor {executor!r}")
@@ -113,18 +118,37 @@ def _backward(
     `quant_linear` kept; shapes: X's (rows, cols) then W's; dtype: the forward's compute dtype."""
     linear = _config(config)
     wanted = (needs[0], needs[1], needs[2])
+    targets = (None, None, None)
     if executor == "fast":
-        x_shape, w_shape = tuple(shapes[:2]), tuple(shapes[2:])
-        layouts = saved_layouts(linear, call_seed, rank, x_shape, w_shape, dtype)[2:]
+        x_shape, w_shape = torch.Size(shapes[:2]), torch.Size(shapes[2:])
+        if all(type(size) is int for size in shapes):
+            layouts = _fast_layouts(config, rank, x_shape, w_shape, dtype)
+        else:  # symbolic sizes (a fake implementation under dynamic shapes)
+            layouts = saved_layouts(linear, call_seed, rank, x_shape, w_shape, dtype)[2:]
         w_kept, x_kept = _split(saved, (layouts[1].count if needs[0] else 0,))
-        grads = fast_backward(grad_y, x_kept, w_kept, linear, call_seed, rank, layouts, wanted)
+        grads = fast.planned_backward(
+            grad_y, x_kept, w_kept, linear, config, call_seed, rank, layouts, wanted, targets,
+            (x_shape, w_shape, dtype),
+        )  # fmt: skip
     else:
         w_plan = vector_plans(linear, needs[0], needs[1])[1]
         dge_count = 2 if w_plan.forward_scales else 0
         w_count = w_plan.kept_count
         dge, w_kept, x_kept = _split(saved, (dge_count, w_count))
-        grads = vector_backward(grad_y, (x_kept, w_kept, dge), linear, dtype, wanted)
+        grads = fast_vector.planned_backward(
+            grad_y, (x_kept, w_kept, dge), linear, config, dtype, wanted, targets
+        )
     return [g for g in grads if g is not None]
+
+
+@functools.lru_cache(maxsize=256)
+def _fast_layouts(
+    key: str, rank: int, x_shape: torch.Size, w_shape: torch.Size, dtype: torch.dtype
+) -> tuple[Saved, Saved]:
+    """`fast.saved_layouts` of a config (by its key) and the forward's shapes and dtype: the
+    same on every call of the layer."""
+    seed = torch.zeros((), dtype=torch.int64)  # the layouts hold no seed
+    return saved_layouts(_config(key), seed, rank, x_shape, w_shape, dtype)[2:]
 
 
 quant_linear_backward = torch.library.custom_op(

@@ -10,6 +10,7 @@ import torch
 from fp4cli import LinearConfig, QuantLinear, QuantSpec, quantize_model
 from fp4cli.linear.fast import fast_gap
 from fp4cli.recipes import load_recipe
+from fp4cli.replay import replays
 from fp4cli.techniques import DGEConfig, HadamardConfig
 from tests.kernel_cases import DEVICE
 from tests.kernel_checks import assert_bits
@@ -252,7 +253,7 @@ def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
         with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
             return training_passes(layer, x, grad_y.to(torch.bfloat16), calls=1)
 
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, replays(False):  # the Python calls
         patch.setattr(gradients, "widen_gradients", recording)
         got = passes(fast)
     assert launches == [([True, True], True)]

@@ -17,6 +17,7 @@ from fp4cli.gemm import nvfp4_matmul_reference
 from fp4cli.linear.routes import gemm_gap, gemm_route
 from fp4cli.quant import quantize
 from fp4cli.recipes import load_recipe
+from fp4cli.replay import replays
 from fp4cli.techniques import HadamardConfig
 from tests.kernel_cases import DEVICE
 from tests.kernel_checks import assert_same_sum, assert_same_up_to_zero_sign
@@ -69,7 +70,7 @@ def gemm_operands(layer, x, grad_y) -> list[tuple[str, torch.Tensor, torch.Tenso
         products.append((kwargs["mode"], a.dequantize(torch.float32), b.dequantize(torch.float32)))
         return real_matmul(a, b, **kwargs)
 
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, replays(False):  # the Python calls
         patch.setattr(torch.Tensor, "mm", mm)
         patch.setattr(F, "linear", linear)
         patch.setattr(fp4cli.gemm, "mxfp4_matmul", matmul)
@@ -123,7 +124,7 @@ def test_the_forward_gemm_adds_the_bias_before_rounding(mode):
         biases.append(kwargs.get("bias"))
         return real_matmul(a, b, **kwargs)
 
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, replays(False):  # the Python calls
         patch.setattr(fp4cli.gemm, "mxfp4_matmul", matmul)
         training_passes(fast, x, grad_y, calls=1)
     assert len(biases) == 3 and biases[1] is None and biases[2] is None
