@@ -7,9 +7,10 @@ One call is the forward under BF16 autocast and the gradients of the input, weig
 what a training step asks of the layer, without the optimizer. The recipe's skip patterns do
 not apply (the one layer is always quantized; a high-precision recipe runs `nn.Linear`).
 
-Each case reports milliseconds per call (a loop of calls, or their replay from a CUDA graph)
-and the bytes the forward keeps for the backward (`fp4cli.train.memory`), both as ratios to
-`bf16` at the same shape.
+Each case reports milliseconds per call (a loop of calls, or their replay from a CUDA graph),
+the host's microseconds to issue one call (its Python and launches: what an eager training
+loop waits for when the GPU is faster), and the bytes the forward keeps for the backward
+(`fp4cli.train.memory`), each as a ratio to `bf16` at the same shape.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class LayerRow:
     case: LayerCase
     timing: str
     ms: float | None = None
+    host_us: float | None = None  # host time to issue one call (`timing.host_us`)
     saved_mib: float | None = None
     executor: str = ""
     note: str | None = None
@@ -76,6 +78,10 @@ class LayerRow:
     @property
     def vs_baseline(self) -> float | None:
         return ratio(self.ms, self.baseline.ms if self.baseline else None)
+
+    @property
+    def host_vs_baseline(self) -> float | None:
+        return ratio(self.host_us, self.baseline.host_us if self.baseline else None)
 
     @property
     def saved_vs_baseline(self) -> float | None:
@@ -95,8 +101,10 @@ class LayerRow:
     def measurements(self) -> list[tuple[str, float, str]]:
         values = [
             ("layer_ms", self.ms, "ms"),
+            ("host_us", self.host_us, "us"),
             ("saved_memory", self.saved_mib, "MiB"),
             ("vs_bf16", self.vs_baseline, "x"),
+            ("host_vs_bf16", self.host_vs_baseline, "x"),
             ("saved_vs_bf16", self.saved_vs_baseline, "x"),
         ]
         return [(name, value, unit) for name, value, unit in values if value is not None]
@@ -182,8 +190,9 @@ def run_layer_bench(
 
 
 def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str) -> LayerRow:
-    """Milliseconds per forward + backward (median of 5 timed loops) and saved MiB of a case."""
-    from fp4cli.bench.timing import median_ms
+    """Milliseconds per forward + backward (median of 5 timed loops), the host's microseconds
+    to issue one, and saved MiB of a case."""
+    from fp4cli.bench.timing import host_us, median_ms
     from fp4cli.train.memory import forward_saved_bytes
 
     row = LayerRow(case, timing)
@@ -194,6 +203,7 @@ def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str)
         row.saved_mib = forward_saved_bytes(lambda: layer_forward(layer, x)) / 2**20
         call = layer_call(layer, x, grad_y)
         row.ms = median_ms(call, device, iters, warmup=3, repeats=5, timing=timing)
+        row.host_us = host_us(call, device, iters)
     except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
         row.note = failure_note(error)
     finally:

@@ -96,6 +96,24 @@ def median_ms(
     return statistics.median(_graph_ms(graph, iters) for _ in range(repeats))
 
 
+def host_us(
+    call: Callable[[], object], device: torch.device, iters: int, repeats: int = 5
+) -> float:
+    """Microseconds of host time per call: the median over `repeats` loops of the time taken
+    to issue `iters` calls, the device synchronized before each loop and not within it (the
+    GPU runs behind the host; a loop's launches fit its queue). On the CPU the call's whole
+    time."""
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        began = time.perf_counter()
+        for _ in range(iters):
+            call()
+        times.append((time.perf_counter() - began) * 1e6 / iters)
+    synchronize(device)
+    return statistics.median(times)
+
+
 class TimeLimitExceeded(BaseException):
     """Raised in the main thread when a `time_limit` expires (a BaseException, like
     KeyboardInterrupt, so that no `except Exception` on the way out swallows it)."""

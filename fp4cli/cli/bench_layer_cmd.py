@@ -17,8 +17,8 @@ from fp4cli.cli.bench_options import (
 
 Opt = typer.Option
 
-LAYER_COLUMNS = ("shape", "recipe", "backend", "ms", "TFLOP/s", "x bf16", "saved MiB",
-                 "x bf16 saved")  # fmt: skip
+LAYER_COLUMNS = ("shape", "recipe", "backend", "ms", "TFLOP/s", "x bf16", "host us",
+                 "x bf16 host", "saved MiB", "x bf16 saved")  # fmt: skip
 
 
 def layer_command(
@@ -95,7 +95,9 @@ def _layer_table(rows: list[Any], device: Any, timing: str, iters: int) -> Any:
     calls = f"{iters} calls per CUDA graph" if timing == "graph" else f"{iters} calls per loop"
     caption = (
         "ms: forward under BF16 autocast + the input, weight and bias gradients, the median of 5 "
-        "timed loops; TFLOP/s: the three GEMMs' work over that time; saved MiB: the distinct "
+        "timed loops; TFLOP/s: the three GEMMs' work over that time; host us: the host's time "
+        "to issue one call (Python and launches), the median of 5 loops without a "
+        "synchronization; saved MiB: the distinct "
         "tensors the forward keeps for the backward; x bf16: over nn.Linear (bf16) at the shape."
     )
     title = f"linear layer forward + backward on {device_name(device)}, {calls}"
@@ -110,7 +112,8 @@ def _layer_table(rows: list[Any], device: Any, timing: str, iters: int) -> Any:
         shape = f"{case.shape_text} {case.name}".strip()
         cells = [
             shape, case.label, case.backend, _significant(row.ms),
-            _significant(row.tflops), _times(row.vs_baseline), _significant(row.saved_mib),
+            _significant(row.tflops), _times(row.vs_baseline), _significant(row.host_us),
+            _times(row.host_vs_baseline), _significant(row.saved_mib),
             _times(row.saved_vs_baseline), row.note or row.executor,
         ]  # fmt: skip
         table.add_row(*map(Text, cells))

@@ -34,7 +34,8 @@ def test_layer_command_prints_and_stores(tmp_path: Path) -> None:
     result = run("--shapes", "64x32x48", "--recipes", "mxfp4", "--backends", "torch",
                  "--device", "cpu", "--iters", "1", "--store", str(path))  # fmt: skip
     assert result.exit_code == 0, result.output
-    for text in ("64x32x48", "nn.Linear", "reference (backend torch)", "saved MiB", "x bf16"):
+    for text in ("64x32x48", "nn.Linear", "reference (backend torch)", "saved MiB", "x bf16",
+                 "host us"):  # fmt: skip
         assert text in result.stdout
     with RunStore(path) as store:
         rows = store.benchmarks("layer")
@@ -42,7 +43,14 @@ def test_layer_command_prints_and_stores(tmp_path: Path) -> None:
     assert measured == {
         (recipe, name)
         for recipe in ("bf16", "mxfp4")
-        for name in ("layer_ms", "saved_memory", "vs_bf16", "saved_vs_bf16")
+        for name in (
+            "layer_ms",
+            "host_us",
+            "saved_memory",
+            "vs_bf16",
+            "host_vs_bf16",
+            "saved_vs_bf16",
+        )  # fmt: skip
     }
     configs = {row["config"]["recipe"]: row["config"] for row in rows}
     assert configs["mxfp4"]["timing"] == "loop" and configs["mxfp4"]["tokens"] == 64
