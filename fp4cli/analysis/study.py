@@ -235,10 +235,10 @@ def study_spec(study: Study, overrides: Overrides) -> Any:
         raw["seeds"] = list(overrides.seeds)
     if overrides.cuda_graph and overrides.cpu:
         raise AnalysisError("--cuda-graph: needs a CUDA device (the runs train on the CPU)")
-    if overrides.cpu or overrides.cuda_graph is False:
-        train.pop("cuda_graph", None)  # the same numbers, eagerly
-    elif overrides.cuda_graph:
-        train["cuda_graph"] = True
+    if overrides.cpu:
+        train.pop("cuda_graph", None)  # the same numbers, eagerly: no CUDA device
+    elif overrides.cuda_graph is not None:
+        train["cuda_graph"] = overrides.cuda_graph
     raw["train"] = train
     suffix = overrides.suffix()
     raw["name"] = f"{study.name}-{suffix}" if suffix else study.name

@@ -39,7 +39,7 @@ def reproduce(
         Opt(
             "--cuda-graph/--no-cuda-graph",
             help="Replay training steps from a CUDA graph (the same numbers, faster) (default: "
-            "as the study says; never on a CPU).",
+            "on a CUDA GPU wherever a run allows it).",
             show_default=False,
         ),
     ] = None,

@@ -52,7 +52,9 @@ class TrainConfig:
     device: str = "auto"
     backend: str = "auto"  # quantizer implementation: auto, torch or triton (the same bits)
     compile: bool = False  # torch.compile the model
-    cuda_graph: bool = False  # replay each training step from a CUDA graph (fp4cli.train.step)
+    # replay each training step from a CUDA graph (fp4cli.train.step); None: wherever the run
+    # allows it (`fp4cli.train.loop.step_mode`)
+    cuda_graph: bool | None = None
     recompute: bool = False  # recompute saved quantized-layer outputs (fp4cli.linear.recompute)
     parallel: str = "none"  # none, ddp or fsdp (under torchrun; fp4cli.train.distributed)
     data: str | None = None
@@ -92,8 +94,9 @@ class TrainConfig:
         if self.backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"backend: must be auto, torch or triton (got {self.backend!r})")
         for name in ("checkpoints", "compile", "cuda_graph", "recompute"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name}: must be true or false (got {getattr(self, name)!r})")
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "cuda_graph" and value is None):
+                raise ConfigError(f"{name}: must be true or false (got {value!r})")
         if self.recompute and self.compile:
             from fp4cli.linear.recompute import NOT_COMPILED
 

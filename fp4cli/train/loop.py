@@ -115,6 +115,7 @@ class Trainer:
         distributed.check_config(self.dist, config, recipe)
         self.device = device if device is not None else pick_device(config.device)
         _check_step_options(config, recipe, self.device, self.dist)
+        self.cuda_graph, self.step_note = step_mode(config, recipe, self.device, self.dist)
         self.model = self._build_model()  # the module itself (state dicts, statistics)
         assert config.batch_size is not None
         check_batch_fits(
@@ -127,7 +128,8 @@ class Trainer:
         self.stats = QuantStatsCollector(self.model, enabled=config.stats_every > 0)
         self.step_runner = StepRunner(
             self.train_model, self.optimizer, self.task.loss, config.grad_clip, self.device,
-            cuda_graph=config.cuda_graph, plain_model=wrapped, recompute=config.recompute,
+            cuda_graph=self.cuda_graph, plain_model=wrapped, recompute=config.recompute,
+            eager_if_capture_fails=config.cuda_graph is None,
         )  # fmt: skip
         self.osci_reset = osci_reset_for(self.model, self.recipe)
         self.run_id: str | None = None
@@ -162,9 +164,9 @@ class Trainer:
         else:
             fused = self.device.type == "cuda"
             optimizer = torch.optim.AdamW(
-                groups, lr=self.config.lr, fused=fused, capturable=self.config.cuda_graph
+                groups, lr=self.config.lr, fused=fused, capturable=self.cuda_graph
             )
-        if self.config.cuda_graph:
+        if self.cuda_graph:
             device_learning_rates(optimizer, self.device)
         fp4cli.attach_qema(self.model, optimizer)
         return optimizer
@@ -209,7 +211,7 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             if self.osci_reset is not None:
                 self.osci_reset.load_state_dict(state["extra"].get("osci_reset", {}))
-        if self.config.cuda_graph:
+        if self.cuda_graph:
             device_learning_rates(self.optimizer, self.device)
         restore_rng(state["rng"])
         self.start_step = int(state["step"])
@@ -235,9 +237,7 @@ class Trainer:
             from fp4cli.linear.recompute import recompute_summary
 
             reporter.message(recompute_summary(self.model))
-        hint = graph_hint(config, self.recipe, self.device, self.dist.world_size)
-        if hint is not None:
-            reporter.message(hint)
+        reporter.message(self.step_note)
         if self.recipe.qramp is not None:
             reporter.message(
                 f"Q-Ramping: periods up to {self._max_period()} steps, recalibrated every "
@@ -298,6 +298,10 @@ class Trainer:
             shapes = LayerShapes(self.model) if step == self.start_step else None
             # statistics and the first step's layer shapes need the eager step's hooks
             loss, grad_norm = self.step_runner(batch, eager=collect or shapes is not None)
+            if self.step_runner.capture_failure is not None and self.cuda_graph:
+                self.cuda_graph = False  # said once
+                reporter.message(f"steps: eager from step {step} (the CUDA graph capture "
+                                 f"failed: {self.step_runner.capture_failure})")  # fmt: skip
             if shapes is not None:
                 self.store.log_layers(run_id, shapes.rows())
             loss_value = distributed.mean_over_ranks(loss, self.dist)
@@ -399,8 +403,8 @@ class Trainer:
 def _check_step_options(
     config: TrainConfig, recipe: Any, device: torch.device, dist: Distributed
 ) -> None:
-    """One-line errors for step options this run cannot take."""
-    if not config.cuda_graph:
+    """One-line errors for step options this run cannot take (CUDA graphs asked for)."""
+    if config.cuda_graph is not True:
         return
     if device.type != "cuda":
         raise ConfigError(f"cuda_graph: needs a CUDA device (this run is on {device.type})")
@@ -422,18 +426,24 @@ def osci_reset_for(model: nn.Module, recipe: Any) -> Any:
         raise ConfigError(str(error)) from None
 
 
-def graph_hint(
-    config: TrainConfig, recipe: Any, device: torch.device, world_size: int
-) -> str | None:
-    """A line for a quantized run that could replay its steps from a CUDA graph but does not."""
-    eligible = device.type == "cuda" and world_size == 1 and recipe.qramp is None
-    if config.cuda_graph or not eligible or recipe.linear.is_high_precision:
-        return None
-    return (
-        "speed: each step launches its quantization kernels from the host; --cuda-graph "
-        "replays steps from a CUDA graph (the same bits, 2.5-3.7x faster at GPT-2 small's "
-        "shape on an H100)"
-    )
+def step_mode(
+    config: TrainConfig, recipe: Any, device: torch.device, dist: Distributed
+) -> tuple[bool, str]:
+    """(whether the steps replay from a CUDA graph, the line that says so): as `cuda_graph`
+    asks, or where it is None (the default) wherever the run allows it: one process on a CUDA
+    device, an optimizer that updates on the device (not Q-Ramping's)."""
+    if config.cuda_graph is False:
+        return False, "steps: eager (--no-cuda-graph)"
+    why_not = None
+    if device.type != "cuda":
+        why_not = f"CUDA graphs need a CUDA device; this run is on the {device.type}"
+    elif dist.world_size > 1:
+        why_not = f"a CUDA graph step runs on one process; this run has {dist.world_size}"
+    elif recipe.qramp is not None:
+        why_not = "Q-Ramping updates its optimizer on the host"
+    if why_not is not None:
+        return False, f"steps: eager ({why_not})"
+    return True, "steps: replayed from a CUDA graph after 3 eager ones (--no-cuda-graph: eager)"
 
 
 PEER_STOP_WAIT_S = 10.0  # torchrun ends the other ranks within its monitor interval

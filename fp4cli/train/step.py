@@ -84,8 +84,10 @@ def device_learning_rates(optimizer: torch.optim.Optimizer, device: torch.device
 
 class StepRunner:
     """Runs training steps on `model` with `optimizer`; `cuda_graph` replays them from a graph
-    (CUDA only; the optimizer must be capturable, see `device_learning_rates`); `recompute`
-    recomputes the quantized layers' saved outputs in the backward pass (`plain_step`)."""
+    (CUDA only; the optimizer must be capturable, see `device_learning_rates`), or where the
+    capture fails and `eager_if_capture_fails`, runs them eagerly (`capture_failure` says
+    why); `recompute` recomputes the quantized layers' saved outputs in the backward pass
+    (`plain_step`)."""
 
     def __init__(
         self,
@@ -97,6 +99,7 @@ class StepRunner:
         cuda_graph: bool = False,
         plain_model: Any = None,
         recompute: bool = False,
+        eager_if_capture_fails: bool = False,
     ) -> None:
         self.model, self.optimizer, self.loss_of = model, optimizer, loss_of
         # the steps asked to run eagerly (statistics, the first) run this one: the model before
@@ -106,6 +109,8 @@ class StepRunner:
         self.grad_clip = grad_clip
         self.autocast = device.type == "cuda"
         self.cuda_graph = cuda_graph
+        self.eager_if_capture_fails = eager_if_capture_fails
+        self.capture_failure: str | None = None  # why the steps run eagerly after all
         self.recompute = recompute
         self.eager_steps = 0
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -126,7 +131,12 @@ class StepRunner:
             torch.cuda.current_stream().wait_stream(side)
             return out
         if self.graph is None:
-            self._capture(batch)
+            try:
+                self._capture(batch)
+            except Exception as error:
+                if not self.eager_if_capture_fails:
+                    raise
+                return self._eager_from_now(batch, error)
         else:
             _copy_into(self.static_batch, batch)
         assert self.graph is not None and self.static_out is not None
@@ -144,6 +154,16 @@ class StepRunner:
             model, self.optimizer, self.loss_of, batch, self.grad_clip, self.autocast,
             cache_casts=not self.cuda_graph, recompute=self.recompute,
         )  # fmt: skip
+
+    def _eager_from_now(self, batch: Any, error: Exception) -> tuple[torch.Tensor, torch.Tensor]:
+        """Give up the graph after a failed capture (nothing it recorded has run) and run this
+        step and every later one eagerly."""
+        from fp4cli.bench.configs import error_line
+
+        self.cuda_graph, self.graph, self.static_out = False, None, None
+        self.capture_failure = error_line(error, 160)
+        torch.cuda.synchronize(self.device)
+        return self._eager(batch, self.model)
 
     def _capture(self, batch: Any) -> None:
         self.static_batch = _clone(batch)

@@ -126,8 +126,8 @@ def test_recomputed_outputs_give_the_kept_steps_bits(recipe, cuda_graph):
 
 
 def test_trainer_with_cuda_graph_logs_what_eager_logs(tmp_path):
-    """fp4 train --cuda-graph: the same metrics as eager, statistics steps included, and a
-    resumed run continues identically."""
+    """fp4 train on a GPU replays its steps from a CUDA graph by default: the same metrics as
+    --no-cuda-graph, statistics steps included, and a resumed run continues identically."""
     store = RunStore(tmp_path / "fp4.db")
     flags = {"task": "gpt", "size": "debug", "recipe": "tetrajet-qema", "steps": 24,
              "log_every": 1, "stats_every": 8, "checkpoint_every": 12}  # fmt: skip
@@ -136,9 +136,8 @@ def test_trainer_with_cuda_graph_logs_what_eager_logs(tmp_path):
         rows = store.metrics(run_id)
         return [(m["step"], m["name"], m["value"]) for m in rows if m["name"] != "samples_per_s"]
 
-    eager, _ = run_training(flags, [], store, reporter=SilentReporter())
-    graphed, trainer = run_training({**flags, "cuda_graph": True}, [], store,
-                                    reporter=SilentReporter())  # fmt: skip
+    eager, _ = run_training({**flags, "cuda_graph": False}, [], store, reporter=SilentReporter())
+    graphed, trainer = run_training(flags, [], store, reporter=SilentReporter())  # the default
     assert trainer.step_runner.graph is not None
     assert series(graphed.run_id) == series(eager.run_id)
     assert store.quant_stats(graphed.run_id) == store.quant_stats(eager.run_id)
@@ -148,10 +147,42 @@ def test_trainer_with_cuda_graph_logs_what_eager_logs(tmp_path):
             if step == 15:
                 raise KeyboardInterrupt
 
-    cut, _ = run_training({**flags, "cuda_graph": True}, [], store, reporter=StopAt())
+    cut, _ = run_training(flags, [], store, reporter=StopAt())
     assert cut.status == "interrupted"
     resumed, _ = run_training({}, [], store, resume=cut.run_id, reporter=SilentReporter())
     assert resumed.status == "finished" and series(resumed.run_id) == series(eager.run_id)
+
+
+def test_a_failed_capture_leaves_the_default_run_eager(tmp_path, monkeypatch):
+    """Where the capture fails (here made to), a run that did not ask for CUDA graphs goes on
+    eagerly, says so once, and logs what an eager run logs; one that asked fails."""
+    from fp4cli.train.step import StepRunner
+
+    def fail(self, batch):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(StepRunner, "_capture", fail)
+
+    class Messages(SilentReporter):
+        lines: list = []
+
+        def message(self, text):
+            self.lines.append(text)
+
+    store = RunStore(tmp_path / "fp4.db")
+    flags = {"task": "gpt", "size": "debug", "recipe": "mxfp4", "steps": 8, "log_every": 1}
+    reporter = Messages()
+    fell_back, _ = run_training(flags, [], store, reporter=reporter)
+    assert fell_back.status == "finished"
+    failed = "(the CUDA graph capture failed: RuntimeError: operation not permitted"
+    assert sum(line.startswith("steps: eager from step ") and failed in line
+               for line in reporter.lines) == 1  # fmt: skip
+    eager, _ = run_training({**flags, "cuda_graph": False}, [], store, reporter=SilentReporter())
+    assert [m["value"] for m in store.metrics(fell_back.run_id) if m["name"] == "train_loss"] == [
+        m["value"] for m in store.metrics(eager.run_id) if m["name"] == "train_loss"
+    ]
+    with pytest.raises(RuntimeError, match="capturing"):
+        run_training({**flags, "cuda_graph": True}, [], store, reporter=SilentReporter())
 
 
 @pytest.mark.parametrize("mode", ["exact", "fast"])

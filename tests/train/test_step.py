@@ -161,18 +161,25 @@ def test_a_run_says_which_executor_its_layers_take(tmp_path):
     run_training(flags, [], RunStore(tmp_path / "fp4.db"), reporter=reporter)
     assert reporter.lines[0].startswith("quantized layers: ")
     assert "on the reference (a cpu tensor)" in reporter.lines[0]
+    assert "steps: eager (CUDA graphs need a CUDA device; this run is on the cpu)" in reporter.lines
 
 
-def test_an_eager_quantized_run_on_one_gpu_is_told_of_cuda_graphs():
+def test_steps_replay_from_a_cuda_graph_wherever_the_run_allows_it():
     from fp4cli.recipes import load_recipe
-    from fp4cli.train.loop import graph_hint
+    from fp4cli.train.distributed import Distributed
+    from fp4cli.train.loop import step_mode
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    eager, graphed = TrainConfig(), TrainConfig(cuda_graph=True)
-    tetrajet = load_recipe("tetrajet")
-    assert "--cuda-graph" in graph_hint(eager, tetrajet, cuda, 1)
-    assert graph_hint(graphed, tetrajet, cuda, 1) is None
-    assert graph_hint(eager, tetrajet, cpu, 1) is None
-    assert graph_hint(eager, tetrajet, cuda, 2) is None  # graphs take one process
-    assert graph_hint(eager, load_recipe("tetrajet-qramp"), cuda, 1) is None  # Q-Ramping
-    assert graph_hint(eager, load_recipe("bf16"), cuda, 1) is None
+    one, two = Distributed(), Distributed(world_size=2)
+    tetrajet, default = load_recipe("tetrajet"), TrainConfig()
+    assert step_mode(default, tetrajet, cuda, one) == (True, step_mode(default, tetrajet, cuda,
+                                                                       one)[1])  # fmt: skip
+    assert "replayed from a CUDA graph" in step_mode(default, load_recipe("bf16"), cuda, one)[1]
+    off = step_mode(TrainConfig(cuda_graph=False), tetrajet, cuda, one)
+    assert off == (False, "steps: eager (--no-cuda-graph)")
+    for device, dist, recipe, why in [
+        (cpu, one, tetrajet, "CUDA graphs need a CUDA device; this run is on the cpu"),
+        (cuda, two, tetrajet, "a CUDA graph step runs on one process; this run has 2"),
+        (cuda, one, load_recipe("tetrajet-qramp"), "Q-Ramping updates its optimizer on the host"),
+    ]:
+        assert step_mode(default, recipe, device, dist) == (False, f"steps: eager ({why})")
