@@ -43,8 +43,20 @@ SIZES = {
     "gpt-345m": GPTSize(
         GPTConfig(VOCAB_SIZE, block_size=1024, n_layer=24, n_embd=1024, n_head=16), 64
     ),
+    # Llama-shaped widths for speed measurements (`fp4 bench step --size`): a few layers at the
+    # width and MLP width of Llama 1B (2,048 and 5,632, TinyLlama-1.1B's) and Llama 7B (4,096
+    # and 11,008), 1,024 positions; GELU MLPs with biases, not SwiGLU
+    "wide-2048": GPTSize(
+        GPTConfig(VOCAB_SIZE, block_size=1024, n_layer=6, n_embd=2048, n_head=16, n_mlp=5632),
+        64,
+    ),
+    "wide-4096": GPTSize(
+        GPTConfig(VOCAB_SIZE, block_size=1024, n_layer=4, n_embd=4096, n_head=32, n_mlp=11008),
+        64,
+    ),
 }
-MODEL_FIELDS = ("block_size", "n_layer", "n_embd", "n_head")  # --set model.FIELD=VALUE
+# --set model.FIELD=VALUE
+MODEL_FIELDS = ("block_size", "n_layer", "n_embd", "n_head", "n_mlp")
 DEFAULTS = {
     "debug": TaskDefaults(steps=20, batch_size=8, lr=1e-3),
     "default": TaskDefaults(
@@ -55,6 +67,12 @@ DEFAULTS = {
     ),
     "gpt-345m": TaskDefaults(
         steps=2000, batch_size=8, lr=3e-4, weight_decay=0.1, warmup_steps=100, eval_every=250
+    ),
+    "wide-2048": TaskDefaults(
+        steps=2000, batch_size=8, lr=3e-4, weight_decay=0.1, warmup_steps=100, eval_every=250
+    ),
+    "wide-4096": TaskDefaults(
+        steps=2000, batch_size=8, lr=1.5e-4, weight_decay=0.1, warmup_steps=100, eval_every=250
     ),
 }
 

@@ -22,6 +22,11 @@ class GPTConfig:
     n_layer: int
     n_embd: int
     n_head: int
+    n_mlp: int = 0  # the MLP's hidden width; 0: 4 * n_embd (GPT-2's)
+
+    @property
+    def mlp_width(self) -> int:
+        return self.n_mlp or 4 * self.n_embd
 
 
 class CausalSelfAttention(nn.Module):
@@ -43,8 +48,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.fc2 = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.fc1 = nn.Linear(config.n_embd, config.mlp_width)
+        self.fc2 = nn.Linear(config.mlp_width, config.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C)
         return self.fc2(F.gelu(self.fc1(x)))

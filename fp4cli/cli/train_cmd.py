@@ -16,8 +16,9 @@ def train(
     size: Annotated[
         str | None,
         Opt(
-            help="Model size: debug, default, gpt2-small or gpt-345m (gpt), deit-tiny or "
-            "deit-small (vit); --set model.FIELD=VALUE changes one architecture field."
+            help="Model size: debug, default, gpt2-small, gpt-345m, wide-2048 or wide-4096 "
+            "(gpt), deit-tiny or deit-small (vit); --set model.FIELD=VALUE changes one "
+            "architecture field."
         ),
     ] = None,
     steps: Annotated[int | None, Opt(help="Training steps (task default if unset).")] = None,
@@ -40,7 +41,8 @@ def train(
         bool | None,
         Opt(
             "--cuda-graph/--no-cuda-graph",
-            help="Replay each step from a CUDA graph (one GPU; much faster for small layers).",
+            help="Replay each step from a CUDA graph (the same numbers, faster) (default: on "
+            "one CUDA GPU wherever the run allows it; the run says which).",
         ),
     ] = None,
     recompute: Annotated[

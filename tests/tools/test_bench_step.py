@@ -147,7 +147,7 @@ def test_max_batch_reports_a_start_that_does_not_fit(monkeypatch) -> None:
         (["--tasks", "chess", "--modes", "eager"], "unknown task 'chess'; known: "),
         (
             ["--tasks", "gpt", "--size", "huge", "--modes", "eager"],
-            "has no size 'huge'; sizes: debug, default, gpt2-small, gpt-345m",
+            "has no size 'huge'; sizes: debug, default, gpt2-small, gpt-345m, wide-2048",
         ),
         (["--recipes", "no-such-recipe", "--modes", "eager"], "no-such-recipe"),
         (["--recipes", "no-such-recipe"], "no-such-recipe"),  # named before the device's lack

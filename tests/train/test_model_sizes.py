@@ -25,6 +25,26 @@ def test_gpt_345m_is_tseng_et_als_smallest_shape():
     assert gpt.DEFAULTS["gpt-345m"].batch_size == 8
 
 
+@pytest.mark.parametrize(
+    ("size", "shape"),
+    [("wide-2048", (6, 2048, 16, 5632)), ("wide-4096", (4, 4096, 32, 11008))],
+)
+def test_wide_sizes_have_llama_widths_and_mlp_widths(size, shape):
+    """Llama 1B's (TinyLlama's) and Llama 7B's width and MLP width, in a few GPT blocks."""
+    config = gpt.SIZES[size].model
+    assert (config.n_layer, config.n_embd, config.n_head, config.mlp_width) == shape
+    with torch.device("meta"):
+        model = GPT(config)
+    assert model.blocks[0].mlp.fc1.weight.shape == (shape[3], shape[1])
+    assert gpt.DEFAULTS[size].batch_size == 8
+
+
+def test_the_mlp_width_is_a_model_field():
+    task = gpt.GPTTask("debug", None, torch.device("cpu"), model={"n_mlp": 48})
+    assert task.build_model().blocks[0].mlp.fc2.weight.shape == (32, 48)
+    assert gpt.SIZES["debug"].model.mlp_width == 4 * 32  # 0: GPT-2's four times the width
+
+
 def test_deit_tiny_is_deit_tinys_shape():
     size = vit.SIZES["deit-tiny"]
     assert (size.image_size, size.patch_size, size.embed_dim, size.depth, size.num_heads) == (
