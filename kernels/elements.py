@@ -3,8 +3,8 @@ the uniform grid +-{0, 0.5, .., 3.5} (bias 0: code = 2 |value|), chosen by the c
 
 Each function takes |v| already in the block's units and returns the magnitude code (0..7,
 saturating at the largest) or the grid value, as the reference's `round_to_grid` rounds:
-to nearest with ties to the even code, stochastically with 32 random bits, ties away from
-zero, or toward a guide (Q-EMA). E1M2's spacing is 0.5 everywhere on its grid, so every rule is
+to nearest with ties to the even code, stochastically with 32 random bits or by the carry of 8
+or 16 (SR_BITS), ties away from zero, or toward a guide (Q-EMA). E1M2's spacing is 0.5 everywhere on its grid, so every rule is
 a rounding of 2|v| to an integer; 2|v| is exact, and clamped to 8 first (beyond the grid every
 rule gives code 7, and the clamp keeps the integer steps exact).
 """
@@ -65,18 +65,61 @@ def rne_grid(magnitude, E1M2: tl.constexpr):
 
 
 @triton.jit
-def code_sr(magnitude, bits, E1M2: tl.constexpr):
+def code_sr(magnitude, bits, E1M2: tl.constexpr, SR_BITS: tl.constexpr = 24):
+    """Stochastic rounding's code: with 32 random bits (SR_BITS 24), or by the carry of an
+    SR_BITS-bit field (8 or 16: `_e2m1_carry_grid`)."""
+    if SR_BITS != 24:
+        if E1M2:
+            return _e1m2_carry_steps(magnitude, bits, SR_BITS).to(tl.int32)
+        return _e2m1_code_of_grid(_e2m1_carry_grid(magnitude, bits, SR_BITS))
     if E1M2:
         return _e1m2_sr_steps(magnitude, bits).to(tl.int32)
     return e2m1_code_sr(magnitude, bits)
 
 
 @triton.jit
-def sr_grid(magnitude, bits, E1M2: tl.constexpr):
+def sr_grid(magnitude, bits, E1M2: tl.constexpr, SR_BITS: tl.constexpr = 24):
     """The grid value of `code_sr`, without the code."""
+    if SR_BITS != 24:
+        if E1M2:
+            return _e1m2_carry_steps(magnitude, bits, SR_BITS) * 0.5
+        return _e2m1_carry_grid(magnitude, bits, SR_BITS)
     if E1M2:
         return _e1m2_sr_steps(magnitude, bits) * 0.5
     return e2m1_sr_grid(magnitude, bits)
+
+
+@triton.jit
+def _e2m1_step(magnitude):
+    """E2M1's grid step at |v|: 0.5 below 2, 1 in [2, 4), 2 from 4 (beyond 6 every sum
+    saturates, whatever its step)."""
+    return tl.where(magnitude >= 4.0, 2.0, tl.where(magnitude >= 2.0, 1.0, 0.5))
+
+
+@triton.jit
+def _e2m1_carry_grid(magnitude, field, BITS: tl.constexpr):
+    """|v| rounded stochastically by carry (the reference's "sr_carry"): |v| plus field / 2^BITS
+    of the step at |v| (the product exact, the sum rounded once), truncated onto the grid in
+    the step at the sum, saturating at 6."""
+    fraction = field.to(tl.int32).to(tl.float32) * (1.0 / (1 << BITS))
+    total = magnitude + fraction * _e2m1_step(magnitude)
+    step = _e2m1_step(total)
+    return tl.minimum(tl.floor(total / step) * step, 6.0)
+
+
+@triton.jit
+def _e2m1_code_of_grid(value):
+    """The E2M1 magnitude code of a grid value: twice it below 1, else its exponent and first
+    mantissa bit (`e2m1_value`'s bits read back)."""
+    high = (value.to(tl.int32, bitcast=True) >> 22) - 252
+    return tl.where(value < 1.0, (value * 2.0).to(tl.int32), high)
+
+
+@triton.jit
+def _e1m2_carry_steps(magnitude, field, BITS: tl.constexpr):
+    """2|v| plus field / 2^BITS (E1M2's step is 0.5: one unit of 2|v|), truncated, at most 7."""
+    fraction = field.to(tl.int32).to(tl.float32) * (1.0 / (1 << BITS))
+    return tl.minimum(tl.floor(_e1m2_twice(magnitude) + fraction), 7.0)
 
 
 @triton.jit

@@ -273,14 +273,22 @@ def group_side(spec: QuantSpec) -> int:
 
 
 def rounding_constants(spec: QuantSpec) -> dict[str, object]:
-    """SR, AWAY and EDEN (MS-EDEN's group in blocks, 0 without; its elements round to nearest
-    with ties away) of the quantize kernels."""
+    """SR (stochastic rounding's bits a value, `sr_bits`: 24, 16 or 8; 0 without), AWAY and
+    EDEN (MS-EDEN's group in blocks, 0 without; its elements round to nearest with ties away)
+    of the quantize kernels."""
     eden = spec.rounding == "eden"
     return dict(
-        SR=spec.rounding == "sr",
+        SR=spec.sr_bits if spec.rounding == "sr" else 0,
         AWAY=spec.rounding == "away" or eden,
         EDEN=spec.eden_group // int(spec.block) if eden else 0,
     )
+
+
+def sr_group(spec: QuantSpec) -> int:
+    """The elements one Philox call serves (`tile_io.sr_bits`): 4 with 24 bits a value, 128 /
+    sr_bits with 8 or 16. A tile draws one call per group along its contiguous dimension where
+    that dimension and the tile's side along it are multiples of the group."""
+    return 4 if spec.sr_bits == 24 else 128 // spec.sr_bits
 
 
 def outer_count(padded_length: int, spec: QuantSpec) -> int:
@@ -470,9 +478,11 @@ def quantize_e2m1(
         scales = torch.empty([*lead, padded // block], dtype=torch.uint8, device=x.device)
     seed_ptr, seed_value, seed_from_ptr = _seed_args(seed, x.device)
     rht_ptr, rht_value, rht_from_ptr = _seed_args(hadamard_seed, x.device)
-    # One Philox call per four elements needs rows of a multiple of 4 along the contiguous dim.
+    # One Philox call per group of elements (`sr_group`) along the contiguous dimension
     contiguous = view.inner if view.transposed else out_length
-    grouped = contiguous % 4 == 0 and (tile.rows % 4 == 0 or not view.transposed)
+    group = sr_group(spec)
+    side = tile.rows if view.transposed else tile.cols
+    grouped = contiguous % group == 0 and side % group == 0
     launch(
         quantize_kernel, grid,
         (x, guide, codes, scales, values, t_amax, table, seed_ptr, seed_value, rht_ptr, rht_value,

@@ -31,6 +31,7 @@ from fp4cli.kernels.launch import (
     rounding_constants,
     same_tables,
     signs_constant,
+    sr_group,
     two_level_constants,
 )
 from fp4cli.kernels.launch_amax import pair_amax_partials
@@ -210,7 +211,7 @@ def _direction_constants(
     """A direction's constexprs, named PREFIX_NAME (computed once per combination: a launch's
     host time counts in every eager step)."""
     if spec is None:
-        constants = dict(ON=False, BLOCK=32, SR=False, AWAY=False, EDEN=0, SEED_FROM_PTR=False,
+        constants = dict(ON=False, BLOCK=32, SR=0, AWAY=False, EDEN=0, SEED_FROM_PTR=False,
                          RHT_SEED_FROM_PTR=False, WRITE_VALUES=False,
                          CEIL=False, TENSOR_SCALE=False, TILE2D=False,
                          VALUES_TENSOR_SCALE=False, E1M2=False,
@@ -361,13 +362,21 @@ def quantize_pair(
              ROUND_BF16=round_bf16, ROW_GUIDED=guide is not None, GUIDE_AVERAGE=average,
              COLUMN_SUMS=column_sums is not None, SUM_ROW_VALUES=sum_row_values is not None,
              **row_constants, **col_constants,
-             # one Philox call per four elements along each direction's contiguous dimension
-             ROW_GROUPED=row is not None and row_length % 4 == 0,
-             COL_GROUPED=col is not None and cols % 4 == 0),
+             # one Philox call per group of elements along the tile's rows (`sr_group`)
+             ROW_GROUPED=_grouped(row, row_length, bc), COL_GROUPED=_grouped(col, cols, bc)),
         pair_warps(br, bc, row, col),
     )  # fmt: skip
     add_column_sums(partial_sums, column_sums)
     return row_out, col_out
+
+
+def _grouped(d: Direction | None, row_length: int, tile_cols: int) -> bool:
+    """Whether a direction's random bits take one Philox call per group of elements along
+    the rows of its tiles of `tile_cols` (rows `row_length` long in the input it indexes)."""
+    if d is None:
+        return False
+    group = sr_group(d.spec)
+    return row_length % group == 0 and tile_cols % group == 0
 
 
 def _values_from_codes(row: Direction | None, col: Direction | None) -> Direction | None:

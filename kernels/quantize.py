@@ -168,7 +168,8 @@ def rounded_codes(
     its `bits`, rounded as `quantize_tile` says."""
     if GRID and not (GUIDED or AWAY):
         if SR:
-            grid = sr_grid(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS), E1M2)
+            grid = sr_grid(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS), E1M2,
+                           SR)  # fmt: skip
         else:
             grid = rne_grid(magnitude, E1M2)
         # x's sign on a non-zero value, as `signed_value` of the code
@@ -178,7 +179,8 @@ def rounded_codes(
         if GUIDED:  # the guide on x's side of zero
             code = code_guided(magnitude, tl.where(bits < 0, -guide_units, guide_units), E1M2)
         elif SR:
-            code = code_sr(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS), E1M2)
+            code = code_sr(magnitude, block_view(random_bits, ROWS, COLS, BLOCK, BLOCK_AXIS), E1M2,
+                           SR)  # fmt: skip
         elif AWAY:
             code = code_away(magnitude, E1M2)
         else:
@@ -399,6 +401,7 @@ def quantize_kernel(
             COLS,
             TRANSPOSED,
             GROUPED,
+            SR,
         )
     if EDEN > 0:
         seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)

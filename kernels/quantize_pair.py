@@ -105,7 +105,8 @@ def quantize_direction(
     random_bits = tile
     if SR:
         seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
-        random_bits = sr_bits(seed, row0, col0, 0, 0, 1, row_length, ROWS, COLS, False, GROUPED)
+        random_bits = sr_bits(seed, row0, col0, 0, 0, 1, row_length, ROWS, COLS, False, GROUPED,
+                              SR)  # fmt: skip
     if EDEN > 0:
         seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
         if BLOCK_AXIS == 1:

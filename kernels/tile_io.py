@@ -11,6 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fp4cli.kernels.philox import philox_words
 from fp4cli.kernels.tile_ops import random_bits_at, random_bits_rows
 
 GRID_Y = tl.constexpr(65535)  # the most programs a launch grid has along its second axis
@@ -137,20 +138,68 @@ def sr_bits(
     COLS: tl.constexpr,
     TRANSPOSED: tl.constexpr,
     GROUPED: tl.constexpr,
+    SR_BITS: tl.constexpr = 24,
 ):
     """Random bits [ROWS, COLS] (uint32) for the tile: element (line, pos) draws at the
-    row-major index of its place in the (transformed) input, (line, pos) or (outer, pos, inner)."""
+    row-major index of its place in the (transformed) input, (line, pos) or (outer, pos, inner).
+    SR_BITS 24: each element's 32-bit word; 8 or 16: its field of that many bits
+    (`carry_fields_at`). GROUPED: one Philox call per `group_size(SR_BITS)` elements along the
+    contiguous dimension."""
     if TRANSPOSED:
         first = (outer * out_length + first_pos) * inner + first_inner
         if GROUPED:
-            return tl.trans(random_bits_rows(seed, first, inner, COLS, ROWS))
+            return tl.trans(_bits_rows(seed, first, inner, COLS, ROWS, SR_BITS))
         index = first + tl.arange(0, COLS).to(tl.int64)[:, None] * inner
-        return tl.trans(random_bits_at(seed, index + tl.arange(0, ROWS)[None, :]))
+        return tl.trans(_bits_at(seed, index + tl.arange(0, ROWS)[None, :], SR_BITS))
     first = first_line * out_length + first_pos
     if GROUPED:
-        return random_bits_rows(seed, first, out_length, ROWS, COLS)
+        return _bits_rows(seed, first, out_length, ROWS, COLS, SR_BITS)
     index = first + tl.arange(0, ROWS).to(tl.int64)[:, None] * out_length
-    return random_bits_at(seed, index + tl.arange(0, COLS)[None, :])
+    return _bits_at(seed, index + tl.arange(0, COLS)[None, :], SR_BITS)
+
+
+@triton.jit
+def _bits_at(seed, index, SR_BITS: tl.constexpr):
+    if SR_BITS == 24:
+        return random_bits_at(seed, index)
+    return carry_fields_at(seed, index, SR_BITS)
+
+
+@triton.jit
+def _bits_rows(seed, first_index, row_stride, ROWS: tl.constexpr, COLS: tl.constexpr,
+               SR_BITS: tl.constexpr):  # fmt: skip
+    if SR_BITS == 24:
+        return random_bits_rows(seed, first_index, row_stride, ROWS, COLS)
+    return carry_fields_rows(seed, first_index, row_stride, ROWS, COLS, SR_BITS)
+
+
+@triton.jit
+def carry_fields_at(seed, index, BITS: tl.constexpr):
+    """BITS (8 or 16) random bits (uint32) for each int64 element index, as the reference's
+    `random_bits.carry_fields`: index i takes field (i mod PER) of the word that index
+    i // PER draws (`random_bits_at`), PER = 32 / BITS, the lowest field first."""
+    PER: tl.constexpr = 32 // BITS
+    words = random_bits_at(seed, index // PER)
+    shifts = ((index % PER) * BITS).to(tl.uint32)
+    return (words >> shifts) & ((1 << BITS) - 1)
+
+
+@triton.jit
+def carry_fields_rows(seed, first_index, row_stride, ROWS: tl.constexpr, COLS: tl.constexpr,
+                      BITS: tl.constexpr):  # fmt: skip
+    """`carry_fields_at` for the tile index[r, c] = first_index + r * row_stride + c, one
+    Philox call per 128 / BITS elements (its four words, each PER fields). Needs first_index
+    and row_stride divisible by 128 / BITS, and COLS too."""
+    PER: tl.constexpr = 32 // BITS
+    GROUP: tl.constexpr = 4 * PER
+    rows = tl.arange(0, ROWS).to(tl.int64)[:, None]
+    groups = tl.arange(0, COLS // GROUP).to(tl.int64)[None, :]
+    w0, w1, w2, w3 = philox_words(seed, (first_index + rows * row_stride) // GROUP + groups)
+    words = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [r, g, i, j] holds word 2 i + j
+    words = tl.reshape(words, (ROWS, COLS // PER))  # [r, 4 g + word]
+    shifts = (tl.arange(0, PER) * BITS).to(tl.uint32)[None, None, :]
+    fields = (words[:, :, None] >> shifts) & ((1 << BITS) - 1)  # [r, 4 g + word, field]
+    return tl.reshape(fields, (ROWS, COLS))
 
 
 @triton.jit

@@ -157,14 +157,19 @@ def round_to_grid(
 
     rounding: "rne" (ties to even code), "away" (ties away from zero), "ties_up" (ties toward
     +inf), "up" (away from zero unless on the grid), "sr" (up with probability
-    equal to the distance from the lower point, using `uniform` in [0, 1)), or "guided" (the one
-    of the two bracketing points nearer `guide`, which must be on the same scale as `x`; ties in
-    distance fall back to ties-to-even).
+    equal to the distance from the lower point, using `uniform` in [0, 1)), "sr_carry"
+    (`uniform` times the grid step at |x| added to |x|, then truncated onto the grid: the carry
+    rounds up), or "guided" (the one of the two bracketing points nearer `guide`, which must be
+    on the same scale as `x`; ties in distance fall back to ties-to-even).
     """
     import torch
 
     magnitude = x.abs()
     spacing = _grid_spacing(fmt, magnitude)
+    if rounding == "sr_carry":
+        if uniform is None:
+            raise ValueError("stochastic rounding needs uniform random numbers")
+        return _carried(x, magnitude + uniform * spacing, fmt)
     units = magnitude / spacing  # exact: division by a power of two
     if rounding == "rne" and _code_parity_is_the_counts(fmt):
         # ties to the even code are ties to the even count: torch.round's rounding, one pass
@@ -199,6 +204,17 @@ def round_to_grid(
     rounded = (floor_units + round_up.to(floor_units.dtype)) * spacing
     rounded = torch.clamp(rounded, max=fmt.max_value)
     return torch.copysign(rounded, x)
+
+
+def _carried(x: torch.Tensor, total: torch.Tensor, fmt: Minifloat) -> torch.Tensor:
+    """|x| plus its random fraction of a step (`total`, rounded once to float32: the product is
+    exact) truncated onto the grid in the step at `total`, saturated, with x's sign (a zero
+    keeps its own)."""
+    import torch
+
+    step = _grid_spacing(fmt, total)
+    truncated = torch.clamp(torch.floor(total / step) * step, max=fmt.max_value)
+    return torch.copysign(truncated, x)
 
 
 def encode(values: torch.Tensor, fmt: Minifloat) -> torch.Tensor:

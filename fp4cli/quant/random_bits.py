@@ -5,7 +5,8 @@ rounding on any device, in any block order. One Philox call gives four 32-bit wo
 consecutive elements share one: element i takes word (i mod 4) of Philox with counter
 (i // 4 low, i // 4 high, 0, 0) and key (seed low, seed high). A Triton kernel calling
 `tl.randint4x(seed, i // 4)` draws the very same words.
-A uniform number in [0, 1) is the top 24 bits of the word times 2^-24, exact in float32.
+A uniform number in [0, 1) is the top 24 bits of the word times 2^-24, exact in float32. At 8
+or 16 bits a word serves 4 or 2 elements instead (`carry_fields`).
 """
 
 from __future__ import annotations
@@ -86,6 +87,31 @@ def uniform(seed: Seed, offsets: torch.Tensor, count: int | None = None) -> torc
     """Counter-based uniform numbers in [0, 1), one per offset (`philox_bits`' count: every
     offset below it)."""
     return uniform_from_bits(philox_bits(seed, offsets, count))
+
+
+def carry_fields(
+    seed: Seed, offsets: torch.Tensor, count: int | None, bits: int
+) -> torch.Tensor:
+    """`bits` (8 or 16) random bits (int64) for each offset, for stochastic rounding by carry:
+    offset i takes field (i mod per) of the word that `philox_bits` gives offset i // per, per
+    = 32 / bits fields a word, the lowest field first. One Philox call serves 128 / bits
+    offsets (16 at 8 bits)."""
+    per = 32 // bits
+    count_words = None if count is None else -(-count // per)
+    words = philox_bits(seed, offsets // per, count_words)
+    return (words >> ((offsets % per) * bits)) & ((1 << bits) - 1)
+
+
+def uniform_at(
+    seed: Seed, offsets: torch.Tensor, count: int | None = None, bits: int = 24
+) -> torch.Tensor:
+    """Uniform float32 in [0, 1) for each offset at a resolution of `bits` bits: 24 `uniform`'s,
+    8 or 16 `carry_fields` times 2^-bits (exact)."""
+    if bits == 24:
+        return uniform(seed, offsets, count)
+    return carry_fields(seed, offsets.to(torch.int64), count, bits).to(torch.float32) * (
+        2.0**-bits
+    )
 
 
 def random_signs(seed: Seed, n: int, device: torch.device | str = "cpu") -> torch.Tensor:

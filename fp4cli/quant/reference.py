@@ -267,9 +267,11 @@ def _uniform_blocks(
     assert seed is not None
     index = torch.arange(x.numel(), device=x.device, dtype=torch.int64).reshape(x.shape)
     moved_index = layout.to_blocks(layout.pad(index.movedim(axis, -1)))
-    if spec.rounding == "eden":
+    if spec.rounding == "eden":  # MS-EDEN's scale rounding: 24 bits
         moved_index = moved_index[..., 0]
-    return random_bits.uniform(seed, moved_index, x.numel())  # padding draws at index 0
+        return random_bits.uniform(seed, moved_index, x.numel())
+    # padding draws at index 0
+    return random_bits.uniform_at(seed, moved_index, x.numel(), spec.sr_bits)
 
 
 def _quantize_blocks(
@@ -330,9 +332,18 @@ def _candidate(
     if guide is not None:
         q = round_to_grid(scaled, spec.element_format, "guided", guide=guide)
     else:
-        rounding = "away" if spec.rounding == "eden" else spec.rounding  # MS-EDEN: to nearest
-        q = round_to_grid(scaled, spec.element_format, rounding, uniform=uniform)
+        q = round_to_grid(scaled, spec.element_format, _grid_rounding(spec), uniform=uniform)
     return q, stored, scales
+
+
+def _grid_rounding(spec: QuantSpec) -> str:
+    """`round_to_grid`'s rounding for the spec's elements: MS-EDEN's to nearest (ties away),
+    stochastic rounding by carry at 8 or 16 bits ("sr_carry"), else the spec's own."""
+    if spec.rounding == "eden":
+        return "away"
+    if spec.rounding == "sr" and spec.sr_bits != 24:
+        return "sr_carry"
+    return spec.rounding
 
 
 def _dequantize_blocks(

@@ -11,6 +11,8 @@ from fp4cli.formats import ELEMENT_FORMATS, SCALE_FORMATS, Minifloat, ScaleForma
 BLOCK_KINDS = ("row", "column", "tensor")
 SCALE_RULES = ("floor", "ceil")
 ROUNDINGS = ("rne", "sr", "away", "ties_up", "eden")
+SR_BITS = (8, 16, 24)
+CARRY_ELEMENTS = ("e2m1", "e1m2")  # the grids the carry rule of 8 or 16 bits is defined on
 EDEN_GROUP_MAX = 1024
 OUTER_BLOCK_MAX = 4096
 MIN_BLOCK, MAX_BLOCK = 8, 256
@@ -58,6 +60,10 @@ class QuantSpec:
     eden_group: values per MS-EDEN correction group (rounding "eden"): a multiple of the block,
         at most 1024; Quartet II's released kernels correct per 128 values, the size of their
         Hadamard transform.
+    sr_bits: the random bits a stochastically rounded value takes (rounding "sr"): 24 (the
+        default: up when a 24-bit uniform number is below the distance from the lower grid
+        point), or 8 or 16 (Blackwell's `cvt.rs`: the bits are added below the grid step and
+        the carry rounds up; E2M1 and E1M2 elements). docs/numerics.md has both rules.
     """
 
     element: str = "e2m1"
@@ -72,6 +78,7 @@ class QuantSpec:
     four_over_six: bool = dataclasses.field(default=False, metadata={"omit_default": True})
     eden_group: int = dataclasses.field(default=128, metadata={"omit_default": True})
     outer_block: int = dataclasses.field(default=0, metadata={"omit_default": True})
+    sr_bits: int = dataclasses.field(default=24, metadata={"omit_default": True})
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "mxfp4": {},
@@ -138,6 +145,22 @@ class QuantSpec:
             raise SpecError(f"four_over_six: only with e2m1 elements (got {self.element!r})")
         self._check_eden()
         self._check_outer_block()
+        self._check_sr_bits()
+
+    def _check_sr_bits(self) -> None:
+        bits = self.sr_bits
+        if isinstance(bits, bool) or bits not in SR_BITS:
+            choices = ", ".join(map(str, SR_BITS))
+            raise SpecError(f"sr_bits: must be one of {choices} (got {bits!r})")
+        if bits == 24:
+            return
+        if self.rounding != "sr":
+            raise SpecError("sr_bits: only applies with rounding 'sr'")
+        if self.element not in CARRY_ELEMENTS:
+            raise SpecError(
+                f"sr_bits {bits}: rounds {' or '.join(CARRY_ELEMENTS)} elements "
+                f"(got {self.element!r}); use 24"
+            )
 
     def _check_outer_block(self) -> None:
         outer = self.outer_block
@@ -234,6 +257,8 @@ class QuantSpec:
             parts.append(f"group{self.eden_group}")
         if self.outer_block:
             parts.append(f"outer{self.outer_block}")
+        if self.sr_bits != 24:
+            parts.append(f"{self.sr_bits}bits")
         return "/".join(parts)
 
 
