@@ -74,7 +74,8 @@ def apply_values(
     validated again. A key with `*` components (fnmatch-style) names every path of the resolved
     recipe that already holds its last component: `linear.*.*.rounding` sets the field on every
     quantized operand (null operands stay high precision), `linear.grad_*.hadamard` both
-    backward GEMMs' transforms."""
+    backward GEMMs' transforms, `linear.*.*.sr_bits` every operand that rounds
+    stochastically."""
     label = label or f"{_display(recipe.source)} (--set)"
     tree = recipe.to_dict()
     for key, value in values:
@@ -102,7 +103,13 @@ def expand_key(tree: dict[str, Any], key: str) -> list[str]:
             for name, child in node.items()
             if fnmatch.fnmatchcase(name, part) and isinstance(child, dict)
         ]
-    return [f"{prefix}{last}" for prefix, node in nodes if isinstance(node, dict) and last in node]
+    holds = _WILDCARD_HOLDERS.get(last, lambda node: last in node)
+    return [f"{prefix}{last}" for prefix, node in nodes if isinstance(node, dict) and holds(node)]
+
+
+# Fields a resolved operand leaves out at their default, which a wildcard key still sets: where
+# they apply (`sr_bits` on every operand that rounds stochastically).
+_WILDCARD_HOLDERS: dict[str, Any] = {"sr_bits": lambda node: node.get("rounding") == "sr"}
 
 
 def _set(tree: dict[str, Any], key: str, value: Any, label: str) -> None:

@@ -88,9 +88,11 @@ def _gemm_cell(recipe: Recipe, gemm: str) -> str:
 
 def _label(spec: QuantSpec) -> str:
     """The preset a spec comes from, with the fields it changes ('nvfp4/e1m2',
-    'mxfp4-ue5m3/ceil') and its rounding ('+sr'), else its short form."""
-    plain = spec.replace(rounding="rne", sr_prescale=1.0, eden_group=128)
+    'mxfp4-ue5m3/ceil') and its rounding ('+sr', '+sr8' with 8 random bits), else its short
+    form."""
+    plain = spec.replace(rounding="rne", sr_prescale=1.0, eden_group=128, sr_bits=24)
     rounding = "" if spec.rounding == "rne" else f"+{spec.rounding}"
+    rounding += f"{spec.sr_bits}" if spec.sr_bits != 24 else ""
     rounding += f"{spec.sr_prescale:g}" if spec.sr_prescale != 1 else ""
     rounding += f"/group{spec.eden_group}" if spec.eden_group != 128 else ""
     nearest = min(spec.PRESETS, key=lambda name: len(_changes(plain, name)))

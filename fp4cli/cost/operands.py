@@ -16,9 +16,10 @@ bytes of their own:
     Hadamard transform of size h: log2(h) add/sub per element (the butterfly: each of log2(h)
         stages turns a pair (a, b) into (a + b, a - b)); the sign flips and the 1/sqrt(h) factor
         fold into the load and the block scale.
-    stochastic rounding: one Philox4x32-10 call per 4 elements, 100 ops a call (10 rounds of two
-        32x32-bit multiplies, each two ops for its high and low halves, four xors and two key
-        additions), plus 2 ops per element to turn the word into noise and add it.
+    stochastic rounding: one Philox4x32-10 call per 4 elements (per 16 at `sr_bits` 8, per 8 at
+        16), 100 ops a call (10 rounds of two 32x32-bit multiplies, each two ops for its high
+        and low halves, four xors and two key additions), plus 2 ops per element to turn the
+        word into noise and add it.
     four-over-six: the block quantized a second time (scaled to 4), both candidates decoded and
         their exact integer errors formed in float64 and int64 (48 FP32-op equivalents per
         element, `CANDIDATE_ERROR_OPS`): 10 + 48 ops per element.
@@ -109,8 +110,11 @@ def hadamard_ops(size: OperandSize, hadamard: int) -> int:
     return size.transformed_elements * int(math.log2(hadamard))
 
 
-def philox_ops(elements: int) -> int:
-    calls = -(-elements // ELEMENTS_PER_PHILOX_CALL)
+def philox_ops(elements: int, sr_bits: int = 24) -> int:
+    """Stochastic rounding's work: a Philox call per 4 elements at 24 bits a value, per
+    128 / sr_bits at 8 or 16, and the noise's ops per element."""
+    per_call = ELEMENTS_PER_PHILOX_CALL if sr_bits == 24 else 128 // sr_bits
+    calls = -(-elements // per_call)
     return calls * PHILOX_OPS_PER_CALL + elements * SR_NOISE_OPS
 
 
@@ -126,7 +130,7 @@ def quantize_parts(spec: QuantSpec, size: OperandSize, hadamard: int | None) -> 
     if hadamard:
         parts.append(Work("hadamard", hadamard_ops(size, hadamard)))
     if spec.rounding == "sr":
-        parts.append(Work("stochastic rounding", philox_ops(elements)))
+        parts.append(Work("stochastic rounding", philox_ops(elements, spec.sr_bits)))
     if spec.four_over_six:
         parts.append(Work("four-over-six", (QUANTIZE_OPS + CANDIDATE_ERROR_OPS) * elements))
     if spec.rounding == "eden":

@@ -376,3 +376,12 @@ def test_cli_errors_are_one_line_exit_2(args: list[str], fragment: str) -> None:
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     assert fragment in result.stderr
+
+
+def test_stochastic_rounding_costs_a_philox_call_per_group_its_bits_allow():
+    """A Philox call serves 4 values at 24 bits, 8 at 16 and 16 at 8 (100 ops a call)."""
+    from fp4cli.cost.operands import philox_ops
+
+    assert philox_ops(1600) == 400 * 100 + 1600 * 2
+    assert philox_ops(1600, 16) == 200 * 100 + 1600 * 2
+    assert philox_ops(1600, 8) == 100 * 100 + 1600 * 2
