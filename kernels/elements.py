@@ -4,9 +4,10 @@ the uniform grid +-{0, 0.5, .., 3.5} (bias 0: code = 2 |value|), chosen by the c
 Each function takes |v| already in the block's units and returns the magnitude code (0..7,
 saturating at the largest) or the grid value, as the reference's `round_to_grid` rounds:
 to nearest with ties to the even code, stochastically with 32 random bits or by the carry of 8
-or 16 (SR_BITS), ties away from zero, or toward a guide (Q-EMA). E1M2's spacing is 0.5 everywhere on its grid, so every rule is
-a rounding of 2|v| to an integer; 2|v| is exact, and clamped to 8 first (beyond the grid every
-rule gives code 7, and the clamp keeps the integer steps exact).
+or 16 (SR_BITS), ties away from zero, or toward a guide (Q-EMA). E1M2's spacing is 0.5
+everywhere on its grid, so every rule is a rounding of 2|v| to an integer; 2|v| is exact, and
+clamped to 8 first (beyond the grid every rule gives code 7, and the clamp keeps the integer
+steps exact).
 """
 
 from __future__ import annotations

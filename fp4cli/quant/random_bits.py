@@ -89,9 +89,7 @@ def uniform(seed: Seed, offsets: torch.Tensor, count: int | None = None) -> torc
     return uniform_from_bits(philox_bits(seed, offsets, count))
 
 
-def carry_fields(
-    seed: Seed, offsets: torch.Tensor, count: int | None, bits: int
-) -> torch.Tensor:
+def carry_fields(seed: Seed, offsets: torch.Tensor, count: int | None, bits: int) -> torch.Tensor:
     """`bits` (8 or 16) random bits (int64) for each offset, for stochastic rounding by carry:
     offset i takes field (i mod per) of the word that `philox_bits` gives offset i // per, per
     = 32 / bits fields a word, the lowest field first. One Philox call serves 128 / bits
@@ -109,9 +107,7 @@ def uniform_at(
     8 or 16 `carry_fields` times 2^-bits (exact)."""
     if bits == 24:
         return uniform(seed, offsets, count)
-    return carry_fields(seed, offsets.to(torch.int64), count, bits).to(torch.float32) * (
-        2.0**-bits
-    )
+    return carry_fields(seed, offsets.to(torch.int64), count, bits).to(torch.float32) * (2.0**-bits)
 
 
 def random_signs(seed: Seed, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
