@@ -89,6 +89,16 @@ def data_path(data: str | Path | None) -> Path | None:
     return path
 
 
+def special_kind(path: Path) -> str:
+    """What a path that is neither a regular file nor a folder is: 'a character device', ..."""
+    import stat
+
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
 @contextmanager
 def evaluation(model: nn.Module, device: torch.device) -> Iterator[None]:
     """model.eval() under no_grad (and bf16 autocast on CUDA); the model's mode comes back after."""

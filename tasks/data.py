@@ -25,6 +25,7 @@ from .common import data_path
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff"}
 CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR_FILES = (*CIFAR_TRAIN_FILES, "test_batch")
+CIFAR_CLASSES = 10
 RESIZE_CHUNK = 4096  # images resized at once (bounds the float copy)
 
 Split = tuple[torch.Tensor, torch.Tensor]  # images (N, 3, S, S) uint8, labels (N,) int64
@@ -165,9 +166,22 @@ def _cifar_file(path: Path) -> Split:
     except Exception as error:  # unpickling fails in many ways; each is a bad file
         why = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         raise TaskError(f"cannot read CIFAR-10 batch {path}: {why}") from None
-    if len(pixels) != len(labels) or (labels < 0).any():
-        raise TaskError(f"CIFAR-10 batch {path}: {len(pixels)} images, {len(labels)} labels")
+    _check_labels(path, len(pixels), labels)
     return torch.from_numpy(pixels.copy()), torch.from_numpy(labels)
+
+
+def _check_labels(path: Path, images: int, labels: np.ndarray) -> None:
+    """One label per image, each a CIFAR-10 class (0-9); else the first bad one, in one line."""
+    if images != len(labels):
+        raise TaskError(f"CIFAR-10 batch {path}: {images} images but {len(labels)} labels")
+    bad = np.flatnonzero((labels < 0) | (labels >= CIFAR_CLASSES))
+    if bad.size:
+        first = int(bad[0])
+        more = f" (and {bad.size - 1} more)" if bad.size > 1 else ""
+        raise TaskError(
+            f"CIFAR-10 batch {path}: label {labels[first]} at position {first} is outside "
+            f"0-{CIFAR_CLASSES - 1}{more}"
+        )
 
 
 def _image_folder(root: Path, image_size: int) -> tuple[Split, Split]:

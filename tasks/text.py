@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .base import TaskError
-from .common import data_path
+from .common import data_path, special_kind
 
 TEXT_SUFFIXES = (".txt", ".md", ".py")
 STDLIB_CAP_BYTES = 8 * 1024 * 1024
@@ -71,6 +71,8 @@ def _read_corpus(path: Path | None) -> tuple[str, str, list[Path], bytes]:
         return name, str(root), files[: len(chunks)], corpus
     if path.is_file():
         return "text-file", str(path), [path], _read(path)
+    if not path.is_dir():
+        raise TaskError(f"text data {path} is not a file or folder of text: {special_kind(path)}")
     files = _text_files(path, TEXT_SUFFIXES, skip=set())
     if not files:
         raise TaskError(f"text folder {path} has no {', '.join(TEXT_SUFFIXES)} files")

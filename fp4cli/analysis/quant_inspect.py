@@ -19,6 +19,9 @@ multiplied by in the tensor's own units: the decoded block scale, divided by the
 two-level specs (nvfp4, mxfp4-ue5m3), so that every variant shares one axis. Power-of-two scales
 (e8m0) give their exact exponent. All-zero blocks (they get the format's smallest scale) and
 blocks holding NaN or Inf are counted apart, not in the histogram.
+
+A tensor holding NaN or Inf has no quantization error: its rel_mse and SNR are NaN, and so are
+its clipped and flushed shares when no value of it is finite; `nonfinite` counts those values.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ class Measurement:
     zero_blocks: int
     nan_blocks: int
     tensor_scale: float | None = None
+    nonfinite: int = 0  # NaN or Inf values of the input: its error is not defined
 
 
 @dataclass
@@ -155,7 +159,7 @@ def from_run(store: str | Path | None, run_id: str) -> Source:
     from fp4cli.store import RunStore
     from fp4cli.train.checkpoint import load_checkpoint
 
-    with RunStore(store, create=False) as run_store:
+    with RunStore(store, read_only=True) as run_store:
         run = run_store.get_run(run_id)
         checkpoint = run_store.latest_checkpoint(run["id"])
     if checkpoint is None:
@@ -172,14 +176,17 @@ def from_run(store: str | Path | None, run_id: str) -> Source:
 def from_file(path: str | Path) -> Source:
     """Every floating tensor with ndim >= 2 in a torch file: a tensor, or (nested) dicts and
     lists of them, such as a state dict; names are dotted keys."""
+    from fp4cli.train.checkpoint import CheckpointError, read_plain
+
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise AnalysisError(f"no such file: {path}")
+    if not path.is_file():
+        raise AnalysisError(f"{path} is not a regular file (a folder, a device or a pipe)")
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # any unreadable file is the user's to fix, in one line
-        why = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise AnalysisError(f"cannot read {path} as a torch file of tensors: {why}") from None
+        loaded = read_plain(path, "cpu", what="torch file of tensors")
+    except CheckpointError as error:
+        raise AnalysisError(str(error)) from None
     tensors = [
         NamedTensor(name, value)
         for name, value in _flatten(loaded, "")
@@ -230,11 +237,23 @@ def measure(tensor: torch.Tensor, variant: Variant, device: str = "cpu") -> Meas
     # one tensor scale (an outer-block spec has one per outer block: none is reported)
     if quantized.tensor_amax is not None and quantized.tensor_amax.dim() == 0:
         tensor_scale = global_encode_scale(quantized.tensor_amax, variant.spec)
+    nonfinite = int((~torch.isfinite(tensor)).sum())
     return Measurement(
-        **{name: float(stats[name]) for name in METRICS},
+        **_metrics(stats, nonfinite, tensor.numel()),
         scale_exponents=histogram, zero_blocks=zero_blocks, nan_blocks=nan_blocks,
         tensor_scale=None if tensor_scale is None else float(tensor_scale),
+        nonfinite=nonfinite,
     )  # fmt: skip
+
+
+def _metrics(stats: Mapping[str, torch.Tensor], nonfinite: int, numel: int) -> dict[str, float]:
+    """The metrics as floats; NaN where a NaN or Inf input leaves them undefined: the error
+    as soon as one value is not finite, the shares when none is finite."""
+    metrics = {name: float(stats[name]) for name in METRICS}
+    undefined = ("rel_mse", "snr_db") if nonfinite < numel else METRICS
+    if nonfinite:
+        metrics.update({name: math.nan for name in undefined})
+    return metrics
 
 
 def scale_exponent_histogram(
@@ -286,5 +305,6 @@ def _summary(weighted: Sequence[tuple[int, Measurement | None]]) -> Summary:
         **means, scale_exponents=dict(sorted(histogram.items())),
         zero_blocks=sum(m.zero_blocks for _, m in present),
         nan_blocks=sum(m.nan_blocks for _, m in present),
+        nonfinite=sum(m.nonfinite for _, m in present),
         tensors=len(present), elements=elements,
     )  # fmt: skip

@@ -12,6 +12,18 @@ class BenchError(ValueError):
     """An impossible benchmark request (unknown config, malformed shape, bad option)."""
 
 
+# Upper bounds of the counts a benchmark times: a larger one only makes it run for hours.
+ITERS_MAX = 10_000  # calls per timed loop
+STEPS_MAX = 1_000  # training steps per timed loop
+REP_MS_MAX = 60_000  # milliseconds of timed calls per GEMM
+
+
+def check_count(name: str, value: int, limit: int) -> None:
+    """Refuse, in one line, a count below 1 or above `limit`."""
+    if not 1 <= value <= limit:
+        raise BenchError(f"{name}: must be from 1 to {limit:,} (got {value})")
+
+
 def error_line(error: BaseException, limit: int | None = None) -> str:
     """`Type: first line of the message` (at most `limit` characters of it), or `Type` alone:
     how a benchmark row names the error that stopped it."""

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from fp4cli.bench.configs import BenchError
+from fp4cli.bench.configs import REP_MS_MAX, BenchError, check_count
 from fp4cli.bench.gemm_cases import BASELINE, IMPLS, NVFP4_IMPLS, GemmShape
 from fp4cli.bench.timing import capture_note, check_timing, median_ms
 from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
@@ -109,10 +109,12 @@ def check_gemm_request(
     device: torch.device,
     timing: str = "do-bench",
     outliers: Outliers | None = None,
+    rep_ms: int = 100,
 ) -> None:
-    """Refuse, in one line, an unknown timing, outliers that do not fit, and shapes too large to
-    measure on a CPU."""
+    """Refuse, in one line, an unknown timing, outliers that do not fit, too long a timing, and
+    shapes too large to measure on a CPU."""
     check_timing(timing, device, GEMM_TIMINGS)
+    check_count("rep_ms", rep_ms, REP_MS_MAX)
     if outliers is not None:
         if outliers.channels < 1 or not math.isfinite(outliers.scale) or outliers.scale <= 0:
             raise BenchError(

@@ -31,7 +31,7 @@ from fp4cli.bench.baseline import (
     recipe_backends,
     release,
 )
-from fp4cli.bench.configs import BenchError
+from fp4cli.bench.configs import ITERS_MAX, BenchError, check_count
 from fp4cli.bench.gemm import CPU_MAX_FLOP
 from fp4cli.bench.gemm_cases import SHAPE_SETS
 from fp4cli.bench.parsing import split_list
@@ -158,8 +158,7 @@ def check_layer_request(
     shapes: Sequence[tuple[LayerShape, str]], iters: int, timing: str, device: torch.device
 ) -> None:
     """Raise BenchError for a request that cannot run (or would take minutes on a CPU)."""
-    if iters < 1:
-        raise BenchError(f"iters: must be at least 1 (got {iters})")
+    check_count("iters", iters, ITERS_MAX)
     check_timing(timing, device)
     if device.type == "cuda":
         return

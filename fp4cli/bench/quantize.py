@@ -18,7 +18,14 @@ from typing import Any
 import torch
 
 from fp4cli.bench.calls import SEED, kernel_call
-from fp4cli.bench.configs import BenchConfig, BenchError, bench_configs, error_line
+from fp4cli.bench.configs import (
+    ITERS_MAX,
+    BenchConfig,
+    BenchError,
+    bench_configs,
+    check_count,
+    error_line,
+)
 from fp4cli.bench.parsing import check_device, dtype_name
 from fp4cli.bench.timing import (
     TimeLimitExceeded,
@@ -189,8 +196,7 @@ def check_request(
 ) -> None:
     """Raise BenchError for a request that cannot run (or would run for many minutes on a
     CPU), or whose `pair_directions` would time nothing."""
-    if iters < 1:
-        raise BenchError(f"iters: must be at least 1 (got {iters})")
+    check_count("iters", iters, ITERS_MAX)
     if pair_directions and "triton" not in backends:
         raise BenchError("--pair-directions times the Triton kernels: add triton to --backends")
     if pair_directions and not any(len(shape) == 2 for shape in shapes):

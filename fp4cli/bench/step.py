@@ -28,7 +28,7 @@ from fp4cli.bench.baseline import (
     recipe_backends,
     release,
 )
-from fp4cli.bench.configs import BenchError
+from fp4cli.bench.configs import STEPS_MAX, BenchError, check_count
 
 MODES = ("eager", "graph", "compile", "compile-graph")
 BENCH_SIZES = {"gpt": ("gpt2-small", 8), "vit": ("deit-small", 128)}  # size, batch
@@ -115,8 +115,7 @@ def cases(
 def check_step_request(
     modes: Sequence[str], steps: int, device: torch.device, recomputes: Sequence[bool] = (False,)
 ) -> None:
-    if steps < 1:
-        raise BenchError(f"steps: must be at least 1 (got {steps})")
+    check_count("steps", steps, STEPS_MAX)
     compiled = [mode for mode in modes if mode.startswith("compile")]
     if compiled and True in recomputes:
         from fp4cli.linear.recompute import NOT_COMPILED

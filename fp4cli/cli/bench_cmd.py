@@ -160,19 +160,24 @@ class _CaseProgress:
 
 class _Recorder:
     """Benchmark rows of one kind into the run store (or nowhere, --no-store) as they are
-    measured: an interrupted run keeps what it did, says so on one line and exits 130."""
+    measured: an interrupted run (Ctrl-C or SIGTERM) keeps what it did, says so on one line
+    and exits 130."""
 
     def __init__(self, kind: str, path: Path | None, no_store: bool, device: Any) -> None:
         from fp4cli.store import RunStore
+        from fp4cli.train.loop import stop_signals
 
         self.kind, self.device, self.logged = kind, device, 0
         self.store = None if no_store else RunStore(path)
+        self._signals = stop_signals()  # SIGTERM stops as Ctrl-C does
 
     def __enter__(self) -> _Recorder:
+        self._signals.__enter__()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         self.close()
+        self._signals.__exit__(None, None, None)
         if kind is KeyboardInterrupt:
             typer.echo(f"interrupted: {self.summary()}", err=True)
             raise typer.Exit(130)
@@ -313,7 +318,7 @@ def gemm_command(
     shape_list, impl_list = parse_gemm_shapes(shapes), parse_impls(impls)
     torch_device = bench_device(device)
     outliers = Outliers(outlier_channels, outlier_scale) if outlier_channels else None
-    check_gemm_request(shape_list, torch_device, timing, outliers)
+    check_gemm_request(shape_list, torch_device, timing, outliers, rep_ms)
     with (
         _Recorder("gemm", store, no_store, torch_device) as recorder,
         _CaseProgress(len(shape_list), "gemm") as progress,

@@ -76,13 +76,14 @@ def cost(
 def _print_tables(
     estimates: list[tuple[str, Any]], profile: Any, device_note: str, caption: str
 ) -> None:
-    from rich.console import Console
+    from fp4cli.cli.output import console_for
 
-    console = Console(highlight=False)
-    for name, model in estimates:
-        console.print(_item_table(name, model, profile, device_note, caption))
+    tables = [_item_table(name, model, profile, device_note, caption) for name, model in estimates]
     if len(estimates) > 1:
-        console.print(_summary_table(estimates, profile))
+        tables.append(_summary_table(estimates, profile))
+    console = console_for(*tables)  # as wide as the tables: no column is cut
+    for table in tables:
+        console.print(table)
 
 
 def _item_table(name: str, model: Any, profile: Any, device_note: str, caption: str) -> Any:

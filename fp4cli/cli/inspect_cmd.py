@@ -181,11 +181,23 @@ def _cells(measurements: list[Any], metric: str) -> list[Any]:
     cells = []
     for value, measurement in zip(values, measurements, strict=True):
         if value is None or value != value:
-            cells.append(Text("n/a", style="dim"))
+            cells.append(_missing(measurement))
             continue
         text = _format(metric, value, exact=measurement.rel_mse == 0)
         cells.append(Text(text, style="bold" if value == best else ""))
     return cells
+
+
+NOT_FINITE = "not finite"
+
+
+def _missing(measurement: Any) -> Any:
+    """The cell of a metric with no value: the input not finite, or no tensor applies."""
+    from rich.text import Text
+
+    if measurement is not None and measurement.nonfinite:
+        return Text(NOT_FINITE, style="red")
+    return Text("n/a", style="dim")
 
 
 def _format(metric: str, value: float, exact: bool = False) -> str:
@@ -202,6 +214,8 @@ def _summary_table(variants: list[Any], summary: dict[str, Any]) -> Any:
     from rich.text import Text
 
     caption = "scale exp.: floor(log2) of the block scales, lowest..highest (the most common)"
+    if any(summary[v.label].nonfinite for v in variants):
+        caption += f"; {NOT_FINITE}: the input holds NaN or Inf, so its error has no value"
     table = Table(box=box.SIMPLE_HEAD, title="per spec, over tensors (weighted by elements)",
                   caption=caption)  # fmt: skip
     table.add_column("spec")
@@ -213,20 +227,28 @@ def _summary_table(variants: list[Any], summary: dict[str, Any]) -> Any:
         if not mean.tensors:
             table.add_row(Text(variant.label), "0", *[Text("n/a", style="dim")] * 5)
             continue
-        metrics = [_format(m, getattr(mean, m), mean.rel_mse == 0) for m in METRICS]
-        exponents = _exponent_range(mean.scale_exponents, mean.zero_blocks)
+        metrics = [_summary_cell(mean, m) for m in METRICS]
+        exponents = _exponent_range(mean.scale_exponents, mean.zero_blocks, mean.nan_blocks)
         table.add_row(Text(variant.label), str(mean.tensors), *metrics, exponents)
     return table
 
 
-def _exponent_range(histogram: dict[int, int], zero_blocks: int) -> str:
-    """'lo..hi (mode)' of floor(log2 scale), and the all-zero blocks if any."""
+def _summary_cell(mean: Any, metric: str) -> Any:
+    value = getattr(mean, metric)
+    if value != value:
+        return _missing(mean)
+    return _format(metric, value, mean.rel_mse == 0)
+
+
+def _exponent_range(histogram: dict[int, int], zero_blocks: int, nan_blocks: int = 0) -> str:
+    """'lo..hi (mode)' of floor(log2 scale), and the all-zero and non-finite blocks if any."""
     if not histogram:
         text = "-"
     else:
         mode = max(histogram, key=lambda e: (histogram[e], -e))
         text = f"{min(histogram)}..{max(histogram)} ({mode})"
-    return text + (f" (+{zero_blocks} zero)" if zero_blocks else "")
+    text += f" (+{zero_blocks} zero)" if zero_blocks else ""
+    return text + (f" (+{nan_blocks} NaN/Inf)" if nan_blocks else "")
 
 
 def _measurement_dict(measurement: Any) -> dict[str, Any] | None:
@@ -272,7 +294,7 @@ def _write_csv(path: Path, variants: list[Any], reports: list[Any]) -> Path:
     import csv
 
     columns = ["tensor", "shape", "elements", "high_precision", "spec", *METRICS]
-    columns += ["zero_blocks", "nan_blocks", "tensor_scale", "scale_exponents"]
+    columns += ["zero_blocks", "nan_blocks", "nonfinite", "tensor_scale", "scale_exponents"]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)

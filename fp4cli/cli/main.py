@@ -2,11 +2,13 @@
 
 Nothing heavy is imported here or in the command modules at import time (STYLE.md 4): commands
 import torch and the engine when they run, so `fp4 --help` is instant. A domain error (an
-impossible recipe or spec, a missing file) becomes one red `error: ...` line and exit code 2.
+impossible recipe or spec, a missing file) becomes one red `error: ...` line and exit code 2; so
+does an OS error about a path the user gave (a name too long, no permission), naming the path.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated, Any, NoReturn
 
@@ -56,6 +58,18 @@ def _is_domain_error(error: BaseException) -> bool:
     return False
 
 
+def _names_a_path(error: OSError) -> bool:
+    """An OS error about a named path (a name too long, a permission, a folder where a file
+    was wanted): the path the user gave is wrong, not the code."""
+    return isinstance(error.filename, (str, bytes, os.PathLike))
+
+
+def _path_error_message(error: OSError) -> str:
+    from fp4cli.pathtext import refused_path_message
+
+    return refused_path_message(error.filename, error)
+
+
 MAX_ERROR_CHARS = 600
 
 
@@ -99,9 +113,11 @@ class _Group(TyperGroup):
         except _usage_error_class() as error:
             _exit_with(_usage_message(error))
         except Exception as error:
-            if not _is_domain_error(error):
-                raise
-            _exit_with(str(error))
+            if _is_domain_error(error):
+                _exit_with(str(error))
+            if isinstance(error, OSError) and _names_a_path(error):
+                _exit_with(_path_error_message(error))
+            raise
 
 
 def _exit_with(message: str) -> NoReturn:

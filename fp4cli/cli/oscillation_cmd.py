@@ -69,7 +69,7 @@ def oscillation_report(
     if len(runs) > MAX_RUNS:
         raise AnalysisError(f"oscillation-report takes one or two runs, got {len(runs)}")
     output_file(png, "--png")
-    with RunStore(store, create=False) as run_store:
+    with RunStore(store, read_only=True) as run_store:
         loaded = [load_oscillation(run_store, run) for run in runs]
     if png is not None:
         from fp4cli.analysis.oscillation_plot import plot_oscillation

@@ -56,7 +56,7 @@ def report(
 
     output_folder(plots, "--plots")
     output_file(csv, "--csv")
-    with RunStore(store, create=False) as run_store:
+    with RunStore(store, read_only=True) as run_store:
         chosen = select_runs(run_store, runs or (), sweep, tag, task)
         asked = baseline is not None  # a sweep's own baseline may still be training
         baseline = baseline or sweep_baseline(run_store, sweep)

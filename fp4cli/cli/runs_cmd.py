@@ -46,16 +46,14 @@ def list_command(
     as_json: JsonOption = False,
 ) -> None:
     """List runs, newest first, with their final val_loss / eval_loss / top1."""
-    from fp4cli.store import RunStore, store_path
+    from fp4cli.store import RunStore
 
-    path = store_path(store)
-    runs: list[dict[str, Any]] = []
-    if path.exists():  # listing a store that is not there creates nothing
-        with RunStore(path) as run_store:
-            sweep_id = run_store.get_sweep(sweep)["id"] if sweep is not None else None
-            runs = run_store.list_runs(status, task, recipe, sweep_id, tag, limit)
-            for run in runs:
-                run["final_metrics"] = run_store.final_metrics(run["id"], PRIMARY_METRICS)
+    with RunStore(store, read_only=True) as run_store:
+        path = run_store.path
+        sweep_id = run_store.get_sweep(sweep)["id"] if sweep is not None else None
+        runs = run_store.list_runs(status, task, recipe, sweep_id, tag, limit)
+        for run in runs:
+            run["final_metrics"] = run_store.final_metrics(run["id"], PRIMARY_METRICS)
     if as_json:
         _echo_json(runs)
     elif not runs:
@@ -70,11 +68,11 @@ def show_command(run: RunArgument, store: StoreOption = None, as_json: JsonOptio
     """Show a run: its fields, resolved config, final metrics, checkpoints, last quant stats."""
     from fp4cli.store import RunStore
 
-    with RunStore(store, create=False) as run_store:
+    with RunStore(store, read_only=True) as run_store:
         record = run_store.get_run(run)
         run_id = record["id"]
         record["final_metrics"] = run_store.final_metrics(run_id)
-        record["checkpoints"] = run_store.checkpoints(run_id)
+        record["checkpoints"] = _with_files(run_store.checkpoints(run_id), run_store.path, run_id)
         record["quant_stats"] = run_store.quant_stats_summary(run_id)
     if as_json:
         _echo_json(record)
@@ -111,24 +109,22 @@ def merge_command(
     store: StoreOption = None,
 ) -> None:
     """Fold the finished shards of FOLDER (the store files that jobs on other machines write)
-    into the store. Merging again changes nothing; a shard still being written is left for
-    later."""
+    into the store, one line per run. Merging again changes nothing; a shard still being
+    written is left for later; a run the store holds is never replaced by an older or a
+    different copy (a conflict: the store's copy is kept)."""
     from fp4cli.store import RunStore, StoreError
+    from fp4cli.store.paths import is_folder
     from fp4cli.store.shards import merge_shards
 
-    shards = folder / "shards" if (folder / "shards").is_dir() else folder
-    if not shards.is_dir():
+    if not is_folder(folder):
         raise StoreError(f"no such folder {folder}")
+    shards = folder / "shards" if is_folder(folder / "shards") else folder
     with RunStore(store) as run_store:
         result = merge_shards(run_store, shards)
         path = run_store.path
-    counts = [f"merged {_plural(len(result.merged), 'run')} into {path}",
-              f"{len(result.already)} merged before"]  # fmt: skip
-    if result.duplicates:
-        counts.append(f"{len(result.duplicates)} left out (their point already has a run)")
-    typer.echo("; ".join(counts) + ".")
-    for name, why in result.skipped:
-        typer.echo(f"skipped {name}: {why} (tried again next time)")
+    for line in _merge_lines(result):
+        typer.echo(line)
+    typer.echo(_merge_summary(result, path))
 
 
 @app.command("export")
@@ -150,12 +146,63 @@ def export_command(
     from fp4cli.track.tensorboard import export_runs
 
     output_folder(tensorboard, "--tensorboard")
-    with RunStore(store, create=False) as run_store:
+    with RunStore(store, read_only=True) as run_store:
         ids = [run_store.get_run(run)["id"] for run in runs]
         folders = export_runs(run_store, ids, tensorboard)
     for folder in folders:
         typer.echo(f"wrote {folder}")
     typer.echo(f"view them with: tensorboard --logdir {tensorboard}")
+
+
+MERGE_LINES = {  # what merging did with a run of a shard: one line each
+    "merged": "merged {run} from {file}",
+    "merged before": "{run} from {file}: merged before",
+    "already there": "{run} from {file}: already there (the same copy)",
+    "left out": "left out {run} from {file}: its sweep point already has a run",
+    "conflict": "skipped {run} from {file}, a conflict: {why} (the store's copy is kept)",
+}
+
+
+def _merge_lines(result: Any) -> list[str]:
+    """One line per run of the shards, then one per file left unread."""
+    lines = [
+        MERGE_LINES[run.outcome].format(run=run.run_id, file=run.file, why=run.why)
+        for run in result.runs
+    ]
+    if result.target is not None:
+        lines.append(f"skipped {result.target}: it is the store merged into")
+    for name, why in result.skipped:
+        lines.append(f"skipped {name}: {why} (tried again next time)")
+    return lines
+
+
+def _merge_summary(result: Any, path: Path) -> str:
+    counts = [f"merged {_plural(len(result.merged), 'run')} into {path}",
+              f"{len(result.already)} merged before"]  # fmt: skip
+    if result.present:
+        counts.append(f"{len(result.present)} already there")
+    if result.duplicates:
+        counts.append(f"{len(result.duplicates)} left out (their point already has a run)")
+    if result.conflicts:
+        counts.append(f"{_plural(len(result.conflicts), 'conflict')} (the store's copy kept)")
+    return "; ".join(counts) + "."
+
+
+def _with_files(checkpoints: list[dict[str, Any]], store: Path, run_id: str) -> list[Any]:
+    """The checkpoints, each with `on_disk`: whether its file (or FSDP folder) is still there,
+    looked for where it was written and in the store's checkpoints/<run id>/ folder."""
+    folder = store.parent / "checkpoints" / run_id
+    for checkpoint in checkpoints:
+        path = Path(checkpoint["path"])
+        checkpoint["on_disk"] = _exists(path) or _exists(folder / path.name)
+    return checkpoints
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name the system refuses: no such file here
+        return False
 
 
 def _plural(n: int, noun: str) -> str:
@@ -260,12 +307,16 @@ def _print_run(run: dict[str, Any]) -> None:
         for name, value in run["final_metrics"].items():
             table.add_row(Text(name), _number(value))
         console.print(table)
-    if run["checkpoints"]:
+    on_disk = [c for c in run["checkpoints"] if c["on_disk"]]
+    if on_disk:
         table = Table("step", "path", "created (UTC)", box=box.SIMPLE_HEAD, title="checkpoints")
-        for checkpoint in run["checkpoints"]:
+        for checkpoint in on_disk:
             row = (str(checkpoint["step"]), checkpoint["path"], checkpoint["created_at"])
             table.add_row(*map(Text, row))
         console.print(table)
+    removed = [c for c in run["checkpoints"] if not c["on_disk"]]
+    if removed:
+        console.print(Text(_removed_line(removed), style="dim"))
     stats = run["quant_stats"]
     if stats is not None:
         table = Table(
@@ -277,6 +328,13 @@ def _print_run(run: dict[str, Any]) -> None:
             names = (row["operand"], row["metric"], str(row["layers"]))
             table.add_row(*map(Text, names), *numbers)
         console.print(table)
+
+
+def _removed_line(removed: list[dict[str, Any]]) -> str:
+    """One line for the checkpoints whose files are gone (pruned, moved or deleted)."""
+    steps = sorted({c["step"] for c in removed})
+    where = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]} to {steps[-1]}"
+    return f"{_plural(len(removed), 'checkpoint')} no longer on disk ({where})"
 
 
 def _text(value: Any) -> str:

@@ -185,11 +185,14 @@ def _summary(name: str, results: list[Any], store_path: Any) -> str:
     for result in results:
         counts[result.status] = counts.get(result.status, 0) + 1
     seconds = sum(r.seconds for r in results)
+    if all(r.status == "failed" for r in results):
+        where = "Every point failed; nothing new to compare."
+    else:
+        where = f"Stored in {store_path}; compare them with: fp4 report --sweep {name}"
     lines = [
         f"Sweep {name}: ran {_count(len(results), 'point')} ("
         + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-        + f"), {seconds:.0f} s of training. Stored in {store_path}; "
-        f"compare them with: fp4 report --sweep {name}"
+        + f"), {seconds:.0f} s of training. {where}"
     ]
     for result in results:
         if result.status == "failed":

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
 
 Opt = typer.Option
+INTERRUPTED_EXIT = 130  # SIGINT or SIGTERM, as the shell reports a Ctrl-C
 
 
 def train(
@@ -112,8 +115,10 @@ def train(
 
     from fp4cli.store import RunStore, store_path
     from fp4cli.train import run_training
+    from fp4cli.train.api import RunFinished
     from fp4cli.train.config import ConfigError
     from fp4cli.train.distributed import RankStore, under_torchrun
+    from fp4cli.train.loop import stop_signals
     from fp4cli.train.progress import RichReporter, SilentReporter
 
     flags = {
@@ -145,6 +150,8 @@ def train(
             "--nodes and --gpus-per-node: only with --launcher slurm (torchrun's own nodes: "
             "--nproc-per-node, --nnodes)"
         )
+    if resume is not None and not under_torchrun():  # before any process starts
+        _stop_if_finished(store, resume, steps)
     if nproc_per_node is not None:
         _launch(flags, set_, resume, store, quiet, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
     main_rank = not under_torchrun() or os.environ.get("RANK") == "0"
@@ -157,12 +164,39 @@ def train(
         return RankStore(str(store_path(store)))
 
     reporter = RichReporter() if main_rank and not quiet else SilentReporter()
-    result, trainer = run_training(flags, set_ or [], open_store, resume, reporter)
-    if not main_rank:
-        return
-    Console().print(_summary(result, trainer, store_path(store)), highlight=False)
-    if result.status not in ("finished",):
+    with stop_signals():  # a second signal while the first is handled is ignored
+        try:
+            result, trainer = run_training(flags, set_ or [], open_store, resume, reporter)
+        except RunFinished as finished:
+            if main_rank:
+                typer.echo(str(finished))
+            raise typer.Exit(0) from None
+        except KeyboardInterrupt:  # before the first step (the trainer takes it after)
+            if main_rank:
+                typer.echo("stopped before training began", err=True)
+            raise typer.Exit(INTERRUPTED_EXIT) from None
+        if not main_rank:
+            return
+        Console().print(_summary(result, trainer, store_path(store)), highlight=False)
+    if result.status == "interrupted":
+        raise typer.Exit(INTERRUPTED_EXIT)
+    if result.status != "finished":
         raise typer.Exit(1)
+
+
+def _stop_if_finished(store: str | None, resume: str, steps: int | None) -> None:
+    """Exit 0 with one line when the run to resume has finished and --steps asks for no more:
+    nothing is trained and nothing written."""
+    from fp4cli.store import RunStore
+    from fp4cli.train.api import RunFinished, check_resume_steps
+
+    with RunStore(store, read_only=True) as run_store:
+        run = run_store.get_run(resume)
+    try:
+        check_resume_steps(run, steps)
+    except RunFinished as finished:
+        typer.echo(str(finished))
+        raise typer.Exit(0) from None
 
 
 def _launch(
@@ -182,7 +216,37 @@ def _launch(
     check_launch({**flags, "resume": resume}, overrides or [], nproc_per_node, nnodes)
     args = _train_args(flags, overrides, resume, store, quiet)
     command = torchrun_command(args, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
-    raise typer.Exit(run_torchrun(command))
+    with _cpu_share(flags.get("device"), nproc_per_node):
+        code = run_torchrun(command)
+    raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _cpu_share(device: str | None, nproc: int) -> Iterator[None]:
+    """While torchrun runs: processes that train on the CPU get their share of its cores
+    (OMP_NUM_THREADS, unless it is set), and a warning says so once."""
+    import torch
+
+    from fp4cli.train.distributed import cpu_cores
+
+    on_cpu = (device or "").startswith("cpu") or not torch.cuda.is_available()
+    given = os.environ.get("OMP_NUM_THREADS")
+    if not on_cpu:
+        yield
+        return
+    cores = cpu_cores()
+    threads = given or str(max(1, cores // nproc))
+    typer.echo(
+        f"warning: no GPU for these processes: {nproc} of them share {cores} CPU core(s), "
+        f"{threads} thread(s) each (OMP_NUM_THREADS). Expect slow steps.",
+        err=True,
+    )
+    os.environ["OMP_NUM_THREADS"] = threads
+    try:
+        yield
+    finally:
+        if given is None:
+            del os.environ["OMP_NUM_THREADS"]
 
 
 def _train_args(

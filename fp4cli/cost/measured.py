@@ -173,7 +173,7 @@ def stored_rates(path: str | None, profile: DeviceProfile) -> tuple[MeasuredRate
     location = store_path(path)
     if path is None and not location.exists():
         return MeasuredRates(), f"no run store at {location}"
-    with RunStore(location, create=False) as store:
+    with RunStore(location, read_only=True) as store:
         rates = measured_rates(store, profile)
     gemms = f" and {len(rates.gemms)} NVFP4 GEMM" if rates.gemms else ""
     return rates, f"{len(rates)} quantize{gemms} measurements of this GPU in {location}"

@@ -35,6 +35,7 @@ OUTPUT_DIMS = {
     "grad_weight": ("out", "in"),
 }
 _SHAPE = re.compile(r"(\d+)x(\d+)x(\d+)(:bf16)?")
+DIM_MAX = 2**30  # a dimension of a shape given by hand; beyond it no layer exists
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,11 @@ def parse_shape(text: str) -> LayerShape:
         raise CostError(
             f"bad shape {text!r}: expected TOKENSxINxOUT with positive integers, e.g. "
             "8192x4096x4096 (':bf16' appended keeps the layer in BF16)"
+        )
+    if max(numbers) > DIM_MAX:
+        raise CostError(
+            f"shape {text.strip()!r}: each dimension must be at most 2^30 = {DIM_MAX:,} "
+            f"(got {max(numbers):,})"
         )
     tokens, in_features, out_features = numbers
     return LayerShape(tokens, in_features, out_features, quantized=match.group(4) is None)

@@ -26,7 +26,15 @@ from typing import Any
 from sqlite_utils import Database
 
 from fp4cli.store.host import git_revision, gone_runs, new_id, now
-from fp4cli.store.schema import STATUSES, StoreError, connect, store_path, write
+from fp4cli.store.paths import path_exists
+from fp4cli.store.schema import (
+    STATUSES,
+    StoreError,
+    connect,
+    connect_read_only,
+    store_path,
+    write,
+)
 from fp4cli.store.sweeps import STALE_AFTER_S, Row, SweepRecords
 
 
@@ -38,6 +46,10 @@ class RunStore(SweepRecords):
     journal instead of WAL: for a shard that one process on a cluster node writes on a shared
     filesystem, where WAL's shared memory does not reach the other machines (unset: WAL unless
     $FP4_STORE_WAL is 0, as a multi-node training job sets it for its shard).
+
+    `read_only=True`, for the commands that only read: the file must exist, is opened with
+    SQLite's mode=ro (a read-only file or mount reads too) and is never written, not even
+    migrated; a run whose process is gone reads as `interrupted` without being marked so.
     """
 
     def __init__(
@@ -46,18 +58,24 @@ class RunStore(SweepRecords):
         *,
         create: bool = True,
         wal: bool | None = None,
+        read_only: bool = False,
     ):
         if wal is None:
             wal = os.environ.get("FP4_STORE_WAL", "1") != "0"
         self.path = store_path(path)
-        if not create and not self.path.exists():
+        self.read_only = read_only
+        if not path_exists(self.path) and (read_only or not create):
             raise StoreError(f"no run store at {self.path}")
         self.host = socket.gethostname()
-        self.db = connect(self.path, wal)
+        self.db = connect_read_only(self.path) if read_only else connect(self.path, wal)
+        self._gone: dict[str, str] = {}  # read-only: run id -> why its process is gone
         try:
             self._identity = _file_identity(self.path)
             _check_intact(self.db, self.path)
-            self.mark_interrupted()
+            if read_only:
+                self._gone = dict(gone_runs(self._running(), self.host, STALE_AFTER_S))
+            else:
+                self.mark_interrupted()
         except (sqlite3.DatabaseError, OSError) as error:
             self.db.close()
             raise StoreError(f"cannot read run store {self.path}: {error}") from None
@@ -78,6 +96,8 @@ class RunStore(SweepRecords):
     def _write(self) -> Iterator[Database]:
         """One write transaction on the file this store opened: StoreError if the file was
         removed or replaced meanwhile (the rows would go nowhere) or cannot be written."""
+        if self.read_only:
+            raise StoreError(f"run store {self.path} is open for reading only")
         try:
             identity = _file_identity(self.path)
         except OSError:
@@ -98,7 +118,10 @@ class RunStore(SweepRecords):
         return self._write()
 
     def _rows(self, sql: str, params: list[Any] | dict[str, Any] | None = None) -> list[Row]:
-        return list(self.db.query(sql, params))
+        try:
+            return list(self.db.query(sql, params))
+        except sqlite3.DatabaseError as error:
+            raise StoreError(f"cannot read run store {self.path}: {error}") from None
 
     # Runs: written by the trainer.
 
@@ -271,9 +294,7 @@ class RunStore(SweepRecords):
         """Mark `interrupted` every running run whose process is gone: on this host, its pid
         is not alive; on another, its heartbeat is older than `stale_after` seconds. The run's
         ended_at is its last heartbeat. Returns the ids marked."""
-        running = self._rows(
-            "SELECT id, host, pid, started_at, heartbeat_at FROM runs WHERE status = 'running'"
-        )
+        running = self._running()
         gone = gone_runs(running, self.host, stale_after)
         if gone:
             heartbeats = {run["id"]: run["heartbeat_at"] for run in running}
@@ -286,6 +307,32 @@ class RunStore(SweepRecords):
                         [why, run_id, heartbeats[run_id]],
                     )
         return [run_id for run_id, _ in gone]
+
+    def _running(self) -> list[Row]:
+        return self._rows(
+            "SELECT id, host, pid, started_at, heartbeat_at FROM runs WHERE status = 'running'"
+        )
+
+    def _as_run(self, row: Row) -> Row:
+        """A runs row decoded; in a read-only store, a running run whose process is gone
+        reads as what opening the store for writing would have made it: interrupted."""
+        run = _decode_run(row)
+        why = self._gone.get(run["id"])
+        if why is not None and run["status"] == "running":
+            ended = run["heartbeat_at"] or run["started_at"]
+            run.update(status="interrupted", message=why, ended_at=ended)
+        return run
+
+    def _status_condition(self, status: str) -> tuple[str, list[Any]]:
+        """SQL that keeps the runs of `status`, counting the runs of self._gone as
+        interrupted."""
+        gone = list(self._gone)
+        if not gone or status not in ("running", "interrupted"):
+            return "status = ?", [status]
+        marks = ", ".join("?" for _ in gone)
+        if status == "running":
+            return f"(status = ? AND id NOT IN ({marks}))", [status, *gone]
+        return f"(status = ? OR id IN ({marks}))", [status, *gone]
 
     def delete_run(self, run_id: str) -> str:
         """Delete a run (id or unique prefix) and all its rows; checkpoint files stay on disk.
@@ -312,7 +359,7 @@ class RunStore(SweepRecords):
         if len(rows) > 1:
             ids = ", ".join(row["id"] for row in rows)
             raise StoreError(f"run prefix {run_id!r} is ambiguous: {ids}")
-        return _decode_run(rows[0])
+        return self._as_run(rows[0])
 
     def list_runs(
         self,
@@ -328,8 +375,11 @@ class RunStore(SweepRecords):
             raise StoreError(f"unknown status {status!r}: one of {', '.join(STATUSES)}")
         where: list[str] = []
         params: list[Any] = []
+        if status is not None:
+            condition, values = self._status_condition(status)
+            where.append(condition)
+            params.extend(values)
         for column, value in (
-            ("status", status),
             ("task", task),
             ("recipe", recipe),
             ("sweep", sweep),
@@ -347,7 +397,7 @@ class RunStore(SweepRecords):
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        return [_decode_run(row) for row in self._rows(sql, params)]
+        return [self._as_run(row) for row in self._rows(sql, params)]
 
     def metrics(self, run_id: str, name: str | None = None) -> list[Row]:
         """{step, name, value} rows of a run (or of one metric), by name then step."""
@@ -376,13 +426,13 @@ class RunStore(SweepRecords):
             ]
         final = {}
         for name in names:
-            row = self.db.conn.execute(
+            rows = self._rows(
                 "SELECT value FROM metrics WHERE run_id = ? AND name = ? "
                 "ORDER BY step DESC, rowid DESC LIMIT 1",
                 [run_id, name],
-            ).fetchone()
-            if row is not None:
-                final[name] = _value(row[0])
+            )
+            if rows:
+                final[name] = _value(rows[0]["value"])
         return final
 
     def quant_stats(
@@ -409,9 +459,10 @@ class RunStore(SweepRecords):
     def quant_stats_summary(self, run_id: str) -> Row | None:
         """The last statistics step of a run: {step, rows: [{operand, metric, layers, mean,
         min, max}]} over its layers; None if the run has no quant stats."""
-        last = self.db.conn.execute(
-            "SELECT MAX(step) FROM quant_stats WHERE run_id = ?", [run_id]
-        ).fetchone()[0]
+        (found,) = self._rows(
+            "SELECT MAX(step) AS last FROM quant_stats WHERE run_id = ?", [run_id]
+        )
+        last = found["last"]
         if last is None:
             return None
         rows = self._rows(

@@ -4,6 +4,10 @@ The schema version is `PRAGMA user_version`: `MIGRATIONS[v]` takes a file from v
 v + 1. Pending migrations run when the file is opened, in the transaction that bumps the
 version, so two processes opening an old file at once migrate it exactly once. A released
 migration is frozen: a schema change is a new function appended to MIGRATIONS.
+
+A file that lacks a table its version has is damaged: it is refused, never repaired. The
+commands that only read open the file read-only (connect_read_only): they neither write nor
+migrate it, and read a read-only file or mount.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import random
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -137,6 +142,16 @@ MIGRATIONS: list[Callable[[Database], None]] = [
     _v5_merged_shards,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+TABLES_ADDED = {  # version -> the tables its migration created
+    1: ("runs", "metrics", "quant_stats", "checkpoints", "benchmarks", "sweeps"),
+    3: ("layers",),
+    5: ("merged_shards",),
+}
+
+
+def tables_at(version: int) -> list[str]:
+    """The tables a store of schema `version` has."""
+    return [table for v, added in TABLES_ADDED.items() if v <= version for table in added]
 
 
 @contextlib.contextmanager
@@ -173,9 +188,65 @@ def connect(path: Path, wal: bool = True) -> Database:
     return db
 
 
+def connect_read_only(path: Path) -> Database:
+    """Open the existing store at `path` for reading only (see read_only_uri): nothing is
+    written to it, even where it could be. An older schema is migrated in a copy held in
+    memory; the file stays as it is."""
+    try:
+        db = Database(sqlite3.connect(read_only_uri(path), uri=True), execute_plugins=False)
+    except (OSError, sqlite3.Error) as error:
+        raise StoreError(f"cannot open run store {path}: {error}") from None
+    try:
+        db.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        _check_readable(db, path)
+        if _version(db) < SCHEMA_VERSION:
+            db = _migrated_copy(db, path)
+    except BaseException as error:
+        db.close()
+        if isinstance(error, sqlite3.DatabaseError):
+            raise StoreError(f"cannot open run store {path}: {error}") from None
+        raise
+    return db
+
+
+def read_only_uri(path: Path) -> str:
+    """SQLite's URI of `path` opened read-only (mode=ro), and immutable=1 where its folder
+    cannot be written (a read-only mount): there, SQLite could not create the -wal and -shm
+    files that reading a WAL file needs."""
+    resolved = path.resolve()
+    uri = f"file:{urllib.parse.quote(str(resolved))}?mode=ro"
+    if not os.access(resolved.parent, os.W_OK):
+        uri += "&immutable=1"
+    return uri
+
+
+def _check_readable(db: Database, path: Path) -> None:
+    """StoreError unless `db` is a whole run store this fp4cli can read."""
+    version = _version(db)
+    _refuse_newer(version, path)
+    if version == 0 and db.table_names():
+        raise StoreError(f"{path} is an SQLite database but not a run store")
+    if version == 0:
+        raise StoreError(f"{path} is empty: not a run store yet")
+    check_tables(db, path)
+
+
+def _migrated_copy(db: Database, path: Path) -> Database:
+    """A copy of `db` in memory, migrated to this fp4cli's schema (`db` is closed)."""
+    memory = sqlite3.connect(":memory:")
+    try:
+        db.conn.backup(memory)
+    finally:
+        db.close()
+    copy = Database(memory, execute_plugins=False)
+    _migrate(copy, path)
+    return copy
+
+
 def _set_up(db: Database, path: Path, wal: bool) -> None:
     conn = db.conn
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    check_tables(db, path)  # before anything is written: a damaged file is left as it is
     mode = "wal" if wal else "delete"  # WAL needs every process on one host (shared memory)
     if conn.execute("PRAGMA journal_mode").fetchone()[0] != mode:
         conn.execute(f"PRAGMA journal_mode = {mode.upper()}")  # persistent: once per file
@@ -207,16 +278,35 @@ def _migrate(db: Database, path: Path) -> None:
         return
     with write(db):  # read the version again under the lock: another process may have migrated
         version = _version(db)
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"run store {path} has schema version {version}, newer than this fp4cli "
-                f"knows ({SCHEMA_VERSION}): upgrade fp4cli"
-            )
+        _refuse_newer(version, path)
         if version == 0 and db.table_names():
             raise StoreError(f"{path} is an SQLite database but not a run store")
         for migration in MIGRATIONS[version:]:
             migration(db)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def check_tables(db: Database, path: Path) -> None:
+    """StoreError if the file lacks a table that its recorded schema version has (a store
+    damaged by hand or by a tool): such a file is refused, never repaired."""
+    version = _version(db)
+    if version > SCHEMA_VERSION:  # a newer fp4cli's file: _migrate refuses it
+        return
+    present = set(db.table_names())
+    missing = [table for table in tables_at(version) if table not in present]
+    if len(missing) == 1:
+        raise StoreError(f"run store {path} is damaged: its table {missing[0]} is missing")
+    if missing:
+        names = ", ".join(missing)
+        raise StoreError(f"run store {path} is damaged: its tables {names} are missing")
+
+
+def _refuse_newer(version: int, path: Path) -> None:
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"run store {path} has schema version {version}, newer than this fp4cli "
+            f"knows ({SCHEMA_VERSION}): upgrade fp4cli"
+        )
 
 
 def _version(db: Database) -> int:

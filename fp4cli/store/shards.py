@@ -17,6 +17,11 @@ Merging a shard inserts its run and every row of it in one transaction and recor
 the `merged_shards` table: merging again changes nothing, a shard that cannot be read yet (half
 copied, damaged) is skipped and tried again next time, and a second finished run of a sweep
 point that already has one is recorded but not inserted (no duplicate run).
+
+A run the store already holds (a copy of a store among the shards) is replaced only by a copy
+that holds every row of it and is at least as far: an older or a different copy is a conflict,
+reported and left out, and the store's copy is kept. The store merged into is never read as a
+shard of itself.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import socket
 import sqlite3
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,12 +194,51 @@ def finished_shards(folder: str | os.PathLike[str]) -> list[Path]:
     return sorted(shards, key=lambda p: (p.stat().st_mtime, p.name))
 
 
+MERGED = "merged"  # inserted, or replaced an older copy that it holds whole
+MERGED_BEFORE = "merged before"  # in the merged_shards table: nothing done
+ALREADY_THERE = "already there"  # the store holds the same run: nothing done
+LEFT_OUT = "left out"  # a second finished run of a sweep point: recorded, not inserted
+CONFLICT = "conflict"  # the store holds another copy of the run: kept, nothing done
+
+
+@dataclass(frozen=True)
+class RunMerge:
+    """What merging did with one run of a shard file."""
+
+    run_id: str
+    file: str
+    outcome: str  # one of MERGED, MERGED_BEFORE, ALREADY_THERE, LEFT_OUT, CONFLICT
+    why: str = ""  # a conflict's reason
+
+
 @dataclass
 class MergeResult:
-    merged: list[str] = field(default_factory=list)  # run ids now in the store
-    already: list[str] = field(default_factory=list)  # merged before: nothing done
-    duplicates: list[str] = field(default_factory=list)  # a second run of a done point
+    runs: list[RunMerge] = field(default_factory=list)  # in the order merged
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, why): tried later
+    target: str | None = None  # the store's own file, found in the folder and not read
+
+    def _ids(self, outcome: str) -> list[str]:
+        return [run.run_id for run in self.runs if run.outcome == outcome]
+
+    @property
+    def merged(self) -> list[str]:  # run ids now in the store
+        return self._ids(MERGED)
+
+    @property
+    def already(self) -> list[str]:
+        return self._ids(MERGED_BEFORE)
+
+    @property
+    def present(self) -> list[str]:
+        return self._ids(ALREADY_THERE)
+
+    @property
+    def duplicates(self) -> list[str]:
+        return self._ids(LEFT_OUT)
+
+    @property
+    def conflicts(self) -> list[RunMerge]:
+        return [run for run in self.runs if run.outcome == CONFLICT]
 
 
 def merge_shards(
@@ -204,8 +249,12 @@ def merge_shards(
     result = MergeResult()
     merged = {row["run_id"] for row in store.db.query("SELECT run_id FROM merged_shards")}
     for path in finished_shards(folder):
-        if run_of_file(path) in merged:  # merged before: not read again
-            result.already.append(str(run_of_file(path)))
+        if _same_file(path, store.path):
+            result.target = path.name
+            continue
+        run_id = run_of_file(path)
+        if run_id in merged:  # merged before: not read again
+            result.runs.append(RunMerge(str(run_id), path.name, MERGED_BEFORE))
             continue
         try:
             shard = read_shard(path)
@@ -213,11 +262,16 @@ def merge_shards(
             result.skipped.append((path.name, str(error)))
             continue
         for run in shard.runs:
-            if sweep is not None and run.get("sweep") != sweep:
-                continue
-            outcome = _merge_run(store, path, run, shard.rows_of(run["id"]))
-            getattr(result, outcome).append(run["id"])
+            if sweep is None or run.get("sweep") == sweep:
+                result.runs.append(_merge_run(store, path, run, shard.rows_of(run["id"])))
     return result
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    try:
+        return os.path.samefile(path, other)
+    except OSError:
+        return False
 
 
 def run_of_file(path: Path) -> str | None:
@@ -262,12 +316,15 @@ def read_shard(path: Path) -> Shard:
 
 def _merge_run(
     store: RunStore, path: Path, run: dict[str, Any], rows: dict[str, list[dict[str, Any]]]
-) -> str:
-    """Insert one run of a shard in one transaction: 'merged', 'already' or 'duplicates'."""
+) -> RunMerge:
+    """Insert one run of a shard in one transaction (see RunMerge)."""
     run_id, point = run["id"], point_of(run.get("tags"))
     with store.transaction() as db:
         if db.execute("SELECT 1 FROM merged_shards WHERE run_id = ?", [run_id]).fetchone():
-            return "already"
+            return RunMerge(run_id, path.name, MERGED_BEFORE)
+        outcome, why = _against_stored_copy(db, run, rows)
+        if outcome != MERGED:
+            return RunMerge(run_id, path.name, outcome, why)
         duplicate = point is not None and _has_done_run(db, run, point)
         if not duplicate:
             for table in (*RUN_TABLES, "runs"):
@@ -279,7 +336,49 @@ def _merge_run(
         ledger = {"run_id": run_id, "file": path.name, "point": point, "status": status,
                   "merged_at": now()}  # fmt: skip
         db.table("merged_shards").insert(ledger)
-    return "duplicates" if duplicate else "merged"
+    return RunMerge(run_id, path.name, LEFT_OUT if duplicate else MERGED)
+
+
+def _against_stored_copy(
+    db: Any, run: dict[str, Any], rows: dict[str, list[dict[str, Any]]]
+) -> tuple[str, str]:
+    """(outcome, why) of merging `run` over the store's copy of it, if any: MERGED where the
+    store has none, or where this copy holds every row of the store's and is at least as far;
+    ALREADY_THERE for the same copy; CONFLICT otherwise."""
+    stored_run = db.execute("SELECT step, status FROM runs WHERE id = ?", [run["id"]]).fetchone()
+    if stored_run is None:
+        return MERGED, ""
+    tables = {"runs": [run], **rows}
+    stored = {table: _stored_rows(db, table, run["id"]) for table in tables}
+    shard = {table: _row_counts(db, table, table_rows) for table, table_rows in tables.items()}
+    if stored == shard:
+        return ALREADY_THERE, ""
+    stored_step, step = stored_run[0] or 0, run.get("step") or 0
+    lacking = sum(sum((stored[t] - shard[t]).values()) for t in rows)
+    if step < stored_step:
+        return CONFLICT, f"the store's copy reached step {stored_step}, this one step {step}"
+    if stored_run[1] == "running":
+        return CONFLICT, "the store's copy is still running"
+    if lacking:
+        return CONFLICT, f"the store's copy has {_plural(lacking, 'row')} that this one lacks"
+    return MERGED, ""
+
+
+def _stored_rows(db: Any, table: str, run_id: str) -> Counter[tuple[Any, ...]]:
+    """The store's rows of `run_id` in `table`, as tuples of the table's columns."""
+    columns = ", ".join(f'"{c}"' for c in db.table(table).columns_dict)
+    found = db.execute(f"SELECT {columns} FROM {table} WHERE {_id_column(table)} = ?", [run_id])
+    return Counter(map(tuple, found))
+
+
+def _row_counts(db: Any, table: str, rows: list[dict[str, Any]]) -> Counter[tuple[Any, ...]]:
+    """A shard's rows as tuples of the store's columns of `table` (None where it has none)."""
+    columns = list(db.table(table).columns_dict)
+    return Counter(tuple(row.get(c) for c in columns) for row in rows)
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _has_done_run(db: Any, run: dict[str, Any], point: str) -> bool:

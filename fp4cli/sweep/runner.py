@@ -17,7 +17,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -204,7 +203,7 @@ def _run_here(
     plan: SweepPlan, pending: list[Point], store: Any, device: str, reporter: SweepReporter
 ) -> list[PointResult]:
     results = []
-    with _stop_on_sigterm():
+    with _stop_signals():
         for point in pending:
             spec = plan.spec
             result = run_point(point, plan.sweep_id, spec.tags, device, store, spec.log_to)
@@ -237,7 +236,7 @@ def _run_in_workers(
     processes = [context.Process(target=worker_main, args=(*args, d)) for d in devices]
     results: list[PointResult] = []
     heartbeat = _Heartbeat(store_path, plan.sweep_id)
-    with _stop_on_sigterm():
+    with _stop_signals():
         try:
             for process in processes:
                 process.start()
@@ -251,12 +250,22 @@ def _run_in_workers(
                     continue
                 results.append(result)
                 reporter.point_done(result)
+            _stop_if_points_left(results, len(pending))
         except BaseException:
             _stop(processes)
             raise
     for process in processes:
         process.join()
     return results
+
+
+def _stop_if_points_left(results: list[PointResult], pending: int) -> None:
+    """SweepStopped when a point was interrupted (its worker took a Ctrl-C or SIGTERM) or
+    workers ended with points left: the sweep did not finish."""
+    interrupted = sum(r.status == "interrupted" for r in results)
+    left = pending - len(results) + interrupted
+    if left:
+        raise SweepStopped(f"stopped with {left} point(s) left")
 
 
 class _Heartbeat:
@@ -290,18 +299,16 @@ def _stop(processes: list[Any]) -> None:
             process.join()
 
 
-class _stop_on_sigterm:
-    """SIGTERM raises SweepStopped in this process while the sweep runs (Ctrl-C raises
-    KeyboardInterrupt already); the previous handler comes back after."""
+def _stop_signals() -> Any:
+    """While the sweep runs in this process: the first SIGTERM raises SweepStopped and the
+    first Ctrl-C KeyboardInterrupt (also where SIGINT was inherited ignored); later ones are
+    ignored while the sweep stops."""
+    from fp4cli.train.loop import stop_signals
 
-    def __enter__(self) -> None:
-        def stop(signum: int, frame: Any) -> None:
-            raise SweepStopped("stopped by SIGTERM")
+    return stop_signals(on_term=SweepStopped)
 
-        self.previous = signal.signal(signal.SIGTERM, stop)
 
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGTERM, self.previous)
+_stop_on_sigterm = _stop_signals  # remote.py's name for it
 
 
 def _point_of(run: dict[str, Any]) -> str | None:

@@ -43,7 +43,7 @@ from fp4cli.recipe_loader import names_a_file, read_yaml_file
 from fp4cli.recipe_schema import did_you_mean
 from fp4cli.sweep.errors import SweepError
 from fp4cli.sweep.launchers import ClusterOptions, parse_cluster
-from fp4cli.train.config import ConfigError, TrainConfig
+from fp4cli.train.config import SEED_MAX, ConfigError, TrainConfig
 
 MAX_POINTS = 10_000  # runs one sweep may train (a larger grid is sampled)
 SWEEP_KEYS = (
@@ -312,6 +312,9 @@ def _seeds(raw: Any, label: str) -> tuple[int, ...]:
     if len(set(seeds)) != len(seeds):
         raise SweepError(f"{label}: seeds: repeats a seed")
     return tuple(seeds)
+    for seed in seeds:
+        if not 0 <= seed <= SEED_MAX:
+            raise SweepError(f"{label}: seeds: each must be from 0 to 2^63 - 1 (got {seed})")
 
 
 def _strings(raw: Any, label: str, key: str) -> tuple[str, ...]:

@@ -18,20 +18,25 @@ def worker_main(
     device: str,
 ) -> None:
     """Open the store, then train points from `jobs` on `device`; each result goes to
-    `results`. A point stopped by SIGTERM ends the worker (the sweep is being stopped), and so
-    does finding, between points, that the sweep's process is gone (killed outright)."""
+    `results`. A point stopped by Ctrl-C or SIGTERM ends the worker (the sweep is being
+    stopped), and so does a signal between points, quietly, and finding, between points, that
+    the sweep's process is gone (killed outright)."""
     import torch
 
     from fp4cli.store import RunStore
     from fp4cli.sweep.runner import run_point
+    from fp4cli.train.loop import stop_signals
 
     parent = os.getppid()
     torch.set_num_threads(threads)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    with RunStore(store_path) as store:
-        while os.getppid() == parent and (point := jobs.get()) is not None:
-            result = run_point(point, sweep_id, tags, device, store, log_to)
-            results.put(result)
-            if result.status == "interrupted":
-                return
+    with stop_signals(), RunStore(store_path) as store:
+        try:
+            while os.getppid() == parent and (point := jobs.get()) is not None:
+                result = run_point(point, sweep_id, tags, device, store, log_to)
+                results.put(result)
+                if result.status == "interrupted":
+                    return
+        except KeyboardInterrupt:  # before a point's trainer took the signal
+            return

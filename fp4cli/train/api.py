@@ -22,7 +22,8 @@ def run_training(
     recipe: Any = None,
 ) -> tuple[RunResult, Trainer]:
     """Train a new run (flags > --set overrides > recipe > task defaults), or continue `resume`
-    from its newest checkpoint with its stored config (flags may only extend `steps`). A
+    from its newest checkpoint with its stored config (flags may only extend `steps`; without
+    them it trains to the steps it was last given; RunFinished when nothing is left). A
     `recipe` object given is trained as is (flags' "recipe" then only names it). `store`: a
     store, or a function opening one, called for a new run only once its config, recipe, task
     and step options are known to be good (a refused run then leaves no store file behind)."""
@@ -36,6 +37,7 @@ def run_training(
     if resume is not None:
         opened = opener()
         run = opened.get_run(resume)
+        check_resume_steps(run, flags.get("steps"))
         config, recipe = _resumed(run, flags, overrides)
     else:
         config, recipe_overrides = resolve_config(flags, overrides)
@@ -64,12 +66,34 @@ def run_training(
             store = tracked(store, config.log_to)
         trainer.store = store
         if run is not None:
-            trainer.resume(run["id"])
+            trainer.resume(run["id"], flags.get("steps"))
         else:
             trainer.start()
         return trainer.run(reporter), trainer
     finally:
         distributed.leave(dist)
+
+
+class RunFinished(ConfigError):
+    """A finished run resumed without more steps: nothing to train, nothing written."""
+
+
+def check_resume_steps(run: dict[str, Any], steps: int | None) -> None:
+    """RunFinished when `run` has finished and `steps` asks for no more; ConfigError when
+    `steps` would move it back. Nothing is read but the run's row."""
+    if run["status"] != "finished":
+        return  # its checkpoint's step is checked when it is read
+    done = int(run["step"] or 0)
+    if steps is not None and steps < done:
+        raise ConfigError(
+            f"--steps {steps}: run {run['id']} finished at step {done}; a resume never moves a "
+            f"run back (give --steps above {done} to train further)"
+        )
+    if steps is None or steps == done:
+        raise RunFinished(
+            f"run {run['id']} finished at step {done} of {done}; give --steps above {done} "
+            "to train further"
+        )
 
 
 def _store_opener(store: Any) -> Callable[[], Any]:

@@ -64,26 +64,45 @@ def prune_checkpoints(directory: Path, keep: Path) -> None:
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded: damaged, truncated, or holding more than tensors,
-    numbers, strings and plain containers. One line naming the file."""
+    """A checkpoint that cannot be loaded: damaged, truncated, not a checkpoint, or holding
+    more than tensors, numbers, strings and plain containers. One line naming the file."""
 
 
-def read_plain(path: str | Path, device: torch.device | str = "cpu") -> Any:
+def read_plain(
+    path: str | Path, device: torch.device | str = "cpu", what: str = "checkpoint"
+) -> Any:
     """A torch file of tensors, numbers, strings and plain containers, loaded without running
-    anything it holds; CheckpointError for anything else."""
-    import pickle
-
+    anything it holds; CheckpointError for anything else. `what` names the file in errors."""
     try:
         return torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as error:
-        why = _first_line(error)
-        raise CheckpointError(
-            f"checkpoint {path} holds more than tensors and plain values; refused unread ({why})"
-        ) from None
-    except (RuntimeError, EOFError, ValueError, OSError) as error:
-        raise CheckpointError(
-            f"checkpoint {path} is damaged or not a checkpoint ({_first_line(error)})"
-        ) from None
+    except OSError as error:
+        raise CheckpointError(f"cannot read {what} {path}: {_os_reason(error)}") from None
+    except Exception as error:  # any damaged or foreign file, in one line
+        raise CheckpointError(_unreadable_message(path, what, error)) from None
+
+
+def _unreadable_message(path: str | Path, what: str, error: Exception) -> str:
+    """Why `path` was not loaded: the code it would have run, or that it is not a `what`.
+    torch's own text is left out: it suggests loading the file unsafely."""
+    refused = _refused_global(error)
+    if refused is not None:
+        return f"{what} {path} holds more than tensors and plain values ({refused}); refused unread"
+    return f"cannot read {path}: not a {what} (unreadable)"
+
+
+def _refused_global(error: Exception) -> str | None:
+    """The object (`module.name`) a refused unpickling would have built, if that was why."""
+    import pickle
+    import re
+
+    if not isinstance(error, pickle.UnpicklingError):
+        return None
+    match = re.search(r"GLOBAL ([\w.]+)", str(error))
+    return match.group(1) if match else None
+
+
+def _os_reason(error: OSError) -> str:
+    return error.strerror or _first_line(error)
 
 
 def _first_line(error: BaseException) -> str:

@@ -26,10 +26,20 @@ class ConfigError(ValueError):
 
 
 SEED_MAX = 2**63 - 1  # seeds are int64 (the layers' seed buffers, torch's generators)
+STEPS_MAX = 10**9  # more steps than any run trains; a larger count is a typing slip
+INT_FIELDS = (
+    "steps", "batch_size", "log_every", "eval_every", "stats_every", "checkpoint_every",
+    "warmup_steps", "seed",
+)  # fmt: skip
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _whole_float_as_int(value: Any) -> Any:
+    """A float with no fraction (1e3) as that integer; any other value as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _is_finite_number(value: Any) -> bool:
@@ -71,10 +81,14 @@ class TrainConfig:
     model: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        for name in INT_FIELDS:  # 1e3 (YAML's float) is the integer 1000
+            object.__setattr__(self, name, _whole_float_as_int(getattr(self, name)))
         for name in ("steps", "batch_size", "log_every"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value <= 0):
                 raise ConfigError(f"{name}: must be a positive integer (got {value!r})")
+        if self.steps is not None and self.steps > STEPS_MAX:
+            raise ConfigError(f"steps: must be at most 10^9 (got {self.steps})")
         for name in ("eval_every", "stats_every", "checkpoint_every", "warmup_steps"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 0):

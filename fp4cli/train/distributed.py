@@ -86,7 +86,25 @@ def join(dist: Distributed, device: torch.device) -> None:
         torch.cuda.set_device(device)
         torch_dist.init_process_group("nccl", device_id=device)
     else:
+        torch.set_num_threads(cpu_threads())
         torch_dist.init_process_group("gloo")
+
+
+def cpu_threads() -> int:
+    """The threads of a rank on the CPU: OMP_NUM_THREADS when set, else its share of the
+    cores with the node's other ranks (torchrun's LOCAL_WORLD_SIZE)."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, cpu_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def leave(dist: Distributed) -> None:

@@ -2,18 +2,28 @@
 evaluation, quantization statistics, checkpoints, resume, divergence detection.
 
 Everything a run produces goes to the run store; a run that is interrupted (Ctrl-C, SIGTERM)
-is marked so, one killed outright is marked `interrupted` the next time the store is opened.
-Batches are a pure function of (seed, step) and every random stream of the quantized layers is
-in the model's state dict, so a resumed run reproduces the uninterrupted one's metrics.
+is marked so, one killed outright reads as `interrupted` and is marked so by the next command
+that writes to the store.
+Only the first stop signal raises: one more while the run records its end is ignored. A run
+that fails (a full disk) is marked `failed`.
+Batches are a pure function of (seed, step), every random stream of the quantized layers is in
+the model's state dict, and the open statistics windows and OsciReset's sums are in the
+checkpoint, so a resumed run reproduces the uninterrupted one's metrics and statistics. A resume
+never moves a run back: it trains to --steps, else to the steps the run was last given.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import gc
 import math
 import platform
 import signal
 import threading
 import time
+import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +33,7 @@ import torch.nn as nn
 
 from fp4cli.train import distributed
 from fp4cli.train.checkpoint import (
+    CheckpointError,
     load_checkpoint,
     load_sharded,
     prune_checkpoints,
@@ -195,8 +206,9 @@ class Trainer:
         self.run_id = distributed.broadcast(run_id, self.dist)
         return self.run_id
 
-    def resume(self, run_id: str) -> None:
-        """Continue `run_id` from its newest checkpoint (same run row in the store)."""
+    def resume(self, run_id: str, steps: int | None = None) -> None:
+        """Continue `run_id` from its newest checkpoint (same run row in the store) to `steps`,
+        or to the steps its checkpoint was trained towards (what an extended run was given)."""
         if self.dist.is_main:  # before reading a checkpoint that a live writer may replace
             self.store.check_resumable(run_id)
         checkpoint = self.store.latest_checkpoint(run_id) if self.dist.is_main else None
@@ -209,12 +221,21 @@ class Trainer:
             state = load_checkpoint(path, self.device)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+            extra = state.get("extra", {})
             if self.osci_reset is not None:
-                self.osci_reset.load_state_dict(state["extra"].get("osci_reset", {}))
+                self.osci_reset.load_state_dict(extra.get("osci_reset", {}))
+            self.stats.load_state_dict(extra.get("quant_stats", {}))
         if self.cuda_graph:
             device_learning_rates(self.optimizer, self.device)
         restore_rng(state["rng"])
         self.start_step = int(state["step"])
+        target = steps if steps is not None else _trained_towards(state, self.config)
+        if target < self.start_step:  # before the store is touched: a resume never goes back
+            raise ConfigError(
+                f"--steps {target}: run {run_id} is at step {self.start_step}; a resume never "
+                f"moves a run back (give --steps of at least {self.start_step})"
+            )
+        self.config = dataclasses.replace(self.config, steps=target)
         self.run_id = run_id
         self.store.reopen_run(run_id, self.start_step)
 
@@ -248,25 +269,35 @@ class Trainer:
                 status, step = self._loop(reporter)
             except (_Stop, KeyboardInterrupt, torch.OutOfMemoryError, MemoryError):
                 raise
-            except BaseException:  # a collective's error, or torch.distributed.checkpoint's
+            except BaseException as error:  # a collective's error, or distributed checkpoint's
                 # A rank whose peer stopped first (Ctrl-C, or torchrun ending the ranks) sees
                 # the peer leave a collective before its own signal arrives: wait for it.
-                if self.dist.world_size > 1 and (
-                    _Signals.received or _stopped_within(PEER_STOP_WAIT_S)
+                if (
+                    self.dist.world_size > 1
+                    and not _failed_here(error)
+                    and (_Signals.received or _stopped_within(PEER_STOP_WAIT_S))
                 ):
                     raise _Stop() from None
                 raise
         except (_Stop, KeyboardInterrupt):
+            _Signals.ending = True
             status, step = "interrupted", self._step
             self.store.finish_run(self.run_id, "interrupted", step=step, message="stopped")
-        except (torch.OutOfMemoryError, MemoryError):
+        except (torch.OutOfMemoryError, MemoryError) as error:
+            _Signals.ending = True
+            _release_frames(error)
             self.store.finish_run(self.run_id, "failed", step=self._step, message="out of memory")
             raise ConfigError(
                 f"batch_size: out of memory on {self.device} at step {self._step}; "
                 "use a smaller --batch-size"
             ) from None
         except BaseException as error:
-            self.store.finish_run(self.run_id, "failed", step=self._step, message=str(error)[:500])
+            _Signals.ending = True
+            _release_frames(error)  # a failed write's open file holds the space it took
+            message = _one_line(error)
+            self.store.finish_run(self.run_id, "failed", step=self._step, message=message)
+            if isinstance(error, OSError):  # a full disk, a lost mount: not the code
+                raise ConfigError(f"{message} at step {self._step}") from None
             raise
         finally:
             reporter.finish()
@@ -391,13 +422,60 @@ class Trainer:
                 directory, step, self.model, self.optimizer, config, self.dist.is_main
             )
         elif self.dist.is_main:  # DDP: every rank holds the same state
-            extra = {"osci_reset": self.osci_reset.state_dict()} if self.osci_reset else None
+            extra = self._extra_state()
             path = save_checkpoint(directory, step, self.model, self.optimizer, config, extra)
         distributed.barrier(self.dist)
         if self.dist.is_main:
             self.store.add_checkpoint(self.run_id, step, str(path))
             prune_checkpoints(directory, path)  # only now: the store's checkpoint exists
             self._last_checkpoint = str(path)
+
+    def _extra_state(self) -> dict[str, Any]:
+        """What a checkpoint holds besides the model and optimizer: OsciReset's tracked sums
+        and the open statistics windows (a resumed run records the same statistics)."""
+        extra: dict[str, Any] = {}
+        if self.osci_reset is not None:
+            extra["osci_reset"] = self.osci_reset.state_dict()
+        if self.stats.enabled:
+            extra["quant_stats"] = self.stats.state_dict()
+        return extra
+
+
+def _trained_towards(state: dict[str, Any], config: TrainConfig) -> int:
+    """The steps a checkpoint's run was trained towards (a run extended by --steps keeps its
+    new steps there), else `config`'s."""
+    saved = state.get("config", {}).get("train", {}).get("steps")
+    assert saved is not None or config.steps is not None
+    return int(saved) if saved is not None else int(config.steps or 0)
+
+
+def _failed_here(error: BaseException) -> bool:
+    """Whether this process's own write failed (a full disk, a lost mount), not a peer."""
+    return isinstance(error, (OSError, CheckpointError))
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's text on one line, at most 500 characters."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, OSError) and error.filename is not None:
+        text = f"cannot use {error.filename}: {error.strerror or text}"
+    return text[:500]
+
+
+def _release_frames(error: BaseException) -> None:
+    """Drop the locals of the frames a failure passed through, and of the errors it chained
+    to. A write that failed on a full disk leaves its file open there: its space stays taken
+    and the store cannot record the failure until it is closed."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        pending += [current.__cause__, current.__context__]
+    gc.collect()
 
 
 def _check_step_options(
@@ -459,28 +537,35 @@ def _stopped_within(seconds: float) -> bool:
 
 
 class _Signals:
-    """Whether a stop signal reached this process during the run: a library may catch the
-    exception the signal raised (torch.distributed.checkpoint wraps what any rank raises)."""
+    """Whether a stop signal reached this process during the run (a library may catch the
+    exception the signal raised: torch.distributed.checkpoint wraps what any rank raises),
+    and whether the run is recording how it ended. Only the first signal raises, and none
+    while the run ends: torchrun sends SIGINT, then SIGTERM, milliseconds apart."""
 
     received = False
+    ending = False
+
+
+def _stop_handler(stop: type[BaseException]) -> Any:
+    """A signal handler that raises `stop` for the first signal only."""
+
+    def handle(signum: int, frame: Any) -> None:
+        first = not _Signals.received
+        _Signals.received = True
+        if first and not _Signals.ending:
+            raise stop()
+
+    return handle
 
 
 def _install_stop_handler() -> Any:
-    """SIGTERM raises _Stop; both it and Ctrl-C are remembered. Returns what to restore."""
-    _Signals.received = False
-
-    def stop(signum: int, frame: Any) -> None:
-        _Signals.received = True
-        raise _Stop()
-
-    def interrupt(signum: int, frame: Any) -> None:
-        _Signals.received = True
-        raise KeyboardInterrupt
-
+    """SIGTERM raises _Stop and Ctrl-C KeyboardInterrupt, once; both are remembered. Returns
+    what to restore."""
+    _Signals.received = _Signals.ending = False
     previous_interrupt = None
     if threading.current_thread() is threading.main_thread():
-        previous_interrupt = signal.signal(signal.SIGINT, interrupt)
-    return signal.signal(signal.SIGTERM, stop), previous_interrupt
+        previous_interrupt = signal.signal(signal.SIGINT, _stop_handler(KeyboardInterrupt))
+    return signal.signal(signal.SIGTERM, _stop_handler(_Stop)), previous_interrupt
 
 
 def _restore_handlers(previous: Any) -> None:
@@ -488,3 +573,25 @@ def _restore_handlers(previous: Any) -> None:
     signal.signal(signal.SIGTERM, term)
     if interrupt is not None:
         signal.signal(signal.SIGINT, interrupt)
+
+
+@contextlib.contextmanager
+def stop_signals(on_term: type[BaseException] = KeyboardInterrupt) -> Iterator[None]:
+    """For a command's whole life: the first SIGINT raises KeyboardInterrupt and the first
+    SIGTERM `on_term` (a run in progress takes either as its own stop); later ones are
+    ignored, so that a process already stopping ends without a traceback. SIGINT is handled
+    even where it was inherited ignored. The previous handlers come back after, unless a
+    stop signal came: the process is ending, and later signals stay ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _Signals.received = _Signals.ending = False
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, _stop_handler(KeyboardInterrupt)),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, _stop_handler(on_term)),
+    }
+    try:
+        yield
+    finally:
+        for sig, earlier in previous.items():
+            signal.signal(sig, signal.SIG_IGN if _Signals.received else earlier)

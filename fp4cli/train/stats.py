@@ -22,7 +22,8 @@ after step t:
 
 When statistics are off the collector registers no hook and keeps no state. When on, a forward
 pre-hook on each layer with a quantized weight copies its input only in the step a window
-starts at.
+starts at. The open windows (previous weights, sums, probes) go into checkpoints
+(`state_dict`), so a resumed run records the uninterrupted run's statistics.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from fp4cli.quant import quantize
 OSCILLATION_THRESHOLD = 16.0
 PROBE_ROWS = 64
 CONF_BINS = 10
+WINDOW_TENSORS = ("prev_w", "prev_q", "dist_w", "dist_q", "rate_w", "rate_q", "rate_out")
 
 
 class _Window:
@@ -58,8 +60,24 @@ class _Window:
         self.rate_out = torch.zeros((), device=self.prev_w.device)
         self.steps = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """Copies of the counters, the previous weights and the probe (None when there is none)."""
+        state: dict[str, Any] = {name: getattr(self, name).clone() for name in WINDOW_TENSORS}
+        state["probe"] = None if self.probe is None else self.probe.clone()
+        return state | {"steps": self.steps}
+
+    @classmethod
+    def restored(cls, state: dict[str, Any], device: torch.device) -> _Window:
+        """The window a `state_dict()` was taken of, on `device`."""
+        window = cls.__new__(cls)
+        for name in WINDOW_TENSORS:
+            setattr(window, name, state[name].to(device))
+        window.probe = None if state["probe"] is None else state["probe"].to(device)
+        window.steps = int(state["steps"])
+        return window
+
     def update(self, layer: QuantLinear) -> None:
-        w = layer.weight.detach().float()
+        w = layer.weight.detach().float().clone()  # the optimizer updates the weight in place
         q = layer.quantized_weight().float()
         self.dist_w += (w - self.prev_w).abs()
         self.dist_q += (q - self.prev_q).abs()
@@ -168,6 +186,23 @@ class QuantStatsCollector:
                 self._start_window(name, layer)
             else:
                 self.windows[name].update(layer)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The open windows, each with its probe (what a resumed run needs to record the same
+        statistics); empty when statistics are off. A probe not yet in a window lives only
+        within a step."""
+        return {name: window.state_dict() for name, window in self.windows.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Reopen the windows of `state_dict()`; layers it does not name start afresh."""
+        if not self.enabled:
+            return
+        layers = dict(self._weight_layers())
+        self.windows = {
+            name: _Window.restored(window, layers[name].weight.device)
+            for name, window in state.items()
+            if name in layers
+        }
 
     def _start_window(self, name: str, layer: QuantLinear) -> None:
         self.capturing.discard(name)

@@ -354,6 +354,27 @@ def test_an_interrupted_bench_keeps_the_cases_it_measured(tmp_path: Path, monkey
     )
 
 
+def test_a_sigterm_stops_a_bench_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGTERM to `fp4 bench`: the cases measured so far are kept, one line says so, exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "fp4.db"
+    command = [sys.executable, "-m", "fp4cli.cli", "bench", "quantize", "--shapes", "512x512",
+               "--configs", "mxfp4,nvfp4,mxfp4-ceil", "--backends", "torch", "--device", "cpu",
+               "--iters", "10000", "--store", str(path)]  # fmt: skip
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(8)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("interrupted: ") and "Traceback" not in err
+
+
 def test_a_call_graph_capture_refuses_gets_a_note() -> None:
     from fp4cli.bench.quantize import _failure_note
 

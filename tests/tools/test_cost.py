@@ -237,6 +237,17 @@ def test_parse_shape() -> None:
             parse_shape(bad)
 
 
+def test_the_largest_shape_shows_every_column_whole() -> None:
+    side = 2**30
+    args = ["cost", "-r", "mxfp4", "--device", "h100", "--no-measured"]
+    result = runner.invoke(app, [*args, "--shape", f"{side}x{side}x{side}"])
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout  # no number or column cut short
+    for column in ("technique", "GEMM/operand", "GFLOP", "MB", "µs", "source"):
+        assert column in result.stdout
+    assert f"{2 * side**3 / 1e9:,.0f}" in result.stdout  # the forward GEMM's GFLOP
+
+
 def bench_config(spec: str, shape: list[int], backend: str = "triton") -> dict[str, object]:
     return {"shape": shape, "dtype": "bf16", "axis": -1, "config": "x", "spec": spec,
             "kernel": "quantize", "backend": backend, "iters": 20, "bytes": 1}  # fmt: skip
@@ -363,6 +374,7 @@ def test_cli_caption_names_every_gemm_rate_and_its_source(tmp_path: Path) -> Non
     ("args", "fragment"),
     [
         (["--shape", "8192x4096"], "bad shape '8192x4096'"),
+        (["--shape", f"{2**30 + 1}x8x8"], "each dimension must be at most 2^30 = 1,073,741,824"),
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["-r", "no-such-recipe"], "no-such-recipe"),
         (["--store", "missing/s.db"], "no run store at missing/s.db"),

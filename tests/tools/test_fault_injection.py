@@ -6,20 +6,28 @@
   finished run per point.
 - While a run trains, a second process resuming it is refused in one line; while a sweep runs,
   a second `fp4 sweep` of it is refused in one line.
+- A checkpoint that finds the disk full fails the run in one line (`failed`, never left
+  `running` to be marked `interrupted`).
+- A two-worker sweep stopped by Ctrl-C, or by SIGINT to its coordinator alone, exits 130.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
+import pytest
 import yaml
+from typer.testing import CliRunner
 
+from fp4cli.cli.main import app
 from fp4cli.store import RunStore
 from fp4cli.store.host import epoch
 
@@ -200,3 +208,92 @@ def test_a_second_writer_is_refused_while_the_first_lives(tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+# A full disk, stop signals.
+
+
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_a_full_disk_fails_the_run_in_one_line(tmp_path, monkeypatch, where):
+    """A checkpoint that finds the disk full ends the run `failed` in one line. The failed
+    write's file holds its space while it is open: the store records the failure only once
+    it is closed (here, a store write fails while that file is open)."""
+    import fp4cli.train.checkpoint as checkpoint
+    import fp4cli.train.loop as loop
+    from fp4cli.store import StoreError
+
+    open_files = []
+
+    def full_disk_save(state, path):
+        file = open(path, "wb")  # noqa: SIM115 (left open, as a failed writer leaves it)
+        open_files.append(weakref.ref(file))
+        file.write(b"\0" * 4096)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_disk_folder(directory, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+
+    real_finish = RunStore.finish_run
+
+    def finish_unless_full(self, *args, **kwargs):
+        if any(ref() is not None and not ref().closed for ref in open_files):
+            raise StoreError(f"cannot write run store {self.path}: database or disk is full")
+        return real_finish(self, *args, **kwargs)
+
+    if where == "file":
+        monkeypatch.setattr(checkpoint.torch, "save", full_disk_save)
+    else:
+        monkeypatch.setattr(loop, "save_checkpoint", full_disk_folder)
+    monkeypatch.setattr(RunStore, "finish_run", finish_unless_full)
+    db = tmp_path / "s.db"
+    args = ["train", "--task", "regression", "--size", "debug", "--device", "cpu", "--quiet",
+            "--steps", "6", "--checkpoint-every", "2", "--store", str(db)]  # fmt: skip
+    done = CliRunner().invoke(app, args)
+    lines = [line for line in done.output.splitlines() if line.strip()]
+    assert done.exit_code == 2 and len(lines) == 1, done.output
+    assert lines[0].startswith("error: cannot") and "No space left on device" in lines[0]
+    (run,) = RunStore(db).list_runs()
+    assert run["status"] == "failed" and "No space left on device" in run["message"]
+    assert not list(tmp_path.glob("checkpoints/*/*.partial"))
+
+
+def _wait_for_running(db: Path, process, count: int) -> None:
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        assert process.poll() is None, process.communicate()
+        runs = RunStore(db).list_runs(status="running") if db.exists() else []
+        if len(runs) >= count and all((run["step"] or 0) > 0 for run in runs):
+            return
+        time.sleep(0.2)
+    raise AssertionError("the runs did not start")
+
+
+def _ignore_sigint() -> None:
+    """What a shell does to a job it starts in the background."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("target", ["group", "coordinator"])
+def test_an_interrupted_sweep_with_points_left_exits_130(tmp_path, target):
+    """Ctrl-C (the whole group) or SIGINT to the coordinator alone, which inherited SIGINT
+    ignored: the sweep stops, says so, and exits 130."""
+    path, db = _sweep_file(tmp_path, steps=100_000), tmp_path / "s.db"
+    command = [*FP4, "sweep", str(path), "--store", str(db), "--workers", "2", "--quiet"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True, preexec_fn=_ignore_sigint,
+                               env=os.environ | {"COLUMNS": "200"})  # fmt: skip
+    try:
+        _wait_for_running(db, process, 2)
+        if target == "group":
+            os.killpg(process.pid, signal.SIGINT)
+        else:
+            process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, out + err
+    assert "Run the same command again" in out and "Traceback" not in err
+    statuses = [run["status"] for run in RunStore(db).list_runs()]
+    assert statuses and set(statuses) == {"interrupted"}

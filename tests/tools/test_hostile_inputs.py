@@ -80,6 +80,8 @@ def test_recipe_paths_that_are_not_files(tmp_path):
         (["--nproc-per-node", "0"], "--nproc-per-node and --nnodes: must be positive"),
         (["--seed", "99999999999999999999"], "seed: must be an integer from 0 to 2^63 - 1"),
         (["--set", "steps=true"], "steps: must be a positive integer (got True)"),
+        (["--steps", "1000000000000"], "steps: must be at most 10^9 (got 1000000000000)"),
+        (["--set", "steps=1e12"], "steps: must be at most 10^9 (got 1000000000000)"),
         (["--lr", "inf"], "lr: must be a finite number"),
         (["--set", "grad_clip=.nan"], "grad_clip: must be a finite number"),
         (["--recipe", "no:such:recipe:x:"], "unknown recipe 'no:such:recipe:x:'"),
@@ -110,6 +112,7 @@ LARGE_AXES = ("lr", "steps", "warmup_steps", "log_every")  # 11^4 = 14,641 point
             "more than a sweep trains",
         ),  # fmt: skip
         ("sample: 1000000\n", "sample: must be an integer from 1 to 10,000"),
+        ("seeds: [-1]\n", "seeds: each must be from 0 to 2^63 - 1 (got -1)"),
     ],
 )
 def test_sweep_files_that_would_run_wrong_or_forever(tmp_path, body, fragment):
@@ -130,6 +133,19 @@ def test_output_paths_are_checked_before_work(tmp_path):
     _one_line(fp4(tmp_path, "oscillation-report", "r-x", "--png", folder), "--png: ")
     _one_line(fp4(tmp_path, "report", "--csv", str(tmp_path / "file.txt" / "out.csv")),
               "is a file, not a folder")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["quantize", "--iters", "1000000000000"], "iters: must be from 1 to 10,000"),
+        (["layer", "--iters", "10001"], "iters: must be from 1 to 10,000 (got 10001)"),
+        (["step", "--steps", "1001"], "steps: must be from 1 to 1,000 (got 1001)"),
+        (["gemm", "--rep-ms", "1000000000"], "rep_ms: must be from 1 to 60,000"),
+    ],
+)
+def test_benchmarks_that_would_run_for_hours_are_refused(tmp_path, args, fragment):
+    _one_line(fp4(tmp_path, "bench", *args, "--device", "cpu", "--no-store"), fragment)
 
 
 def test_cpu_benchmarks_of_gpu_sized_shapes_are_refused(tmp_path):
@@ -215,3 +231,55 @@ def test_a_data_path_in_a_symlink_loop(tmp_path, task):
     (tmp_path / "b").symlink_to(tmp_path / "a")
     args = ["train", "--task", task, "--size", "debug", "--device", "cpu", "--data"]
     _one_line(fp4(tmp_path, *args, str(tmp_path / "a")), "cannot be resolved")
+
+
+LONG = "n" * 300  # one path component over the 255 bytes a file name may have
+
+
+def _bench_cpu(kind: str, shape: str) -> list[str]:
+    return ["bench", kind, "--device", "cpu", "--shapes", shape]
+
+
+LONG_NAMES = {
+    "recipes show": ["recipes", "show", f"{LONG}.yaml"],
+    "train --recipe": [*TRAIN, "--recipe", f"{LONG}.yaml"],
+    "train gpt --data": ["train", "--task", "gpt", "--size", "debug", "--data", LONG],
+    "train vit --data": ["train", "--task", "vit", "--size", "debug", "--data", LONG],
+    "sweep": ["sweep", f"{LONG}.yaml", "--dry-run"],
+    "quantize-inspect --file": ["quantize-inspect", "--file", f"{LONG}.pt"],
+    "quantize-inspect --csv": ["quantize-inspect", "--task", "regression", "--csv", f"{LONG}.csv"],
+    "quantize-inspect --png": ["quantize-inspect", "--task", "regression", "--png", f"{LONG}.png"],
+    "quantize-inspect --store": ["quantize-inspect", "--store", f"{LONG}.db", "r-1"],
+    "cost --recipe": ["cost", "--recipe", f"{LONG}.yaml"],
+    "cost --store": ["cost", "--recipe", "mxfp4", "--measured", "--store", f"{LONG}.db"],
+    "oscillation-report --png": ["oscillation-report", "r-1", "--png", f"{LONG}.png"],
+    "oscillation-report --store": ["oscillation-report", "r-1", "--store", f"{LONG}.db"],
+    "report --csv": ["report", "--csv", f"{LONG}.csv"],
+    "report --plots": ["report", "--plots", LONG],
+    "bench quantize --store": [*_bench_cpu("quantize", "64x64"), "--store", f"{LONG}.db"],
+    "bench gemm --store": [*_bench_cpu("gemm", "64x64x64"), "--store", f"{LONG}.db"],
+    "bench layer --recipes": [*_bench_cpu("layer", "64x64x64"), "--recipes", f"{LONG}.yaml"],
+    "bench step --recipes": ["bench", "step", "--device", "cpu", "--recipes", f"{LONG}.yaml"],
+    "reproduce study": ["reproduce", f"{LONG}.yaml", "--dry-run"],
+    "reproduce --data": ["reproduce", "hu", "--data", LONG, "--dry-run"],
+    "reproduce --plots": ["reproduce", "hu", "--plots", LONG, "--dry-run"],
+}
+
+
+@pytest.mark.parametrize("command", LONG_NAMES)
+def test_a_file_name_too_long_is_one_line_naming_it(tmp_path, command, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = fp4(tmp_path, *LONG_NAMES[command])
+    _one_line(result, "File name too long")
+    assert "nnn...nnn" in result.output  # the path, its middle cut out
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"), [("device", "a character device"), ("fifo", "a named pipe")]
+)
+def test_text_data_that_is_a_device_or_a_pipe_says_what_it_is(tmp_path, make, kind):
+    path = Path("/dev/zero") if make == "device" else tmp_path / "fifo"
+    if make == "fifo":
+        os.mkfifo(path)
+    args = ["train", "--task", "gpt", "--size", "debug", "--device", "cpu", "--data", str(path)]
+    _one_line(fp4(tmp_path, *args), f"text data {path} is not a file or folder of text: {kind}")

@@ -55,6 +55,29 @@ def test_all_zero_tensor():
     assert m.scale_exponents == {} and m.zero_blocks == 8 and m.nan_blocks == 0
 
 
+def test_a_tensor_of_nan_has_no_error_not_an_exact_one():
+    m = measure(torch.full((4, 64), math.nan), variant("mxfp4"))
+    assert m is not None and m.nonfinite == 256 and m.nan_blocks == 8
+    assert all(math.isnan(getattr(m, name)) for name in ("rel_mse", "snr_db", "clipped", "flushed"))
+
+
+def test_one_inf_leaves_the_error_undefined_and_the_shares_measured():
+    x = torch.ones(4, 64)
+    x[0, 0] = math.inf
+    m = measure(x, variant("mxfp4"))
+    assert m is not None and m.nonfinite == 1
+    assert math.isnan(m.rel_mse) and math.isnan(m.snr_db)
+    assert m.clipped == 0 and m.flushed == 0
+    summary = summarize([_report("inf", x), _report("ones", torch.ones(4, 64))], [variant("mxfp4")])
+    assert summary["mxfp4"].nonfinite == 1 and math.isnan(summary["mxfp4"].rel_mse)
+
+
+def _report(name: str, x: torch.Tensor) -> TensorReport:
+    report = TensorReport(name, tuple(x.shape), False)
+    report.measurements = {"mxfp4": measure(x, variant("mxfp4"))}
+    return report
+
+
 def test_one_outlier_per_block_flushes_the_rest():
     x = torch.ones(8, 64)
     x[:, ::32] = 1024.0  # scale 2^(10 - 2): 1 / 256 rounds to 0
@@ -155,6 +178,21 @@ def test_single_tensor_file_table_csv_and_png(tmp_path):
     rows = list(csv.DictReader(table.open()))
     assert [row["spec"] for row in rows] == ["mxfp4", "mxfp4-ceil", "nvfp4", "mxfp4-ue5m3"]
     assert rows[0]["tensor"] == "w" and rows[0]["scale_exponents"] == "-1:1 3:1"
+
+
+def test_a_file_of_nan_is_reported_not_finite_in_table_json_and_csv(tmp_path):
+    path, table = tmp_path / "nan.pt", tmp_path / "t.csv"
+    torch.save(torch.full((4, 64), math.nan), path)
+    result = invoke("--file", str(path), "--spec", "mxfp4", "--csv", str(table))
+    assert result.exit_code == 0, result.output
+    assert "exact" not in result.stdout and "not finite" in result.stdout
+    assert "(+8 NaN/Inf)" in result.stdout
+    row = next(csv.DictReader(table.open()))
+    assert (row["snr_db"], row["rel_mse"], row["nonfinite"]) == ("", "", "256")
+    data = json.loads(invoke("--file", str(path), "--spec", "mxfp4", "--json").stdout)
+    summary = data["summary"]["mxfp4"]
+    assert summary["snr_db"] is None and summary["rel_mse"] is None
+    assert summary["nonfinite"] == 256
 
 
 def test_many_tensors_with_a_progress_bar_keep_stdout_json(tmp_path):

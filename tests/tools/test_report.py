@@ -236,6 +236,35 @@ def test_figure_points_are_recipes_over_their_seeds():
     assert colours(points) == {1: "black", 2: "tab:blue", 3: "tab:red"}
 
 
+def _seed_mean_rows():
+    """Means (gap, cost): a (0.3, 0.8), b (0.35, 0.7), c (0.2, 0.9), d (0.5, 0.85). On the
+    means' plane a, b and c are the front and d is beaten by a; of the single runs, a's seed 0
+    beats both of c's, and d's seed 0 (gap 0.05) is beaten by none."""
+    rows = [_row("bf16", "bf16", 0, 1.0, 0.0, 1.0, 1)]
+    for point, (label, gaps, cost) in enumerate(
+        [("a", (0.1, 0.5), 0.8), ("b", (0.35,), 0.7), ("c", (0.2, 0.2), 0.9),
+         ("d", (0.05, 0.95), 0.85)], start=2,
+    ):  # fmt: skip
+        rows += [_row(label, f"mxfp4[{label}]", seed, 1.0, gap, cost, point)
+                 for seed, gap in enumerate(gaps)]  # fmt: skip
+    return rows
+
+
+def test_the_plotted_front_is_that_of_the_seed_means(tmp_path, monkeypatch):
+    from fp4cli.analysis import report_plot
+    from fp4cli.analysis.report import Report, mark_pareto
+
+    rows = _seed_mean_rows()
+    mark_pareto(rows)  # the table's marks: single runs
+    assert {r.label for r in rows if r.pareto} == {"a", "b", "d"}
+    drawn = {}
+    monkeypatch.setattr(report_plot, "save_png", lambda figure, path: drawn.setdefault("f", figure))
+    report_plot.pareto_png(Report(rows, "h100"), tmp_path / "pareto.png")
+    (ring,) = [line for line in drawn["f"].axes[0].lines if line.get_label() == "Pareto front"]
+    assert list(ring.get_xdata()) == pytest.approx([0.7, 0.8, 0.9])  # b, a, c: not d
+    assert list(ring.get_ydata()) == pytest.approx([0.35, 0.3, 0.2])
+
+
 @pytest.mark.parametrize("eval_every", [0, 2])
 def test_figures_of_a_sweep_with_seeds(tmp_path, eval_every):
     """Curves as means with bands when a metric is evaluated along the run; the final values

@@ -383,8 +383,11 @@ def filled_store(path: Path) -> tuple[str, str]:
 def test_runs_list(tmp_path: Path) -> None:
     path = tmp_path / "fp4.db"
     result = runner.invoke(app, ["runs", "list", "--store", str(path)])
-    assert result.exit_code == 0 and result.stdout == f"no runs in {path}\n"
+    assert result.exit_code == 2 and result.stderr == f"error: no run store at {path}\n"
     assert not path.exists()  # listing creates nothing
+    RunStore(path).close()
+    result = runner.invoke(app, ["runs", "list", "--store", str(path)])
+    assert result.exit_code == 0 and result.stdout == f"no runs in {path}\n"
     gpt, vit = filled_store(path)
     result = runner.invoke(app, ["runs", "list", "--store", str(path)], env=WIDE)
     assert result.exit_code == 0, result.output
@@ -416,7 +419,8 @@ def test_runs_show(tmp_path: Path) -> None:
     prefix = unique_prefix(gpt, [vit], drop=1)
     result = runner.invoke(app, ["runs", "show", prefix, "--store", str(path)], env=WIDE)
     assert result.exit_code == 0, result.output
-    for text in (gpt, "mxfp4", "lr: 0.0003", "val_loss", "3.25", "step100.pt", "sqnr", "20.5"):
+    shown = (gpt, "mxfp4", "lr: 0.0003", "val_loss", "3.25", "sqnr", "20.5")
+    for text in (*shown, "1 checkpoint no longer on disk (step 100)"):
         assert text in result.stdout, text
     result = runner.invoke(app, ["runs", "show", gpt, "--store", str(path), "--json"])
     shown = json.loads(result.stdout)

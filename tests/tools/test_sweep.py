@@ -139,6 +139,8 @@ def test_sweep_file_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("axes: [1,\n")
     with pytest.raises(SweepError, match="invalid YAML"):
+        ({"seeds": [0, -1]}, "seeds: each must be from 0 to 2^63 - 1 (got -1)"),
+        ({"seeds": [2**63]}, "seeds: each must be from 0 to 2^63 - 1 (got 9223372036854775808)"),
         load_sweep(bad)
     bad.write_text("- 1\n")
     with pytest.raises(SweepError, match="must be a mapping"):
@@ -150,6 +152,19 @@ def test_sweep_file_errors(tmp_path):
 
 def test_sweep_runs_every_point_once_and_a_second_run_has_nothing_to_do(tmp_path):
     store = RunStore(tmp_path / "s.db")
+def test_a_sweep_whose_every_point_failed_offers_nothing_to_compare():
+    from fp4cli.cli.sweep_cmd import _summary
+    from fp4cli.sweep.runner import PointResult
+
+    failed = PointResult("p1", "grid", "regression", 0, "failed", message="boom")
+    finished = PointResult("p2", "grid", "regression", 0, "finished")
+    all_failed = _summary("tiny", [failed], "s.db")
+    assert "compare them with" not in all_failed and "Every point failed" in all_failed
+    assert "[red]failed[/] grid (regression): boom" in all_failed
+    some_finished = _summary("tiny", [failed, finished], "s.db")
+    assert "compare them with: fp4 report --sweep tiny" in some_finished
+
+
     spec = _spec()
     results = run_sweep(plan_sweep(spec, store), store)
     assert [r.status for r in results] == ["finished"] * 5

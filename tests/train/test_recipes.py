@@ -85,7 +85,13 @@ def test_shipped_recipe_settings() -> None:
 
     nv = load_recipe("nvfp4").linear
     assert nv.forward_w == nv.grad_input_w == QuantSpec.preset("nvfp4-2d")
-    assert nv.grad_input_dy == nv.grad_weight_dy == QuantSpec.preset("nvfp4", rounding="sr")
+    # Blackwell's stochastic rounding: 8 random bits a value
+    assert nv.grad_input_dy == nv.grad_weight_dy == QuantSpec.preset(
+        "nvfp4", rounding="sr", sr_bits=8
+    )
+    assert load_recipe("nvidia-nvfp4").linear.grad_weight_dy.sr_bits == 8
+    four = load_recipe("nvfp4-4over6").linear  # Four Over Six's code: float32 uniforms
+    assert four.grad_input_dy.sr_bits == four.grad_weight_dy.sr_bits == 24
     assert nv.forward_x == nv.grad_weight_x == QuantSpec.preset("nvfp4")
     te_rotation = HadamardConfig(16, random=False, signs=TE_SIGNS_16)  # TransformerEngine's
     assert nv.grad_weight_hadamard == te_rotation and nv.grad_input_hadamard is None

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from fp4cli.cli.main import app
 from fp4cli.store import RunStore
 from fp4cli.train import run_training
+from fp4cli.train.config import ConfigError
 from fp4cli.train.progress import SilentReporter
 
 FP4 = [sys.executable, "-m", "fp4cli.cli"]
@@ -246,3 +247,202 @@ def test_quant_confidence_values():
         layer.weight.copy_(torch.tensor([values]))
     confidence = quant_confidence(layer)[0, :7].tolist()
     assert confidence == [1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5]
+
+
+# Resuming never moves a run back; an extended run resumes to its extended steps.
+
+
+def _store_rows(store, run_id):
+    """Everything the store holds of a run, but the measured throughput."""
+    run = dict(store.get_run(run_id))
+    return run, _series(store, run_id), store.checkpoints(run_id), store.quant_stats(run_id)
+
+
+def _series(store, run_id):
+    rows = store.metrics(run_id)
+    return [(m["step"], m["name"], m["value"]) for m in rows if m["name"] != "samples_per_s"]
+
+
+def test_a_finished_run_resumed_without_more_steps_changes_nothing(store):
+    flags = {"task": "regression", "size": "debug", "device": "cpu", "steps": 6}
+    first, _ = run_training(flags, [], store, reporter=SilentReporter())
+    run_training({"steps": 9}, [], store, resume=first.run_id, reporter=SilentReporter())
+    before = _store_rows(store, first.run_id)
+    args = ["train", "--resume", first.run_id, "--store", str(store.path), "--quiet"]
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert again.output.strip() == (
+        f"run {first.run_id} finished at step 9 of 9; give --steps above 9 to train further"
+    )
+    same = CliRunner().invoke(app, [*args, "--steps", "9"])
+    back = CliRunner().invoke(app, [*args, "--steps", "7"])
+    assert same.exit_code == 0 and back.exit_code == 2, same.output + back.output
+    assert back.output.startswith("error: --steps 7:") and "never moves a run back" in back.output
+    assert _store_rows(store, first.run_id) == before
+    assert Path(store.latest_checkpoint(first.run_id)["path"]).exists()
+
+
+def test_an_extended_run_resumes_to_its_extended_steps(store):
+    flags = {"task": "regression", "size": "debug", "device": "cpu", "steps": 6,
+             "checkpoint_every": 1, "log_every": 1}  # fmt: skip
+    first, _ = run_training(flags, [], store, reporter=SilentReporter())
+    cut, _ = run_training({"steps": 12}, [], store, resume=first.run_id, reporter=_StopAt(9))
+    assert cut.status == "interrupted" and store.latest_checkpoint(cut.run_id)["step"] == 8
+    resumed, trainer = run_training({}, [], store, resume=cut.run_id, reporter=SilentReporter())
+    assert (resumed.status, resumed.step, trainer.config.steps) == ("finished", 12, 12)
+    run = store.get_run(cut.run_id)
+    assert (run["status"], run["step"]) == ("finished", 12)
+    assert [m["step"] for m in store.metrics(cut.run_id, "train_loss")] == list(range(1, 13))
+    assert store.latest_checkpoint(cut.run_id)["step"] == 12
+
+
+def test_an_interrupted_run_is_not_resumed_below_its_checkpoint(store):
+    flags = {"task": "regression", "size": "debug", "device": "cpu", "steps": 10,
+             "checkpoint_every": 1, "log_every": 1}  # fmt: skip
+    cut, _ = run_training(flags, [], store, reporter=_StopAt(7))
+    before = _store_rows(store, cut.run_id)
+    with pytest.raises(ConfigError, match="--steps 4: run .* is at step 6; a resume never"):
+        run_training({"steps": 4}, [], store, resume=cut.run_id, reporter=SilentReporter())
+    assert _store_rows(store, cut.run_id) == before
+
+
+# The statistics' window that spans an interruption is restored from the checkpoint.
+
+
+def test_resume_records_the_uninterrupted_runs_statistics(store):
+    flags = {"task": "regression", "size": "debug", "device": "cpu", "recipe": "tetrajet",
+             "steps": 15, "checkpoint_every": 1, "stats_every": 5, "log_every": 1,
+             "seed": 3}  # fmt: skip
+    full, _ = run_training(flags, [], store, reporter=SilentReporter())
+    cut, _ = run_training(flags, [], store, reporter=_StopAt(8))  # inside the window 5..10
+    assert store.latest_checkpoint(cut.run_id)["step"] == 7
+    resumed, _ = run_training({}, [], store, resume=cut.run_id, reporter=SilentReporter())
+    expected = store.quant_stats(full.run_id)
+    assert {r["step"] for r in expected} == {5, 10, 15}
+    assert store.quant_stats(resumed.run_id) == expected
+    window = [r for r in expected if r["step"] == 10 and r["metric"] == "rate_w"]
+    assert window and all(r["value"] > 0 for r in window)
+
+
+def test_a_window_counts_every_step_of_its_weights_movement(store):
+    """The window's previous weight is a copy: the optimizer updates the weight in place."""
+    from fp4cli.linear import QuantLinear
+    from fp4cli.linear.config import LinearConfig
+    from fp4cli.quant import QuantSpec
+    from fp4cli.train.stats import QuantStatsCollector
+
+    layer = QuantLinear(32, 4, config=LinearConfig(forward_w=QuantSpec.preset("mxfp4-ceil")))
+    collector = QuantStatsCollector(torch.nn.Sequential(layer), enabled=True)
+    for _ in range(4):
+        collector.begin(collect=False)
+        layer(torch.ones(2, 32))
+        with torch.no_grad():
+            layer.weight.add_(0.01)  # in place, as the optimizer
+        collector.after_step()
+    (window,) = collector.windows.values()
+    assert window.steps == 3
+    assert torch.allclose(window.dist_w, torch.full_like(window.dist_w, 0.03))
+
+
+# Stop signals: 130, a second signal while the first is handled raises nothing.
+
+
+def test_a_second_signal_while_the_run_records_its_stop_is_ignored(store, monkeypatch):
+    class SignalAt(SilentReporter):
+        def update(self, step, loss, samples_per_s):
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    real_finish = RunStore.finish_run
+
+    def finish_then_signalled(self, run_id, status, **fields):
+        os.kill(os.getpid(), signal.SIGTERM)  # torchrun's SIGTERM, milliseconds later
+        return real_finish(self, run_id, status, **fields)
+
+    monkeypatch.setattr(RunStore, "finish_run", finish_then_signalled)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    flags = {"task": "regression", "size": "debug", "device": "cpu", "steps": 10, "log_every": 1}
+    result, _ = run_training(flags, [], store, reporter=SignalAt())
+    assert result.status == "interrupted" and result.step == 2
+    assert store.get_run(result.run_id)["status"] == "interrupted"
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+def test_the_stop_handler_raises_once():
+    from fp4cli.train.loop import stop_signals
+
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    raised = 0
+    try:
+        with stop_signals():
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+                try:
+                    signal.raise_signal(sig)
+                except KeyboardInterrupt:
+                    raised += 1
+        assert raised == 1  # the process is ending: later signals stay ignored
+        assert signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    with stop_signals():  # no signal: the handlers come back
+        pass
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [(signal.SIGINT,), (signal.SIGTERM,), (signal.SIGINT, signal.SIGTERM)],
+    ids=["sigint", "sigterm", "sigint-then-sigterm"],
+)
+def test_fp4_train_stopped_by_a_signal_exits_130(tmp_path, signals):
+    db = tmp_path / "fp4.db"
+    command = [*FP4, "train", "--task", "regression", "--size", "debug", "--device", "cpu",
+               "--steps", "1000000", "--quiet", "--store", str(db)]  # fmt: skip
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        runs = RunStore(db).list_runs() if db.exists() else []
+        if runs and (runs[0]["step"] or 0) >= 20:
+            break
+        time.sleep(0.2)
+    for sig in signals:
+        process.send_signal(sig)
+        time.sleep(0.008)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, out + err
+    assert "Traceback" not in err and "interrupted at step" in out
+    assert RunStore(db).list_runs()[0]["status"] == "interrupted"
+
+
+# Processes on the CPU share its cores.
+
+
+def test_cpu_processes_share_the_cores_and_say_so(tmp_path, monkeypatch):
+    import fp4cli.train.launch as launch
+    from fp4cli.train.distributed import cpu_cores
+
+    seen = []
+    monkeypatch.setattr(launch, "run_torchrun", lambda command: seen.append(
+        os.environ.get("OMP_NUM_THREADS")) or 0)  # fmt: skip
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    args = ["train", "--task", "regression", "--size", "debug", "--device", "cpu", "--quiet",
+            "--nproc-per-node", "2", "--store", str(tmp_path / "s.db")]  # fmt: skip
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    assert seen == [str(max(1, cpu_cores() // 2))] and "OMP_NUM_THREADS" not in os.environ
+    warnings = [line for line in done.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "share" in warnings[0]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's is kept
+    assert CliRunner().invoke(app, args).exit_code == 0 and seen[-1] == "3"
+
+
+def test_a_cpu_rank_takes_its_share_of_the_cores(monkeypatch):
+    from fp4cli.train.distributed import cpu_cores, cpu_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert cpu_threads() == max(1, cpu_cores() // 8)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert cpu_threads() == 2
