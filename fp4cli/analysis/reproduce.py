@@ -165,6 +165,7 @@ def evaluate(study: Study, data: StudyData) -> list[ClaimResult]:
     judges = {
         "closes": _closes,
         "better": _better,
+        "within": _within,
         "lower": _metric,
         "higher": _metric,
         "pareto": _pareto,
@@ -204,6 +205,23 @@ def _better(claim: Claim, data: StudyData) -> ClaimResult:
     differences = [-c for c in contrasts.values()]  # gap(arm) - gap(than): negative is better
     result.observed = mean_std(differences) if differences else None
     result.paper_value = _paper_difference(claim)
+    return result
+
+
+def _within(claim: Claim, data: StudyData) -> ClaimResult:
+    """gap(arm) - gap(of) below the margin on every seed's pairing, by the paired test of
+    margin - (gap(arm) - gap(of))."""
+    assert claim.other is not None and claim.margin is not None
+    arm, of, margin = claim.arm, claim.other, claim.margin
+    contrasts, notes = _paired(
+        data.gaps(arm), data.gaps(of), lambda a, b: margin - (a - b), (arm, of)
+    )
+    test = paired_test(list(contrasts.values()))
+    label = f"{margin:g} - (gap({arm}) - gap({of}))"
+    comparison = Comparison(label, test, test.verdict)
+    result = _result(claim, data, data.metric, [arm, of], [comparison], test.verdict, notes)
+    differences = [margin - c for c in contrasts.values()]
+    result.observed = mean_std(differences) if differences else None
     return result
 
 

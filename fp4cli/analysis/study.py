@@ -28,6 +28,8 @@ file order), or a grid point by its axis values (`{variant: rht}`). Claim kinds:
 
     closes   arm, of, share        gap(arm) <= (1 - share) gap(of)   (gaps to bf16, per seed)
     better   arm, than             arm's primary metric is better (val_loss lower, top1 higher)
+    within   arm, of, margin       gap(arm) - gap(of) <= margin (per seed): arm trains as well
+                                     as `of` within `margin` of the primary metric
     lower    arm, than, metric     arm's `metric` is lower (a final metric, or a weight
     higher   arm, than, metric       statistic of --stats-every: osc_share, rate_qw, ...)
     pareto   arm                   arm is on the Pareto front of gap vs estimated cost
@@ -56,6 +58,7 @@ CLAIM_KEYS = (
     "of",
     "than",
     "share",
+    "margin",
     "metric",
     "axis",
     "at_equal",
@@ -64,6 +67,7 @@ CLAIM_KEYS = (
 KINDS = {  # kind -> its required keys besides statement and kind
     "closes": ("arm", "of", "share"),
     "better": ("arm", "than"),
+    "within": ("arm", "of", "margin"),
     "lower": ("arm", "than", "metric"),
     "higher": ("arm", "than", "metric"),
     "pareto": ("arm",),
@@ -103,6 +107,7 @@ class Claim:
     arm: str  # an arm's name (resolved: a baseline recipe's or a grid point's label)
     other: str | None = None  # `of` / `than`: an arm's name (for `axis`: an axis value)
     share: Fraction | None = None
+    margin: float | None = None  # within: the largest gap(arm) - gap(of) it allows
     metric: str | None = None
     axis: str | None = None
     at_equal: tuple[str, ...] = ()
@@ -316,7 +321,7 @@ def _claim(number: int, raw: Any, label: str, arms: Arms, paper: Paper) -> Claim
     claim = Claim(number, kind, " ".join(statement.split()), "", paper=paper.merged(own))
     if kind == "axis":
         return _axis_claim(claim, raw, where, arms)
-    other_key = "of" if kind == "closes" else "than"
+    other_key = "of" if kind in ("closes", "within") else "than"
     values: dict[str, Any] = {"arm": arms.resolve(raw["arm"], f"{where}.arm")}
     if kind != "pareto":
         values["other"] = arms.resolve(raw[other_key], f"{where}.{other_key}")
@@ -324,11 +329,19 @@ def _claim(number: int, raw: Any, label: str, arms: Arms, paper: Paper) -> Claim
             raise AnalysisError(f"{where}: compares {values['arm']} with itself")
     if kind == "closes":
         values["share"] = _share(raw["share"], f"{where}.share")
+    if kind == "within":
+        values["margin"] = _margin(raw["margin"], f"{where}.margin")
     if kind in ("lower", "higher"):
         if not isinstance(raw["metric"], str) or not raw["metric"]:
             raise AnalysisError(f"{where}.metric: must be a metric name (got {raw['metric']!r})")
         values["metric"] = raw["metric"]
     return _replace(claim, **values)
+
+
+def _margin(raw: Any, where: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw < float("inf"):
+        raise AnalysisError(f"{where}: must be a finite number at least 0 (got {raw!r})")
+    return float(raw)
 
 
 def _axis_claim(claim: Claim, raw: dict[str, Any], where: str, arms: Arms) -> Claim:

@@ -16,7 +16,8 @@ def reproduce(
     name: Annotated[
         str | None,
         typer.Argument(
-            help="A study: wang, tetrajet, tseng or hu (fp4 reproduce --list), or a study file.",
+            help="A study: wang, tetrajet, tseng, hu or sr-bits (fp4 reproduce --list), or a study "
+            "file.",
             show_default=False,
         ),
     ] = None,

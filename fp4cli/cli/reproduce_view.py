@@ -205,6 +205,12 @@ def _headline(result: Any) -> str | None:
         beside = f" (paper: {paper:+g} {claim.paper.metric})" if paper is not None else ""
         diff = _mean_std(observed, result.metric, signed=True)
         return f"{what}({escape(claim.arm)}) - {what}({escape(claim.other)}): {diff}{beside}"
+    if claim.kind == "within" and observed:
+        diff = _mean_std(observed, result.metric, signed=True)
+        return (
+            f"gap({escape(claim.arm)}) - gap({escape(claim.other)}): {diff}; the claim allows "
+            f"at most {claim.margin:g}"
+        )
     if claim.kind == "pareto" and observed:
         on = "yes" if observed[0] == 1.0 else "no"
         return f"{escape(claim.arm)} on the Pareto front of the arms' mean gap and cost: {on}"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fp4cli.sweep.errors import SweepError
-from fp4cli.sweep.spec import MAX_POINTS, Axis, Setting, SweepSpec, is_train_key
+from fp4cli.sweep.spec import BASE_KEY, MAX_POINTS, Axis, Setting, SweepSpec, is_train_key
 
 ENUMERATE_LIMIT = 2_000_000  # larger grids are sampled without listing every point
 BASELINE = "baseline"
@@ -113,16 +113,25 @@ def _build(
     from fp4cli.recipes import RecipeError, apply_values
 
     settings = _settings(spec, choices)
-    recipe_values = [(k, v) for k, v in settings if not is_train_key(k)]
+    recipe_values = [(k, v) for k, v in settings if not is_train_key(k) and k != BASE_KEY]
     train = dict(spec.train) | {k: v for k, v in settings if is_train_key(k)}
     label = point_label(choices)
     try:
+        base = _point_base(base, settings)
         recipe = apply_values(base, recipe_values, f"{spec.source} ({label})")
     except RecipeError as error:
         raise SweepError(f"{error}; leave the point out with an `exclude:` rule") from None
     _check_train(spec, train, label)
     name = base.name if not spec.axes else f"{base.name}[{label}]"
     return label, recipe.to_dict() | {"name": name}, train, choices
+
+
+def _point_base(base: Any, settings: list[Setting]) -> Any:
+    """The recipe a point starts from: an axis's `base` value, else the file's."""
+    from fp4cli.recipes import load_recipe
+
+    named = [value for key, value in settings if key == BASE_KEY]
+    return load_recipe(str(named[-1])) if named else base
 
 
 def _baseline(

@@ -23,7 +23,9 @@
     slurm: {partition: gpu, time_min: 60}   # optional: cluster options (launchers.py)
 
 A key is a recipe key (dotted, `*` components match every quantized operand: see
-fp4cli.recipes.apply_values) or a training field (`lr`, `steps`, ...). Values are YAML; an
+fp4cli.recipes.apply_values), a training field (`lr`, `steps`, ...) or `base`: the recipe the
+point starts from, before the other keys apply (an axis over methods:
+`method: {set: base, values: [tetrajet, nvfp4]}`). Values are YAML; an
 axis value's label is its YAML text (`null`, `32`, `sr`), and exclusion rules name labels.
 """
 
@@ -60,7 +62,8 @@ RECIPE_ROOTS = ("skip", "linear", "optimizer", "description")
 DEFAULT_BASELINES = ("bf16", "mxfp4")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
-Setting = tuple[str, Any]  # (key, value): a recipe key or a training field
+Setting = tuple[str, Any]  # (key, value): a recipe key, a training field or BASE_KEY
+BASE_KEY = "base"  # an axis key: the recipe a point starts from (the file's `base` otherwise)
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,7 @@ def _check_key(key: Any, label: str, where: str) -> None:
         raise SweepError(f"{label}: {where}: a key must be a string (got {key!r})")
     if key in RESERVED_TRAIN:
         raise SweepError(f"{label}: {where}: {key!r} is set by the sweep itself (tasks, seeds)")
-    if is_train_key(key) or key.split(".")[0] in RECIPE_ROOTS:
+    if is_train_key(key) or key == BASE_KEY or key.split(".")[0] in RECIPE_ROOTS:
         return
     hint = did_you_mean(key, [*TRAIN_FIELDS, *RECIPE_ROOTS])
     raise SweepError(
@@ -309,12 +312,12 @@ def _seeds(raw: Any, label: str) -> tuple[int, ...]:
     seeds = raw if isinstance(raw, list) else [raw]
     if not seeds or not all(_is_int(s) for s in seeds):
         raise SweepError(f"{label}: seeds: must be a list of integers (got {raw!r})")
-    if len(set(seeds)) != len(seeds):
-        raise SweepError(f"{label}: seeds: repeats a seed")
-    return tuple(seeds)
     for seed in seeds:
         if not 0 <= seed <= SEED_MAX:
             raise SweepError(f"{label}: seeds: each must be from 0 to 2^63 - 1 (got {seed})")
+    if len(set(seeds)) != len(seeds):
+        raise SweepError(f"{label}: seeds: repeats a seed")
+    return tuple(seeds)
 
 
 def _strings(raw: Any, label: str, key: str) -> tuple[str, ...]:

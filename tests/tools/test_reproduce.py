@@ -98,7 +98,7 @@ def _study(**changes):
 
 
 def test_every_shipped_study_loads_with_three_seeds_or_more():
-    assert study_names() == ["hu", "tetrajet", "tseng", "wang"]
+    assert study_names() == ["hu", "sr-bits", "tetrajet", "tseng", "wang"]
     for name in study_names():
         study = load_study(name)
         spec = study_spec(study, Overrides())
@@ -234,6 +234,46 @@ def test_a_claim_that_fails_and_a_diverged_seed_left_out(tmp_path):
     assert better.comparisons[0].test.n == 2
     assert "seed 2 left out: tetrajet-qema diverged" in better.notes
     assert lower.verdict == INCONCLUSIVE and "no osc_share recorded" in lower.notes[0]
+
+
+def test_a_within_claim_holds_where_the_arm_stays_under_the_margin(tmp_path):
+    """within: c = margin - (gap(arm) - gap(of)), judged as the other claims; a bad margin is
+    one line."""
+    store = RunStore(tmp_path / "s.db")
+    claim = {"statement": "qema within 0.02", "kind": "within", "arm": "tetrajet-qema",
+             "of": "tetrajet", "margin": 0.02}  # fmt: skip
+    study = _study(claims=[claim])
+    _write_runs(store, study_spec(study, Overrides()), VALUES)
+    (within,) = _judge(store, study)
+    # gap(qema) - gap(tetrajet) = 0.01, -0.01, 0.02: c = 0.01, 0.03, 0.0
+    test = within.comparisons[0].test
+    assert test.n == 3 and test.mean == pytest.approx(0.04 / 3)
+    assert within.verdict == INCONCLUSIVE  # the seeds' spread is wider than the margin's room
+    assert within.observed[0] == pytest.approx(0.02 / 3)
+    (loose,) = _judge(store, _study(claims=[claim | {"margin": 0.1}]))
+    assert loose.verdict == REPRODUCED
+    (tight,) = _judge(
+        store,
+        _study(
+            claims=[
+                claim | {"margin": 0.0},
+            ]
+        ),
+    )
+    assert tight.comparisons[0].test.mean == pytest.approx(-0.02 / 3)
+    for bad in (-0.1, "small", float("inf"), True):
+        with pytest.raises(AnalysisError, match="margin: must be a finite number at least 0"):
+            _study(claims=[claim | {"margin": bad}])
+
+
+def test_the_sr_bits_study_compares_each_recipe_at_both_resolutions():
+    study = load_study("sr-bits")
+    spec = study_spec(study, Overrides())
+    arms = {c.arm: c.other for c in study.claims}
+    assert arms == {f"method={m},bits=8": f"method={m},bits=24"
+                    for m in ("tetrajet", "tseng-rht-sr", "nvidia-nvfp4")}  # fmt: skip
+    assert all(c.kind == "within" and c.margin == 0.01 for c in study.claims)
+    assert len(spec.seeds) == 5 and spec.baselines == ("bf16",)
 
 
 def _grid_study(claims):

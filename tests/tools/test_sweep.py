@@ -66,6 +66,29 @@ def test_wildcard_keys_set_every_quantized_operand_and_leave_null_ones():
         assert blocks == {int(point.choices["linear.*.*.block"])}
 
 
+def test_an_axis_over_the_base_recipe_and_the_rounding_resolution():
+    """`set: base` starts each point from another recipe, before the other keys apply;
+    `linear.*.*.sr_bits` reaches every stochastically rounded operand of each."""
+    axes = {
+        "method": {"set": "base", "values": ["tetrajet", "nvidia-nvfp4"]},
+        "bits": {"set": "linear.*.*.sr_bits", "values": [24, 8]},
+    }
+    points = expand_points(_spec(baselines=[], axes=axes))
+    assert len(points) == 4
+    for point in points:
+        method, bits = point.choices["method"], int(point.choices["bits"])
+        linear = point.recipe["linear"]
+        assert point.recipe["name"].startswith(f"{method}[")
+        assert (linear.get("gemm") == "exact") == (method == "nvidia-nvfp4")
+        dy = linear["grad_weight"]["dy"]
+        assert dy["rounding"] == "sr" and dy.get("sr_bits", 24) == bits
+        assert "sr_bits" not in linear["forward"]["x"]  # rounds to nearest: left as it is
+    with pytest.raises(SweepError, match="no-such-recipe"):
+        expand_points(
+            _spec(baselines=[], axes={"m": {"set": "base", "values": ["no-such-recipe"]}})
+        )
+
+
 def test_exclusion_rules_and_labelled_axes():
     axes = {
         "scale": {"e8m0": {}, "ue5m3": {"linear.*.*.scale": "ue5m3"}},
@@ -116,6 +139,8 @@ def test_point_ids_depend_on_what_is_trained_not_on_names():
         ({"train": {"stepz": 3}}, "train.stepz: unknown key (did you mean 'steps'?)"),
         ({"train": {"steps": -1}}, "train.steps: must be a positive integer"),
         ({"seeds": ["a"]}, "seeds: must be a list of integers"),
+        ({"seeds": [0, -1]}, "seeds: each must be from 0 to 2^63 - 1 (got -1)"),
+        ({"seeds": [2**63]}, "seeds: each must be from 0 to 2^63 - 1 (got 9223372036854775808)"),
         ({"sample": 0}, "sample: must be an integer from 1 to"),
         ({"name": "a b"}, "name: must be letters"),
     ],
@@ -125,6 +150,19 @@ def test_bad_sweep_files_give_one_line_errors(changes, message):
         _spec(**changes)
     assert message in str(error.value) and "\n" not in str(error.value)
     assert str(error.value).startswith("tiny.yaml: ")
+
+
+def test_a_sweep_whose_every_point_failed_offers_nothing_to_compare():
+    from fp4cli.cli.sweep_cmd import _summary
+    from fp4cli.sweep.runner import PointResult
+
+    failed = PointResult("p1", "grid", "regression", 0, "failed", message="boom")
+    finished = PointResult("p2", "grid", "regression", 0, "finished")
+    all_failed = _summary("tiny", [failed], "s.db")
+    assert "compare them with" not in all_failed and "Every point failed" in all_failed
+    assert "[red]failed[/] grid (regression): boom" in all_failed
+    some_finished = _summary("tiny", [failed, finished], "s.db")
+    assert "compare them with: fp4 report --sweep tiny" in some_finished
 
 
 def test_an_impossible_point_names_itself_and_the_way_out():
@@ -139,8 +177,6 @@ def test_sweep_file_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("axes: [1,\n")
     with pytest.raises(SweepError, match="invalid YAML"):
-        ({"seeds": [0, -1]}, "seeds: each must be from 0 to 2^63 - 1 (got -1)"),
-        ({"seeds": [2**63]}, "seeds: each must be from 0 to 2^63 - 1 (got 9223372036854775808)"),
         load_sweep(bad)
     bad.write_text("- 1\n")
     with pytest.raises(SweepError, match="must be a mapping"):
@@ -152,19 +188,6 @@ def test_sweep_file_errors(tmp_path):
 
 def test_sweep_runs_every_point_once_and_a_second_run_has_nothing_to_do(tmp_path):
     store = RunStore(tmp_path / "s.db")
-def test_a_sweep_whose_every_point_failed_offers_nothing_to_compare():
-    from fp4cli.cli.sweep_cmd import _summary
-    from fp4cli.sweep.runner import PointResult
-
-    failed = PointResult("p1", "grid", "regression", 0, "failed", message="boom")
-    finished = PointResult("p2", "grid", "regression", 0, "finished")
-    all_failed = _summary("tiny", [failed], "s.db")
-    assert "compare them with" not in all_failed and "Every point failed" in all_failed
-    assert "[red]failed[/] grid (regression): boom" in all_failed
-    some_finished = _summary("tiny", [failed, finished], "s.db")
-    assert "compare them with: fp4 report --sweep tiny" in some_finished
-
-
     spec = _spec()
     results = run_sweep(plan_sweep(spec, store), store)
     assert [r.status for r in results] == ["finished"] * 5
