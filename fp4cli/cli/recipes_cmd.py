@@ -16,7 +16,11 @@ GEMM_OPERANDS = {"forward": ("x", "w"), "grad_input": ("dy", "w"), "grad_weight"
 
 
 @app.command("list")
-def list_command() -> None:
+def list_command(
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the table as Markdown (the README's).")
+    ] = False,
+) -> None:
     """List the shipped recipes, where each comes from, and the GEMM operands it quantizes."""
     from rich import box
     from rich.table import Table
@@ -26,6 +30,9 @@ def list_command() -> None:
     from fp4cli.recipes import list_recipes, load_recipe
 
     names = list_recipes()
+    if markdown:
+        typer.echo(markdown_table(names), nl=False)
+        return
     table = Table(
         title="shipped recipes (details: fp4 recipes show NAME)",
         box=box.SIMPLE_HEAD,
@@ -70,6 +77,20 @@ def show_command(
         typer.echo(json.dumps(resolved.to_dict(), indent=2))
     else:
         typer.echo(resolved.to_yaml(), nl=False)
+
+
+def markdown_table(names: list[str]) -> str:
+    """The recipes as a Markdown table: name, what it is, each GEMM's operands, techniques."""
+    from fp4cli.recipes import load_recipe
+
+    lines = ["| recipe | what it is | forward | grad_input | grad_weight | techniques |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for name in names:
+        recipe = load_recipe(name)
+        cells = [_gemm_cell(recipe, gemm) for gemm in GEMM_OPERANDS]
+        cells = [f"`{name}`", recipe.description, *cells, _techniques(recipe)]
+        lines.append("| " + " | ".join(c.replace("\n", "; ") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _gemm_cell(recipe: Recipe, gemm: str) -> str:
