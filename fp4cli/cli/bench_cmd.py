@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from fp4cli.cli.bench_layer_cmd import layer_command
 from fp4cli.cli.bench_options import DeviceOption, NoStoreOption, StoreOption
+from fp4cli.cli.bench_output import CaseProgress, Recorder, quiet_compiler_warnings, significant
 from fp4cli.cli.bench_step_cmd import step_command
 
 Opt = typer.Option
@@ -98,8 +98,8 @@ def quantize_command(
     if any(interpreted(backend, torch_device) for backend in backend_list):
         typer.echo(f"note: {INTERPRETED_NOTICE}", err=True)
     with (
-        _Recorder("quantize", store, no_store, torch_device) as recorder,
-        _CaseProgress(len(shape_list) * len(config_names), "quantize") as progress,
+        Recorder("quantize", store, no_store, torch_device) as recorder,
+        CaseProgress(len(shape_list) * len(config_names), "quantize") as progress,
     ):
         rows = run_quantize_bench(
             shape_list, config_names, torch_dtype, axis, backend_list, iters, torch_device,
@@ -109,95 +109,6 @@ def quantize_command(
     table = _table(rows, torch_device, dtype, axis, iters, timing)
     console_for(table).print(table)
     typer.echo(recorder.summary())
-
-
-def quiet_compiler_warnings() -> None:
-    """The benchmarks compile on purpose: torch.compile's advice (graph breaks, recompiles) is
-    not for the reader of the table."""
-    import warnings
-
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._dynamo.*")
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._inductor.*")
-
-
-class _CaseProgress:
-    """A progress bar over the benchmark cases on stderr (silent when it is not a terminal)."""
-
-    def __init__(self, total: int, what: str) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        console = Console(stderr=True)
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            console=console, transient=True, disable=not console.is_terminal,
-        )  # fmt: skip
-        self.task = self.progress.add_task(what, total=total)
-
-    def __enter__(self) -> _CaseProgress:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
-
-    def case(self, index: int, case: Any) -> None:
-        description = f"quantize {case.shape_text} {case.config.name}"
-        self.progress.update(self.task, completed=index, description=description)
-
-    def gemm_case(self, index: int, shape: Any) -> None:
-        description = f"gemm {shape.name or shape.text}"
-        self.progress.update(self.task, completed=index, description=description)
-
-    def layer_case(self, index: int, case: Any) -> None:
-        description = f"layer {case.shape_text} {case.label} {case.backend}"
-        self.progress.update(self.task, completed=index, description=description)
-
-    def step_case(self, index: int, case: Any) -> None:
-        description = f"step {case.task} {case.label} {case.backend} {case.mode}"
-        self.progress.update(self.task, completed=index, description=description)
-
-
-class _Recorder:
-    """Benchmark rows of one kind into the run store (or nowhere, --no-store) as they are
-    measured: an interrupted run (Ctrl-C or SIGTERM) keeps what it did, says so on one line
-    and exits 130."""
-
-    def __init__(self, kind: str, path: Path | None, no_store: bool, device: Any) -> None:
-        from fp4cli.store import RunStore
-        from fp4cli.train.loop import stop_signals
-
-        self.kind, self.device, self.logged = kind, device, 0
-        self.store = None if no_store else RunStore(path)
-        self._signals = stop_signals()  # SIGTERM stops as Ctrl-C does
-
-    def __enter__(self) -> _Recorder:
-        self._signals.__enter__()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
-        self.close()
-        self._signals.__exit__(None, None, None)
-        if kind is KeyboardInterrupt:
-            typer.echo(f"interrupted: {self.summary()}", err=True)
-            raise typer.Exit(130)
-
-    def record(self, rows: list[Any]) -> None:
-        from fp4cli.bench.record import store_rows
-        from fp4cli.train.loop import device_name, versions
-
-        if self.store is not None:
-            name = device_name(self.device)
-            self.logged += store_rows(self.store, self.kind, name, versions(), rows)
-
-    def close(self) -> None:
-        if self.store is not None:
-            self.store.close()
-
-    def summary(self) -> str:
-        if self.store is None:
-            return "not stored (--no-store)"
-        return f"{self.logged} measurements stored in {self.store.path}"
 
 
 def _table(rows: list[Any], device: Any, dtype: str, axis: int, iters: int, timing: str) -> Any:
@@ -222,8 +133,8 @@ def _table(rows: list[Any], device: Any, dtype: str, axis: int, iters: int, timi
         if first and row is not rows[0]:
             table.add_section()
         case = (row.case.shape_text, row.case.config.name) if first else ("", "")
-        numbers = (_significant(row.ms), _significant(row.gbps), _significant(row.copy_ratio, 2))
-        speedup = _significant(row.triton_speedup) + ("x" if row.triton_speedup else "")
+        numbers = (significant(row.ms), significant(row.gbps), significant(row.copy_ratio, 2))
+        speedup = significant(row.triton_speedup) + ("x" if row.triton_speedup else "")
         cells = [*case, row.kernel, row.backend, *numbers, speedup]
         table.add_row(*map(Text, cells), *([Text(row.note or "")] if notes else []))
     return table
@@ -253,13 +164,6 @@ def _caption(rows: list[Any]) -> str:
             " pair-cols-amax: one direction's)."
         )
     return caption
-
-
-def _significant(value: float | None, digits: int = 3) -> str:
-    """`digits` significant digits; whole numbers from 10^digits up (2,543 rather than 2.54e+03)."""
-    if value is None:
-        return "-"
-    return f"{value:,.0f}" if abs(value) >= 10**digits else f"{value:.{digits}g}"
 
 
 GEMM_COLUMNS = ("shape", "M x N x K", "impl", "ms", "TFLOP/s", "x bf16", "rel err", "max err",
@@ -320,8 +224,8 @@ def gemm_command(
     outliers = Outliers(outlier_channels, outlier_scale) if outlier_channels else None
     check_gemm_request(shape_list, torch_device, timing, outliers, rep_ms)
     with (
-        _Recorder("gemm", store, no_store, torch_device) as recorder,
-        _CaseProgress(len(shape_list), "gemm") as progress,
+        Recorder("gemm", store, no_store, torch_device) as recorder,
+        CaseProgress(len(shape_list), "gemm") as progress,
     ):
         rows = run_gemm_bench(
             shape_list, impl_list, torch_device, rep_ms=rep_ms, timing=timing,
@@ -366,11 +270,11 @@ def _gemm_table(rows: list[Any], device: Any, timing: str) -> Any:
         if first and index > 0:
             table.add_section()
         shape = (row.shape.name, row.shape.text) if first else ("", "")
-        ratio = _significant(row.vs_baseline) + ("x" if row.vs_baseline else "")
+        ratio = significant(row.vs_baseline) + ("x" if row.vs_baseline else "")
         nvfp4_baseline = row.impl == "cublas-bf16" and row.format == "nvfp4"
         impl = row.impl + (" (nvfp4)" if nvfp4_baseline else "")
         errors = [_error(row.rel_error), _error(row.max_error), _error(row.beyond_rounding)]
-        cells = [*shape, impl, _significant(row.ms), _significant(row.tflops), ratio, *errors]
+        cells = [*shape, impl, significant(row.ms), significant(row.tflops), ratio, *errors]
         table.add_row(*map(Text, cells + ([row.note or ""] if notes else [])))
     return table
 

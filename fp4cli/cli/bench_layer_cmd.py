@@ -57,7 +57,7 @@ def layer_command(
         split_list,
     )
     from fp4cli.bench.quantize import bench_device
-    from fp4cli.cli.bench_cmd import _CaseProgress, _Recorder
+    from fp4cli.cli.bench_output import CaseProgress, Recorder
     from fp4cli.cli.output import console_for
     from fp4cli.recipes import load_recipe
 
@@ -72,8 +72,8 @@ def layer_command(
     check_kernel_backends(backend_list, torch_device)
     case_list = bench.cases(shape_list, recipe_list, backend_list, gemm_list)
     with (
-        _Recorder("layer", store, no_store, torch_device) as recorder,
-        _CaseProgress(len(case_list), "layer") as progress,
+        Recorder("layer", store, no_store, torch_device) as recorder,
+        CaseProgress(len(case_list), "layer") as progress,
     ):
         rows = bench.run_layer_bench(
             case_list, torch_device, iters, timing, on_case=progress.layer_case,
@@ -89,7 +89,7 @@ def _layer_table(rows: list[Any], device: Any, timing: str, iters: int) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from fp4cli.cli.bench_cmd import _significant
+    from fp4cli.cli.bench_output import significant
     from fp4cli.train.loop import device_name
 
     calls = f"{iters} calls per CUDA graph" if timing == "graph" else f"{iters} calls per loop"
@@ -111,9 +111,9 @@ def _layer_table(rows: list[Any], device: Any, timing: str, iters: int) -> Any:
             table.add_section()
         shape = f"{case.shape_text} {case.name}".strip()
         cells = [
-            shape, case.label, case.backend, _significant(row.ms),
-            _significant(row.tflops), _times(row.vs_baseline), _significant(row.host_us),
-            _times(row.host_vs_baseline), _significant(row.saved_mib),
+            shape, case.label, case.backend, significant(row.ms),
+            significant(row.tflops), _times(row.vs_baseline), significant(row.host_us),
+            _times(row.host_vs_baseline), significant(row.saved_mib),
             _times(row.saved_vs_baseline), row.note or row.executor,
         ]  # fmt: skip
         table.add_row(*map(Text, cells))
@@ -121,6 +121,6 @@ def _layer_table(rows: list[Any], device: Any, timing: str, iters: int) -> Any:
 
 
 def _times(value: float | None) -> str:
-    from fp4cli.cli.bench_cmd import _significant
+    from fp4cli.cli.bench_output import significant
 
-    return _significant(value, 3) + ("x" if value is not None else "")
+    return significant(value, 3) + ("x" if value is not None else "")

@@ -67,7 +67,7 @@ def step_command(
         split_list,
     )
     from fp4cli.bench.quantize import bench_device
-    from fp4cli.cli.bench_cmd import _CaseProgress, _Recorder, quiet_compiler_warnings
+    from fp4cli.cli.bench_output import CaseProgress, Recorder, quiet_compiler_warnings
     from fp4cli.cli.output import console_for
 
     quiet_compiler_warnings()
@@ -86,8 +86,8 @@ def step_command(
         recompute_list,
     )  # fmt: skip
     batch_rows = []
-    with _Recorder("step", store, no_store, torch_device) as recorder:
-        with _CaseProgress(len(case_list), "step") as progress:
+    with Recorder("step", store, no_store, torch_device) as recorder:
+        with CaseProgress(len(case_list), "step") as progress:
             rows = bench.run_step_bench(
                 case_list, torch_device, steps, on_case=progress.step_case,
                 on_rows=recorder.record,
@@ -135,7 +135,7 @@ def _step_table(rows: list[Any], device: Any) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from fp4cli.cli.bench_cmd import _significant
+    from fp4cli.cli.bench_output import significant
     from fp4cli.train.loop import device_name
 
     caption = (
@@ -154,11 +154,11 @@ def _step_table(rows: list[Any], device: Any) -> Any:
         if (case.task, case.mode) != (previous.task, previous.mode):
             table.add_section()
         task = f"{case.task} {case.size} x{case.batch}"
-        ratio = _significant(row.vs_baseline, 3) + ("x" if row.vs_baseline else "")
-        memory = _significant(row.memory_vs_baseline, 3) + ("x" if row.memory_vs_baseline else "")
-        saved = _significant(row.saved_vs_baseline, 3) + ("x" if row.saved_vs_baseline else "")
-        cells = [task, case.label, case.backend, case.mode, _significant(row.ms), ratio,
-                 _significant(row.peak_gib), memory, _significant(row.saved_gib), saved,
+        ratio = significant(row.vs_baseline, 3) + ("x" if row.vs_baseline else "")
+        memory = significant(row.memory_vs_baseline, 3) + ("x" if row.memory_vs_baseline else "")
+        saved = significant(row.saved_vs_baseline, 3) + ("x" if row.saved_vs_baseline else "")
+        cells = [task, case.label, case.backend, case.mode, significant(row.ms), ratio,
+                 significant(row.peak_gib), memory, significant(row.saved_gib), saved,
                  row.note or row.executors]  # fmt: skip
         table.add_row(*map(Text, cells))
     return table

@@ -368,7 +368,10 @@ def test_a_sigterm_stops_a_bench_as_ctrl_c_does(tmp_path: Path) -> None:
                "--iters", "10000", "--store", str(path)]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(8)
+    deadline = time.monotonic() + 120
+    while not path.exists() and time.monotonic() < deadline:  # the recorder opens the store
+        time.sleep(0.2)
+    time.sleep(1)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
