@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from fp4cli.linear.config import LinearConfig
+from fp4cli.linear.operands import GEMM_OPERANDS
 from fp4cli.linear.skip import is_skip_pattern, matches_skip
 from fp4cli.quant.spec import QuantSpec, SpecError
 from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConfig
@@ -50,7 +51,6 @@ from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConf
 # `time_embedding.linear_1/2`, `class_embedding`, `add_embedding`; `pos_embed` and nn.Embedding
 # tables are no linear layers anyway.
 DEFAULT_SKIP = ("head", "lm_head", "*embed*")
-GEMM_OPERANDS = {"forward": ("x", "w"), "grad_input": ("dy", "w"), "grad_weight": ("dy", "x")}
 FILE_KEYS = ("base", "description", "citation", "skip", "linear", "optimizer")
 DICT_KEYS = ("name", "description", "citation", "skip", "linear", "optimizer", "source")
 LINEAR_KEYS = (*GEMM_OPERANDS, "double_quant", "dge", "outliers", "qema", "gemm", "bias_gradient")

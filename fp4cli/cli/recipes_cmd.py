@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from fp4cli.linear.operands import GEMM_OPERANDS
+
 if TYPE_CHECKING:
     from fp4cli.quant.spec import QuantSpec
     from fp4cli.recipes import Recipe
 
 app = typer.Typer(help="List and inspect FP4 training recipes.", no_args_is_help=True)
-
-GEMM_OPERANDS = {"forward": ("x", "w"), "grad_input": ("dy", "w"), "grad_weight": ("dy", "x")}
 
 
 @app.command("list")

@@ -153,7 +153,8 @@ def _train(
 
     from fp4cli.cli.sweep_cmd import _RichReporter
     from fp4cli.sweep import run_sweep
-    from fp4cli.sweep.runner import SilentSweepReporter, SweepStopped
+    from fp4cli.sweep.errors import SweepStopped
+    from fp4cli.sweep.runner import SilentSweepReporter
 
     reporter = SilentSweepReporter() if quiet else _RichReporter(console)
     try:

@@ -71,8 +71,9 @@ def sweep(
     from fp4cli.cli.output import console_for
     from fp4cli.store import RunStore
     from fp4cli.sweep import SweepError, load_sweep, plan_sweep, run_sweep
+    from fp4cli.sweep.errors import SweepStopped
     from fp4cli.sweep.launchers import LAUNCHERS, parse_sbatch_flags
-    from fp4cli.sweep.runner import SilentSweepReporter, SweepStopped
+    from fp4cli.sweep.runner import SilentSweepReporter
 
     if launcher not in LAUNCHERS:
         raise typer.BadParameter(f"must be one of {', '.join(LAUNCHERS)}", param_hint="--launcher")

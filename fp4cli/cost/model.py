@@ -36,7 +36,8 @@ from fp4cli.cost.devices import DeviceProfile
 from fp4cli.cost.errors import CostError
 from fp4cli.cost.items import CostItem, Work
 from fp4cli.cost.measured import MeasuredRates
-from fp4cli.cost.shapes import GEMM_OPERANDS, OUTPUT_DIMS, LayerShape
+from fp4cli.cost.shapes import OUTPUT_DIMS, LayerShape
+from fp4cli.linear.operands import GEMM_OPERAND_FIELDS, GEMMS
 
 if TYPE_CHECKING:
     from fp4cli.linear.config import LinearConfig
@@ -109,7 +110,7 @@ def gemm_item(
     output = shape.dim(OUTPUT_DIMS[gemm][0]) * shape.dim(OUTPUT_DIMS[gemm][1])
     moved = operands.HP_BYTES * output + sum(
         operands.gemm_operand_bytes(operand, spec, hadamard, shape)
-        for operand, spec in zip(GEMM_OPERANDS[gemm], specs, strict=True)
+        for operand, spec in zip(GEMM_OPERAND_FIELDS[gemm], specs, strict=True)
     )
     flops = shape.gemm_flops
     rate, source = profile.gemm_flops(precision), f"model ({precision} {profile.kind(precision)})"
@@ -134,7 +135,7 @@ def _is_nvfp4(spec: QuantSpec) -> bool:
 
 def bf16_items(shape: LayerShape, profile: DeviceProfile) -> list[CostItem]:
     """The three GEMMs of the layer in BF16."""
-    return [gemm_item(gemm, (None, None), None, shape, profile) for gemm in GEMM_OPERANDS]
+    return [gemm_item(gemm, (None, None), None, shape, profile) for gemm in GEMMS]
 
 
 def estimate_layer(
@@ -152,7 +153,7 @@ def estimate_layer(
     if not shape.quantized or config.is_high_precision:
         return LayerCost(shape, tuple(reference), bf16_seconds)
     items: list[CostItem] = []
-    for gemm in GEMM_OPERANDS:
+    for gemm in GEMMS:
         items += _gemm_items(config, gemm, shape, profile, measured)
     if config.qema is not None:
         items.append(techniques.qema_update_item(shape, profile))
@@ -189,7 +190,7 @@ def _gemm_items(
     items: list[CostItem] = []
     if gemm == "forward" and config.outliers is not None:
         items.append(techniques.quantile_item(config.outliers, shape, profile))
-    for operand in GEMM_OPERANDS[gemm]:
+    for operand in GEMM_OPERAND_FIELDS[gemm]:
         source = DOUBLE_QUANT_SOURCE.get(operand)
         source_spec = config.spec(source) if source else None
         if config.double_quant and source is not None and source_spec is not None:
@@ -197,7 +198,7 @@ def _gemm_items(
         extras = _fused_extras(config, operand, shape)
         spec = config.spec(operand)
         items += operands.operand_items(operand, spec, hadamard, shape, profile, measured, extras)
-    specs = (config.spec(GEMM_OPERANDS[gemm][0]), config.spec(GEMM_OPERANDS[gemm][1]))
+    specs = (config.spec(GEMM_OPERAND_FIELDS[gemm][0]), config.spec(GEMM_OPERAND_FIELDS[gemm][1]))
     items.append(gemm_item(gemm, specs, hadamard, shape, profile, measured))
     if gemm == "forward" and config.outliers is not None and config.outliers.compensate:
         items.append(techniques.compensation_item(config.outliers, shape, profile))

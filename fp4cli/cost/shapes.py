@@ -12,13 +12,7 @@ import re
 from dataclasses import dataclass
 
 from fp4cli.cost.errors import CostError
-from fp4cli.recipe_schema import GEMM_OPERANDS as RECIPE_GEMM_OPERANDS
 
-# GEMM -> its two operands' LinearConfig names ("forward" -> forward_x, forward_w)
-GEMM_OPERANDS = {
-    gemm: tuple(f"{gemm}_{operand}" for operand in operands)
-    for gemm, operands in RECIPE_GEMM_OPERANDS.items()
-}
 # operand -> (the dimension it is blocked along, the other dimension)
 OPERAND_DIMS = {
     "forward_x": ("in", "tokens"),

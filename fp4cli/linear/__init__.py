@@ -9,8 +9,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "GEMMS": "fp4cli.linear.config",
-    "OPERANDS": "fp4cli.linear.config",
+    "GEMMS": "fp4cli.linear.operands",
+    "OPERANDS": "fp4cli.linear.operands",
     "LinearConfig": "fp4cli.linear.config",
     "QuantLinearFunction": "fp4cli.linear.function",
     "QuantLinear": "fp4cli.linear.module",
@@ -24,8 +24,6 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from fp4cli.linear.config import GEMMS as GEMMS
-    from fp4cli.linear.config import OPERANDS as OPERANDS
     from fp4cli.linear.config import LinearConfig as LinearConfig
     from fp4cli.linear.function import QuantLinearFunction as QuantLinearFunction
     from fp4cli.linear.module import QuantLinear as QuantLinear
@@ -34,6 +32,8 @@ if TYPE_CHECKING:
     from fp4cli.linear.module import quantize_model as quantize_model
     from fp4cli.linear.module import quantized_layers as quantized_layers
     from fp4cli.linear.module import update_qema as update_qema
+    from fp4cli.linear.operands import GEMMS as GEMMS
+    from fp4cli.linear.operands import OPERANDS as OPERANDS
 
 
 def __getattr__(name: str) -> Any:

@@ -24,18 +24,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from fp4cli.linear.operands import GEMMS, OPERANDS
 from fp4cli.quant.spec import QuantSpec, SpecError
 from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConfig
 
-OPERANDS = (
-    "forward_x",
-    "forward_w",
-    "grad_input_dy",
-    "grad_input_w",
-    "grad_weight_dy",
-    "grad_weight_x",
-)
-GEMMS = ("forward", "grad_input", "grad_weight")
 GEMM_CHOICES = ("dequantized", "exact", "fast")
 BIAS_GRADIENTS = ("dy", "quantized")
 

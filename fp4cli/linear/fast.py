@@ -50,9 +50,10 @@ from fp4cli.linear.fast_operands import (
     quantized_length,
     saved_form,
 )
+from fp4cli.linear.operands import GEMM_OPERAND_FIELDS
 from fp4cli.linear.plans import run_planned
 from fp4cli.linear.recompute import OutputUse, tag
-from fp4cli.linear.routes import GEMM_OPERANDS, block_product
+from fp4cli.linear.routes import block_product
 from fp4cli.quant import QuantizedTensor
 from fp4cli.quant.backend import kernel_gap
 from fp4cli.techniques.qema import AverageGuide
@@ -64,7 +65,7 @@ def fast_gap(config: LinearConfig) -> str | None:
         return "DGE"
     if config.outliers is not None:
         return "outlier clamping"
-    for gemm, operands in GEMM_OPERANDS.items():
+    for gemm, operands in GEMM_OPERAND_FIELDS.items():
         for name in operands:
             spec = config.spec(name)
             if spec is None:

@@ -12,7 +12,7 @@ import torch
 
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.function import _quantize_operand, seed_offsets
-from fp4cli.linear.routes import GEMM_OPERANDS
+from fp4cli.linear.operands import GEMM_OPERAND_FIELDS
 from fp4cli.quant import QuantizedTensor, QuantSpec
 from fp4cli.quant.blocking import BlockLayout
 from fp4cli.techniques.hadamard import FixedSigns, HadamardConfig
@@ -94,12 +94,12 @@ def operand_request(
 ) -> Request:
     """Operand `which` (0 = a, 1 = b) of `gemm`, as the reference draws its seeds, in the form
     its GEMM's route reads (`gemm_route`), or packed to be kept (`keep_packed`)."""
-    offsets = seed_offsets(gemm, GEMM_OPERANDS[gemm], rank)
+    offsets = seed_offsets(gemm, GEMM_OPERAND_FIELDS[gemm], rank)
     hadamard: HadamardConfig | None = config.hadamard(gemm)
     route = config.routes[gemm]
     hadamard_seed = (call_seed, offsets[2])
     return Request(
-        config.spec(GEMM_OPERANDS[gemm][which]),
+        config.spec(GEMM_OPERAND_FIELDS[gemm][which]),
         (call_seed, offsets[which]),
         hadamard.size if hadamard is not None else None,
         hadamard.sign_source(hadamard_seed) if hadamard is not None else hadamard_seed,

@@ -31,8 +31,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fp4cli.linear.config import GEMMS, OPERANDS, LinearConfig
+from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.fast import given_dtypes, in_target_dtypes
+from fp4cli.linear.operands import GEMM_OPERAND_FIELDS, GEMMS, OPERANDS
 from fp4cli.linear.plans import run_planned
 from fp4cli.linear.recompute import OutputUse, tag
 from fp4cli.quant import QuantSpec
@@ -319,10 +320,9 @@ def _product(
         assert isinstance(b, torch.Tensor)
         return a.mm(b)
     from fp4cli.gemm.fp8 import fp8_mm
-    from fp4cli.linear.routes import GEMM_OPERANDS
 
     assert isinstance(b, tuple)
-    a_spec, b_spec = (config.spec(name) for name in GEMM_OPERANDS[gemm])
+    a_spec, b_spec = (config.spec(name) for name in GEMM_OPERAND_FIELDS[gemm])
     assert a_spec is not None and b_spec is not None
     return fp8_mm(a, b, (a_spec, b_spec), dtype, bias)
 

@@ -9,10 +9,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fp4cli.linear.config import GEMMS, LinearConfig
+from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
 from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
+from fp4cli.linear.operands import GEMMS
 from fp4cli.linear.ops import compiled_linear, op_key
 from fp4cli.linear.recompute import LayerRecompute
 from fp4cli.linear.routes import gemm_gap

@@ -21,20 +21,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from fp4cli.gemm.fp8 import FP8_DTYPES, fp8_pair_gap
 from fp4cli.gemm.nvfp4 import block_scaled_gap, block_scaled_mm
 from fp4cli.gemm.operands import spec_pair_gap
 from fp4cli.gemm.reference import block_scaled_factor
-from fp4cli.linear.config import LinearConfig
+from fp4cli.linear.operands import GEMM_OPERAND_FIELDS
 from fp4cli.quant.spec import QuantSpec
 
-GEMM_OPERANDS = {
-    "forward": ("forward_x", "forward_w"),
-    "grad_input": ("grad_input_dy", "grad_input_w"),
-    "grad_weight": ("grad_weight_dy", "grad_weight_x"),
-}
+if TYPE_CHECKING:
+    from fp4cli.linear.config import LinearConfig
 
 
 def gemm_gap(config: LinearConfig, gemm: str) -> str | None:
@@ -42,7 +41,7 @@ def gemm_gap(config: LinearConfig, gemm: str) -> str | None:
     sends it elsewhere."""
     if config.gemm == "dequantized":
         return "gemm: dequantized"
-    names = GEMM_OPERANDS[gemm]
+    names = GEMM_OPERAND_FIELDS[gemm]
     a, b = config.spec(names[0]), config.spec(names[1])
     if a is None or b is None:
         return f"{names[0] if a is None else names[1]} in high precision"
@@ -79,7 +78,7 @@ def gemm_route(config: LinearConfig, gemm: str) -> str | None:
     `fast` alike), "fp8" or None."""
     if gemm_gap(config, gemm) is not None:
         return None
-    a, b = (config.spec(name) for name in GEMM_OPERANDS[gemm])
+    a, b = (config.spec(name) for name in GEMM_OPERAND_FIELDS[gemm])
     assert a is not None and b is not None
     return _candidate(a, b)
 
@@ -95,7 +94,7 @@ def block_product(
 ) -> torch.Tensor:
     """`gemm`'s block-scaled product of block values a @ b (`block_scaled_mm`), plus the bias
     before the rounding."""
-    names = GEMM_OPERANDS[gemm]
+    names = GEMM_OPERAND_FIELDS[gemm]
     a_spec, b_spec = config.spec(names[0]), config.spec(names[1])
     assert a_spec is not None and b_spec is not None
     return block_scaled_mm(a, b, amaxes, block_scaled_factor(a_spec, b_spec), dtype, bias)

@@ -39,15 +39,14 @@ from fp4cli.sweep.launchers import (
     make_executor,
     recorded_job_alive,
 )
+from fp4cli.sweep.point_run import PointResult, run_point
 from fp4cli.sweep.points import Point
 from fp4cli.sweep.runner import (
     DONE_STATUSES,
-    PointResult,
     SilentSweepReporter,
     SweepPlan,
     SweepReporter,
     _stop_on_sigterm,
-    run_point,
 )
 
 POLL_S = 1.0  # how often the coordinator looks at its jobs and shards

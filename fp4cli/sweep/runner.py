@@ -22,12 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fp4cli.sweep.points import BASELINE, Point, expand_points
+from fp4cli.sweep.errors import SweepStopped
+from fp4cli.sweep.point_run import POINT_TAG, PointResult, run_point
+from fp4cli.sweep.points import Point, expand_points
 from fp4cli.sweep.spec import SweepSpec
 
 DONE_STATUSES = ("finished", "diverged")
 REGRESSION_RUNS_PER_GPU = 8  # small runs are bound by the CPU's kernel launches: fill the GPU
-POINT_TAG = "point:"
 
 
 @dataclass
@@ -42,19 +43,6 @@ class SweepPlan:
     @property
     def pending(self) -> list[Point]:
         return [p for p in self.points if p.id not in self.done and p.id not in self.elsewhere]
-
-
-@dataclass
-class PointResult:
-    point_id: str
-    label: str
-    task: str
-    seed: int
-    status: str  # finished, diverged, failed, interrupted
-    run_id: str | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    seconds: float = 0.0
-    message: str = ""
 
 
 class SweepReporter(Protocol):
@@ -79,10 +67,6 @@ class SilentSweepReporter:
 
     def finish(self) -> None:
         pass
-
-
-class SweepStopped(Exception):
-    """The sweep was stopped (Ctrl-C, SIGTERM); what finished is in the store."""
 
 
 def plan_sweep(spec: SweepSpec, store: Any, record: bool = True) -> SweepPlan:
@@ -161,42 +145,6 @@ def run_sweep(
     finally:
         reporter.finish()
         store.release_sweep(plan.sweep_id)
-
-
-def run_point(
-    point: Point,
-    sweep_id: str,
-    tags: Sequence[str],
-    device: str,
-    store: Any,
-    log_to: Sequence[str] = (),
-) -> PointResult:
-    """Train one point into `store` (streaming to the trackers of `log_to`); a failure is a
-    result, not an exception."""
-    from fp4cli.recipes import Recipe
-    from fp4cli.train import run_training
-
-    began = time.time()
-    flags = {**point.train, "task": point.task, "recipe": point.recipe["name"]}
-    flags |= {"seed": point.seed, "sweep": sweep_id, "tags": (*tags, POINT_TAG + point.id)}
-    flags.setdefault("device", device)
-    if log_to:
-        flags["log_to"] = tuple(log_to)
-    if point.label != BASELINE:  # a baseline is named by its recipe
-        flags["name"] = point.label
-    result = PointResult(point.id, point.label, point.task, point.seed, "failed")
-    try:
-        recipe = Recipe.from_dict(point.recipe, source=point.recipe.get("source", "sweep"))
-        outcome, _ = run_training(flags, (), store, recipe=recipe)
-    except SweepStopped:  # SIGTERM before the trainer took the signal: the sweep stops
-        raise
-    except Exception as error:  # the trainer has marked its run failed, if it made one
-        result.message = " ".join(str(error).split())[:300] or type(error).__name__
-    else:
-        result.status, result.run_id = outcome.status, outcome.run_id
-        result.metrics = outcome.metrics
-    result.seconds = time.time() - began
-    return result
 
 
 def _run_here(

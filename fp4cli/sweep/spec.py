@@ -175,7 +175,7 @@ def parse_sweep(
 
 
 def _log_to(raw: Any, label: str) -> tuple[str, ...]:
-    from fp4cli.track.store import parse_log_to
+    from fp4cli.train.config import parse_log_to
 
     try:
         return parse_log_to(raw)

@@ -24,7 +24,7 @@ def worker_main(
     import torch
 
     from fp4cli.store import RunStore
-    from fp4cli.sweep.runner import run_point
+    from fp4cli.sweep.point_run import run_point
     from fp4cli.train.loop import stop_signals
 
     parent = os.getppid()

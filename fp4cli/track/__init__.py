@@ -8,6 +8,7 @@ tracker is needed to install or use fp4cli: each is an optional extra, imported 
 asks for it (a one-line error says how to install a missing one).
 """
 
-from fp4cli.track.store import TRACKERS, TrackedStore, parse_log_to, tracked
+from fp4cli.track.store import TrackedStore, tracked
+from fp4cli.train.config import TRACKERS, parse_log_to
 
 __all__ = ["TRACKERS", "TrackedStore", "parse_log_to", "tracked"]

@@ -7,28 +7,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fp4cli.train.config import ConfigError
-
-TRACKERS = ("tensorboard", "wandb")
-INSTALL = {"tensorboard": "tensorboard", "wandb": "wandb"}  # tracker -> extra of fp4cli
-
-
-def parse_log_to(value: Any) -> tuple[str, ...]:
-    """Tracker names from 'tensorboard,wandb', a list of names, or nothing; one-line
-    ConfigError for an unknown or repeated one."""
-    if value is None or value == "" or value == ():
-        return ()
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
-        raise ConfigError(f"log_to: must be tracker names, e.g. tensorboard,wandb (got {value!r})")
-    names = tuple(item.strip() for item in items if item.strip())
-    for name in names:
-        if name not in TRACKERS:
-            raise ConfigError(f"log_to: unknown tracker {name!r}; known: {', '.join(TRACKERS)}")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"log_to: names a tracker twice ({', '.join(names)})")
-    return names
-
 
 def tracked(store: Any, names: Sequence[str], folder: Path | None = None) -> Any:
     """`store` itself when no tracker is asked for, else a TrackedStore. The trackers' files go
@@ -48,13 +26,6 @@ def _make(name: str, root: Path) -> Any:
     from fp4cli.track.wandb import WandbTracker
 
     return WandbTracker(root)
-
-
-def missing_package(tracker: str, module: str) -> ConfigError:
-    return ConfigError(
-        f"log_to: {tracker} needs the {module} package, which is not installed: "
-        f"pip install 'fp4cli[{INSTALL[tracker]}]'"
-    )
 
 
 class TrackedStore:

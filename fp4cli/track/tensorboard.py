@@ -40,7 +40,7 @@ class TensorBoardTracker:
     """Streams one run at a time into `root`/<run id>."""
 
     def __init__(self, root: Path) -> None:
-        from fp4cli.track.store import missing_package
+        from fp4cli.track.packages import missing_package
 
         try:
             from torch.utils.tensorboard import SummaryWriter

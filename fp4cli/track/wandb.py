@@ -38,7 +38,7 @@ def _logged_in() -> bool:
 
 class WandbTracker:
     def __init__(self, root: Path) -> None:
-        from fp4cli.track.store import missing_package
+        from fp4cli.track.packages import missing_package
 
         try:
             import wandb

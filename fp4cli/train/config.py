@@ -117,8 +117,6 @@ class TrainConfig:
             raise ConfigError(f"recompute: not with compile ({NOT_COMPILED})")
         if self.device != "auto" and not str(self.device).startswith(("cpu", "cuda")):
             raise ConfigError(f"device: must be auto, cpu or cuda[:N] (got {self.device!r})")
-        from fp4cli.track.store import parse_log_to
-
         object.__setattr__(self, "log_to", parse_log_to(self.log_to))
         object.__setattr__(self, "model", model_fields(self.model))
 
@@ -225,3 +223,23 @@ def resolve_config(
         return TrainConfig(**values), recipe_overrides
     except TypeError as error:
         raise ConfigError(str(error)) from None
+
+
+TRACKERS = ("tensorboard", "wandb")
+
+
+def parse_log_to(value: Any) -> tuple[str, ...]:
+    """Tracker names from 'tensorboard,wandb', a list of names, or nothing; one-line
+    ConfigError for an unknown or repeated one."""
+    if value is None or value == "" or value == ():
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"log_to: must be tracker names, e.g. tensorboard,wandb (got {value!r})")
+    names = tuple(item.strip() for item in items if item.strip())
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError(f"log_to: unknown tracker {name!r}; known: {', '.join(TRACKERS)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"log_to: names a tracker twice ({', '.join(names)})")
+    return names

@@ -11,9 +11,9 @@ import torch
 import torch.nn as nn
 
 import fp4cli
-from fp4cli.linear.config import OPERANDS
 from fp4cli.linear.fast import fast_gap
 from fp4cli.linear.fast_vector import vector_gap
+from fp4cli.linear.operands import OPERANDS
 from fp4cli.quant import QuantSpec, SpecError, fake_quantize, quantize
 from fp4cli.quant.backend import kernel_gap
 from fp4cli.techniques.hadamard import rht

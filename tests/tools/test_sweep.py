@@ -154,7 +154,7 @@ def test_bad_sweep_files_give_one_line_errors(changes, message):
 
 def test_a_sweep_whose_every_point_failed_offers_nothing_to_compare():
     from fp4cli.cli.sweep_cmd import _summary
-    from fp4cli.sweep.runner import PointResult
+    from fp4cli.sweep.point_run import PointResult
 
     failed = PointResult("p1", "grid", "regression", 0, "failed", message="boom")
     finished = PointResult("p2", "grid", "regression", 0, "finished")
@@ -301,7 +301,8 @@ def test_a_stop_outside_the_trainer_stops_the_sweep(tmp_path, monkeypatch):
     """SIGTERM before a point's trainer takes the signal (building its model, say) stops the
     sweep; it is not recorded as a failed point."""
     import fp4cli.train as train
-    from fp4cli.sweep.runner import SweepStopped, run_point
+    from fp4cli.sweep.errors import SweepStopped
+    from fp4cli.sweep.point_run import run_point
 
     def stopped(*args, **kwargs):
         raise SweepStopped("stopped by SIGTERM")
