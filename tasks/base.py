@@ -141,5 +141,5 @@ def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
 def _import_builtin_tasks() -> None:
     import importlib
 
-    for module in ("regression", "vit", "diffusion", "gpt"):
+    for module in ("regression", "vit", "diffusion", "gpt", "llama"):
         importlib.import_module(f"fp4cli.tasks.{module}")

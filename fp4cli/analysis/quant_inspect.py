@@ -22,6 +22,10 @@ blocks holding NaN or Inf are counted apart, not in the histogram.
 
 A tensor holding NaN or Inf has no quantization error: its rel_mse and SNR are NaN, and so are
 its clipped and flushed shares when no value of it is finite; `nonfinite` counts those values.
+
+Outliers (fp4cli.analysis.outliers): kurtosis, max/median |x| per row and per column, and the
+share of blocks whose scale one value sets, of each tensor as it is and after each Hadamard
+transform asked for (same seed); the block share at every block size of the specs.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 import torch
 
 from fp4cli.analysis.errors import AnalysisError
+from fp4cli.analysis.outliers import OutlierStats, outlier_stats
 from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.linear.stats import operand_stats
 from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
@@ -107,6 +112,8 @@ class TensorReport:
     shape: tuple[int, ...]
     high_precision: bool
     measurements: dict[str, Measurement | None] = field(default_factory=dict)  # by variant label
+    # by transform ("none", "rht16", ...); None where the transform does not apply
+    outliers: dict[str, OutlierStats | None] = field(default_factory=dict)
 
     @property
     def numel(self) -> int:
@@ -278,7 +285,32 @@ def inspect_tensor(named: NamedTensor, variants: Sequence[Variant], device: str)
     report = TensorReport(named.name, tuple(named.tensor.shape), named.high_precision)
     for variant in variants:
         report.measurements[variant.label] = measure(named.tensor, variant, device)
+    blocks = sorted({block_size(v.spec, named.tensor.shape[-1]) for v in variants})
+    for size in dict.fromkeys(v.hadamard for v in variants):
+        report.outliers[transform_label(size)] = outliers(named.tensor, size, blocks, device)
     return report
+
+
+def transform_label(hadamard: int | None) -> str:
+    return f"rht{hadamard}" if hadamard else "none"
+
+
+def block_size(spec: QuantSpec, channels: int) -> int:
+    """Values per block along a last axis of `channels` values (a "row" block: all of them)."""
+    return spec.block if isinstance(spec.block, int) else channels
+
+
+def outliers(
+    tensor: torch.Tensor, hadamard: int | None, blocks: Sequence[int], device: str = "cpu"
+) -> OutlierStats | None:
+    """Outlier statistics of the tensor, rotated by the Hadamard transform of size `hadamard`
+    (the variants' seed) if one is given; None where that transform does not apply."""
+    x = tensor.detach().to(device=device, dtype=torch.float32)
+    if hadamard:
+        if x.dim() == 0 or x.shape[-1] % hadamard:
+            return None
+        x = rht(x, -1, hadamard, HADAMARD_SEED)
+    return outlier_stats(x, blocks)
 
 
 def summarize(reports: Sequence[TensorReport], variants: Sequence[Variant]) -> dict[str, Summary]:

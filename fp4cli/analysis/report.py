@@ -32,6 +32,7 @@ PRIMARY_METRICS = {
     "vit": "top1",
     "diffusion": "eval_loss",
     "gpt": "val_loss",
+    "llama": "val_loss",
 }
 HIGHER_IS_BETTER = ("top1",)
 DEFAULT_BASELINE = "mxfp4"

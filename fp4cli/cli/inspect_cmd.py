@@ -26,7 +26,7 @@ def quantize_inspect(
         str | None, Arg(metavar="RUN", help="A run id or unique prefix: its latest checkpoint.")
     ] = None,
     task: Annotated[
-        str | None, Opt(help="regression, vit, diffusion or gpt: its model built with seed 0.")
+        str | None, Opt(help="regression, vit, diffusion, gpt or llama: its seed-0 model.")
     ] = None,
     size: Annotated[str | None, Opt(help="With --task: default (if unset) or debug.")] = None,
     file: Annotated[Path | None, Opt(help="A torch file: a tensor or a dict of tensors.")] = None,
@@ -60,7 +60,9 @@ def quantize_inspect(
     whose last dimension is not a multiple of N shows n/a. Scale exponents: floor(log2) of each
     block's effective scale, for two-level specs (nvfp4, mxfp4-ue5m3) the block scale over the
     tensor scale; all-zero blocks are counted apart. Means are weighted by element count (the
-    mean SNR is that of the mean rel_mse).
+    mean SNR is that of the mean rel_mse). Outliers, per tensor and per Hadamard transform:
+    kurtosis, max/median |x| per row (token) and per column (channel), and the share of blocks
+    whose largest |x| is over twice the second largest (one value sets the scale).
     """
     from fp4cli.analysis import quant_inspect as qi
     from fp4cli.cli.output import output_file
@@ -75,10 +77,11 @@ def quantize_inspect(
     if as_json:
         _echo_json(source, variants, reports, summary)
     else:
+        from fp4cli.cli.inspect_outliers import outlier_table
         from fp4cli.cli.output import console_for
 
         tables = (_tensor_table(source, variants, reports, summary, metric),
-                  _summary_table(variants, summary))  # fmt: skip
+                  outlier_table(reports, variants), _summary_table(variants, summary))  # fmt: skip
         console = console_for(*tables)
         for table in tables:
             console.print(table)
@@ -268,6 +271,7 @@ def _measurement_dict(measurement: Any) -> dict[str, Any] | None:
 def _echo_json(
     source: Any, variants: list[Any], reports: list[Any], summary: dict[str, Any]
 ) -> None:
+    from fp4cli.cli.inspect_outliers import outliers_json
     from fp4cli.cli.output import echo_json
 
     data = {
@@ -281,6 +285,7 @@ def _echo_json(
                 "name": r.name, "shape": list(r.shape), "elements": r.numel,
                 "high_precision": r.high_precision,
                 "results": {k: _measurement_dict(m) for k, m in r.measurements.items()},
+                "outliers": outliers_json(r),
             }
             for r in reports
         ],
@@ -290,20 +295,24 @@ def _echo_json(
 
 
 def _write_csv(path: Path, variants: list[Any], reports: list[Any]) -> Path:
-    """One row per (tensor, spec); empty metrics where the spec does not apply."""
+    """One row per (tensor, spec); empty metrics where the spec does not apply; the outlier
+    statistics of the tensor the spec quantizes."""
     import csv
 
-    columns = ["tensor", "shape", "elements", "high_precision", "spec", *METRICS]
-    columns += ["zero_blocks", "nan_blocks", "nonfinite", "tensor_scale", "scale_exponents"]
+    from fp4cli.cli.inspect_outliers import CSV_COLUMNS, outlier_csv_fields
+
+    columns = ["tensor", "shape", "elements", "high_precision", "spec"]
+    measured = [*METRICS, "zero_blocks", "nan_blocks", "nonfinite", "tensor_scale",
+                "scale_exponents"]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(columns)
+        writer.writerow([*columns, *measured, *CSV_COLUMNS])
         for report, variant in ((r, v) for r in reports for v in variants):
             shape = "x".join(map(str, report.shape))
             row = [report.name, shape, report.numel, report.high_precision, variant.label]
-            measurement = report.measurements[variant.label]
-            writer.writerow([*row, *_csv_fields(measurement, columns[len(row) :])])
+            row += _csv_fields(report.measurements[variant.label], measured)
+            writer.writerow([*row, *outlier_csv_fields(report, variant)])
     return path
 
 

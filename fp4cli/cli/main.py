@@ -18,6 +18,7 @@ from typer.core import TyperGroup
 from fp4cli.cli import (
     bench_cmd,
     cost_cmd,
+    data_cmd,
     inspect_cmd,
     oscillation_cmd,
     recipes_cmd,
@@ -160,6 +161,7 @@ app.command(name="oscillation-report")(oscillation_cmd.oscillation_report)
 app.command(name="quantize-inspect")(inspect_cmd.quantize_inspect)
 app.command(name="cost")(cost_cmd.cost)
 app.command(name="reproduce")(reproduce_cmd.reproduce)
+app.add_typer(data_cmd.app, name="data")
 
 
 def _print_version(value: bool) -> None:

@@ -14,7 +14,7 @@ INTERRUPTED_EXIT = 130  # SIGINT or SIGTERM, as the shell reports a Ctrl-C
 
 
 def train(
-    task: Annotated[str | None, Opt(help="regression, vit, diffusion or gpt.")] = None,
+    task: Annotated[str | None, Opt(help="regression, vit, diffusion, gpt or llama.")] = None,
     recipe: Annotated[str | None, Opt(help="A shipped recipe name or a YAML path.")] = None,
     size: Annotated[
         str | None,
@@ -28,7 +28,10 @@ def train(
     batch_size: Annotated[int | None, Opt(help="Global batch size.")] = None,
     lr: Annotated[float | None, Opt(help="Peak learning rate.")] = None,
     seed: Annotated[int | None, Opt(help="Seed of data order, init and rounding.")] = None,
-    data: Annotated[str | None, Opt(help="Data path (image folder / CIFAR / text).")] = None,
+    data: Annotated[
+        str | None,
+        Opt(help="Data: an image folder / CIFAR; text, a token folder or python-sources."),
+    ] = None,
     device: Annotated[str | None, Opt(help="auto, cpu, cuda or cuda:N.")] = None,
     backend: Annotated[
         str | None, Opt(help="Quantizer: auto (Triton kernels on CUDA), torch or triton.")

@@ -21,6 +21,7 @@ HIGH_PRECISION = {
     "regression": {"head"},
     "vit": {"head"},
     "gpt": {"lm_head"},
+    "llama": {"lm_head"},
     "diffusion": {"time_embedding.linear_1", "time_embedding.linear_2"},
 }
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(40))
@@ -49,7 +50,7 @@ def plain_linear_names(model: nn.Module) -> set[str]:
 
 
 def test_registry_and_bad_names():
-    assert task_names() == ["diffusion", "gpt", "regression", "vit"]
+    assert task_names() == ["diffusion", "gpt", "llama", "regression", "vit"]
     with pytest.raises(TaskError, match="unknown task 'nope'"):
         create_task("nope")
     with pytest.raises(TaskError, match="no size 'huge'"):
