@@ -30,7 +30,10 @@ def reproduce(
     ] = None,
     data: Annotated[
         Path | None,
-        Opt(help="Data for the task (CIFAR-10 or an ImageFolder for vit, text for gpt)."),
+        Opt(
+            help="Data for the task: CIFAR-10 or an ImageFolder for vit; text, a token folder"
+            " or python-sources for gpt and llama."
+        ),
     ] = None,
     device: Annotated[
         str | None, Opt(help="Train every run on this device (cpu, cuda:1) (default: spread).")

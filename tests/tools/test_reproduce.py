@@ -392,3 +392,15 @@ def test_cli_list_dry_run_and_errors(tmp_path):
     impossible = ["reproduce", "tseng", "--size", "debug", "--set", "model.n_head=5", "--dry-run"]
     result = runner.invoke(app, [*impossible, "--store", str(db)])
     assert result.exit_code == 2 and "not a multiple of model.n_head 5" in _text(result)
+
+
+def test_the_wang_study_runs_on_the_llama_task(tmp_path):
+    """The paper's kind of model: every arm of `fp4 reproduce wang` trains the Llama decoder."""
+    db = tmp_path / "s.db"
+    args = ["reproduce", "wang", "--task", "llama", "--size", "debug", "--steps", "2",
+            "--seeds", "0", "--device", "cpu", "--store", str(db), "--quiet", "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    runs = RunStore(db).list_runs()
+    assert {r["task"] for r in runs} == {"llama"} and {r["status"] for r in runs} == {"finished"}
+    assert len(runs) == 5  # bf16, wang-direct, wang-fp4 and the two single techniques
