@@ -12,6 +12,9 @@ float32 sums' error shows, for nearly every block, that their order is the integ
 order, and a tile with any block it does not tell takes the exact sums. A pair kernel taking
 four-over-six both ways estimates along the rows only: with the fallback in both directions
 it spills (197 spill stores compiled for sm_90 against 40).
+
+The absolute-error metric (`QuantSpec.four_over_six_metric` "mae", FOUR_OVER_SIX_MAE) takes the
+exact sums alone: its terms, `|d - x|` in the finer unit, are the same float64 and int64 steps.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ from fp4cli.kernels.dequantize import scaled_grid
 from fp4cli.kernels.elements import signed_value
 from fp4cli.kernels.tile_ops import FLOAT32_MAX, square_reduce
 
-# The kernels' FOUR_OVER_SIX: off, the exact sums alone, or the float32 estimate first
+# The kernels' FOUR_OVER_SIX: off, the exact sums alone, the float32 estimate first, or the
+# exact sums of absolute errors
 FOUR_OVER_SIX_OFF = tl.constexpr(0)
 FOUR_OVER_SIX_EXACT = tl.constexpr(1)
 FOUR_OVER_SIX_ESTIMATE = tl.constexpr(2)
+FOUR_OVER_SIX_MAE = tl.constexpr(3)
 TERM_MAX = tl.constexpr(2.0**54)
+ABSOLUTE_UNIT = tl.constexpr(2.0**24)  # the absolute error's unit is 2^24 times finer
 # The float32 estimate (`estimated_preference`): its relative error bound, with room to spare,
 # for sums of up to 256 terms, and the float32 range its units and errors keep to.
 ESTIMATE_SLACK = tl.constexpr(2.0**-14)
@@ -43,22 +49,29 @@ def error_units(amax_bits):
 
 
 @triton.jit
-def error_terms(x64, decoded, unit, BLOCK_AXIS: tl.constexpr):
-    """The int64 error terms of the decoded values against the blocks x64 (x in float64)."""
+def error_terms(x64, decoded, unit, BLOCK_AXIS: tl.constexpr, ABSOLUTE: tl.constexpr):
+    """The int64 error terms of the decoded values against the blocks x64 (x in float64):
+    squared, or (ABSOLUTE) absolute errors."""
     finite = tl.abs(decoded) <= FLOAT32_MAX
     scaled = (decoded.to(tl.float64) - x64) * tl.expand_dims(unit, BLOCK_AXIS + 1)
-    return tl.where(finite, tl.minimum(scaled * scaled, TERM_MAX), 0.0).to(tl.int64)
+    if ABSOLUTE:  # noqa: SIM108 (a constexpr branch, resolved when compiling)
+        error = tl.abs(scaled) * ABSOLUTE_UNIT
+    else:
+        error = scaled * scaled
+    return tl.where(finite, tl.minimum(error, TERM_MAX), 0.0).to(tl.int64)
 
 
 @triton.jit
 def exact_sign(x, decoded_six, decoded_four, amax_bits, ROWS: tl.constexpr, COLS: tl.constexpr,
-               BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr, TILE2D: tl.constexpr):  # fmt: skip
+               BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr, TILE2D: tl.constexpr,
+               ABSOLUTE: tl.constexpr = False):  # fmt: skip
     """Per block (square), the sign (-1, 0 or 1) of four's integer error minus six's
-    (`fp4cli.quant.four_over_six`), summed as one reduction of the terms' differences."""
+    (`fp4cli.quant.four_over_six`; ABSOLUTE: of the absolute errors), summed as one reduction
+    of the terms' differences."""
     unit = error_units(amax_bits)
     x64 = x.to(tl.float64)
-    six = error_terms(x64, decoded_six, unit, BLOCK_AXIS)
-    four = error_terms(x64, decoded_four, unit, BLOCK_AXIS)
+    six = error_terms(x64, decoded_six, unit, BLOCK_AXIS, ABSOLUTE)
+    four = error_terms(x64, decoded_four, unit, BLOCK_AXIS, ABSOLUTE)
     four_minus_six = tl.sum(four - six, axis=BLOCK_AXIS + 1)
     if TILE2D:
         four_minus_six = square_reduce(four_minus_six, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
@@ -104,11 +117,15 @@ def estimated_preference(x, decoded_six, decoded_four, amax_bits, ROWS: tl.const
 
 @triton.jit
 def decoded_candidate(grid, scale, finite_blocks, tensor_amax, BLOCK_AXIS: tl.constexpr,
-                      TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr):  # fmt: skip
-    """A candidate's values decoded as `scaled_grid` decodes them, and per block whether one is
-    Inf or NaN (int32 0 or 1)."""
-    decoded = scaled_grid(grid, scale, finite_blocks, tensor_amax, 1.0, TENSOR_SCALE, DECODE_INV,
-                          BLOCK_AXIS, 0.0, 0.0, 0.0, False)  # fmt: skip
+                      TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr,
+                      PRESCALE: tl.constexpr, PRESCALE_INV: tl.constexpr,
+                      PRESCALE_FIX: tl.constexpr, PRESCALE_FIX_RATIO: tl.constexpr,
+                      PRESCALE_REMAINDER: tl.constexpr):  # fmt: skip
+    """A candidate's values decoded as `scaled_grid` decodes them (over the SR pre-scale, as
+    `kernels.prescale` divides), and per block whether one is Inf or NaN (int32 0 or 1)."""
+    decoded = scaled_grid(grid, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
+                          DECODE_INV, BLOCK_AXIS, PRESCALE_INV, PRESCALE_FIX, PRESCALE_FIX_RATIO,
+                          PRESCALE_REMAINDER)  # fmt: skip
     infinite = tl.max((~(tl.abs(decoded) <= FLOAT32_MAX)).to(tl.int32), axis=BLOCK_AXIS + 1)
     return decoded, infinite
 
@@ -118,29 +135,36 @@ def prefer_four(
     x, code_six, code_four, scale_six, scale_four, finite_blocks, amax_bits, tensor_amax,
     ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_AXIS: tl.constexpr,
     TENSOR_SCALE: tl.constexpr, DECODE_INV: tl.constexpr, TILE2D: tl.constexpr,
-    GRID: tl.constexpr, E1M2: tl.constexpr, ESTIMATE: tl.constexpr,
+    GRID: tl.constexpr, E1M2: tl.constexpr, MODE: tl.constexpr, PRESCALE: tl.constexpr,
+    PRESCALE_INV: tl.constexpr, PRESCALE_FIX: tl.constexpr, PRESCALE_FIX_RATIO: tl.constexpr,
+    PRESCALE_REMAINDER: tl.constexpr,
 ):  # fmt: skip
     """Per block (square under TILE2D): whether the candidate scaled to 4 is strictly nearer
     the float32 blocks x (`quantize.block_view`). The candidates are signed codes (GRID: signed
-    grid values) and scale values; amax_bits the blocks' amax bits, which set the error unit.
+    grid values) and scale values; amax_bits the blocks' amax bits, which set the error unit;
+    the PRESCALE constants decode them over the SR pre-scale (`scaled_grid`).
     An infinite error loses to a finite one, and two tie (six kept). The integer errors are
-    compared (ESTIMATE) through float32 sums where those tell their order
-    (`estimated_preference`), and on a tile with any block they do not tell, or without
-    ESTIMATE, exactly (`exact_sign`)."""
+    compared (MODE FOUR_OVER_SIX_ESTIMATE) through float32 sums where those tell their order
+    (`estimated_preference`), and on a tile with any block they do not tell, or in MODE
+    FOUR_OVER_SIX_EXACT, exactly (`exact_sign`); FOUR_OVER_SIX_MAE compares the absolute
+    errors' exact sums."""
     grid_six = code_six
     grid_four = code_four
     if not GRID:
         grid_six = signed_value(code_six, E1M2)
         grid_four = signed_value(code_four, E1M2)
-    decoded_six, infinite_six = decoded_candidate(grid_six, scale_six, finite_blocks, tensor_amax,
-                                                  BLOCK_AXIS, TENSOR_SCALE, DECODE_INV)  # fmt: skip
-    decoded_four, infinite_four = decoded_candidate(grid_four, scale_four, finite_blocks,
-                                                    tensor_amax, BLOCK_AXIS, TENSOR_SCALE,
-                                                    DECODE_INV)  # fmt: skip
+    decoded_six, infinite_six = decoded_candidate(
+        grid_six, scale_six, finite_blocks, tensor_amax, BLOCK_AXIS, TENSOR_SCALE, DECODE_INV,
+        PRESCALE, PRESCALE_INV, PRESCALE_FIX, PRESCALE_FIX_RATIO, PRESCALE_REMAINDER,
+    )  # fmt: skip
+    decoded_four, infinite_four = decoded_candidate(
+        grid_four, scale_four, finite_blocks, tensor_amax, BLOCK_AXIS, TENSOR_SCALE, DECODE_INV,
+        PRESCALE, PRESCALE_INV, PRESCALE_FIX, PRESCALE_FIX_RATIO, PRESCALE_REMAINDER,
+    )  # fmt: skip
     if TILE2D:
         infinite_six = square_reduce(infinite_six, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
         infinite_four = square_reduce(infinite_four, ROWS, COLS, BLOCK, BLOCK_AXIS, True)
-    if ESTIMATE:
+    if MODE == FOUR_OVER_SIX_ESTIMATE:
         both_finite = (infinite_six == 0) & (infinite_four == 0)
         sign, untold = estimated_preference(x, decoded_six, decoded_four, amax_bits, ROWS, COLS,
                                             BLOCK, BLOCK_AXIS, TILE2D)  # fmt: skip
@@ -149,5 +173,5 @@ def prefer_four(
                               BLOCK_AXIS, TILE2D)  # fmt: skip
     else:
         sign = exact_sign(x, decoded_six, decoded_four, amax_bits, ROWS, COLS, BLOCK, BLOCK_AXIS,
-                          TILE2D)  # fmt: skip
+                          TILE2D, MODE == FOUR_OVER_SIX_MAE)  # fmt: skip
     return (infinite_four == 0) & ((infinite_six > 0) | (sign < 0))

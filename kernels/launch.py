@@ -27,7 +27,11 @@ import torch
 from fp4cli.formats import float32
 from fp4cli.kernels.amax import amax_kernel
 from fp4cli.kernels.dequantize import dequantize_kernel
-from fp4cli.kernels.four_over_six import FOUR_OVER_SIX_ESTIMATE, FOUR_OVER_SIX_OFF
+from fp4cli.kernels.four_over_six import (
+    FOUR_OVER_SIX_ESTIMATE,
+    FOUR_OVER_SIX_MAE,
+    FOUR_OVER_SIX_OFF,
+)
 from fp4cli.kernels.prescale import prescale_constants
 from fp4cli.kernels.quantize import quantize_kernel
 from fp4cli.kernels.tile_io import GRID_Y
@@ -418,8 +422,12 @@ def amax_partials(
 
 
 def four_over_six_mode(spec: QuantSpec) -> int:
-    """The single-direction kernel's FOUR_OVER_SIX: the float32 estimate first, or off."""
-    return (FOUR_OVER_SIX_ESTIMATE if spec.four_over_six else FOUR_OVER_SIX_OFF).value
+    """The single-direction kernel's FOUR_OVER_SIX: off, the float32 estimate first (squared
+    errors) or the exact absolute errors."""
+    if not spec.four_over_six:
+        return FOUR_OVER_SIX_OFF.value
+    absolute = spec.four_over_six_metric == "mae"
+    return (FOUR_OVER_SIX_MAE if absolute else FOUR_OVER_SIX_ESTIMATE).value
 
 
 @torch.compiler.disable
@@ -434,6 +442,7 @@ def quantize_e2m1(
     tile: Tile | None = None,
     guide: torch.Tensor | None = None,
     t_amax: torch.Tensor | None = None,
+    signed_zero: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(codes, scales, tensor amax, values) of x quantized along `axis` (non-negative).
 
@@ -441,7 +450,9 @@ def quantize_e2m1(
     and codes and scales are None; otherwise values is None. With `hadamard`, x is first
     transformed along the axis (zero-padded to whole Hadamard blocks). With `guide` (x's shape),
     each value rounds toward it (Q-EMA) instead of by the spec's rounding. `t_amax`: a
-    two-level spec's tensor amax when the caller has it (else one pass reduces it first)."""
+    two-level spec's tensor amax when the caller has it (else one pass reduces it first).
+    `signed_zero`: a negative value rounded to zero is written as code 8 (-0), as
+    `fp4cli.quant.quantize` says."""
     x = x.contiguous()
     if guide is not None:
         guide = guide.contiguous()
@@ -494,6 +505,7 @@ def quantize_e2m1(
              **two_level_constants(spec),
              WRITE_VALUES=values_dtype is not None, GUIDED=guide is not None,
              E1M2=spec.element == "e1m2", FOUR_OVER_SIX=four_over_six_mode(spec),
+             SIGNED_ZERO=signed_zero and values_dtype is None,
              **_scale_constants(spec), **outer_constants(spec),
              **_hadamard_constants(hadamard, signs_constant(hadamard_seed))),
         tile.warps,

@@ -215,7 +215,7 @@ def _direction_constants(
                          RHT_SEED_FROM_PTR=False, WRITE_VALUES=False,
                          CEIL=False, TENSOR_SCALE=False, TILE2D=False,
                          VALUES_TENSOR_SCALE=False, E1M2=False,
-                         FOUR_OVER_SIX=False)  # fmt: skip
+                         FOUR_OVER_SIX=False, FOUR_OVER_SIX_MAE=False)  # fmt: skip
         constants |= _spec_constants(QuantSpec()) | _hadamard_constants(None)
         constants |= prescale_constants(QuantSpec())
     else:
@@ -227,6 +227,7 @@ def _direction_constants(
             TENSOR_SCALE=spec.tensor_scale, TILE2D=spec.tile2d,
             VALUES_TENSOR_SCALE=spec.tensor_scale and not block_values,
             E1M2=spec.element == "e1m2", FOUR_OVER_SIX=spec.four_over_six,
+            FOUR_OVER_SIX_MAE=spec.four_over_six_metric == "mae",
         )  # fmt: skip
         constants |= _spec_constants(spec) | _hadamard_constants(hadamard, signs)
         constants |= prescale_constants(spec)

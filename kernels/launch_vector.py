@@ -71,8 +71,9 @@ def scale_count(spec: QuantSpec, axis: int, shape: tuple[int, ...]) -> int:
 
 def element_constants(spec: QuantSpec) -> dict[str, object]:
     """The element format's constexprs: its grid (MBITS, MIN_EXP, ELEM_MAX), its largest value
-    as 2^ELEM_MAX_EXP * (1 + ELEM_MAX_MANT / 2^23), the scale rule, the code's sign bit and
-    the tie rule (TIES_UP: toward +inf, else to even)."""
+    as 2^ELEM_MAX_EXP * (1 + ELEM_MAX_MANT / 2^23), the scale rule (SCALE_BF16: MS-AMP's
+    bfloat16 arithmetic), the code's sign bit and the tie rule (TIES_UP: toward +inf, else to
+    even)."""
     fmt = spec.element_format
     mantissa, exponent = math.frexp(fmt.max_value)  # max = mantissa * 2^exponent, in [0.5, 1)
     return dict(
@@ -82,6 +83,7 @@ def element_constants(spec: QuantSpec) -> dict[str, object]:
         ELEM_MAX_EXP=exponent - 1,
         ELEM_MAX_MANT=int((mantissa * 2 - 1) * (1 << 23)),
         CEIL=spec.scale_rule == "ceil",
+        SCALE_BF16=spec.scale_bf16,
         SIGN_BIT=fmt.sign_bit,
         TIES_UP=spec.rounding == "ties_up",
     )

@@ -28,7 +28,7 @@ from fp4cli.kernels.elements import (
     signed_value,
     sr_grid,
 )
-from fp4cli.kernels.four_over_six import FOUR_OVER_SIX_ESTIMATE, prefer_four
+from fp4cli.kernels.four_over_six import prefer_four
 from fp4cli.kernels.ms_eden import eden_scales
 from fp4cli.kernels.tile_io import (
     block_first_bits,
@@ -226,6 +226,10 @@ def quantize_tile(
     TWO_LEVEL_TARGET: tl.constexpr = 0.0,
     ELEM_INV: tl.constexpr = 0.0,
     EDEN: tl.constexpr = 0,
+    PRESCALE_INV: tl.constexpr = 0.0,
+    PRESCALE_FIX: tl.constexpr = 0.0,
+    PRESCALE_FIX_RATIO: tl.constexpr = 0.0,
+    PRESCALE_REMAINDER: tl.constexpr = False,
 ):
     """E2M1 codes (sign included, int32; meaningless in non-finite blocks), scale values and
     scale codes, and which blocks are finite, for a float32 [ROWS, COLS] tile whose blocks run
@@ -244,8 +248,10 @@ def quantize_tile(
     `elements.signed_value(code)` (float32) in place of the codes, straight from the rounding
     for RNE and SR. E1M2: the uniform grid's codes and values instead of E2M1's
     (`elements`). FOUR_OVER_SIX: each block (square) also quantized with its amax onto 4, and
-    keeps the nearer candidate (`four_over_six`; no pre-scale; FOUR_OVER_SIX_ESTIMATE: its
-    float32 estimate first, FOUR_OVER_SIX_EXACT: the exact errors alone), decoded with
+    keeps the nearer candidate (`four_over_six`, the candidates decoded over the pre-scale with
+    PRESCALE and PRESCALE_INV .. PRESCALE_REMAINDER as `scaled_grid`; FOUR_OVER_SIX_ESTIMATE: its
+    float32 estimate first, FOUR_OVER_SIX_EXACT: the exact errors alone, FOUR_OVER_SIX_MAE:
+    the exact absolute errors), decoded with
     `tensor_amax` and DECODE_INV under TENSOR_SCALE. OUTER (> 0, with TENSOR_SCALE): A is each
     run of OUTER blocks' largest finite |x| (`QuantSpec.outer_block`; the tile's extent along
     the blocks is a multiple of OUTER * BLOCK) instead of `tensor_amax`, with the formulas'
@@ -301,7 +307,8 @@ def quantize_tile(
         four = prefer_four(
             bits.to(tl.float32, bitcast=True), code, code4, scale, scale4, finite_blocks,
             amax_bits, tensor_amax, ROWS, COLS, BLOCK, BLOCK_AXIS, TENSOR_SCALE, DECODE_INV,
-            TILE2D, GRID, E1M2, FOUR_OVER_SIX == FOUR_OVER_SIX_ESTIMATE,
+            TILE2D, GRID, E1M2, FOUR_OVER_SIX, PRESCALE, PRESCALE_INV, PRESCALE_FIX,
+            PRESCALE_FIX_RATIO, PRESCALE_REMAINDER,
         )  # fmt: skip
         code = tl.where(tl.expand_dims(four, BLOCK_AXIS + 1), code4, code)
         scale = tl.where(four, scale4, scale)
@@ -363,10 +370,12 @@ def quantize_kernel(
     TWO_LEVEL_TARGET: tl.constexpr,
     ELEM_INV: tl.constexpr,
     EDEN: tl.constexpr,
+    SIGNED_ZERO: tl.constexpr,
 ):
     """OUTER (> 0, an outer block of OUTER blocks): each outer block's A is found in the tile,
     and written with packed codes into tensor_amax_ptr (`tile_io.store_outer_amax`). EDEN (> 0):
-    MS-EDEN over groups of EDEN blocks, drawing a block's number at its first element."""
+    MS-EDEN over groups of EDEN blocks, drawing a block's number at its first element.
+    SIGNED_ZERO: a negative value rounded to zero keeps its sign in the packed codes (code 8)."""
     first_line, first_pos, outer, first_inner = tile_origin(
         inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
@@ -441,6 +450,10 @@ def quantize_kernel(
         TWO_LEVEL_TARGET,
         ELEM_INV,
         EDEN,
+        PRESCALE_INV,
+        PRESCALE_FIX,
+        PRESCALE_FIX_RATIO,
+        PRESCALE_REMAINDER,
     )
     if WRITE_VALUES:
         values = scaled_grid(
@@ -485,6 +498,7 @@ def quantize_kernel(
             ROWS,
             COLS,
             BLOCK,
+            SIGNED_ZERO,
         )
         if OUTER > 0:
             store_outer_amax(tensor_amax_ptr, tensor_amax, first_line, first_pos, rows_ok,

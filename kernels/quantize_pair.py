@@ -24,6 +24,7 @@ from fp4cli.kernels.elements import signed_value
 from fp4cli.kernels.four_over_six import (
     FOUR_OVER_SIX_ESTIMATE,
     FOUR_OVER_SIX_EXACT,
+    FOUR_OVER_SIX_MAE,
     FOUR_OVER_SIX_OFF,
 )
 from fp4cli.kernels.quantize import quantize_tile
@@ -74,7 +75,8 @@ def quantize_direction(
     VALUES_TENSOR_SCALE: values carry the tensor scale (else q * s, a two-level spec's block
     values). E1M2: the uniform grid's codes (`elements`). FOUR_OVER_SIX: each block keeps the
     nearer of its candidates scaled to 6 and to 4 (`four_over_six`: FOUR_OVER_SIX_ESTIMATE, the
-    float32 estimate first, or FOUR_OVER_SIX_EXACT, the exact errors alone).
+    float32 estimate first, FOUR_OVER_SIX_EXACT, the exact errors alone, or FOUR_OVER_SIX_MAE,
+    the exact absolute errors).
     HADAMARD_SIGNS: the transform's signs (`tile_ops.hadamard_signs`). OUTER (> 0, two-level):
     an amax per OUTER blocks, found in the tile (whose side along the blocks holds whole outer
     blocks) and, with packed codes, written to amax_ptr (`tile_io.store_outer_amax`). EDEN
@@ -123,7 +125,8 @@ def quantize_direction(
         SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX, SCALE_NAN, SR, AWAY, PRESCALE, TENSOR_SCALE,
         GUIDED, BLOCK_AXIS, TILE2D,
         packed_rows, WRITE_VALUES, E1M2, FOUR_OVER_SIX, tensor_amax, DECODE_INV,
-        OUTER, TWO_LEVEL_TARGET, ELEM_INV, EDEN,
+        OUTER, TWO_LEVEL_TARGET, ELEM_INV, EDEN, PRESCALE_INV, PRESCALE_FIX,
+        PRESCALE_FIX_RATIO, PRESCALE_REMAINDER,
     )  # fmt: skip
     values = tile
     if WRITE_VALUES or RETURN_VALUES:
@@ -185,7 +188,8 @@ def quantize_pair_kernel(
     ROW_TENSOR_SCALE: tl.constexpr,
     ROW_DECODE_INV: tl.constexpr,
     ROW_TILE2D: tl.constexpr, ROW_VALUES_TENSOR_SCALE: tl.constexpr, ROW_E1M2: tl.constexpr,
-    ROW_FOUR_OVER_SIX: tl.constexpr, ROW_OUTER: tl.constexpr,
+    ROW_FOUR_OVER_SIX: tl.constexpr, ROW_FOUR_OVER_SIX_MAE: tl.constexpr,
+    ROW_OUTER: tl.constexpr,
     ROW_TWO_LEVEL_TARGET: tl.constexpr, ROW_ELEM_INV: tl.constexpr, ROW_EDEN: tl.constexpr,
     COL_ON: tl.constexpr, COL_BLOCK: tl.constexpr, COL_POW2_SCALE: tl.constexpr,
     COL_CEIL: tl.constexpr, COL_SCALE_MBITS: tl.constexpr, COL_SCALE_MIN_EXP: tl.constexpr,
@@ -199,7 +203,8 @@ def quantize_pair_kernel(
     COL_TENSOR_SCALE: tl.constexpr,
     COL_DECODE_INV: tl.constexpr,
     COL_TILE2D: tl.constexpr, COL_VALUES_TENSOR_SCALE: tl.constexpr, COL_E1M2: tl.constexpr,
-    COL_FOUR_OVER_SIX: tl.constexpr, COL_OUTER: tl.constexpr,
+    COL_FOUR_OVER_SIX: tl.constexpr, COL_FOUR_OVER_SIX_MAE: tl.constexpr,
+    COL_OUTER: tl.constexpr,
     COL_TWO_LEVEL_TARGET: tl.constexpr, COL_ELEM_INV: tl.constexpr, COL_EDEN: tl.constexpr,
 ):  # fmt: skip
     """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
@@ -213,14 +218,17 @@ def quantize_pair_kernel(
     say: the operand its GEMM reads). ROUND_BF16: x (float32) is quantized as x rounded to
     bfloat16, the compute dtype's cast done here."""
     # four-over-six: the float32 estimate along the rows; down the columns too unless the rows
-    # take it (with the estimate's fallback both ways the kernel spills)
-    row_four_over_six: tl.constexpr = (
-        FOUR_OVER_SIX_ESTIMATE if ROW_FOUR_OVER_SIX else FOUR_OVER_SIX_OFF
-    )
+    # take it (with the estimate's fallback both ways the kernel spills); the absolute errors
+    # (MAE) exactly
+    row_squared: tl.constexpr = FOUR_OVER_SIX_ESTIMATE if ROW_FOUR_OVER_SIX else FOUR_OVER_SIX_OFF
+    row_four_over_six: tl.constexpr = FOUR_OVER_SIX_MAE if ROW_FOUR_OVER_SIX_MAE else row_squared
     col_estimate: tl.constexpr = (
-        FOUR_OVER_SIX_EXACT if ROW_FOUR_OVER_SIX else FOUR_OVER_SIX_ESTIMATE
+        FOUR_OVER_SIX_EXACT
+        if row_four_over_six == FOUR_OVER_SIX_ESTIMATE
+        else FOUR_OVER_SIX_ESTIMATE
     )
-    col_four_over_six: tl.constexpr = col_estimate if COL_FOUR_OVER_SIX else FOUR_OVER_SIX_OFF
+    col_squared: tl.constexpr = col_estimate if COL_FOUR_OVER_SIX else FOUR_OVER_SIX_OFF
+    col_four_over_six: tl.constexpr = FOUR_OVER_SIX_MAE if COL_FOUR_OVER_SIX_MAE else col_squared
     row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
     read = x
     if ROUND_BF16:

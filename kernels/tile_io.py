@@ -241,10 +241,12 @@ def store_codes(
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
     BLOCK: tl.constexpr,
+    SIGNED_ZERO: tl.constexpr = False,
 ):
     """Packed codes (two per byte, low nibble first; zero in non-finite blocks; a code 8 stored
-    as 0) and scale codes, axis-last padded layout. code is [ROWS, blocks, BLOCK], finite_blocks
-    [ROWS, blocks]; rows_ok [ROWS] says which of the tile's lines exist."""
+    as 0 unless SIGNED_ZERO) and scale codes, axis-last padded layout. code is
+    [ROWS, blocks, BLOCK], finite_blocks [ROWS, blocks]; rows_ok [ROWS] says which of the
+    tile's lines exist."""
     line_ids = first_line + tl.arange(0, ROWS)
     # Eight codes to a 32-bit word, element 8w + i in bits 4i..4i+3 (the bytes' nibble order on
     # a little-endian device), each word within one thread's run of the tile: no exchange of
@@ -252,10 +254,11 @@ def store_codes(
     code = tl.where(finite_blocks[:, :, None], code, 0)
     groups = tl.reshape(code, (ROWS, COLS // 8, 8))
     words = tl.sum(groups << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
-    # A code 8 (a negative value rounded to zero) becomes 0: a nibble keeps its sign bit only
-    # where its magnitude bits are non-zero (magnitude + 7 carries into bit 3 exactly then).
-    magnitudes = words & 0x77777777
-    words = magnitudes | (words & (magnitudes + 0x77777777) & -0x77777778)
+    if not SIGNED_ZERO:
+        # A code 8 (a negative value rounded to zero) becomes 0: a nibble keeps its sign bit
+        # only where its magnitude bits are non-zero (magnitude + 7 carries into bit 3 then).
+        magnitudes = words & 0x77777777
+        words = magnitudes | (words & (magnitudes + 0x77777777) & -0x77777778)
     word_cols = first_pos // 8 + tl.arange(0, COLS // 8)
     word_mask = rows_ok[:, None] & (word_cols < padded_length // 8)[None, :]
     tl.store(

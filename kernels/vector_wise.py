@@ -32,7 +32,7 @@ from fp4cli.kernels.order_stats import (
     read_row_thresholds,
     row_thresholds,
 )
-from fp4cli.kernels.tile_io import block_at, store_column_sums
+from fp4cli.kernels.tile_io import block_at, rounded_to_bf16, store_column_sums
 from fp4cli.kernels.tile_ops import (
     e8m0_exponent,
     pow2,
@@ -41,8 +41,19 @@ from fp4cli.kernels.tile_ops import (
     ties_toward_positive,
     unsigned_minifloat_value,
 )
+from fp4cli.quant.scales import BF16_LOG_ROUNDS_UP_FROM, BF16_SCALE_RANGE
 
 NON_FINITE_BITS = tl.constexpr(0x7F800000)
+BF16_SCALE_LOW = tl.constexpr(BF16_SCALE_RANGE[0])
+BF16_SCALE_HIGH = tl.constexpr(BF16_SCALE_RANGE[1])
+# `scales.BF16_LOG_ROUNDS_UP_FROM` by half spacing 2^-n (2^-8 and 2^-9: 128, never)
+UP_FROM_1 = tl.constexpr(BF16_LOG_ROUNDS_UP_FROM[-1])
+UP_FROM_2 = tl.constexpr(BF16_LOG_ROUNDS_UP_FROM[-2])
+UP_FROM_3 = tl.constexpr(BF16_LOG_ROUNDS_UP_FROM[-3])
+UP_FROM_4 = tl.constexpr(BF16_LOG_ROUNDS_UP_FROM[-4])
+UP_FROM_5 = tl.constexpr(BF16_LOG_ROUNDS_UP_FROM[-5])
+UP_FROM_6 = tl.constexpr(BF16_LOG_ROUNDS_UP_FROM[-6])
+UP_FROM_7 = tl.constexpr(BF16_LOG_ROUNDS_UP_FROM[-7])
 BY_ROW = tl.constexpr(0)
 BY_COLUMN = tl.constexpr(1)
 BY_TENSOR = tl.constexpr(2)
@@ -72,11 +83,50 @@ def magnitude_bits(x, mask):
 
 @triton.jit
 def scale_exponent(amax_bits, ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr,
-                   CEIL: tl.constexpr):  # fmt: skip
-    """(E8M0 exponent, finite) of lines whose |x| bits reduce to amax_bits."""
+                   CEIL: tl.constexpr, SCALE_BF16: tl.constexpr):  # fmt: skip
+    """(E8M0 exponent, finite) of lines whose |x| bits reduce to amax_bits; SCALE_BF16:
+    MS-AMP's bfloat16 arithmetic where the amax lies in its range (`bf16_exponent`)."""
     finite = amax_bits < NON_FINITE_BITS
     amax = tl.where(finite, amax_bits, 0).to(tl.float32, bitcast=True)
-    return e8m0_exponent(amax, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL), finite
+    exponent = e8m0_exponent(amax, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
+    if SCALE_BF16:
+        in_range = (amax >= BF16_SCALE_LOW) & (amax <= BF16_SCALE_HIGH)
+        exponent = tl.where(in_range, bf16_exponent(tl.where(in_range, amax, 1.0)), exponent)
+    return exponent, finite
+
+
+@triton.jit
+def bf16_exponent(amax):
+    """`fp4cli.quant.scales.bf16_scale_exponent` of amaxes within BF16_SCALE_RANGE (int32):
+    r = bf16(bf16(1 / bf16(amax)) * 6) = 2^k (1 + m / 128), then -(k + 1) where log2 r rounds
+    up to k + 1 in bfloat16 (m at least the table's entry for the half spacing there), else
+    -k. Integer steps and one correctly rounded division."""
+    a = rounded_to_bf16(amax)
+    r = rounded_to_bf16(rounded_to_bf16(tl.div_rn(tl.full(a.shape, 1.0, tl.float32), a)) * 6.0)
+    bits = r.to(tl.int32, bitcast=True)
+    k = ((bits >> 23) & 0xFF) - 127
+    mantissa = (bits >> 16) & 0x7F
+    return -(k + (mantissa >= rounds_up_from(k + 1)).to(tl.int32))
+
+
+@triton.jit
+def rounds_up_from(target):
+    """`scales._rounds_up_from` of integers |target| < 2^8 (int32): the table entry for the
+    half spacing 2^h, h = floor(log2 |target|) - 8 (one less just below a positive power of
+    two), 128 (never) for 0."""
+    magnitude = tl.maximum(tl.abs(target), 1)
+    j = ((magnitude.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # exact
+    below_power = (target > 0) & ((magnitude & (magnitude - 1)) == 0)
+    h = j - 8 - below_power.to(tl.int32)
+    least = tl.full(h.shape, 128, tl.int32)  # h <= -8: never
+    least = tl.where(h == -7, UP_FROM_7, least)
+    least = tl.where(h == -6, UP_FROM_6, least)
+    least = tl.where(h == -5, UP_FROM_5, least)
+    least = tl.where(h == -4, UP_FROM_4, least)
+    least = tl.where(h == -3, UP_FROM_3, least)
+    least = tl.where(h == -2, UP_FROM_2, least)
+    least = tl.where(h == -1, UP_FROM_1, least)
+    return tl.where(target == 0, 128, least)
 
 
 @triton.jit
@@ -143,7 +193,7 @@ def rows_kernel(
     WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
     MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
     ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr, CEIL: tl.constexpr,
-    SIGN_BIT: tl.constexpr, TIES_UP: tl.constexpr,
+    SCALE_BF16: tl.constexpr, SIGN_BIT: tl.constexpr, TIES_UP: tl.constexpr,
 ):  # fmt: skip
     """One scale per row of a contiguous (R, C) tensor, rows clamped to their values of ranks
     low_rank and high_rank first when CLAMP (with RESIDUAL, the clamped-off part added back to
@@ -174,7 +224,7 @@ def rows_kernel(
             amax_bits = tl.max(magnitude_bits(x, mask), axis=1)
             if TAIL > 0:
                 amax_bits = tl.maximum(amax_bits, tl.max(magnitude_bits(tail_x, tail_mask), axis=1))
-        exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
+        exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL, SCALE_BF16)
         written = _finish_rows(
             x_ptr, out_ptr, offsets, mask, x, low, high, exponent, finite, CLAMP, RESIDUAL,
             MBITS, MIN_EXP, ELEM_MAX, SIGN_BIT, WRITE_CODES, TIES_UP,
@@ -197,7 +247,7 @@ def rows_kernel(
             if CLAMP:
                 x = clamp_rows(x, low, high)
             amax_bits = tl.maximum(amax_bits, tl.max(magnitude_bits(x, mask), axis=1))
-        exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
+        exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL, SCALE_BF16)
         written = tl.zeros([BR], tl.int32)
         for start in range(0, C, BC):
             offsets, mask = block_at(first_row, start, R, C, BR, BC)
@@ -289,7 +339,7 @@ def scaled_kernel(
     WRITE_CODES: tl.constexpr, WRITE_SCALES: tl.constexpr, AMAX_OUT: tl.constexpr,
     MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
     ELEM_MAX_EXP: tl.constexpr, ELEM_MAX_MANT: tl.constexpr, CEIL: tl.constexpr,
-    SIGN_BIT: tl.constexpr, TIES_UP: tl.constexpr,
+    SCALE_BF16: tl.constexpr, SIGN_BIT: tl.constexpr, TIES_UP: tl.constexpr,
 ):  # fmt: skip
     """Quantize a tile of a contiguous (R, C) tensor with the scales of the amax bits
     `amax_kernel` reduced (per column or per tensor): values or codes in x's layout when
@@ -301,7 +351,7 @@ def scaled_kernel(
     index = line_index(first_row, first_col, BR, BC, BY)
     index_ok = line_ok(index, R, C, BY)
     amax_bits = tl.load(amax_ptr + index, mask=index_ok, other=0)
-    exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL)
+    exponent, finite = scale_exponent(amax_bits, ELEM_MAX_EXP, ELEM_MAX_MANT, CEIL, SCALE_BF16)
     value, code, negative = quantized_values(
         x, expand_line(exponent, BY), expand_line(finite, BY), MBITS, MIN_EXP, ELEM_MAX,
         TIES_UP,

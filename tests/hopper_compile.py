@@ -262,6 +262,16 @@ def quantized_linear_launches() -> None:
     quantize_pair(x, Direction(four_sr, (seed, 2), values_dtype=bf16),
                   Direction(four_sr, (seed, 4), 16, (seed, 9), bf16))  # fmt: skip
     quantize_e2m1(x, ceil.replace(four_over_six=True), 1, None)
+    # nvfp4-4over6-all's gradients (SR after the 16/17 pre-scale, decoded over it) and the
+    # absolute-error metric, in the pair (along the rows and down the columns) and alone; codes
+    # with signed zeros
+    four_all = four_sr.replace(sr_prescale=16 / 17)
+    four_mae = four.replace(four_over_six_metric="mae")
+    quantize_pair(x, Direction(four_all, (seed, 2), values_dtype=bf16),
+                  Direction(four_all, (seed, 4), 16, te))  # fmt: skip
+    quantize_pair(x, Direction(four_mae, None, values_dtype=bf16), Direction(four_mae, None))
+    quantize_e2m1(x, four_all.replace(four_over_six_metric="mae"), 1, seed)
+    quantize_e2m1(x, nvfp4_sr, 1, seed, signed_zero=True)
     # tetrajet-v2's outer blocks of 128: each direction alone (values along the rows, codes
     # with their outer amaxes down the columns after RHT-16), the single-direction kernel, and
     # decoding from the outer amaxes

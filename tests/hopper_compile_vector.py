@@ -56,6 +56,9 @@ def vector_wise_launches() -> None:
     # the FP8 route: dY's codes in both layouts, X's and W's of the transpose only
     quantize_codes(x, e5m2, 1, rows_out=True, transposed=True, column_sums=torch.empty(96))
     quantize_codes(x_q, e4m3, 0, rows_out=False, transposed=True, amax=amax)
+    # MS-AMP's bfloat16 scales (scale_bf16): clamped rows, columns with DGE's scales
+    quantize_vector(x, ties_row.replace(scale_bf16=True), 1, bf16, clamp=Clamp(0, 94))
+    quantize_vector(w, ties_col.replace(scale_bf16=True), 1, bf16, scales=True, amax_out=amax)
     # DGE's factor into the (transposed) bf16 weight gradient
     assert w_scales is not None
     grad_w = torch.randn(96, 48).to(bf16).t()

@@ -21,7 +21,7 @@ from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.quant import fake_quantize
 from fp4cli.quant.backend import check_backend, interpreter_on, triton_available
 from fp4cli.quant.random_bits import draw_seed
-from fp4cli.techniques.qema import AverageGuide, update_ema
+from fp4cli.techniques.qema import AverageGuide, QEMAConfig, layer_init_average, update_ema
 
 _SEED_MASK = (1 << 62) - 1
 
@@ -91,9 +91,17 @@ class QuantLinear(nn.Linear):
         self.register_buffer("rng_seed", torch.tensor(seed & _SEED_MASK, device=device))
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64, device=device))
         if config.qema is not None:
-            ema = self.weight.detach().to(torch.float32).clone()
-            self.register_buffer("weight_ema", ema)
+            self.register_buffer("weight_ema", self._starting_average(config.qema, seed))
             self.register_buffer("ema_updates", torch.zeros((), dtype=torch.int64, device=device))
+
+    def _starting_average(self, qema: QEMAConfig, seed: int) -> torch.Tensor:
+        """Q-EMA's average before its first update (float32, W's shape and device): W itself,
+        or (start "layer_init") nn.Linear's default initialization drawn from the layer's
+        seed, as TetraJet's code starts it."""
+        if qema.start == "weight":
+            return self.weight.detach().to(torch.float32).clone()
+        average = layer_init_average(self.out_features, self.in_features, seed & _SEED_MASK)
+        return average.to(self.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._high_precision:
@@ -210,13 +218,14 @@ class QuantLinear(nn.Linear):
         """One Q-EMA step (call after each optimizer step); a no-op without Q-EMA."""
         if self.config.qema is None:
             return
-        beta = self.config.qema.beta
+        qema = self.config.qema
+        copies = qema.first_update_copies
         if self._ema_in_one_pass():
             from fp4cli.kernels.qema import update_ema_kernel
 
-            update_ema_kernel(self.weight_ema, self.weight, beta, self.ema_updates)
+            update_ema_kernel(self.weight_ema, self.weight, qema.beta, self.ema_updates, copies)
         else:
-            update_ema(self.weight_ema, self.weight, beta, self.ema_updates)
+            update_ema(self.weight_ema, self.weight, qema.beta, self.ema_updates, copies)
         self.ema_updates.add_(1)
 
     def _ema_in_one_pass(self) -> bool:

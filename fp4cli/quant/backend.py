@@ -49,8 +49,6 @@ def kernel_gap(spec: QuantSpec, dtype: torch.dtype) -> str | None:
         return f"block {spec.block!r}{' tile2d' if spec.tile2d else ''} (kernels: {KERNEL_BLOCKS})"
     if spec.scale not in KERNEL_SCALES:
         return f"scale {spec.scale!r} (kernels: {', '.join(KERNEL_SCALES)})"
-    if spec.four_over_six and spec.sr_prescale != 1.0:
-        return "four-over-six with the SR pre-scale (the reference runs it)"
     outer = spec.outer_block
     if outer and (outer & (outer - 1) or outer > KERNEL_OUTER_MAX):
         return f"outer_block {spec.outer_block} (kernels: a power of two up to {KERNEL_OUTER_MAX})"

@@ -16,6 +16,10 @@ stays under 2^52 (the cap is a guard) and a block's sum (up to 256 terms, a 16 x
 under 2^63. A candidate with a value that decodes to Inf or NaN (an infinite decode factor) has
 an infinite error, the int64 maximum. The candidate scaled to 4 wins only when its error is
 strictly smaller (an all-zero block, a tie, two infinite errors, keep 6).
+
+The absolute-error metric ("mae", TransformerEngine's default; `QuantSpec.four_over_six_metric`)
+adds `trunc(min(|d - x| * 2^(48 - E), 2^54))` instead (the product exact: a power of two): the
+absolute errors in units of 2^-48 of a's binade, each under 3 * 2^48, a block's sum under 2^58.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ FOUR = 4.0  # the other candidate's element max
 TERM_MAX = 2.0**54  # a guard: finite decoded values give terms under 2^52
 INFINITE = torch.iinfo(torch.int64).max  # the error of a candidate with a non-finite value
 UNIT_EXPONENT = 150  # 24 - E = 150 - max(f, 1)
+ABSOLUTE_UNIT = 2.0**24  # 2^(48 - E) = 2^(24 - E) * 2^24: the absolute error's finer unit
 
 
 def error_units(block_amax: torch.Tensor) -> torch.Tensor:
@@ -36,14 +41,15 @@ def error_units(block_amax: torch.Tensor) -> torch.Tensor:
 
 
 def block_errors(
-    blocks: torch.Tensor, decoded: torch.Tensor, block_amax: torch.Tensor
+    blocks: torch.Tensor, decoded: torch.Tensor, block_amax: torch.Tensor, metric: str = "mse"
 ) -> torch.Tensor:
-    """Each block's error (int64, the module's sum) of `decoded` against `blocks` (float32, a
-    block's values on the last axis)."""
+    """Each block's error (int64, the module's sum of squared or, `metric` "mae", absolute
+    errors) of `decoded` against `blocks` (float32, a block's values on the last axis)."""
     difference = decoded.to(torch.float64) - blocks.to(torch.float64)
     scaled = difference * error_units(block_amax).unsqueeze(-1)
+    error = scaled.abs() * ABSOLUTE_UNIT if metric == "mae" else scaled * scaled
     finite = torch.isfinite(decoded)
-    terms = torch.where(finite, torch.clamp(scaled * scaled, max=TERM_MAX), 0.0)
+    terms = torch.where(finite, torch.clamp(error, max=TERM_MAX), 0.0)
     errors = terms.to(torch.int64).sum(dim=-1)
     return torch.where(finite.all(dim=-1), errors, INFINITE)
 
@@ -53,8 +59,10 @@ def prefer_four(
     block_amax: torch.Tensor,
     decoded_six: torch.Tensor,
     decoded_four: torch.Tensor,
+    metric: str = "mse",
 ) -> torch.Tensor:
     """Per block (the last axis holds a block's values; `block_amax` its finite amax): whether
-    the candidate scaled to 4 is strictly nearer `blocks` than the one scaled to 6."""
-    error_six = block_errors(blocks, decoded_six, block_amax)
-    return block_errors(blocks, decoded_four, block_amax) < error_six
+    the candidate scaled to 4 is strictly nearer `blocks` than the one scaled to 6, by `metric`
+    ("mse" or "mae")."""
+    error_six = block_errors(blocks, decoded_six, block_amax, metric)
+    return block_errors(blocks, decoded_four, block_amax, metric) < error_six

@@ -116,6 +116,7 @@ def quantize(
     hadamard: int | None = None,
     hadamard_seed: random_bits.Seed | FixedSigns = 0,
     backend: str = "auto",
+    signed_zero: bool = False,
 ) -> QuantizedTensor:
     """Quantize `x` along `axis` with `spec`.
 
@@ -127,6 +128,10 @@ def quantize(
         from hadamard_seed, or fixed: `FixedSigns`) along the axis instead; the result has the
         padded length.
     backend: "torch" (reference), "triton" (fused kernels) or "auto".
+    signed_zero: a value whose element rounds to zero keeps its sign in the codes: a negative
+        one (or -0.0) is written with the sign bit set (E2M1 code 8, -0), as torchao's
+        NVFP4Tensor and Blackwell's conversion write it; False writes every zero as code 0.
+        The values are the same either way (-0 == 0); only the bytes differ.
     """
     axis = _check_input(x, axis)
     seed = _seed_for(spec, seed)
@@ -134,8 +139,9 @@ def quantize(
         from fp4cli.kernels.launch import quantize_e2m1
 
         codes, scales, t_amax, _ = quantize_e2m1(
-            x, spec, axis, seed, hadamard, hadamard_seed, guide=_guide_for(guide, x)
-        )
+            x, spec, axis, seed, hadamard, hadamard_seed, guide=_guide_for(guide, x),
+            signed_zero=signed_zero,
+        )  # fmt: skip
         assert codes is not None and scales is not None
         shape = _transformed_shape(x, axis, hadamard)
         layout = BlockLayout.for_tensor(_moved(shape, axis), spec)
@@ -144,6 +150,8 @@ def quantize(
     x, guide = _transform(x, guide, axis, hadamard, hadamard_seed)
     q, stored_scales, t_amax, layout = _reference_blocks(x, spec, axis, seed, guide)
     codes = encode(layout.from_blocks(q), spec.element_format)
+    if signed_zero:
+        codes = signed_zero_codes(codes, layout.from_blocks(q), spec)
     if spec.packed:
         codes = pack_nibbles(codes)
     return QuantizedTensor(codes, stored_scales, t_amax, x.shape, spec, axis, x.dtype, layout)
@@ -179,6 +187,16 @@ def fake_quantize(
     q, stored_scales, t_amax, layout = _reference_blocks(x, spec, axis, seed, guide)
     values = _dequantize_blocks(q, scale_values(stored_scales, spec.scale_format), t_amax, spec)
     return layout.unpad(layout.from_blocks(values)).movedim(-1, axis).to(dtype)
+
+
+def signed_zero_codes(codes: torch.Tensor, q: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """`codes` (uint8, unpacked) with the sign bit set where the element value q is -0.0 (a
+    negative value, or -0.0, rounded to zero; a non-finite block's elements are +0)."""
+    fmt = spec.element_format
+    if not fmt.signed:
+        return codes
+    negative_zero = (q == 0) & torch.signbit(q)
+    return codes | (negative_zero.to(torch.uint8) * fmt.sign_bit)
 
 
 def _reference_blocks(
@@ -299,6 +317,7 @@ def _quantize_blocks(
             block_amax,
             _dequantize_blocks(q, scales, t_amax, spec),
             _dequantize_blocks(q4, scales4, t_amax, spec),
+            spec.four_over_six_metric,
         )
         q = torch.where(four.unsqueeze(-1), q4, q)
         stored = torch.where(four, stored4, stored)

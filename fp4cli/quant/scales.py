@@ -27,13 +27,52 @@ def floor_log2(positive: torch.Tensor) -> torch.Tensor:
     return (exp - 1).to(torch.int64)
 
 
+# MS-AMP's scale (`bf16_scale_exponent`): for amax in this range every bfloat16 intermediate is
+# a normal number; outside it the exact rule applies (both clamp to E8M0's range long before).
+BF16_SCALE_RANGE = (2.0**-100, 2.0**100)
+# r = 2^k (1 + m / 128) (a bfloat16), L = log2 r in [k, k + 1): L rounds to k + 1 in bfloat16
+# when 1 - (L - k) is below half of bfloat16's spacing at k + 1, 2^h: i.e. from this m on, by h
+# (exact: log2(1 + m / 128) > 1 - 2^h holds from m = 128 (2^(1 - 2^h) - 1), never an integer).
+BF16_LOG_ROUNDS_UP_FROM = {-9: 128, -8: 128, -7: 127, -6: 126, -5: 123, -4: 118, -3: 107,
+                           -2: 88, -1: 54}  # fmt: skip
+
+
+def bf16_scale_exponent(amax: torch.Tensor) -> torch.Tensor:
+    """The E8M0 exponent (int64) of MS-AMP's FP4 scale for E2M1 (`compute_scaling_factor` on a
+    bfloat16 amax: sf = 2^floor(log2(6 / amax)), the scale 1 / sf): with a = amax rounded to
+    bfloat16, r = bf16(bf16(1 / a) * 6) (each step a float32 operation rounded to bfloat16, to
+    nearest even) and L = log2(r) rounded to bfloat16, -floor(L). For r = 2^k (1 + m / 128),
+    floor(L) is k, or k + 1 where L rounds up to it (`BF16_LOG_ROUNDS_UP_FROM`). Equal to the
+    exact ceil rule or one lower (a scale half as large: values above 3 times it clip)."""
+    a = amax.to(torch.bfloat16).to(torch.float32)
+    reciprocal = (torch.ones_like(a) / a).to(torch.bfloat16).to(torch.float32)
+    r = (reciprocal * 6.0).to(torch.bfloat16).to(torch.float32)  # the product exact in float32
+    k = floor_log2(r)
+    mantissa = (r.view(torch.int32) >> 16) & 0x7F
+    return -(k + (mantissa >= _rounds_up_from(k + 1)).to(torch.int64))
+
+
+def _rounds_up_from(target: torch.Tensor) -> torch.Tensor:
+    """The least mantissa m (of `BF16_LOG_ROUNDS_UP_FROM`) from which log2 rounds up to the
+    integer `target` (int64), 128 (never) for 0: half of bfloat16's spacing at |target| is
+    2^(j - 8), j = floor(log2 |target|); just below a positive power of two 2^(j - 9)."""
+    magnitude = target.abs().clamp(min=1)
+    j = floor_log2(magnitude.to(torch.float32))
+    below_power = (target > 0) & (magnitude == (1 << j))
+    half_spacing = (j - 8 - below_power.to(torch.int64)).clamp(-9, -1)
+    table = torch.tensor([BF16_LOG_ROUNDS_UP_FROM[h] for h in range(-9, 0)], device=target.device)
+    return torch.where(target == 0, 128, table[half_spacing + 9])
+
+
 def pow2_scale_exponent(
     amax: torch.Tensor, spec: QuantSpec, element_max: float | None = None
 ) -> torch.Tensor:
     """The E8M0 exponent of each block (int64), before clamping and zero handling.
 
     floor: floor(log2 amax) - floor(log2 emax), the OCP rule.
-    ceil: ceil(log2(amax / emax)), the smallest exponent with amax <= emax * 2^e.
+    ceil: ceil(log2(amax / emax)), the smallest exponent with amax <= emax * 2^e; with
+    `spec.scale_bf16`, MS-AMP's bfloat16 arithmetic for amax in BF16_SCALE_RANGE
+    (`bf16_scale_exponent`).
     emax is the element format's largest value, or `element_max` (four-over-six's 4).
     """
     emax = element_max or spec.element_format.max_value
@@ -43,6 +82,10 @@ def pow2_scale_exponent(
         # emax * 2^e in float64 is exact over fp32's whole range, subnormals included.
         reach = emax * torch.exp2(exponent.to(torch.float64))
         exponent = exponent + (safe.to(torch.float64) > reach).to(torch.int64)
+    if spec.scale_bf16:
+        low, high = BF16_SCALE_RANGE
+        in_range = (amax >= low) & (amax <= high)
+        exponent = torch.where(in_range, bf16_scale_exponent(safe), exponent)
     return exponent
 
 

@@ -12,6 +12,7 @@ BLOCK_KINDS = ("row", "column", "tensor")
 SCALE_RULES = ("floor", "ceil")
 ROUNDINGS = ("rne", "sr", "away", "ties_up", "eden")
 SR_BITS = (8, 16, 24)
+FOUR_OVER_SIX_METRICS = ("mse", "mae")
 CARRY_ELEMENTS = ("e2m1", "e1m2")  # the grids the carry rule of 8 or 16 bits is defined on
 EDEN_GROUP_MAX = 1024
 OUTER_BLOCK_MAX = 4096
@@ -54,6 +55,9 @@ class QuantSpec:
         nearer the block's (squared error; 6 on a tie). E2M1 only; with a tensor scale the
         largest block scale is the largest power of two below scale max / 1.5 (NVFP4: 256),
         so that a block scaled to 4 still fits (Cook et al., Four Over Six).
+    four_over_six_metric: the error four-over-six compares: "mse" (the squared error, the
+        default and Four Over Six's code's) or "mae" (the absolute error, TransformerEngine's
+        default); both exact integer sums (`fp4cli.quant.four_over_six`).
     outer_block: with tensor_scale, the FP32 second-level scale is one per `outer_block`
         values along the axis (from their amax) instead of one per tensor: TetraJet-v2's
         "double-block" NVFP4 (128 over blocks of 16). 0 (the default): one per tensor.
@@ -79,6 +83,8 @@ class QuantSpec:
     eden_group: int = dataclasses.field(default=128, metadata={"omit_default": True})
     outer_block: int = dataclasses.field(default=0, metadata={"omit_default": True})
     sr_bits: int = dataclasses.field(default=24, metadata={"omit_default": True})
+    four_over_six_metric: str = dataclasses.field(default="mse", metadata={"omit_default": True})
+    scale_bf16: bool = dataclasses.field(default=False, metadata={"omit_default": True})
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "mxfp4": {},
@@ -138,14 +144,33 @@ class QuantSpec:
             raise SpecError(
                 f"tensor_scale: only with a ue5m3 or ue4m3 block scale (got scale {self.scale!r})"
             )
-        for flag in ("tile2d", "tensor_scale", "four_over_six"):
+        for flag in ("tile2d", "tensor_scale", "four_over_six", "scale_bf16"):
             if not isinstance(getattr(self, flag), bool):
                 raise SpecError(f"{flag}: must be true or false")
         if self.four_over_six and self.element != "e2m1":
             raise SpecError(f"four_over_six: only with e2m1 elements (got {self.element!r})")
+        self._check_four_over_six_metric()
+        self._check_scale_bf16()
         self._check_eden()
         self._check_outer_block()
         self._check_sr_bits()
+
+    def _check_four_over_six_metric(self) -> None:
+        _check_choice("four_over_six_metric", self.four_over_six_metric, FOUR_OVER_SIX_METRICS)
+        if self.four_over_six_metric != "mse" and not self.four_over_six:
+            raise SpecError("four_over_six_metric: only applies with four_over_six")
+
+    def _check_scale_bf16(self) -> None:
+        if not self.scale_bf16:
+            return
+        vector_wise = self.block in ("row", "column", "tensor")
+        if not (self.element == "e2m1" and self.scale == "e8m0" and vector_wise):
+            raise SpecError(
+                "scale_bf16: MS-AMP's scale is for e2m1 elements with an e8m0 scale and block "
+                "row, column or tensor"
+            )
+        if self.scale_rule != "ceil":
+            raise SpecError("scale_bf16: needs scale_rule ceil (MS-AMP's 2^-floor(log2(6 / amax)))")
 
     def _check_sr_bits(self) -> None:
         bits = self.sr_bits
@@ -252,7 +277,9 @@ class QuantSpec:
         if self.tensor_scale:
             parts.append("ts")
         if self.four_over_six:
-            parts.append("4over6")
+            parts.append("4over6" if self.four_over_six_metric == "mse" else "4over6mae")
+        if self.scale_bf16:
+            parts.append("bf16scale")
         if self.rounding == "eden":
             parts.append(f"group{self.eden_group}")
         if self.outer_block:

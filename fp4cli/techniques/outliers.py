@@ -7,9 +7,14 @@ to the dequantized activation in high precision, so it reaches the forward GEMM 
 weight-gradient GEMM alike (as Wang et al.'s code adds it before its FP8 cast).
 
 Quantiles: "nearest" (the released code): the sorted row's values at 0-based ranks
-int((1 - q) n) and int(q n) (so a row of n < 1 / (1 - q) values is not clamped at all);
-"linear": linear interpolation between ranks, at (1 - q)(n - 1) and q (n - 1) (torch.quantile's
-default, which the first author's research code used).
+int((1 - q) n) and int(q n) (so a row of n < 1 / (1 - q) values is not clamped at all), as
+both the official repository (`msamp/operators/fp4_quantize/fp4_quantize.py`) and the first
+author's research fork compute it: the fork's training layer (`msamp/megatron/layers.py`,
+branch fp4) quantizes through `FP4_QUANT`, whose clamp sorts the same way
+(`msamp/operators/fp4_quant/fp4_quant.py`). "linear": linear interpolation between ranks, at
+(1 - q)(n - 1) and q (n - 1) (torch.quantile's default): the fork's older helper
+(`msamp/nn/functional.py`, `apply_quantile_clipping`) calls torch.quantile, but the training
+layer no longer imports it. An option, not the reading of either code's training path.
 """
 
 from __future__ import annotations

@@ -34,6 +34,8 @@ FAST_RECIPES = [
     "ue5m3-hadamard-sr",
     "tetrajet-v2",
     "quartet2",
+    "quartet2-4over6",
+    "nvfp4-4over6-all",  # four-over-six on the gradients, after the 16/17 pre-scale
 ]
 
 

@@ -20,6 +20,9 @@ SPECS = [
     QuantSpec.preset("nvfp4-2d"),
     QuantSpec.preset("nvfp4-4over6"),  # the candidates' integer errors: no order to differ in
     QuantSpec.preset("nvfp4-2d", four_over_six=True),
+    QuantSpec.preset("nvfp4-4over6", four_over_six_metric="mae"),
+    QuantSpec.preset("nvfp4-4over6", rounding="sr", sr_prescale=16 / 17),
+    QuantSpec.preset("fp4-column", scale_bf16=True),
     QuantSpec.preset("mxfp4-ue5m3", rounding="sr"),
     QuantSpec.preset("fp8-e4m3"),
 ]

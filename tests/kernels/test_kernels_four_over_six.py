@@ -32,7 +32,12 @@ SPECS = {
     "ue4m3-per-block": QuantSpec(scale="ue4m3", block=16, four_over_six=True),
     "e8m0-ceil": QuantSpec(scale_rule="ceil", four_over_six=True),
     "e8m0-ceil-sr": QuantSpec(scale_rule="ceil", rounding="sr", four_over_six=True),
+    # TransformerEngine's metric: the absolute errors, exact sums alone
+    "nvfp4-mae": NVFP4_46.replace(four_over_six_metric="mae"),
+    "nvfp4-sr-mae": NVFP4_46.replace(rounding="sr", four_over_six_metric="mae"),
+    "e8m0-ceil-mae": QuantSpec(scale_rule="ceil", four_over_six=True, four_over_six_metric="mae"),
 }
+PER_BLOCK_MAE = SPECS["ue4m3-per-block"].replace(four_over_six_metric="mae")
 
 
 def _fours(x, spec, axis):
@@ -180,13 +185,91 @@ def test_the_integer_error_by_hand():
     assert block_errors(blocks, decoded, amax[:1]).tolist() == [torch.iinfo(torch.int64).max]
 
 
-def test_the_sr_prescale_runs_on_the_reference():
-    spec = NVFP4_46.replace(rounding="sr", sr_prescale=0.75)
-    x = edge_blocks()
-    with pytest.raises(SpecError, match="four-over-six with the SR pre-scale"):
-        quantize(x, spec, seed=1, backend="triton")
-    assert_bits(
-        fake_quantize(x, spec, seed=1, backend="auto"),
-        fake_quantize(x, spec, seed=1, backend="torch"),
-        "auto falls back",
+def test_the_absolute_error_by_hand():
+    """amax 3: unit 2^22, the absolute error's 2^46; errors 0.5 and -0.25 add 2^45 + 2^44."""
+    blocks = torch.tensor([[3.0, 1.0, 0.0]])
+    decoded = torch.tensor([[3.5, 0.75, 0.0]])
+    amax = torch.tensor([3.0])
+    assert block_errors(blocks, decoded, amax, "mae").tolist() == [2**45 + 2**44]
+    decoded[0, 2] = -INF
+    assert block_errors(blocks, decoded, amax, "mae").tolist() == [torch.iinfo(torch.int64).max]
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_the_two_metrics_choose_apart(axis):
+    """UE4M3 per 16, a block of 6, 5, 1, 1, 1: scaled to 6 (scale 1) 5 rounds to 4 (a tie, to
+    the even code), errors 0, 1, 0, 0, 0; scaled to 4 (scale 1.5) 5 -> 3 * 1.5 = 4.5 and each
+    1 -> 0.5 * 1.5 = 0.75: errors 0, 0.5, 0.25, 0.25, 0.25. Squared: 1 against 0.4375, four
+    wins; absolute: 1 against 1.25, six wins. Both backends, the pair kernel too."""
+    x = torch.zeros(1, 16)
+    x[0, :5] = torch.tensor([6.0, 5.0, 1.0, 1.0, 1.0])
+    x = on_device(x if axis == 1 else x.T.contiguous())
+    expected = {"mse": 1.5, "mae": 1.0}
+    for metric, scale in expected.items():
+        spec = SPECS["ue4m3-per-block"].replace(four_over_six_metric=metric)
+        for backend in ("torch", "triton"):
+            chosen = quantize(x, spec, axis=axis, backend=backend).scale_values()
+            assert chosen.reshape(-1).tolist() == [scale], (metric, backend)
+        lone = (Direction(spec), None) if axis == 1 else (None, Direction(spec))
+        reference = quantize(x, spec, axis=axis, backend="torch").scales
+        assert_bits(quantize_pair(x, *lone)[1 - axis].scales, reference, f"pair, {metric}")
+
+
+@pytest.mark.parametrize("row_metric", ["mse", "mae"])
+def test_the_pair_kernel_with_the_absolute_metric(row_metric):
+    """The pair kernel's directions with either metric beside the other (the absolute errors on
+    their exact sums, the squared on the estimate where it tells): the reference's codes and
+    values both ways."""
+    x = edge_blocks(64, 96, seed=12)
+    x[4:7] = 1.0
+    row_spec = NVFP4_46.replace(four_over_six_metric=row_metric)
+    for col_spec in (SPECS["nvfp4-mae"], NVFP4_46):
+        row = Direction(row_spec, 3, None, 0, torch.float32)
+        col = Direction(col_spec, 4, None, 0)
+        row_out, col_out = quantize_pair(x, row, col)
+        assert_same_up_to_zero_sign(
+            row_out.values, fake_quantize(x, row_spec, 1, 3, backend="torch"), "row values"
+        )
+        reference = quantize(x, col_spec, 0, 4, backend="torch")
+        assert_bits(col_out.codes, reference.codes, "column codes")
+        assert_bits(col_out.scales, reference.scales, "column scale codes")
+
+
+def test_the_metric_is_a_four_over_six_option():
+    with pytest.raises(SpecError, match="four_over_six_metric: only applies with four_over_six"):
+        QuantSpec(four_over_six_metric="mae")
+    with pytest.raises(SpecError, match="four_over_six_metric: must be one of mse, mae"):
+        NVFP4_46.replace(four_over_six_metric="max")
+    assert PER_BLOCK_MAE.short().endswith("4over6mae")
+
+
+@pytest.mark.parametrize("prescale", [0.75, 16 / 17])
+@pytest.mark.parametrize("metric", ["mse", "mae"])
+def test_with_the_sr_pre_scale(prescale, metric):
+    """Four-over-six with SR after a pre-scale (Four Over Six's gradients: 16/17): each
+    candidate decoded over the pre-scale as the reference divides, in both kernels."""
+    spec = NVFP4_46.replace(rounding="sr", sr_prescale=prescale, four_over_six_metric=metric)
+    x = edge_blocks(seed=6)
+    check_backends_agree(x, spec, axis=1, seed=1)
+    check_backends_agree(x, spec, axis=0, seed=1)
+    finite = x[7:]
+    row = Direction(spec, 3, 16, 5, torch.float32)
+    col = Direction(spec, 4, None, 0)
+    row_out, col_out = quantize_pair(finite, row, col)
+    options = dict(hadamard=16, hadamard_seed=5, backend="torch")
+    assert_same_up_to_zero_sign(
+        row_out.values, fake_quantize(finite, spec, 1, 3, **options), "row values"
     )
+    reference = quantize(finite, spec, 0, 4, backend="torch")
+    assert_bits(col_out.codes, reference.codes, "column codes")
+    assert_bits(col_out.scales, reference.scales, "column scale codes")
+
+
+def test_the_pre_scale_changes_the_choice_somewhere():
+    """The pre-scaled candidates are compared as such: on these blocks the choices under 16/17
+    differ from those without a pre-scale (so the decoding over it is exercised)."""
+    x = edge_blocks(seed=6)[7:]
+    base = NVFP4_46.replace(rounding="sr")
+    plain = quantize(x, base, seed=1, backend="triton").scales
+    prescaled = quantize(x, base.replace(sr_prescale=16 / 17), seed=1, backend="triton").scales
+    assert not torch.equal(plain, prescaled)

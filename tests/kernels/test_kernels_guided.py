@@ -118,12 +118,14 @@ def test_guide_shape_errors():
         launch_pair.quantize_pair(x, None, launch_pair.Direction(MXFP4), guide=guide)
 
 
+@pytest.mark.parametrize("first_copies", [True, False])
 @pytest.mark.parametrize("beta", [0.998, 0.9972, 0.5, 1e-3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_ema_update_in_one_pass_is_the_reference(beta, dtype):
-    """`kernels/qema.py` against `update_ema`, bit for bit: the first update copies the weight,
-    later ones round both products on their own (no fused multiply-add); non-finite values,
-    subnormals and huge values included, a ragged length."""
+def test_ema_update_in_one_pass_is_the_reference(beta, dtype, first_copies):
+    """`kernels/qema.py` against `update_ema`, bit for bit: the first update copies the weight
+    (or, starting from nn.Linear's initialization, blends like the others), later ones round
+    both products on their own (no fused multiply-add); non-finite values, subnormals and huge
+    values included, a ragged length."""
     from fp4cli.kernels.qema import update_ema_kernel
     from fp4cli.techniques.qema import update_ema
 
@@ -135,7 +137,10 @@ def test_ema_update_in_one_pass_is_the_reference(beta, dtype):
     for count in (0, 1, 7):
         updates = on_device(torch.tensor(count))
         got, expected = on_device(ema.clone()), on_device(ema.clone())
-        update_ema_kernel(got, weight, beta, updates)
-        update_ema(expected, weight, beta, updates)
+        update_ema_kernel(got, weight, beta, updates, first_copies)
+        update_ema(expected, weight, beta, updates, first_copies)
+        if count == 0 and first_copies:
+            copied = torch.nan_to_num(weight.float())
+            assert_bits(torch.nan_to_num(expected), copied, "the first update copies")
         assert torch.equal(got.isnan(), expected.isnan())
         assert_bits(torch.nan_to_num(got), torch.nan_to_num(expected), f"ema after {count}")

@@ -70,8 +70,11 @@ CONFIGS = {
     # backward, double quantization into the outer-block spec, X saved with its outer amaxes
     "tetrajet-v2": load_recipe("tetrajet-v2").linear,
     # MS-EDEN with RHT-128 on the backward GEMMs, double quantization into its tensor-scaled
-    # spec (the column direction in a launch of its own), four-over-six forward
+    # spec (the column direction in a launch of its own); plain NVFP4 forward, or four-over-six
     "quartet2": load_recipe("quartet2").linear,
+    "quartet2-4over6": load_recipe("quartet2-4over6").linear,
+    # four-over-six on the gradients too, SR after the 16/17 pre-scale
+    "nvfp4-4over6-all": load_recipe("nvfp4-4over6-all").linear,
     "nvfp4-ceil-sr-weights": LinearConfig(
         forward_x=QuantSpec.preset("nvfp4", scale_rule="ceil"),
         forward_w=NVFP4_2D.replace(scale_rule="ceil"),
@@ -95,8 +98,11 @@ def test_fast_executor_matches_the_reference_bit_for_bit(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["tetrajet", "tseng-rht-sr", "nvfp4", "nvidia-nvfp4", "ufp4", "tetrajet-v2", "quartet2"],
-)
+    [
+        "tetrajet", "tseng-rht-sr", "nvfp4", "nvidia-nvfp4", "ufp4", "tetrajet-v2", "quartet2",
+        "quartet2-4over6", "nvfp4-4over6-all",
+    ],
+)  # fmt: skip
 def test_ragged_tokens_and_features(name):
     fast = seeded_layer(CONFIGS[name], "triton", in_features=45, out_features=33)
     reference = seeded_layer(CONFIGS[name], "torch", in_features=45, out_features=33)
@@ -193,7 +199,9 @@ def test_autocast_rounds_float32_inputs_in_the_kernels(name):
         assert {read for read in reads if read != rounded} == {(torch.bfloat16, None)}
 
 
-@pytest.mark.parametrize("name", ["nvfp4", "nvfp4-4over6", "ue5m3-hadamard-sr", "quartet2"])
+@pytest.mark.parametrize(
+    "name", ["nvfp4", "nvfp4-4over6", "ue5m3-hadamard-sr", "quartet2", "quartet2-4over6"]
+)
 def test_two_level_recipes_round_float32_inputs_in_their_amax_passes_too(name):
     """A two-level spec's tensor amax pass reads the float32 input and weight rounded to
     bfloat16 as the quantize launch does: every output and gradient is the one the executor
@@ -261,11 +269,16 @@ def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
     assert_same_passes(got, passes(reference))
 
 
-def test_qema_update_runs_as_one_kernel_with_the_references_bits():
+@pytest.mark.parametrize("start", ["weight", "layer_init"])
+def test_qema_update_runs_as_one_kernel_with_the_references_bits(start):
     """Q-EMA's average (`kernels/qema.py` where the layer's quantizers are kernels) follows the
-    reference's update bit for bit over several steps, the first one a copy."""
-    config = CONFIGS["tetrajet-qema"]
+    reference's update bit for bit over several steps, the first one a copy (start "weight")
+    or a blend with nn.Linear's initialization drawn from the layer's seed ("layer_init")."""
+    base = CONFIGS["tetrajet-qema"]
+    assert base.qema is not None
+    config = dataclasses.replace(base, qema=dataclasses.replace(base.qema, start=start))
     fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
+    assert_bits(fast.weight_ema, reference.weight_ema, "the starting average")
     assert fast._ema_in_one_pass() and not reference._ema_in_one_pass()
     generator = torch.Generator().manual_seed(9)
     for _ in range(4):

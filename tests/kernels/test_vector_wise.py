@@ -24,6 +24,10 @@ SPECS = {
     "fp4-row-ties-up": QuantSpec.preset("fp4-row", rounding="ties_up"),
     "fp4-column-ties-up": QuantSpec.preset("fp4-column", rounding="ties_up"),
     "e4m3-tensor-ties-up": QuantSpec.preset("fp8-e4m3-tensor", rounding="ties_up"),
+    # MS-AMP's scale in bfloat16 arithmetic (QuantSpec.scale_bf16)
+    "fp4-row-bf16-scale": QuantSpec.preset("fp4-row", rounding="ties_up", scale_bf16=True),
+    "fp4-column-bf16-scale": QuantSpec.preset("fp4-column", scale_bf16=True),
+    "fp4-tensor-bf16-scale": QuantSpec(block="tensor", scale_rule="ceil", scale_bf16=True),
 }
 
 
@@ -63,6 +67,25 @@ def _check(x, spec, axis, **kwargs):
 @pytest.mark.parametrize("axis", [0, 1])
 def test_every_operand_matches_the_reference_bit_for_bit(name, axis):
     _check(edge_tensor(), SPECS[name], axis)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_msamps_scale_for_every_bfloat16_amax(axis):
+    """One line per bfloat16 amax of 2^-12..2^12 (3,073 lines, each the amax and a few
+    smaller values), bfloat16 input: the kernels' MS-AMP exponents are the reference's, one
+    below the exact rule's on a share of the lines (those that clip)."""
+    every = torch.arange(0, 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    amax = every[(every.float() >= 2.0**-12) & (every.float() <= 2.0**12)]
+    line = torch.tensor([1.0, -0.5, 0.3, -0.999, 0.0], dtype=torch.bfloat16)
+    x = (amax[:, None] * line[None, :]).to(DEVICE)
+    x = x if axis == 1 else x.T.contiguous()
+    spec = SPECS["fp4-row-bf16-scale"]
+    _check(x, spec, axis)
+    _, scales = quantize_vector(x, spec, axis, x.dtype, scales=True)
+    _, exact = quantize_vector(x, QuantSpec.preset("fp4-row", rounding="ties_up"), axis,
+                               x.dtype, scales=True)  # fmt: skip
+    ratio = (exact / scales).unique().tolist()
+    assert sorted(ratio) == [1.0, 2.0]
 
 
 def test_ties_go_toward_positive_infinity():
@@ -250,4 +273,4 @@ def test_the_vector_wise_launches_compile_for_hopper():
     pytest.importorskip("triton.backends.nvidia")
     done = run_compiler_module("tests.hopper_compile_vector")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == "22"
+    assert done.stdout.split()[-1] == "25"  # with MS-AMP's bfloat16 scales: 3 more

@@ -108,8 +108,11 @@ def test_codes_and_scales_equal_torchao_where_the_orders_agree(dtype):
     assert ours.tensor_amax.item() == x.abs().max().float().item()
     scales, codes = nvfp4_quantize(x, 16, per_tensor_amax_to_scale(x.abs().max().float()))
     assert torch.equal(ours.scales, scales.view(torch.uint8).reshape(ours.scales.shape))
-    theirs = unpack_nibbles(codes.view(torch.uint8).reshape(ours.codes.shape))
-    # fp4cli writes every zero as code 0; torchao keeps the sign of a negative value that
-    # rounds to zero (code 8, -0): equal values, a different code (docs/numerics.md)
-    theirs = torch.where(theirs == 8, torch.zeros_like(theirs), theirs)
-    assert torch.equal(unpack_nibbles(ours.codes), theirs)
+    packed = codes.view(torch.uint8).reshape(ours.codes.shape)
+    # by default fp4cli writes every zero as code 0; torchao keeps the sign of a negative value
+    # that rounds to zero (code 8, -0): equal values, a different code (docs/numerics.md)
+    theirs = unpack_nibbles(packed)
+    assert (theirs == 8).any()
+    assert torch.equal(unpack_nibbles(ours.codes), torch.where(theirs == 8, 0, theirs))
+    # with signed zeros the packed bytes are torchao's, byte for byte
+    assert torch.equal(quantize(x, NVFP4, signed_zero=True).codes, packed)

@@ -51,6 +51,12 @@ CONFIGS = {
         outliers=CLAMP,
     ),
     "forward-only": LinearConfig(forward_x=QuantSpec.preset("fp4-row"), forward_w=E4M3_ROW),
+    # MS-AMP's bfloat16 scale arithmetic on both FP4 operands (DGE reads W's scales)
+    "bf16-scales": dataclasses.replace(
+        WANG,
+        forward_x=dataclasses.replace(WANG.forward_x, scale_bf16=True),
+        forward_w=dataclasses.replace(WANG.forward_w, scale_bf16=True),
+    ),
 }
 
 

@@ -22,8 +22,10 @@ SHIPPED = [
     "mxfp4-dht",
     "nvfp4",
     "nvfp4-4over6",
+    "nvfp4-4over6-all",
     "nvidia-nvfp4",
     "quartet2",
+    "quartet2-4over6",
     "tetrajet",
     "tetrajet-baseline",
     "tetrajet-qema",
@@ -86,12 +88,27 @@ def test_shipped_recipe_settings() -> None:
     nv = load_recipe("nvfp4").linear
     assert nv.forward_w == nv.grad_input_w == QuantSpec.preset("nvfp4-2d")
     # Blackwell's stochastic rounding: 8 random bits a value
-    assert nv.grad_input_dy == nv.grad_weight_dy == QuantSpec.preset(
-        "nvfp4", rounding="sr", sr_bits=8
+    assert (
+        nv.grad_input_dy == nv.grad_weight_dy == QuantSpec.preset("nvfp4", rounding="sr", sr_bits=8)
     )
     assert load_recipe("nvidia-nvfp4").linear.grad_weight_dy.sr_bits == 8
     four = load_recipe("nvfp4-4over6").linear  # Four Over Six's code: float32 uniforms
     assert four.grad_input_dy.sr_bits == four.grad_weight_dy.sr_bits == 24
+    # Four Over Six's training config: the gradients' scale rule is the same MSE rule, SR with
+    # the 16/17 pre-scale ("stochastic_unbiased"); everything else as nvfp4-4over6
+    every = load_recipe("nvfp4-4over6-all").linear
+    gradient = QuantSpec.preset("nvfp4-4over6", rounding="sr", sr_prescale=16 / 17)
+    assert every.grad_input_dy == every.grad_weight_dy == gradient
+    assert dataclasses.replace(every, grad_input_dy=four.grad_input_dy,
+                               grad_weight_dy=four.grad_weight_dy) == four  # fmt: skip
+    assert four.forward_w.four_over_six_metric == "mse"
+    # Quartet II as its paper's runs: four-over-six off in the forward; on in the variant
+    quartet = load_recipe("quartet2").linear
+    assert quartet.forward_x == quartet.forward_w == QuantSpec.preset("nvfp4")
+    variant = load_recipe("quartet2-4over6").linear
+    assert variant.forward_x == variant.forward_w == QuantSpec.preset("nvfp4-4over6")
+    assert dataclasses.replace(variant, forward_x=quartet.forward_x,
+                               forward_w=quartet.forward_w) == quartet  # fmt: skip
     assert nv.forward_x == nv.grad_weight_x == QuantSpec.preset("nvfp4")
     te_rotation = HadamardConfig(16, random=False, signs=TE_SIGNS_16)  # TransformerEngine's
     assert nv.grad_weight_hadamard == te_rotation and nv.grad_input_hadamard is None
