@@ -1,6 +1,6 @@
 """The manual checked against the code: the README's recipe table is `fp4 recipes list
---markdown`, its CPU quick start runs and prints what it shows, and every relative link in the
-README and docs/ resolves."""
+--markdown`, its CPU quick start runs and prints what it shows, every relative link in the
+README and docs/ resolves, and no sentence of the manual runs over 60 words."""
 
 from __future__ import annotations
 
@@ -65,9 +65,7 @@ def test_every_relative_link_resolves(page):
             continue
         name, _, anchor = target.partition("#")
         path = (page.parent / name).resolve() if name else page
-        if not path.exists():
-            missing.append(target)
-        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+        if not path.exists() or anchor and path.suffix == ".md" and anchor not in _anchors(path):
             missing.append(target)
     assert not missing, f"{page.name} links to missing {missing}"
 
@@ -111,3 +109,48 @@ def test_the_gpu_example_runs(tmp_path):
         assert done.returncode == 0, f"{command}: {done.stderr}"
         if " train " in f" {command} ":
             assert "steps: replayed from a CUDA graph" in done.stdout + done.stderr
+
+
+FENCED_CODE = re.compile(r"^\s*```.*?^\s*```[^\n]*$", flags=re.DOTALL | re.MULTILINE)
+HTML_COMMENT = re.compile(r"<!--.*?-->", flags=re.DOTALL)
+TABLE_ROW_OR_HEADING = ("|", "#")
+LIST_ITEM = re.compile(r"\s*(?:[-*+]|\d+\.)\s")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(])")
+
+
+def _prose(page: Path) -> list[str]:
+    """A page's paragraphs and list items, each joined into one line: no code blocks, table
+    rows, headings or HTML comments."""
+    text = HTML_COMMENT.sub("", FENCED_CODE.sub("", page.read_text()))
+    pieces: list[str] = []
+    lines: list[str] = []  # of the paragraph or list item being read
+    for line in [*text.splitlines(), ""]:
+        kept = line.strip() and not line.strip().startswith(TABLE_ROW_OR_HEADING)
+        if lines and (not kept or LIST_ITEM.match(line)):
+            pieces.append(" ".join(lines))
+            lines = []
+        if kept:
+            lines.append(line.strip())
+    return pieces
+
+
+def _sentences(page: Path) -> list[str]:
+    """A sentence ends at `.`, `!` or `?` before a capital, a backtick or a parenthesis, so
+    "e.g." and "i.e." (a lower-case word follows them) do not end one."""
+    return [sentence for piece in _prose(page) for sentence in SENTENCE_END.split(piece)]
+
+
+def _manual_pages() -> list[Path]:
+    """README.md and docs/*.md: the dated notes under docs/notes/ are records, not the manual."""
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_the_manual_has_no_sentence_over_60_words():
+    """Each offending sentence is named by its page and its first words."""
+    long = [
+        f"{page.relative_to(ROOT)}: {' '.join(sentence.split()[:8])} ..."
+        for page in _manual_pages()
+        for sentence in _sentences(page)
+        if len(sentence.split()) > 60
+    ]
+    assert not long, "sentences over 60 words:\n" + "\n".join(long)
