@@ -109,7 +109,16 @@ def expand_key(tree: dict[str, Any], key: str) -> list[str]:
 
 # Fields a resolved operand leaves out at their default, which a wildcard key still sets: where
 # they apply (`sr_bits` on every operand that rounds stochastically).
-_WILDCARD_HOLDERS: dict[str, Any] = {"sr_bits": lambda node: node.get("rounding") == "sr"}
+_WILDCARD_HOLDERS: dict[str, Any] = {
+    "sr_bits": lambda node: node.get("rounding") == "sr",
+    "four_over_six_metric": lambda node: node.get("four_over_six") is True,
+    "scale_bf16": lambda node: (
+        node.get("element") == "e2m1"
+        and node.get("scale") == "e8m0"
+        and node.get("block") in ("row", "column", "tensor")
+        and node.get("scale_rule") == "ceil"
+    ),
+}
 
 
 def _set(tree: dict[str, Any], key: str, value: Any, label: str) -> None:

@@ -12,6 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fp4cli.cli.main import app
+from fp4cli.linear.operands import OPERANDS
 from fp4cli.store import RunStore
 from fp4cli.sweep import SweepError, expand_points, load_sweep, parse_sweep, plan_sweep, run_sweep
 
@@ -87,6 +88,25 @@ def test_an_axis_over_the_base_recipe_and_the_rounding_resolution():
         expand_points(
             _spec(baselines=[], axes={"m": {"set": "base", "values": ["no-such-recipe"]}})
         )
+
+
+def test_wildcard_keys_reach_the_operands_a_default_valued_field_applies_to():
+    """Fields resolved recipes leave out at their default: `four_over_six_metric` reaches the
+    four-over-six operands, `scale_bf16` the E2M1 operands with a ceil E8M0 scale per row,
+    column or tensor; the rest stay as they are (and valid)."""
+    from fp4cli.recipe_loader import apply_overrides
+    from fp4cli.recipes import load_recipe
+
+    mae = apply_overrides(load_recipe("nvfp4-4over6"), ["linear.*.*.four_over_six_metric=mae"])
+    specs = {name: mae.linear.spec(name) for name in OPERANDS}
+    assert (
+        {n for n, s in specs.items() if s.four_over_six_metric == "mae"}
+        == {n for n, s in specs.items() if s.four_over_six}
+        != set()
+    )
+    bf16 = apply_overrides(load_recipe("wang-fp4"), ["linear.*.*.scale_bf16=true"])
+    chosen = {name for name in OPERANDS if bf16.linear.spec(name).scale_bf16}
+    assert chosen == {"forward_x", "forward_w"}  # the backward's operands are FP8
 
 
 def test_exclusion_rules_and_labelled_axes():
