@@ -95,12 +95,12 @@ def quantize_command(
     backend_list = parse_choices("backends", backends, BACKENDS)
     torch_dtype, torch_device = parse_dtype(dtype), bench_device(device)
     check_request(shape_list, axis, backend_list, iters, torch_device, timing, pair_directions)
-    if any(interpreted(backend, torch_device) for backend in backend_list):
-        typer.echo(f"note: {INTERPRETED_NOTICE}", err=True)
     with (
         Recorder("quantize", store, no_store, torch_device) as recorder,
         CaseProgress(len(shape_list) * len(config_names), "quantize") as progress,
     ):
+        if any(interpreted(backend, torch_device) for backend in backend_list):
+            typer.echo(f"note: {INTERPRETED_NOTICE}", err=True)  # once the store is open
         rows = run_quantize_bench(
             shape_list, config_names, torch_dtype, axis, backend_list, iters, torch_device,
             timing=timing, compile_timeout_s=compile_timeout, on_case=progress.case,
