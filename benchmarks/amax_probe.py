@@ -12,8 +12,8 @@ import functools
 import torch
 from step_probe import graph_us
 
-from fp4cli.kernels.launch_amax import pair_amax
-from fp4cli.kernels.launch_pair import Direction
+from fp4cli.kernels.quantization.launch_amax import pair_amax
+from fp4cli.kernels.quantization.launch_pair import Direction
 from fp4cli.quant import QuantSpec
 
 NVFP4 = QuantSpec.preset("nvfp4")

@@ -17,7 +17,7 @@ import argparse
 import torch
 from step_probe import graph_us
 
-from fp4cli.kernels.launch_vector import Clamp, quantize_vector
+from fp4cli.kernels.vector.launch import Clamp, quantize_vector
 from fp4cli.quant import QuantSpec, fake_quantize
 from fp4cli.techniques.outliers import OutlierConfig, clamp_outliers, nearest_ranks
 

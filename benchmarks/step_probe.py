@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import fp4cli
-from fp4cli.kernels.launch_amax import pair_amax
-from fp4cli.kernels.launch_pair import Direction, quantize_pair
+from fp4cli.kernels.quantization.launch_amax import pair_amax
+from fp4cli.kernels.quantization.launch_pair import Direction, quantize_pair
 from fp4cli.quant import QuantSpec, fake_quantize
 
 CEIL = QuantSpec.preset("mxfp4-ceil")

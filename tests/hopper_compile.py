@@ -170,9 +170,9 @@ def gemm_launches() -> None:
 
 def quantized_linear_launches() -> None:
     """The launches of the recipes' fast executor, on small CPU tensors (never run)."""
-    from fp4cli.kernels.gradients import widen_gradients
-    from fp4cli.kernels.launch import dequantize_e2m1, quantize_e2m1
-    from fp4cli.kernels.launch_pair import Direction, quantize_pair
+    from fp4cli.kernels.elementwise.gradients import widen_gradients
+    from fp4cli.kernels.quantization.launch import dequantize_e2m1, quantize_e2m1
+    from fp4cli.kernels.quantization.launch_pair import Direction, quantize_pair
     from fp4cli.quant import QuantSpec
     from fp4cli.techniques.hadamard import TE_SIGNS_16, FixedSigns
     from fp4cli.techniques.qema import AverageGuide
@@ -300,10 +300,10 @@ if __name__ == "__main__" and sys.argv[1:] == ["gemm"]:
     kernels += [(gemm_split, "k_split_kernel")]
     print(compile_launches(gemm_launches, kernels, True))
 elif __name__ == "__main__":
-    import fp4cli.kernels.gradients as gradients
-    import fp4cli.kernels.launch as launch
-    import fp4cli.kernels.launch_amax as launch_amax
-    import fp4cli.kernels.launch_pair as launch_pair
+    import fp4cli.kernels.elementwise.gradients as gradients
+    import fp4cli.kernels.quantization.launch as launch
+    import fp4cli.kernels.quantization.launch_amax as launch_amax
+    import fp4cli.kernels.quantization.launch_pair as launch_pair
 
     kernels = [
         (launch_pair, "quantize_pair_kernel"),

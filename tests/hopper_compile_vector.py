@@ -10,8 +10,8 @@ import torch
 
 def vector_wise_launches() -> None:
     """Every kind of launch the vector-wise executor makes, on small CPU tensors (never run)."""
-    import fp4cli.kernels.launch_vector as launch_vector
-    from fp4cli.kernels.launch_vector import (
+    import fp4cli.kernels.vector.launch as launch_vector
+    from fp4cli.kernels.vector.launch import (
         Clamp,
         decode_vector,
         dge_scale_gradient,
@@ -66,7 +66,7 @@ def vector_wise_launches() -> None:
 
 
 if __name__ == "__main__":
-    import fp4cli.kernels.launch_vector as launch_vector
+    import fp4cli.kernels.vector.launch as launch_vector
     from tests.hopper_compile import compile_launches
 
     kernels = [

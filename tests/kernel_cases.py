@@ -18,7 +18,7 @@ if not triton_available() or not (interpreter_on() or torch.cuda.is_available())
         allow_module_level=True,
     )
 
-from fp4cli.kernels.launch import Tile, dequantize_e2m1, quantize_e2m1, tensor_amax  # noqa: E402
+from fp4cli.kernels.quantization.launch import Tile, dequantize_e2m1, quantize_e2m1, tensor_amax  # noqa: E402
 from tests.kernel_checks import (
     assert_bits,
     assert_same_quantized,

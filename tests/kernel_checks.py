@@ -158,7 +158,7 @@ def assert_encode_table(table: torch.Tensor, tensor_amax: torch.Tensor, spec: Qu
     """A kernel's encode table (ENCODE_TABLE float32 values) holds the reference's entries for
     a tensor of amax `tensor_amax` (`reference_encode_table`), bit for bit, and only finite
     values."""
-    from fp4cli.kernels.two_level import BLOCK_ENCODE_SLOT
+    from fp4cli.kernels.tiles.two_level import BLOCK_ENCODE_SLOT
 
     fmt = spec.scale_format.minifloat
     assert fmt is not None

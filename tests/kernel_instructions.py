@@ -63,7 +63,7 @@ def pair_directions() -> dict[str, tuple[Any, Any]]:
     """(row, column) directions of each `pair:` config by name: X's (forward values,
     weight-gradient operand packed) or dY's (both as values) of a recipe; or one direction
     alone, as a wide direction's own launch (`pair_tile`)."""
-    from fp4cli.kernels.launch_pair import Direction
+    from fp4cli.kernels.quantization.launch_pair import Direction
     from fp4cli.quant import QuantSpec
 
     seed, bf16 = torch.tensor(3), torch.bfloat16
@@ -97,9 +97,9 @@ def pair_directions() -> dict[str, tuple[Any, Any]]:
 
 def _launch(config: str) -> tuple[Any, tuple, dict, float]:
     """(kernel, args, kwargs, elements per thread) of a config's launch."""
-    import fp4cli.kernels.launch as launch
-    import fp4cli.kernels.launch_amax as launch_amax
-    import fp4cli.kernels.launch_pair as launch_pair
+    import fp4cli.kernels.quantization.launch as launch
+    import fp4cli.kernels.quantization.launch_amax as launch_amax
+    import fp4cli.kernels.quantization.launch_pair as launch_pair
     from fp4cli.quant import QuantSpec
 
     if config.startswith("pair:"):
@@ -140,7 +140,7 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
 
 def _dequantize_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
     """`dequantize_e2m1`'s launch writing a bf16 3072 x 8192 tensor along its last axis."""
-    import fp4cli.kernels.launch as launch
+    import fp4cli.kernels.quantization.launch as launch
 
     lines, length = 3072, 8192
     codes = torch.zeros(lines, length // 2, dtype=torch.uint8)
@@ -158,7 +158,7 @@ def _dequantize_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
 def _vector_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
     """`quantize_vector`'s launch of `scaled_kernel` writing bf16 values of an 8192 x 3072 bf16
     tensor under a column- or tensor-scaled spec, its amax bits given (wang-fp4's dY pass)."""
-    import fp4cli.kernels.launch_vector as launch_vector
+    import fp4cli.kernels.vector.launch as launch_vector
 
     if spec.block not in ("column", "tensor"):
         raise ValueError(f"vector:PRESET takes a column- or tensor-scaled spec, not {spec.block!r}")
@@ -174,7 +174,7 @@ def _vector_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
 def _decode_vector_launch(spec: Any) -> tuple[Any, tuple, dict, float]:
     """`decode_vector`'s launch writing a bf16 8192 x 3072 tensor from one-byte codes and the
     float32 scales of a row-, column- or tensor-scaled spec along the rows."""
-    import fp4cli.kernels.launch_vector as launch_vector
+    import fp4cli.kernels.vector.launch as launch_vector
 
     codes = torch.zeros(8192, 3072, dtype=torch.uint8)
     scales = torch.ones(8192)

@@ -53,7 +53,7 @@ def _two_level_pass(
     kernel: str, x: torch.Tensor, config: BenchConfig, axis: int
 ) -> Callable[[], object]:
     """One of a two-level spec's two kernel passes (the Triton backend only)."""
-    from fp4cli.kernels.launch import quantize_e2m1, tensor_amax
+    from fp4cli.kernels.quantization.launch import quantize_e2m1, tensor_amax
 
     axis = axis % x.dim()  # the launchers take a non-negative axis
     amax = tensor_amax(x, axis, config.hadamard, 0)
@@ -67,7 +67,7 @@ def _pair(x: torch.Tensor, config: BenchConfig) -> Callable[[], object]:
     two-level spec's amax pass first), or one launch a direction where `pair_tile` refuses the
     pair (wide directions both ways), as the quantized Linear quantizes its operands (the Triton
     backend only)."""
-    from fp4cli.kernels.launch_pair import Direction, pair_tile, quantize_pair
+    from fp4cli.kernels.quantization.launch_pair import Direction, pair_tile, quantize_pair
 
     direction = Direction(config.spec, SEED, config.hadamard, SEED)
     if pair_tile(direction, direction) is None:
@@ -80,7 +80,7 @@ def _pair_amax(x: torch.Tensor, config: BenchConfig, kernel: str) -> Callable[[]
     (pair-rows-amax, pair-cols-amax) runs it: each direction's tensor amax from one read, and
     the encode tables (the Triton backend only). Where the pair takes a launch a direction, so
     does its amax."""
-    from fp4cli.kernels.launch_pair import Direction, pair_amax_pass, pair_tile
+    from fp4cli.kernels.quantization.launch_pair import Direction, pair_amax_pass, pair_tile
 
     direction = Direction(config.spec, SEED, config.hadamard, SEED)
     row = direction if kernel != "pair-cols-amax" else None
@@ -100,7 +100,7 @@ def _pair_direction(x: torch.Tensor, config: BenchConfig, kernel: str) -> Callab
     """One direction of x's pair alone (`PAIR_DIRECTION_KERNELS`): along its rows or down its
     columns, to packed codes or to values in x's dtype, as the quantized Linear quantizes a
     direction that takes a launch of its own (a two-level spec's amax pass first)."""
-    from fp4cli.kernels.launch_pair import Direction, quantize_pair
+    from fp4cli.kernels.quantization.launch_pair import Direction, quantize_pair
 
     values = x.dtype if kernel.endswith("-values") else None
     direction = Direction(config.spec, SEED, config.hadamard, SEED, values)

@@ -1,6 +1,6 @@
 """GEMMs of FP8 operands on the FP8 tensor cores: `fp8_mm` multiplies two tensors of one-byte
 E4M3 / E5M2 codes, each with one power-of-two scale (the vector-wise kernels' codes,
-`fp4cli.kernels.launch_vector.quantize_codes`), through cuBLAS (`torch._scaled_mm`).
+`fp4cli.kernels.vector.launch.quantize_codes`), through cuBLAS (`torch._scaled_mm`).
 
 Both operands are given with K contiguous, as the tensor cores read them: a as (M, K) codes and
 b as its transpose's (N, K) codes. The products of the codes are exact and the power-of-two
@@ -83,7 +83,7 @@ def fp8_mm(
             use_fast_accum=False,
         )
         return product if bias is None or in_epilogue else product.add_(bias)
-    from fp4cli.kernels.launch_vector import decode_vector
+    from fp4cli.kernels.vector.launch import decode_vector
 
     a_values = decode_vector(a_codes, a_scale, a_spec, 1, dtype)
     b_values = decode_vector(b_codes, b_scale, b_spec, 1, dtype)

@@ -120,7 +120,7 @@ def _run(
     bias: torch.Tensor | None,
 ) -> None:
     from fp4cli.kernels.gemm import launch as gemm_launch
-    from fp4cli.kernels.launch import launches_skipped
+    from fp4cli.kernels.host.launch import launches_skipped
 
     if launches_skipped():  # a custom op's fake implementation: the output's layout only
         return

@@ -1,5 +1,5 @@
 """The quantized Linear's fast executor: the operand plan of `function.py`, run as three fused
-pair quantizations (`fp4cli.kernels.launch_pair`) with packed backward operands saved.
+pair quantizations (`fp4cli.kernels.quantization.launch_pair`) with packed backward operands saved.
 
 `function.py` is the definition: it fake-quantizes each of the six operands on its own. Here
 each of X, W and dY is read once and quantized in both block directions in one launch:
@@ -212,7 +212,7 @@ def read_as_rounded(
     every operand drawn from it is quantized there (the bits of `tensor.to(dtype)`,
     `launch_pair.rounds_as_read`; a two-level spec's amax pass rounds it alike); otherwise it
     is cast here."""
-    from fp4cli.kernels.launch_pair import rounds_as_read
+    from fp4cli.kernels.quantization.launch_pair import rounds_as_read
 
     if tensor.dtype == dtype:
         return tensor, None
@@ -292,7 +292,7 @@ def in_target_dtypes(
     bias sums (float32: grad_y.sum(0) in another order) rounded to `dtype`, each in its target
     dtype. A bfloat16 gradient of a float32 tensor is widened, and float32 bias sums rounded,
     in one launch (`kernels.gradients`) instead of autograd's casts: the same bits."""
-    from fp4cli.kernels.gradients import widen_gradients
+    from fp4cli.kernels.elementwise.gradients import widen_gradients
 
     wide = [t == torch.float32 and dtype == torch.bfloat16 for t in targets]
     widened = widen_gradients(

@@ -67,7 +67,7 @@ class Saved:
     def values(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.spec is None:
             return tensors[0]
-        from fp4cli.kernels.launch import dequantize_e2m1
+        from fp4cli.kernels.quantization.launch import dequantize_e2m1
 
         codes, scales, *tensor_amax = tensors  # a two-level spec's amax last
         amax = tensor_amax[0] if tensor_amax and not self.block else None
@@ -109,7 +109,7 @@ def operand_request(
 
 
 def _direction(request: Request, dtype: torch.dtype) -> Any:
-    from fp4cli.kernels.launch_pair import Direction
+    from fp4cli.kernels.quantization.launch_pair import Direction
 
     assert request.spec is not None
     return Direction(
@@ -154,7 +154,7 @@ def quantize_both(
     directions take one launch); with `sum_row_values`, of the row direction's values in
     `dtype` instead (a request for values or packed codes, without a Hadamard transform).
     read_as: `tensor` is quantized as tensor.to(read_as) (`read_as_rounded`)."""
-    from fp4cli.kernels.launch_pair import pair_tile, quantize_pair
+    from fp4cli.kernels.quantization.launch_pair import pair_tile, quantize_pair
 
     double = double and row is not None and row.spec is not None
     row_dir = _direction(row, dtype) if row is not None and row.spec is not None else None

@@ -1,7 +1,7 @@
 """The quantized Linear's vector-wise executor: the operand plan of `function.py` for the configs
 whose operands have one power-of-two scale per row, per column or per tensor (Wang et al.'s
 `wang-fp4` and `wang-direct`: FP4 forward, FP8 backward), run on the kernels of
-`fp4cli.kernels.launch_vector`.
+`fp4cli.kernels.vector.launch`.
 
     X   forward operand: per-row clamp (exact order statistics) + quantize, one program per
         rows, values; backward operand (double quantization: of those values, whose amax the
@@ -42,7 +42,7 @@ from fp4cli.techniques.outliers import nearest_ranks
 
 def vector_gap(config: LinearConfig) -> str | None:
     """Why the vector-wise executor cannot run `config`, or None when it can."""
-    from fp4cli.kernels.launch_vector import scaled_by, vector_spec_gap
+    from fp4cli.kernels.vector.launch import scaled_by, vector_spec_gap
 
     for gemm in GEMMS:
         if config.hadamard(gemm) is not None:
@@ -79,7 +79,7 @@ class Kept:
     def values(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.spec is None:
             return tensors[0]
-        from fp4cli.kernels.launch_vector import decode_vector
+        from fp4cli.kernels.vector.launch import decode_vector
 
         codes, scales = tensors
         return decode_vector(codes, scales, self.spec, self.axis, self.dtype)
@@ -101,7 +101,7 @@ class _Workspace:
 
 def _slots(spec: QuantSpec | None, axis: int, shape: torch.Size, needed: bool = True) -> int:
     """Amax slots a quantization needs (none for per-row scales, reduced in one program)."""
-    from fp4cli.kernels.launch_vector import scale_count, scaled_by
+    from fp4cli.kernels.vector.launch import scale_count, scaled_by
 
     if spec is None or not needed or scaled_by(spec, axis) == "row":
         return 0
@@ -137,7 +137,7 @@ class SourcePlan:
     def fused_amax(self) -> bool:
         """The backward operand is a per-tensor quantization of the forward values: their
         amax is reduced by the forward pass itself."""
-        from fp4cli.kernels.launch_vector import scaled_by
+        from fp4cli.kernels.vector.launch import scaled_by
 
         return (
             self.backward_needed
@@ -166,7 +166,7 @@ def _source_operands(
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor | None]:
     """(forward operand: values, or codes with `plan.forward_codes`; the kept backward
     operand's tensors (read as `plan.kept`); the forward scales when asked or with codes)."""
-    from fp4cli.kernels.launch_vector import quantize_codes, quantize_vector
+    from fp4cli.kernels.vector.launch import quantize_codes, quantize_vector
 
     fused, forward_lines, backward_lines = slots
     forward, scales = tensor, None
@@ -197,7 +197,7 @@ def _source_operands(
 
 
 def _clamp(config: LinearConfig, features: int) -> Any:
-    from fp4cli.kernels.launch_vector import Clamp
+    from fp4cli.kernels.vector.launch import Clamp
 
     if config.outliers is None:
         return None
@@ -220,7 +220,7 @@ def _gradient_operands(
     dY^T's codes; one quantization serves both when their specs scale alike (per tensor, say).
     bias_sums (out_features,) float32: filled with dY's column sums (the bias gradient), by the
     first amax pass over dY where one runs, else by torch."""
-    from fp4cli.kernels.launch_vector import scaled_by
+    from fp4cli.kernels.vector.launch import scaled_by
 
     (spec_dx, spec_dw), (need_dx, need_dw) = specs, needed
     shared = (
@@ -262,7 +262,7 @@ def _dy_operands(
     """dY quantized along `axis`, as the (grad_input, grad_weight) operands `wanted`: the same
     values for both, or codes in dY's layout and in dY^T's (one launch writes both). lines:
     (amax workspace, column sums) for the amax pass."""
-    from fp4cli.kernels.launch_vector import quantize_codes, quantize_vector
+    from fp4cli.kernels.vector.launch import quantize_codes, quantize_vector
 
     if spec is None:
         return grad_y, grad_y
@@ -385,7 +385,7 @@ def vector_backward(
     """(grad_x, grad_w, grad_b) from dY and `vector_forward`'s kept tensors (X's, W's, DGE's);
     `needs` says which of the three to compute, dtype is the forward's compute dtype. targets:
     the dtypes x, W and the bias came in, as for `fast.fast_backward`."""
-    from fp4cli.kernels.launch_vector import dge_scale_gradient
+    from fp4cli.kernels.vector.launch import dge_scale_gradient
 
     needs_dx, needs_dw, needs_db = needs
     x_kept, w_kept, dge_tensors = kept

@@ -221,7 +221,7 @@ class QuantLinear(nn.Linear):
         qema = self.config.qema
         copies = qema.first_update_copies
         if self._ema_in_one_pass():
-            from fp4cli.kernels.qema import update_ema_kernel
+            from fp4cli.kernels.elementwise.qema import update_ema_kernel
 
             update_ema_kernel(self.weight_ema, self.weight, qema.beta, self.ema_updates, copies)
         else:
@@ -229,11 +229,11 @@ class QuantLinear(nn.Linear):
         self.ema_updates.add_(1)
 
     def _ema_in_one_pass(self) -> bool:
-        """Whether the Q-EMA update runs as one kernel (`kernels/qema.py`, the reference's
+        """Whether the Q-EMA update runs as one kernel (`kernels/elementwise/qema.py`, the reference's
         bits): where this layer's quantizers run as kernels."""
         if self.executor()[0] == "reference":
             return False
-        from fp4cli.kernels.qema import ema_update_supported
+        from fp4cli.kernels.elementwise.qema import ema_update_supported
 
         return ema_update_supported(self.weight_ema, self.weight)
 

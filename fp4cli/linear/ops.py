@@ -6,7 +6,7 @@ vector-wise one (`fast_vector.vector_forward`) and returns [y, the tensors kept 
 backward pass]; `fp4cli::quant_linear_backward` runs the matching backward on them. The ops
 are opaque to the compiler (it neither traces nor fuses the kernels inside), their autograd
 formula is the backward op, and their fake implementations are the same Python with
-`kernels.launch`'s launches skipped (`shapes_only`), so every output's shape comes from the
+`kernels.host.launch`'s launches skipped (`shapes_only`), so every output's shape comes from the
 code that allocates it. Eager layers keep calling the executors' autograd Functions (fewer host
 steps a call); both run the same steps on the same operands, so compiled and eager layers give
 the same bits.
@@ -88,7 +88,7 @@ quant_linear = torch.library.custom_op("fp4cli::quant_linear", _forward, mutates
 
 @quant_linear.register_fake
 def _quant_linear_fake(*args: Any) -> list[torch.Tensor]:
-    from fp4cli.kernels.launch import shapes_only
+    from fp4cli.kernels.host.launch import shapes_only
 
     with shapes_only():
         return _forward(*args)
@@ -158,7 +158,7 @@ quant_linear_backward = torch.library.custom_op(
 
 @quant_linear_backward.register_fake
 def _quant_linear_backward_fake(*args: Any) -> list[torch.Tensor]:
-    from fp4cli.kernels.launch import shapes_only
+    from fp4cli.kernels.host.launch import shapes_only
 
     with shapes_only():
         return _backward(*args)

@@ -31,7 +31,7 @@ def run_planned(
     """call(*inputs) through the layer programs, by `signature` (the config's `ops.op_key`,
     the rank, the pass's flags) and the inputs' own; directly where launches are skipped (a
     custom op's fake implementation)."""
-    from fp4cli.kernels.launch import launches_skipped
+    from fp4cli.kernels.host.launch import launches_skipped
 
     if launches_skipped():
         return call(*inputs)

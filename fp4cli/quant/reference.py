@@ -94,7 +94,7 @@ class QuantizedTensor:
         self, t_amax: torch.Tensor | None, dtype: torch.dtype | None, backend: str
     ) -> torch.Tensor:
         if use_kernels(backend, self.spec, self.codes.device):
-            from fp4cli.kernels.launch import dequantize_e2m1
+            from fp4cli.kernels.quantization.launch import dequantize_e2m1
 
             return dequantize_e2m1(
                 self.codes, self.scales, t_amax, self.spec, self.shape, self.axis,
@@ -136,7 +136,7 @@ def quantize(
     axis = _check_input(x, axis)
     seed = _seed_for(spec, seed)
     if use_kernels(backend, spec, x.device, x.dtype):
-        from fp4cli.kernels.launch import quantize_e2m1
+        from fp4cli.kernels.quantization.launch import quantize_e2m1
 
         codes, scales, t_amax, _ = quantize_e2m1(
             x, spec, axis, seed, hadamard, hadamard_seed, guide=_guide_for(guide, x),
@@ -175,7 +175,7 @@ def fake_quantize(
     seed = _seed_for(spec, seed)
     dtype = out_dtype or (torch.float32 if hadamard else x.dtype)
     if use_kernels(backend, spec, x.device, x.dtype):
-        from fp4cli.kernels.launch import quantize_e2m1
+        from fp4cli.kernels.quantization.launch import quantize_e2m1
 
         values = quantize_e2m1(
             x, spec, axis, seed, hadamard, hadamard_seed, values_dtype=dtype,

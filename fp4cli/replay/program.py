@@ -5,7 +5,7 @@ tensors new.
 The function is generated source, one line a step: an aten operation calls the operator's C++
 callable, a kernel launch on a GPU calls the launcher of the compiled kernel the recording ran
 (what Triton's `JITFunction.run` calls once it has bound the arguments and found the kernel),
-under the interpreter it launches as `fp4cli.kernels.launch.launch` does, and a host step calls
+under the interpreter it launches as `fp4cli.kernels.host.launch.launch` does, and a host step calls
 its function. Non-tensor arguments are the recorded values.
 """
 

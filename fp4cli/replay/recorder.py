@@ -1,7 +1,7 @@
 """Recording one call of a host function as the steps it runs on the device.
 
 While a `Recorder` is active, every aten operation (through a TorchDispatchMode), every kernel
-launch through `fp4cli.kernels.launch.launch` and every call of a `host_step` function is
+launch through `fp4cli.kernels.host.launch.launch` and every call of a `host_step` function is
 written down as a `Step`, with each tensor argument named by its `Slot`: an input of the
 recorded call, or the output of an earlier step. `fp4cli.replay.program` turns the steps into
 one Python function that reruns them on new inputs of the same shapes, without the host code
@@ -186,7 +186,7 @@ class Recorder(TorchDispatchMode):
         """Triton's launch hook: a launch outside `paused` bypassed `launch`."""
         if not self._paused:
             self._unexpected_launches += 1
-            self.refuse("a Triton launch outside fp4cli.kernels.launch")
+            self.refuse("a Triton launch outside fp4cli.kernels.host.launch")
 
     # -- naming -------------------------------------------------------------------------------
 

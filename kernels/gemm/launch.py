@@ -31,7 +31,7 @@ from fp4cli.kernels.gemm.int8 import mxfp4_int8_gemm_kernel
 from fp4cli.kernels.gemm.prep import operand_prep_kernel
 from fp4cli.kernels.gemm.scaled import scaled_dot_kernel, weight_only_kernel
 from fp4cli.kernels.gemm.split import KSplit, k_split
-from fp4cli.kernels.launch import launch
+from fp4cli.kernels.host.launch import launch
 from fp4cli.quant.backend import interpreter_on
 
 STAGED_DTYPES = {"int8": torch.int8, "e5m2": torch.float8_e5m2, "e4m3": torch.float8_e4m3fn}
@@ -153,7 +153,7 @@ def prepare(
         dict(ROWS=rows_per_program, WORDS=words, SCALE_CHUNK=PREP_SCALE_CHUNK,
              BLOCK=a.block, WRITE_INT8=int8, WRITE_E5M2=e5m2, WRITE_E4M3=e4m3,
              TIER_FLAGS=tier_flags, SPLIT=split is not None),
-        PREP_WARPS, **_register_cap(PREP_MAX_REGISTERS),
+        num_warps=PREP_WARPS, **_register_cap(PREP_MAX_REGISTERS),
     )  # fmt: skip
     pairs = {
         name: (part[:rows_a].view(STAGED_DTYPES[name]), part[rows_a:].view(STAGED_DTYPES[name]))
@@ -296,7 +296,7 @@ def launch_int8(
          out, _bias_pointer(bias, out), a.rows, b.rows, a.k_padded, out.stride(0), out.stride(1)),
         dict(BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, SPLIT=split is not None,
              HI_BK=hi_bk, HAS_BIAS=bias is not None),
-        tile.warps, num_stages=tile.stages,
+        num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 
@@ -327,7 +327,7 @@ def launch_fp8(
         dict(BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, BLOCK=a.block,
              FUSED=prepared.e5m2 is None, EXACT=exact, SKIP_NARROW=skip_narrow is not None,
              NARROW_BM=narrow.bm, NARROW_BN=narrow.bn, HAS_BIAS=bias is not None),
-        tile.warps, num_stages=tile.stages,
+        num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 
@@ -349,7 +349,7 @@ def scaled_dot_matmul(
          a.k_padded, out.stride(0), out.stride(1)),
         dict(BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m,
              HAS_BIAS=bias is not None),
-        tile.warps, num_stages=tile.stages,
+        num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 
@@ -373,6 +373,6 @@ def weight_only_matmul(
          b.k_padded, out.stride(0), out.stride(1)),
         dict(BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m, BLOCK=b.block,
              HAS_BIAS=bias is not None),
-        tile.warps, num_stages=tile.stages,
+        num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out

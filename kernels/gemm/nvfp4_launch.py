@@ -34,7 +34,7 @@ from fp4cli.kernels.gemm.nvfp4_decoded import (
     nvfp4_alpha_scalar_kernel,
     nvfp4_decode_kernel,
 )
-from fp4cli.kernels.launch import launch
+from fp4cli.kernels.host.launch import launch
 from fp4cli.quant import QuantizedTensor
 from fp4cli.quant.backend import interpreter_on
 from fp4cli.replay import host_step
@@ -122,7 +122,7 @@ def fused_matmul(
         nvfp4_fused_kernel, (triton.cdiv(m, tile.bm) * triton.cdiv(n, tile.bn),), args,
         dict(BM=tile.bm, BN=tile.bn, BK=tile.bk, GROUP_M=tile.group_m,
              EVEN_K=k_padded % tile.bk == 0, DECODE=decode_type()),
-        tile.warps, num_stages=tile.stages,
+        num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     return out
 
@@ -136,7 +136,7 @@ def decode_values(q: NvOperand) -> torch.Tensor:
     grid = (triton.cdiv(q.rows, DECODE_ROWS), triton.cdiv(q.k_padded // 2, DECODE_BYTES))
     launch(
         nvfp4_decode_kernel, grid, (q.codes, q.scales, values, q.rows, q.k_padded),
-        dict(ROWS=DECODE_ROWS, BYTES=DECODE_BYTES), DECODE_WARPS,
+        dict(ROWS=DECODE_ROWS, BYTES=DECODE_BYTES), num_warps=DECODE_WARPS,
     )  # fmt: skip
     return values
 
@@ -162,13 +162,15 @@ def block_values_matmul(
     (float32, one element each) and an optional (N,) bias: cuBLASLt with alpha in its epilogue
     (`alpha_matmul`) where it takes the problem, else torch.mm with a float32 result and one
     launch of the alpha epilogue."""
-    from fp4cli.kernels.launch import launches_skipped
+    from fp4cli.kernels.host.launch import launches_skipped
 
     if launches_skipped():  # a custom op's fake implementation: the output's layout only
         return out
     if a.dtype != torch.float32 and a.is_cuda:
         alpha = torch.empty(1, dtype=torch.float32, device=out.device)
-        launch(nvfp4_alpha_scalar_kernel, (1,), (amaxes[0], amaxes[1], factor, alpha), {}, 4)
+        launch(
+            nvfp4_alpha_scalar_kernel, (1,), (amaxes[0], amaxes[1], factor, alpha), {}, num_warps=4
+        )
         if alpha_matmul(a, b, alpha, out, bias):
             return out
     product = _float32_product(a, b, out)
@@ -177,7 +179,7 @@ def block_values_matmul(
         nvfp4_alpha_kernel, (triton.cdiv(m, ALPHA_BM), triton.cdiv(n, ALPHA_BN)),
         (product, amaxes[0], amaxes[1], factor, out, out if bias is None else bias.contiguous(),
          m, n, out.stride(0), out.stride(1)),
-        dict(BM=ALPHA_BM, BN=ALPHA_BN, HAS_BIAS=bias is not None), ALPHA_WARPS,
+        dict(BM=ALPHA_BM, BN=ALPHA_BN, HAS_BIAS=bias is not None), num_warps=ALPHA_WARPS,
     )  # fmt: skip
     return out
 

@@ -36,7 +36,7 @@ from fp4cli.kernels.gemm.words import (
     decode_words,
     fold_range,
 )
-from fp4cli.kernels.tile_ops import pow2
+from fp4cli.kernels.tiles.tile_ops import pow2
 
 FLAG_NAN = tl.constexpr(1)
 FLAG_BEYOND_E5M2 = tl.constexpr(2)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.launch import launch
+from fp4cli.kernels.host.launch import launch
 
 OUTLIER_BINADES = 2
 SAMPLE_ROWS = 64
@@ -70,7 +70,7 @@ def k_split(scales_a: torch.Tensor, scales_b: torch.Tensor, block: int) -> KSpli
         (scales_a, scales_b, means, source, lo_start, rows_a, rows_b, n_blocks, n_windows),
         dict(BLOCK=block, SAMPLE=SAMPLE_ROWS, SAMPLE_STEP=SAMPLE_STEP, CHUNK=CHUNK,
              BINADES=OUTLIER_BINADES, STEP=HI_STEP),
-        SPLIT_WARPS,
+        num_warps=SPLIT_WARPS,
     )  # fmt: skip
     return KSplit(source, lo_start)
 

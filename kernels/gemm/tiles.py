@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.tile_ops import e8m0_scale, pow2, signed_e2m1_value
+from fp4cli.kernels.tiles.tile_ops import e8m0_scale, pow2, signed_e2m1_value
 
 FOLD_RANGE = tl.constexpr(26)  # binades below the row's largest block scale folded exactly
 FP8_TOP = tl.constexpr(13)  # the largest block's values are q * 2^13 (6 * 2^13 = 49152)

@@ -42,7 +42,7 @@ FAST_RECIPES = [
 @pytest.mark.parametrize("col_h", [None, 64])
 @pytest.mark.parametrize("double", [False, True])
 def test_pair_on_large_bf16_matches_the_reference(double, col_h):
-    from fp4cli.kernels.launch_pair import Direction, quantize_pair
+    from fp4cli.kernels.quantization.launch_pair import Direction, quantize_pair
 
     x = bf16_gpu_input(8192, 3072, seed=1)
     seed = torch.tensor(1234, device="cuda")
@@ -63,7 +63,7 @@ def test_pair_on_large_bf16_matches_the_reference(double, col_h):
 def test_outer_block_pair_on_large_bf16_matches_the_reference(double):
     """TetraJet-v2's pairs: an FP32 scale per 128 values in both directions, found in the
     kernel's tiles; the column direction with SR and RHT-16, packed with its outer amaxes."""
-    from fp4cli.kernels.launch_pair import Direction, quantize_pair
+    from fp4cli.kernels.quantization.launch_pair import Direction, quantize_pair
 
     outer = QuantSpec.preset("nvfp4-outer128")
     outer_sr = outer.replace(rounding="sr")

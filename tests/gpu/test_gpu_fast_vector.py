@@ -36,7 +36,7 @@ SPECS = [
 @pytest.mark.parametrize("shape", [(8192, 768), (1000, 20000)])
 def test_vector_kernels_match_the_reference_on_large_bf16_tensors(spec, shape):
     """Both axes, values in bf16 and codes decoded; rows of 20,000 are read in chunks."""
-    from fp4cli.kernels.launch_vector import decode_vector, quantize_vector
+    from fp4cli.kernels.vector.launch import decode_vector, quantize_vector
 
     x = bf16_gpu_input(*shape, seed=1)
     for axis in (0, 1):
@@ -51,7 +51,7 @@ def test_vector_kernels_match_the_reference_on_large_bf16_tensors(spec, shape):
 
 @pytest.mark.parametrize("shape", [(8192, 768), (512, 3072), (256, 11008), (256, 20000)])
 def test_fused_clamp_matches_the_reference_quantiles(shape):
-    from fp4cli.kernels.launch_vector import Clamp, quantize_vector
+    from fp4cli.kernels.vector.launch import Clamp, quantize_vector
 
     spec, config = QuantSpec.preset("fp4-row"), OutlierConfig(0.99, compensate=True)
     x = bf16_gpu_input(*shape, seed=2)
@@ -102,7 +102,7 @@ def test_dge_factor_matches_the_reference_on_bf16_gradients(shape):
 def test_transposed_codes_on_large_bf16_tensors(spec, shape):
     """`quantize_codes` (the FP8 route's layouts) writes `quantize_vector`'s codes and their
     transpose, in one launch."""
-    from fp4cli.kernels.launch_vector import quantize_codes, quantize_vector
+    from fp4cli.kernels.vector.launch import quantize_codes, quantize_vector
 
     x = bf16_gpu_input(*shape, seed=4)
     for axis in (0, 1):
@@ -120,7 +120,7 @@ def test_fp8_mm_sums_the_exact_products(shape):
     ragged one, multiplied as values): within 2^-11 of the largest output of the float32 sum
     of the decoded values' products, and the bf16 result within its rounding of that."""
     from fp4cli.gemm.fp8 import fp8_mm
-    from fp4cli.kernels.launch_vector import decode_vector, quantize_codes
+    from fp4cli.kernels.vector.launch import decode_vector, quantize_codes
 
     m, k, n = shape
     e5m2, e4m3 = SPECS[3], SPECS[2]

@@ -144,7 +144,7 @@ def test_tensor_seeds_on_gpu():
 
 
 def test_tensor_amax_on_gpu():
-    from fp4cli.kernels.launch import tensor_amax
+    from fp4cli.kernels.quantization.launch import tensor_amax
 
     x = adversarial_bf16((4096, 4096), seed=6)
     magnitude = x.float().abs()
@@ -160,7 +160,7 @@ def test_tensor_amax_on_gpu():
 
 
 def test_auto_backend_uses_the_kernels_on_cuda(monkeypatch):
-    import fp4cli.kernels.launch as launch
+    import fp4cli.kernels.quantization.launch as launch
 
     calls = []
     real_quantize = launch.quantize_e2m1

@@ -21,8 +21,8 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     seeded_normal,
 )
 
-launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
-launch_amax = pytest.importorskip("fp4cli.kernels.launch_amax")
+launch_pair = pytest.importorskip("fp4cli.kernels.quantization.launch_pair")
+launch_amax = pytest.importorskip("fp4cli.kernels.quantization.launch_amax")
 Direction, pair_amax, pair_tile = (
     launch_pair.Direction,
     launch_amax.pair_amax,

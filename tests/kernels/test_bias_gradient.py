@@ -88,7 +88,7 @@ def test_the_option_is_checked_and_resolved():
 
 
 def test_the_pair_kernel_sums_the_row_values():
-    from fp4cli.kernels.launch_pair import Direction, quantize_pair
+    from fp4cli.kernels.quantization.launch_pair import Direction, quantize_pair
 
     spec = QuantSpec.preset("mxfp4-ceil", rounding="sr")
     _, grad_y = _integer_gradients((1, 70, 96), 45)

@@ -1,4 +1,4 @@
-"""DGE's factor on the weight gradient in kernels (kernels/dge.py, `dge_scale_gradient`) against
+"""DGE's factor on the weight gradient in kernels (kernels/vector/dge.py, `dge_scale_gradient`) against
 the reference `grad * dge_derivative(weight / scale).to(grad.dtype)`, bit for bit: every grid
 point, interval middle (t = 0, the cap), the closed last interval, weights beyond the grid, NaN
 and Inf lines, zeros and subnormals, for E2M1, E4M3 and E5M2 scales per row, column and tensor,
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp4cli.kernels.launch_vector import dge_scale_gradient, quantize_vector, scaled_by
+from fp4cli.kernels.vector.launch import dge_scale_gradient, quantize_vector, scaled_by
 from fp4cli.quant import QuantSpec
 from fp4cli.techniques.dge import DGEConfig, dge_derivative
 from tests.kernel_cases import DEVICE, INF, NAN, assert_bits

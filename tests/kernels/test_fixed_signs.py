@@ -23,8 +23,8 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
 )
 from tests.kernel_checks import assert_same_up_to_zero_sign
 
-launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
-launch_amax = pytest.importorskip("fp4cli.kernels.launch_amax")
+launch_pair = pytest.importorskip("fp4cli.kernels.quantization.launch_pair")
+launch_amax = pytest.importorskip("fp4cli.kernels.quantization.launch_amax")
 Direction, pair_amax, pair_tile, quantize_pair = (
     launch_pair.Direction,
     launch_amax.pair_amax,

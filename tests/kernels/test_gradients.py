@@ -1,4 +1,4 @@
-"""kernels/gradients.py: a quantized Linear's bfloat16 gradients widened to float32 and its bias
+"""kernels/elementwise/gradients.py: a quantized Linear's bfloat16 gradients widened to float32 and its bias
 sums rounded to bfloat16, in one launch, with the bits of torch's casts (interpreter on the CPU,
 or a GPU)."""
 
@@ -7,7 +7,7 @@ import torch
 
 from tests.kernel_cases import NAN, assert_bits, on_device, seeded_normal  # skips without kernels
 
-gradients = pytest.importorskip("fp4cli.kernels.gradients")
+gradients = pytest.importorskip("fp4cli.kernels.elementwise.gradients")
 
 
 def every_bfloat16() -> torch.Tensor:

@@ -350,8 +350,8 @@ def test_tiles_along_the_grid_third_axis(monkeypatch):
     65,540 tiles long instead."""
     import triton.language as tl
 
-    import fp4cli.kernels.launch as launch
-    import fp4cli.kernels.tile_io as tile_io
+    import fp4cli.kernels.quantization.launch as launch
+    import fp4cli.kernels.tiles.tile_io as tile_io
     from fp4cli.quant.backend import interpreter_on
 
     cols = 150

@@ -165,7 +165,7 @@ def test_triton_backend_refuses_float64_input():
 
 
 def test_auto_backend_runs_the_reference_on_a_cpu_tensor(monkeypatch):
-    import fp4cli.kernels.launch as launch
+    import fp4cli.kernels.quantization.launch as launch
 
     def no_kernel(*args, **kwargs):
         raise RuntimeError("a kernel was launched")
@@ -268,8 +268,8 @@ def training_step(recipe: str | fp4cli.LinearConfig, backend: str) -> list[torch
 
 @pytest.mark.parametrize("recipe", COVERED_RECIPES)
 def test_quant_linear_triton_equals_torch(recipe, monkeypatch):
-    import fp4cli.kernels.launch as launch
-    import fp4cli.kernels.launch_pair as launch_pair
+    import fp4cli.kernels.quantization.launch as launch
+    import fp4cli.kernels.quantization.launch_pair as launch_pair
 
     kernel_calls = []
     for module, name in ((launch, "quantize_e2m1"), (launch_pair, "quantize_pair")):

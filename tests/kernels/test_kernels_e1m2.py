@@ -18,7 +18,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
 )
 from tests.kernel_checks import assert_same_up_to_zero_sign, check_backends_agree
 
-launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+launch_pair = pytest.importorskip("fp4cli.kernels.quantization.launch_pair")
 Direction, quantize_pair = launch_pair.Direction, launch_pair.quantize_pair
 
 E1M2 = QuantSpec(element="e1m2")  # E8M0 scale per 32, floor rule, RNE

@@ -21,7 +21,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     seeded_normal,
 )
 
-launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+launch_pair = pytest.importorskip("fp4cli.kernels.quantization.launch_pair")
 Direction, quantize_pair = launch_pair.Direction, launch_pair.quantize_pair
 
 EDEN = QuantSpec.preset("nvfp4-eden")
@@ -111,7 +111,7 @@ def test_a_lone_direction_decodes_its_codes_for_values(monkeypatch):
     """A lone MS-EDEN column direction asked for values quantizes to packed codes and decodes
     them (`launch_pair._values_from_codes`): a quantize launch writing no values, then a
     decode; a lone row direction writes its values."""
-    import fp4cli.kernels.launch as launch
+    import fp4cli.kernels.quantization.launch as launch
 
     calls = []
     for module, name in ((launch_pair, "quantize_pair_kernel"), (launch, "dequantize_kernel")):
@@ -148,7 +148,7 @@ class _Recorded:
 def test_the_prescale_division_at_far_magnitudes(exponent):
     """Scaled by 2^exponent, the tiles' block scales fall outside (-100, 100) or inside (0) the
     range where the kernels on a GPU divide by the pre-scale with a remainder step
-    (kernels/prescale.py): both ways the reference's bits, in the single-direction kernel, its
+    (kernels/tiles/prescale.py): both ways the reference's bits, in the single-direction kernel, its
     dequantization, and the pair's row values."""
     x = rows_over_binades(16, 128, seed=3, spread=2) * 2.0**exponent
     x[2, 5] = 0.0

@@ -19,7 +19,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
 )
 from tests.kernel_checks import assert_same_up_to_zero_sign, check_backends_agree
 
-launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+launch_pair = pytest.importorskip("fp4cli.kernels.quantization.launch_pair")
 Direction, quantize_pair = launch_pair.Direction, launch_pair.quantize_pair
 
 NVFP4_46 = QuantSpec.preset("nvfp4-4over6")  # UE4M3 per 16, FP32 tensor scale (S = 256)

@@ -14,7 +14,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     seeded_normal,
 )
 
-launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+launch_pair = pytest.importorskip("fp4cli.kernels.quantization.launch_pair")
 
 GUIDED_SPECS = {
     "mxfp4": MXFP4,
@@ -122,11 +122,11 @@ def test_guide_shape_errors():
 @pytest.mark.parametrize("beta", [0.998, 0.9972, 0.5, 1e-3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_ema_update_in_one_pass_is_the_reference(beta, dtype, first_copies):
-    """`kernels/qema.py` against `update_ema`, bit for bit: the first update copies the weight
+    """`kernels/elementwise/qema.py` against `update_ema`, bit for bit: the first update copies the weight
     (or, starting from nn.Linear's initialization, blends like the others), later ones round
     both products on their own (no fused multiply-add); non-finite values, subnormals and huge
     values included, a ragged length."""
-    from fp4cli.kernels.qema import update_ema_kernel
+    from fp4cli.kernels.elementwise.qema import update_ema_kernel
     from fp4cli.techniques.qema import update_ema
 
     weight = seeded_normal((3, 1001), 4) * torch.exp2(seeded_normal((3, 1), 5) * 20)

@@ -23,8 +23,8 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     seeded_normal,
 )
 
-launch = pytest.importorskip("fp4cli.kernels.launch")
-launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+launch = pytest.importorskip("fp4cli.kernels.quantization.launch")
+launch_pair = pytest.importorskip("fp4cli.kernels.quantization.launch_pair")
 Direction, quantize_pair = launch_pair.Direction, launch_pair.quantize_pair
 
 OUTER128 = QuantSpec.preset("nvfp4-outer128")

@@ -21,7 +21,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     rows_over_binades,
 )
 
-launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+launch_pair = pytest.importorskip("fp4cli.kernels.quantization.launch_pair")
 Direction, pair_tile, quantize_pair = (
     launch_pair.Direction,
     launch_pair.pair_tile,

@@ -105,7 +105,7 @@ def test_seed_of_compiles_for_cuda_with_a_tensor_seed(tmp_path):
     """Compile (for an sm_90 target, no GPU needed) a kernel that reads its seed as the
     quantize and amax kernels do for a 0-d tensor seed: seed_of(pointer, the value launch
     passes beside it, FROM_PTR=True): both branches must give one type."""
-    import fp4cli.kernels.launch as launch
+    import fp4cli.kernels.host.seeds as launch
 
     _, seed_value, from_ptr = launch._seed_args(torch.tensor(5), torch.device("cpu"))
     assert from_ptr
@@ -117,7 +117,7 @@ def test_seed_of_compiles_for_cuda_with_a_tensor_seed(tmp_path):
         "import triton.language as tl\n"
         "from triton.backends.compiler import GPUTarget\n"
         "from triton.compiler import ASTSource\n"
-        "from fp4cli.kernels.tile_io import seed_of\n\n\n"
+        "from fp4cli.kernels.tiles.tile_io import seed_of\n\n\n"
         "@triton.jit\n"
         "def probe(seed_ptr, seed_value, out_ptr, FROM_PTR: tl.constexpr):\n"
         "    seed = seed_of(seed_ptr, seed_value, FROM_PTR)\n"
@@ -198,7 +198,7 @@ def test_sr_is_unbiased(spec_name):
 
 
 # --------------------------------------------------------------------------------------------
-# Dequantization's division by the pre-scale (kernels/prescale.py)
+# Dequantization's division by the pre-scale (kernels/tiles/prescale.py)
 # --------------------------------------------------------------------------------------------
 
 
@@ -207,8 +207,8 @@ def test_prescale_division_becomes_a_multiplication_only_where_exact(monkeypatch
     whose factor gives its quotient; checked here with torch's float32 division, not the
     exact arithmetic that chose the constants. UE5M3 scales, two-level specs and a pre-scale
     whose misses are many keep the division under the interpreter (its fma rounds twice)."""
-    from fp4cli.kernels import prescale
-    from fp4cli.kernels.prescale import prescale_constants
+    from fp4cli.kernels.tiles import prescale
+    from fp4cli.kernels.tiles.prescale import prescale_constants
 
     monkeypatch.setattr(prescale, "interpreter_on", lambda: True)
 
@@ -242,7 +242,7 @@ def test_the_remainder_step_takes_over_where_the_multiplication_misses(monkeypat
     those it covers, and pre-scales outside the step's range, keep their constants."""
     from fractions import Fraction
 
-    from fp4cli.kernels import prescale
+    from fp4cli.kernels.tiles import prescale
 
     monkeypatch.setattr(prescale, "interpreter_on", lambda: False)
     for spec in (
@@ -266,7 +266,7 @@ def test_remainder_misses_counts_what_torch_counts():
     (the fma's single rounding as `round_float32`), misses none of them."""
     from fractions import Fraction
 
-    from fp4cli.kernels.prescale import remainder_misses, round_float32
+    from fp4cli.kernels.tiles.prescale import remainder_misses, round_float32
 
     x = (torch.arange(1 << 23, dtype=torch.int32) + (127 << 23)).view(torch.float32)
     for p in (16 / (17 * 0.93), 0.93):
@@ -290,7 +290,7 @@ def test_round_float32_is_the_nearest_float32():
 
     import numpy as np
 
-    from fp4cli.kernels.prescale import round_float32
+    from fp4cli.kernels.tiles.prescale import round_float32
 
     generator = np.random.default_rng(0)
     doubles = generator.standard_normal(3000) * 10.0 ** generator.integers(-46, 39, 3000)

@@ -19,7 +19,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     seeded_normal,
 )
 
-launch_pair = pytest.importorskip("fp4cli.kernels.launch_pair")
+launch_pair = pytest.importorskip("fp4cli.kernels.quantization.launch_pair")
 Direction, quantize_pair = launch_pair.Direction, launch_pair.quantize_pair
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")

@@ -1,10 +1,19 @@
-"""kernels/launch.launch: every argument by position, in the kernel's parameter order."""
+"""kernels/host/launch.launch: every argument by position, in the kernel's parameter order; the
+constexprs a QuantSpec gives the quantize kernels (`spec_constants`), in one order for the pair
+kernel's two directions, each documented in kernels/README.md."""
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+
 import pytest
 
-from fp4cli.kernels.launch import launch
+from fp4cli.kernels.host.launch import launch
+from fp4cli.kernels.host.spec_constants import spec_constants
+from fp4cli.kernels.quantization.quantize import quantize_kernel
+from fp4cli.kernels.quantization.quantize_pair import DIRECTION_CONSTEXPRS, quantize_pair_kernel
+from fp4cli.quant.spec import QuantSpec
 
 
 def kernel_body(x_ptr, rows, BLOCK, SR, HADAMARD):  # a kernel's parameter list
@@ -55,9 +64,9 @@ def test_fp_fusion_off_reaches_the_compiler_and_is_left_out_otherwise() -> None:
 def test_the_launchers_are_hidden_from_torch_compile():
     """Every launcher the executors call runs outside dynamo's tracing (torch.compiler.disable):
     a compiled model meets them through the custom ops, never traced into their Python."""
-    from fp4cli.kernels import launch as launch_module
-    from fp4cli.kernels.launch_amax import pair_amax
-    from fp4cli.kernels.launch_pair import quantize_pair
+    from fp4cli.kernels.quantization import launch as launch_module
+    from fp4cli.kernels.quantization.launch_amax import pair_amax
+    from fp4cli.kernels.quantization.launch_pair import quantize_pair
 
     launchers = (
         launch_module.tensor_amax,
@@ -68,3 +77,26 @@ def test_the_launchers_are_hidden_from_torch_compile():
     )
     for launcher in launchers:
         assert getattr(launcher, "_torchdynamo_disable", False), launcher.__name__
+
+
+def test_spec_constants_are_parameters_of_both_quantize_kernels() -> None:
+    single = set(inspect.signature(quantize_kernel.fn).parameters)
+    for spec in (QuantSpec(), QuantSpec.preset("nvfp4-outer128"), QuantSpec.preset("nvfp4-eden")):
+        names = set(spec_constants(spec))
+        assert names <= single
+        assert names <= set(DIRECTION_CONSTEXPRS)
+
+
+def test_the_pair_kernel_lists_both_directions_constexprs_in_one_order() -> None:
+    params = list(inspect.signature(quantize_pair_kernel.fn).parameters)
+    for prefix in ("ROW_", "COL_"):
+        start = params.index(prefix + DIRECTION_CONSTEXPRS[0])
+        block = params[start : start + len(DIRECTION_CONSTEXPRS)]
+        assert block == [prefix + name for name in DIRECTION_CONSTEXPRS]
+    assert params[-1] == "COL_" + DIRECTION_CONSTEXPRS[-1]
+
+
+def test_the_kernels_readme_documents_every_spec_constant() -> None:
+    readme = (Path(__file__).parents[2] / "kernels" / "README.md").read_text()
+    for name in spec_constants(QuantSpec()):
+        assert f"`{name}`" in readme, name

@@ -170,7 +170,7 @@ def test_autocast_rounds_float32_inputs_in_the_kernels(name):
     them to bfloat16 in the pair kernel instead of casting them first: the reference's bits
     (its operands cast by autocast's rules) in every output and gradient, ties included. A
     tensor with an operand the kernels do not take (tseng-baseline's BF16 forward) is cast."""
-    import fp4cli.kernels.launch_pair as launch_pair
+    import fp4cli.kernels.quantization.launch_pair as launch_pair
 
     fast, reference = seeded_layer(CONFIGS[name], "triton"), seeded_layer(CONFIGS[name], "torch")
     x, grad_y = linear_inputs(seed=7)
@@ -208,7 +208,7 @@ def test_two_level_recipes_round_float32_inputs_in_their_amax_passes_too(name):
     gives when it casts them first (the kernels' cast refused), bit for bit, ties included;
     the rounding replaces the cast of X and W each pass (quartet2's too, whose double
     quantization into a tensor-scaled spec takes two launches: the first rounds as it reads)."""
-    import fp4cli.kernels.launch_pair as launch_pair
+    import fp4cli.kernels.quantization.launch_pair as launch_pair
 
     x, grad_y = linear_inputs(seed=7)
     with torch.no_grad():
@@ -242,7 +242,7 @@ def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
     weight's and bias's gradients itself, widened and rounded in one `widen_gradients` launch
     (no cast by autograd), with the reference's bits: the bias rounded through bfloat16
     exactly as autocast's cast rounds it (integer sums, where every summation order agrees)."""
-    import fp4cli.kernels.gradients as gradients
+    import fp4cli.kernels.elementwise.gradients as gradients
 
     config = load_recipe(name).linear
     fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
@@ -271,7 +271,7 @@ def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
 
 @pytest.mark.parametrize("start", ["weight", "layer_init"])
 def test_qema_update_runs_as_one_kernel_with_the_references_bits(start):
-    """Q-EMA's average (`kernels/qema.py` where the layer's quantizers are kernels) follows the
+    """Q-EMA's average (`kernels/elementwise/qema.py` where the layer's quantizers are kernels) follows the
     reference's update bit for bit over several steps, the first one a copy (start "weight")
     or a blend with nn.Linear's initialization drawn from the layer's seed ("layer_init")."""
     base = CONFIGS["tetrajet-qema"]

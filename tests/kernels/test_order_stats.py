@@ -1,4 +1,4 @@
-"""The per-row order statistics of kernels/order_stats.py (the clamp thresholds of the rows
+"""The per-row order statistics of kernels/vector/order_stats.py (the clamp thresholds of the rows
 kernel) against torch.sort, compared as order keys (so -0.0 and 0.0 are one value, as they
 compare equal, and every NaN one): rows whose ranks sit on the search's bounds, rows that the
 candidates decide and rows searched again over every key, all launch layouts the rows kernel
@@ -10,15 +10,16 @@ import torch
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.launch import launch
-from fp4cli.kernels.launch_vector import (
+from fp4cli.kernels.host.launch import launch
+from fp4cli.kernels.tiles.tile_io import block_at
+from fp4cli.kernels.vector.launch import (
     KEY_ZERO_BITS,
     Clamp,
     _row_split,
     bound_split,
     search_splits,
 )
-from fp4cli.kernels.order_stats import (
+from fp4cli.kernels.vector.order_stats import (
     INT32_MAX,
     candidate_groups,
     extreme_pairs,
@@ -26,7 +27,6 @@ from fp4cli.kernels.order_stats import (
     read_row_thresholds,
     row_thresholds,
 )
-from fp4cli.kernels.tile_io import block_at
 from fp4cli.techniques.outliers import nearest_ranks
 from tests.kernel_cases import DEVICE, INF, NAN
 

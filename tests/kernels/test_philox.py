@@ -1,7 +1,7 @@
-"""The kernels' Philox4x32-10 (`fp4cli.kernels.philox`: one wide multiplication per product on a
-GPU, two under the interpreter) against the definition, `fp4cli.quant.random_bits.philox4`,
-word for word: seeds of every sign and size, counters past 2^32 and near 2^63 (interpreter on
-the CPU, or a GPU)."""
+"""The kernels' Philox4x32-10 (`fp4cli.kernels.tiles.philox`: one wide multiplication per
+product on a GPU, two under the interpreter) against the definition,
+`fp4cli.quant.random_bits.philox4`, word for word: seeds of every sign and size, counters past
+2^32 and near 2^63 (interpreter on the CPU, or a GPU)."""
 
 import pytest
 import torch
@@ -11,7 +11,7 @@ from tests.kernel_cases import on_device
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
-philox = pytest.importorskip("fp4cli.kernels.philox")
+philox = pytest.importorskip("fp4cli.kernels.tiles.philox")
 
 N = 64
 

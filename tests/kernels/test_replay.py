@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.launch import launch
+from fp4cli.kernels.host.launch import launch
 from fp4cli.replay import ProgramCache, host_step, replays
 from fp4cli.replay.program import HostProgram
 from fp4cli.replay.recorder import LaunchStep, OpStep, record

@@ -1,4 +1,4 @@
-"""The kernels' building blocks (fp4cli.kernels.tile_ops) on dense sweeps of float32 values,
+"""The kernels' building blocks (fp4cli.kernels.tiles.tile_ops) on dense sweeps of float32 values,
 against the reference rounding of fp4cli.formats, bit for bit: every grid point and midpoint of
 a format, their float32 neighbours, subnormal inputs, values past the largest grid point; and
 the Hadamard butterflies, both ways, against the reference transform."""
@@ -11,9 +11,9 @@ import triton
 import triton.language as tl
 
 from fp4cli.formats import ELEMENT_FORMATS, encode, round_to_grid
-from fp4cli.kernels import tile_ops
-from fp4cli.kernels.tile_io import rounded_to_bf16
-from fp4cli.kernels.tile_ops import (
+from fp4cli.kernels.tiles import tile_ops
+from fp4cli.kernels.tiles.tile_io import rounded_to_bf16
+from fp4cli.kernels.tiles.tile_ops import (
     e2m1_code_rne,
     e2m1_code_sr,
     e2m1_rne_grid,

@@ -1,4 +1,4 @@
-"""The two-level encode tables (`fp4cli.kernels.two_level`) against `fp4cli.quant.two_level`'s
+"""The two-level encode tables (`fp4cli.kernels.tiles.two_level`) against `fp4cli.quant.two_level`'s
 formulas, bit for bit: every scale code's encode multiplier and the block factor G * fl(1 / E),
 for tensor amaxes from 0 through subnormal tensor decode scales to FLT_MAX.
 
@@ -14,9 +14,9 @@ from fp4cli.quant import QuantSpec
 from tests.kernel_cases import FP32_MAX, on_device
 from tests.kernel_checks import assert_encode_table
 
-from fp4cli.kernels.launch import encode_tables, same_tables  # isort: skip
-from fp4cli.kernels.launch_pair import Direction, pair_tables  # isort: skip
-from fp4cli.kernels.two_level import ENCODE_TABLE  # isort: skip
+from fp4cli.kernels.quantization.launch import encode_tables, same_tables  # isort: skip
+from fp4cli.kernels.quantization.launch_pair import Direction, pair_tables  # isort: skip
+from fp4cli.kernels.tiles.two_level import ENCODE_TABLE  # isort: skip
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
 

@@ -1,12 +1,12 @@
-"""The vector-wise kernels (kernels/vector_wise.py, kernels/launch_vector.py) against the reference
+"""The vector-wise kernels (kernels/vector/vector_wise.py, kernels/vector/launch.py) against the reference
 quantizer: one E8M0 scale per row, column or tensor, E2M1 / E4M3 / E5M2 elements, the fused
 per-row outlier clamp, bit for bit (signs of zero included) on ragged shapes and edge values."""
 
 import pytest
 import torch
 
-import fp4cli.kernels.launch_vector as launch_vector
-from fp4cli.kernels.launch_vector import Clamp, decode_vector, quantize_codes, quantize_vector
+import fp4cli.kernels.vector.launch as launch_vector
+from fp4cli.kernels.vector.launch import Clamp, decode_vector, quantize_codes, quantize_vector
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.techniques.outliers import OutlierConfig, clamp_outliers, nearest_ranks
 from tests.hopper_compile import run_compiler_module

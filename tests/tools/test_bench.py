@@ -187,7 +187,7 @@ def test_pair_row_is_both_directions_of_the_kernels() -> None:
     """The quantize-pair call gives each direction's codes of `quantize` along that axis, and
     only 2-D shapes get the row."""
     from fp4cli.bench.calls import SEED, kernel_call
-    from fp4cli.kernels.launch_pair import quantize_pair
+    from fp4cli.kernels.quantization.launch_pair import quantize_pair
     from fp4cli.quant import quantize
 
     config = CONFIGS["mxfp4-rht32-sr"]
@@ -200,7 +200,7 @@ def test_pair_row_is_both_directions_of_the_kernels() -> None:
         return results[-1]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("fp4cli.kernels.launch_pair.quantize_pair", keep)
+        patch.setattr("fp4cli.kernels.quantization.launch_pair.quantize_pair", keep)
         kernel_call("quantize-pair", "triton", x, config, -1)()
     ((row, col),) = results
     for axis, out in ((1, row), (0, col)):

@@ -11,7 +11,7 @@ import torch
 
 from fp4cli import LinearConfig, QuantSpec, quantize_model
 from fp4cli.gemm.fp8 import fp8_mm
-from fp4cli.kernels.launch_vector import decode_vector, quantize_codes, quantize_vector
+from fp4cli.kernels.vector.launch import decode_vector, quantize_codes, quantize_vector
 from fp4cli.linear import executor_summary
 from fp4cli.linear.routes import gemm_gap
 from fp4cli.quant import fake_quantize

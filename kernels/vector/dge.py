@@ -21,8 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.tile_ops import pow2
-from fp4cli.kernels.vector_wise import expand_line, line_index, line_ok, program_tile
+from fp4cli.kernels.tiles.tile_ops import pow2
+from fp4cli.kernels.vector.vector_wise import expand_line, line_index, line_ok, program_tile
 
 
 @triton.jit
@@ -45,7 +45,7 @@ def dge_position_kernel(
     MBITS: tl.constexpr, MIN_EXP: tl.constexpr, ELEM_MAX: tl.constexpr,
 ):  # fmt: skip
     """t (float32, NaN beyond the grid) of a contiguous (R, C) weight over its float32 scales
-    (one per row, column or the tensor: BY as in `kernels.vector_wise`)."""
+    (one per row, column or the tensor: BY as in `vector_wise`)."""
     first_row, first_col, offsets, mask = program_tile(R, C, tiles_c, BR, BC)
     w = tl.load(w_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     index = line_index(first_row, first_col, BR, BC, BY)

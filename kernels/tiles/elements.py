@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.tile_ops import (
+from fp4cli.kernels.tiles.tile_ops import (
     e2m1_code_away,
     e2m1_code_guided,
     e2m1_code_rne,

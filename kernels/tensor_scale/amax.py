@@ -1,7 +1,7 @@
 """The tensor amax a two-level (NVFP4-style) spec scales by, from one read of the tensor.
 
 `amax_kernel` reduces it along any axis after that axis's Hadamard transform (the
-single-direction quantize kernel's tiles, `quantize.transformed_tile`). `amax_pair_kernel`
+single-direction quantize kernel's tiles, `tile_io.transformed_tile`). `amax_pair_kernel`
 loads [BR, BC] tiles of a 2-D tensor and reduces each direction's largest finite |value|: of
 the tile, or of its Hadamard transform along that direction's axis (`hadamard_rows`,
 `hadamard_cols`), any pair of directions. Its transforms move values between threads at their
@@ -10,7 +10,7 @@ wider butterfly stages; the commonest transformed pairs take the slab kernels of
 
 Each program writes its maxima to the (directions, programs) partial maxima (`store_partial`):
 no buffer to zero and no atomics on one address. The encode-table launch that follows reduces
-them (`two_level.encode_table_kernel`), or torch does where only the amax is wanted
+them (`encode_table.encode_table_kernel`), or torch does where only the amax is wanted
 (`launch_amax.pair_amax`, `launch.tensor_amax`): a maximum in any order is the same.
 """
 
@@ -19,9 +19,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.quantize import transformed_tile
-from fp4cli.kernels.tile_io import load_program_tile, rounded_to_bf16, seed_of, tile_origin
-from fp4cli.kernels.tile_ops import FLOAT32_MAX, hadamard_cols, hadamard_rows
+from fp4cli.kernels.tiles.tile_io import (
+    load_program_tile,
+    rounded_to_bf16,
+    seed_of,
+    tile_origin,
+    transformed_tile,
+)
+from fp4cli.kernels.tiles.tile_ops import FLOAT32_MAX, hadamard_cols, hadamard_rows
 
 
 @triton.jit(do_not_specialize=["row_rht_seed_value", "col_rht_seed_value"])

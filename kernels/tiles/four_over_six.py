@@ -22,9 +22,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.dequantize import scaled_grid
-from fp4cli.kernels.elements import signed_value
-from fp4cli.kernels.tile_ops import FLOAT32_MAX, square_reduce
+from fp4cli.kernels.tiles.block_values import scaled_grid
+from fp4cli.kernels.tiles.elements import signed_value
+from fp4cli.kernels.tiles.tile_ops import FLOAT32_MAX, square_reduce
 
 # The kernels' FOUR_OVER_SIX: off, the exact sums alone, the float32 estimate first, or the
 # exact sums of absolute errors
@@ -122,7 +122,7 @@ def decoded_candidate(grid, scale, finite_blocks, tensor_amax, BLOCK_AXIS: tl.co
                       PRESCALE_FIX: tl.constexpr, PRESCALE_FIX_RATIO: tl.constexpr,
                       PRESCALE_REMAINDER: tl.constexpr):  # fmt: skip
     """A candidate's values decoded as `scaled_grid` decodes them (over the SR pre-scale, as
-    `kernels.prescale` divides), and per block whether one is Inf or NaN (int32 0 or 1)."""
+    `tiles.prescale` divides), and per block whether one is Inf or NaN (int32 0 or 1)."""
     decoded = scaled_grid(grid, scale, finite_blocks, tensor_amax, PRESCALE, TENSOR_SCALE,
                           DECODE_INV, BLOCK_AXIS, PRESCALE_INV, PRESCALE_FIX, PRESCALE_FIX_RATIO,
                           PRESCALE_REMAINDER)  # fmt: skip
@@ -140,7 +140,7 @@ def prefer_four(
     PRESCALE_REMAINDER: tl.constexpr,
 ):  # fmt: skip
     """Per block (square under TILE2D): whether the candidate scaled to 4 is strictly nearer
-    the float32 blocks x (`quantize.block_view`). The candidates are signed codes (GRID: signed
+    the float32 blocks x (`quantize_tile.block_view`). The candidates are signed codes (GRID: signed
     grid values) and scale values; amax_bits the blocks' amax bits, which set the error unit;
     the PRESCALE constants decode them over the SR pre-scale (`scaled_grid`).
     An infinite error loses to a finite one, and two tie (six kept). The integer errors are

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.launch import launch
+from fp4cli.kernels.host.launch import launch
 
 EMA_BLOCK = 2048  # values a program: 8 warps, 8 a thread
 EMA_WARPS = 8
@@ -61,5 +61,5 @@ def update_ema_kernel(
     n = ema.numel()
     args = (ema, weight.detach(), updates, float(beta), 1 - float(beta), n)
     launch(ema_update_kernel, (triton.cdiv(n, EMA_BLOCK),), args,
-           dict(BLOCK=EMA_BLOCK, COPY_FIRST=first_copies), EMA_WARPS,
+           dict(BLOCK=EMA_BLOCK, COPY_FIRST=first_copies), num_warps=EMA_WARPS,
            fp_fusion=False)  # fmt: skip

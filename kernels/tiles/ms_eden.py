@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.tile_ops import outer_reduce, pow2, round_unsigned_minifloat
+from fp4cli.kernels.tiles.tile_ops import outer_reduce, pow2, round_unsigned_minifloat
 
 SUM_UNIT = tl.constexpr(2.0**16)  # `fp4cli.quant.ms_eden.SUM_UNIT`
 # Blocks of up to 16 values sum their terms in int32 (half the exchanges of int64 sums): |u| < 32
@@ -45,7 +45,7 @@ def eden_scales(
     COLS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, BLOCK_AXIS: tl.constexpr,
     SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr, SCALE_MAX: tl.constexpr,
 ):  # fmt: skip
-    """(scale values, scale codes) after the correction, for blocks (`quantize.block_view`)
+    """(scale values, scale codes) after the correction, for blocks (`quantize_tile.block_view`)
     whose magnitudes in grid units (`units`, pre-scale included) rounded to `grid_magnitude`
     (|q|); `finite_values` marks the elements that take part (the reference zeroes the
     others); groups of GROUP blocks along the blocks' axis; `block_bits` (uint32, one per

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from fp4cli.kernels.dge import dge_apply_kernel, dge_position_kernel
-from fp4cli.kernels.launch import _pow2_at_least, add_column_sums, launch, partial_column_sums
-from fp4cli.kernels.order_stats import candidate_groups
-from fp4cli.kernels.vector_wise import amax_kernel, decode_kernel, rows_kernel, scaled_kernel
+from fp4cli.kernels.host.launch import launch
+from fp4cli.kernels.host.tiling import add_column_sums, partial_column_sums, pow2_at_least
+from fp4cli.kernels.vector.dge import dge_apply_kernel, dge_position_kernel
+from fp4cli.kernels.vector.order_stats import candidate_groups
+from fp4cli.kernels.vector.vector_wise import amax_kernel, decode_kernel, rows_kernel, scaled_kernel
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.techniques.dge import DGEConfig
 
@@ -97,7 +98,7 @@ def _row_split(cols: int, chunk: int) -> tuple[int, int]:
     if cols > chunk:
         return chunk, 0
     head = 1 << (cols.bit_length() - 1)
-    return head, _pow2_at_least(cols - head) if cols > head else 0
+    return head, pow2_at_least(cols - head) if cols > head else 0
 
 
 def bound_split(keys_beyond: int, groups: int) -> int:
@@ -105,7 +106,7 @@ def bound_split(keys_beyond: int, groups: int) -> int:
     to bound a threshold search (`order_stats._bounds`): the least power of two at least the
     number of the row's values at or beyond the threshold's rank (at or above it for the upper
     rank, at or below for the lower), or 0 (no bound) when there are fewer groups."""
-    split = _pow2_at_least(keys_beyond)
+    split = pow2_at_least(keys_beyond)
     return split if split <= groups else 0
 
 
@@ -244,7 +245,7 @@ def _launch_scaled(
          rows, cols, tiles_c),
         dict(BR=br, BC=bc, BY=BY_CODE[by], ROWS_OUT=out is not None, CODES_T=out_t is not None,
              **flags),
-        4,
+        num_warps=4,
     )  # fmt: skip
 
 
@@ -259,10 +260,10 @@ def _launch_rows(
     rows, cols = x.shape
     if clamp is not None and x.is_cuda:  # compute-bound: a row a program
         bc, tail = _row_split(cols, CLAMP_ROW_CHUNK)
-        br, warps = 1, max(1, min(8, _pow2_at_least(cols) // CLAMP_WARP_VALUES))
+        br, warps = 1, max(1, min(8, pow2_at_least(cols) // CLAMP_WARP_VALUES))
     else:
         bc, tail = _row_split(cols, ROW_CHUNK)
-        br = max(1, min(_pow2_at_least(rows), ROW_CHUNK // _pow2_at_least(bc + tail)))
+        br = max(1, min(pow2_at_least(rows), ROW_CHUNK // pow2_at_least(bc + tail)))
         warps = 8 if br * (bc + tail) >= 4096 else 4
     one_chunk = cols <= bc + tail
     group, tail_group = candidate_groups(bc, tail)
@@ -275,7 +276,7 @@ def _launch_rows(
              GROUP=group, TAIL_GROUP=tail_group, SPLIT_LOW=split_low, SPLIT_HIGH=split_high,
              ZERO_BITS=KEY_ZERO_BITS.get(x.dtype, 0),
              RESIDUAL=clamp is not None and clamp.residual, **flags),
-        warps,
+        num_warps=warps,
     )  # fmt: skip
 
 
@@ -301,7 +302,7 @@ def line_amax(
     launch(
         amax_kernel, (groups * tiles_c,), (x, out, partial_sums, rows, cols, tiles_c),
         dict(BR=br, BC=bc, G=group, BY=BY_CODE[by], COLUMN_SUMS=partial_sums is not None),
-        warps,
+        num_warps=warps,
     )  # fmt: skip
     add_column_sums(partial_sums, column_sums)
     return out
@@ -321,7 +322,7 @@ def decode_vector(
         decode_kernel, (-(-rows // br) * tiles_c,), (codes, scales, out, rows, cols, tiles_c),
         dict(BR=br, BC=bc, BY=BY_CODE[scaled_by(spec, axis)], MBITS=fmt.mbits,
              MIN_EXP=fmt.min_exponent, MAX_CODE=fmt.max_code, SIGN_BIT=fmt.sign_bit),
-        4,
+        num_warps=4,
     )  # fmt: skip
     return out
 
@@ -347,13 +348,13 @@ def dge_scale_gradient(
         dge_position_kernel, grid, (weight, scales, power, rows, cols, tiles_c),
         dict(BR=br, BC=bc, BY=BY_CODE[scaled_by(spec, 1)], MBITS=fmt.mbits,
              MIN_EXP=fmt.min_exponent, ELEM_MAX=fmt.max_value),
-        4,
+        num_warps=4,
     )  # fmt: skip
     power.pow_(config.exponent)  # torch's pow: the reference's bits
     launch(
         dge_apply_kernel, grid,
         (grad_w, power, rows, cols, tiles_c, grad_w.stride(0), grad_w.stride(1),
          config.inverse_k, float(config.cap)),
-        dict(BR=br, BC=bc), 4,
+        dict(BR=br, BC=bc), num_warps=4,
     )  # fmt: skip
     return grad_w

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.philox import philox_words
+from fp4cli.kernels.tiles.philox import philox_words
 from fp4cli.quant.backend import interpreter_on
 
 # The interpreter runs a reduction's combining function in Python, element by element (an RHT

@@ -13,30 +13,22 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fp4cli.kernels.launch import (
+from fp4cli.kernels.host.launch import launch
+from fp4cli.kernels.host.seeds import SeedOffset, _seed_args, hadamard_constants, signs_constant
+from fp4cli.kernels.host.spec_constants import spec_constants
+from fp4cli.kernels.host.tiling import add_column_sums, partial_column_sums
+from fp4cli.kernels.quantization.launch import (
     PAIR_TILE_COLS,
     PAIR_TILE_ROWS,
-    SeedOffset,
-    _hadamard_constants,
-    _scale_constants,
-    _seed_args,
-    add_column_sums,
     dequantize_e2m1,
     encode_tables,
     group_side,
-    launch,
-    outer_constants,
     outer_count,
-    partial_column_sums,
-    rounding_constants,
     same_tables,
-    signs_constant,
     sr_group,
-    two_level_constants,
 )
-from fp4cli.kernels.launch_amax import pair_amax_partials
-from fp4cli.kernels.prescale import prescale_constants
-from fp4cli.kernels.quantize_pair import quantize_pair_kernel
+from fp4cli.kernels.quantization.launch_amax import pair_amax_partials
+from fp4cli.kernels.quantization.quantize_pair import quantize_pair_kernel
 from fp4cli.quant.blocking import round_up, transformed_length
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
@@ -210,32 +202,20 @@ def _direction_constants(
 ) -> dict[str, object]:
     """A direction's constexprs, named PREFIX_NAME (computed once per combination: a launch's
     host time counts in every eager step)."""
-    if spec is None:
-        constants = dict(ON=False, BLOCK=32, SR=0, AWAY=False, EDEN=0, SEED_FROM_PTR=False,
-                         RHT_SEED_FROM_PTR=False, WRITE_VALUES=False,
-                         CEIL=False, TENSOR_SCALE=False, TILE2D=False,
-                         VALUES_TENSOR_SCALE=False, E1M2=False,
-                         FOUR_OVER_SIX=False, FOUR_OVER_SIX_MAE=False)  # fmt: skip
-        constants |= _spec_constants(QuantSpec()) | _hadamard_constants(None)
-        constants |= prescale_constants(QuantSpec())
+    if spec is None:  # an idle direction: the default spec's constants, nothing on
+        constants = dict(
+            ON=False, SEED_FROM_PTR=False, RHT_SEED_FROM_PTR=False, WRITE_VALUES=False,
+            TILE2D=False, VALUES_TENSOR_SCALE=False,
+            **spec_constants(QuantSpec()), **hadamard_constants(None),
+        )  # fmt: skip
     else:
         constants = dict(
-            ON=True, BLOCK=int(spec.block), CEIL=spec.scale_rule == "ceil",
-            **rounding_constants(spec),
-            SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
-            WRITE_VALUES=write_values,
-            TENSOR_SCALE=spec.tensor_scale, TILE2D=spec.tile2d,
+            ON=True, SEED_FROM_PTR=seed_from_ptr, RHT_SEED_FROM_PTR=rht_from_ptr,
+            WRITE_VALUES=write_values, TILE2D=spec.tile2d,
             VALUES_TENSOR_SCALE=spec.tensor_scale and not block_values,
-            E1M2=spec.element == "e1m2", FOUR_OVER_SIX=spec.four_over_six,
-            FOUR_OVER_SIX_MAE=spec.four_over_six_metric == "mae",
+            **spec_constants(spec), **hadamard_constants(hadamard, signs),
         )  # fmt: skip
-        constants |= _spec_constants(spec) | _hadamard_constants(hadamard, signs)
-        constants |= prescale_constants(spec)
     return {f"{prefix}_{k}": v for k, v in constants.items()}
-
-
-def _spec_constants(spec: QuantSpec) -> dict[str, object]:
-    return _scale_constants(spec) | two_level_constants(spec) | outer_constants(spec)
 
 
 def _check_directions(row: Direction | None, col: Direction | None, double: bool) -> None:
@@ -365,7 +345,7 @@ def quantize_pair(
              **row_constants, **col_constants,
              # one Philox call per group of elements along the tile's rows (`sr_group`)
              ROW_GROUPED=_grouped(row, row_length, bc), COL_GROUPED=_grouped(col, cols, bc)),
-        pair_warps(br, bc, row, col),
+        num_warps=pair_warps(br, bc, row, col),
     )  # fmt: skip
     add_column_sums(partial_sums, column_sums)
     return row_out, col_out

@@ -33,9 +33,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.amax import finite_magnitude, store_partial
-from fp4cli.kernels.tile_io import rounded_to_bf16, seed_of
-from fp4cli.kernels.tile_ops import FLOAT32_MAX, negated_positions
+from fp4cli.kernels.tensor_scale.amax import finite_magnitude, store_partial
+from fp4cli.kernels.tiles.tile_io import rounded_to_bf16, seed_of
+from fp4cli.kernels.tiles.tile_ops import FLOAT32_MAX, negated_positions
 
 
 @triton.jit

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.tile_ops import FLOAT32_MAX, round_unsigned_minifloat, unsigned_minifloat_value
+from fp4cli.kernels.tiles.tile_ops import FLOAT32_MAX, round_unsigned_minifloat
 
 SCALE_CODES = tl.constexpr(256)  # every code a uint8 scale can hold
 BLOCK_ENCODE_SLOT = tl.constexpr(256)  # G * fl(1 / E), after the multipliers
@@ -63,58 +63,6 @@ def encode_multiplier(scale, global_decode):
     float32 range) divides by zero: +inf, then FLT_MAX."""
     ones = tl.full(scale.shape, 1.0, tl.float32)
     return tl.minimum(tl.div_rn(ones, scale * global_decode), FLOAT32_MAX)
-
-
-@triton.jit
-def write_table(
-    tensor_amax, table, SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr,
-    SCALE_MAX_CODE: tl.constexpr, TWO_LEVEL_TARGET: tl.constexpr, ELEM_INV: tl.constexpr,
-):  # fmt: skip
-    """The table of a tensor of finite amax A (a scalar) at `table`: G = min(S * E / A,
-    FLT_MAX), D = 1 / G; entry c is min(1 / (s_c * D), FLT_MAX) for the scale value s_c of code
-    c, entry BLOCK_ENCODE_SLOT is G * fl(1 / E), entry FOUR_ENCODE_SLOT G * fl(1 / 4)."""
-    global_encode, global_decode = global_scales(tensor_amax, TWO_LEVEL_TARGET)
-    codes = tl.arange(0, SCALE_CODES)
-    # codes past the format's largest are never looked up: they repeat the largest's entry
-    largest = tl.minimum(codes, SCALE_MAX_CODE)
-    scale = unsigned_minifloat_value(largest, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX_CODE)
-    tl.store(table + codes, encode_multiplier(scale, global_decode))
-    tl.store(table + BLOCK_ENCODE_SLOT, block_encode(global_encode, ELEM_INV, False))
-    tl.store(table + FOUR_ENCODE_SLOT, block_encode(global_encode, ELEM_INV, True))
-
-
-PARTIALS_READ = tl.constexpr(1024)  # partial maxima the table kernel reads at a time
-
-
-@triton.jit
-def reduced_partials(partials_ptr, count):
-    """The largest of `count` float32 partial maxima (each finite and at least 0)."""
-    top = tl.zeros([PARTIALS_READ], tl.float32)
-    for start in range(0, count, PARTIALS_READ):
-        index = start + tl.arange(0, PARTIALS_READ)
-        top = tl.maximum(top, tl.load(partials_ptr + index, mask=index < count, other=0.0))
-    return tl.max(top, axis=0)
-
-
-@triton.jit
-def encode_table_kernel(
-    amax_ptr, table_ptr, partials_ptr, partial_count, REDUCE: tl.constexpr,
-    SCALE_MBITS: tl.constexpr, SCALE_MIN_EXP: tl.constexpr, SCALE_MAX_CODE: tl.constexpr,
-    TWO_LEVEL_TARGET: tl.constexpr, ELEM_INV: tl.constexpr,
-):  # fmt: skip
-    """Program t: the table of the tensor whose amax is amax_ptr[t], into row t of table_ptr;
-    REDUCE: that amax is first reduced from row t of the (tensors, partial_count) partial
-    maxima of an amax pass (`amax.store_partial`) and written to amax_ptr[t]."""
-    tensor = tl.program_id(0)
-    if REDUCE:
-        tensor_amax = reduced_partials(partials_ptr + tensor * partial_count, partial_count)
-        tl.store(amax_ptr + tensor, tensor_amax)
-    else:
-        tensor_amax = tl.load(amax_ptr + tensor)
-    write_table(
-        tensor_amax, table_ptr + tensor * ENCODE_TABLE, SCALE_MBITS, SCALE_MIN_EXP,
-        SCALE_MAX_CODE, TWO_LEVEL_TARGET, ELEM_INV,
-    )  # fmt: skip
 
 
 @triton.jit

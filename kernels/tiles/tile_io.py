@@ -11,8 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.philox import philox_words
-from fp4cli.kernels.tile_ops import random_bits_at, random_bits_rows
+from fp4cli.kernels.tiles.philox import philox_words
+from fp4cli.kernels.tiles.tile_ops import hadamard_rows, random_bits_at, random_bits_rows
 
 GRID_Y = tl.constexpr(65535)  # the most programs a launch grid has along its second axis
 
@@ -85,6 +85,42 @@ def load_tile(
 
 
 @triton.jit
+def transformed_tile(
+    x_ptr,
+    first_line,
+    first_pos,
+    outer,
+    first_inner,
+    lines,
+    length,
+    inner,
+    rht_seed_ptr,
+    rht_seed_value,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+    RHT_SEED_FROM_PTR: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    LOG2_HADAMARD: tl.constexpr,
+    HADAMARD_NORM: tl.constexpr,
+    BY_SUMS: tl.constexpr = False,
+    HADAMARD_SIGNS: tl.constexpr = -1,
+):
+    """The float32 tile at the origin, Hadamard-transformed along the axis when HADAMARD > 0
+    (BY_SUMS: `hadamard_rows`' butterflies as sums over each pair; HADAMARD_SIGNS: its signs,
+    -1 drawn from the seed, else a fixed mask)."""
+    x = load_tile(
+        x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
+        ROWS, COLS, TRANSPOSED,
+    )  # fmt: skip
+    if HADAMARD > 0:
+        rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
+        x = hadamard_rows(x, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD, HADAMARD_NORM,
+                          BY_SUMS, HADAMARD_SIGNS)  # fmt: skip
+    return x
+
+
+@triton.jit
 def load_program_tile(x_ptr, rows, cols, tiles_c, BR: tl.constexpr, BC: tl.constexpr):
     """(first row, first column, float32 tile) of this program's [BR, BC] tile of a contiguous
     (rows, cols) x, tiles numbered row of tiles by row of tiles, tiles_c to a row."""
@@ -109,7 +145,7 @@ def store_column_sums(sums_ptr, tile, row0, col0, cols, tiles_c, BR: tl.constexp
                       BC: tl.constexpr):  # fmt: skip
     """The float32 sum of each column of this program's [BR, BC] tile (zeros past x's edge)
     into column (row tile) of the (cols, row tiles) partial sums that
-    `launch.partial_column_sums` allocates: a linear layer's bias gradient from a kernel's read
+    `tiling.partial_column_sums` allocates: a linear layer's bias gradient from a kernel's read
     of dY."""
     col_ids = col0 + tl.arange(0, BC)
     tiles_r = tl.num_programs(0) // tiles_c

@@ -25,21 +25,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.order_stats import (
-    INT32_MAX,
-    abs_bits,
-    order_key,
-    read_row_thresholds,
-    row_thresholds,
-)
-from fp4cli.kernels.tile_io import block_at, rounded_to_bf16, store_column_sums
-from fp4cli.kernels.tile_ops import (
+from fp4cli.kernels.tiles.tile_io import block_at, rounded_to_bf16, store_column_sums
+from fp4cli.kernels.tiles.tile_ops import (
     e8m0_exponent,
     pow2,
     round_unsigned_minifloat,
     signed,
     ties_toward_positive,
     unsigned_minifloat_value,
+)
+from fp4cli.kernels.vector.order_stats import (
+    INT32_MAX,
+    abs_bits,
+    order_key,
+    read_row_thresholds,
+    row_thresholds,
 )
 from fp4cli.quant.scales import BF16_LOG_ROUNDS_UP_FROM, BF16_SCALE_RANGE
 

@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.launch import launch
-from fp4cli.kernels.tile_io import rounded_to_bf16
+from fp4cli.kernels.host.launch import launch
+from fp4cli.kernels.tiles.tile_io import rounded_to_bf16
 
 GRADIENT_BLOCK = 4096  # values a program: 4 warps, 32 a thread
 GRADIENT_WARPS = 4
@@ -95,5 +95,5 @@ def widen_gradients(
     )
     if programs:
         launch(gradients_kernel, (programs,), args, dict(BLOCK=GRADIENT_BLOCK, **flags),
-               GRADIENT_WARPS)  # fmt: skip
+               num_warps=GRADIENT_WARPS)  # fmt: skip
     return widened[: len(gradients)]

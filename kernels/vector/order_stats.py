@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.tile_io import block_at
+from fp4cli.kernels.tiles.tile_io import block_at
 from fp4cli.quant.backend import interpreter_on
 
 INT32_MIN = tl.constexpr(-2147483648)

@@ -1,16 +1,7 @@
-"""Fused block quantization of E2M1 tensors: one read of the input, one write of the result.
-
-A program takes a tile of lines x positions along the quantization axis (`tile_io`), optionally
-applies the random Hadamard transform to it, computes each block's scale, rounds (to nearest
-with ties to even or away from zero, or stochastically) and writes either packed E2M1 codes and
-scale codes, or the dequantized values (the fake-quantization path), along the input's last
-axis or any other.
-
-Two-level (tensor-scaled) specs first reduce the tensor's finite amax with `amax.amax_kernel`
-(one read); a tensor small enough for the L2 cache is then read the second time from there.
-The blocks' encode multipliers come from the tensor's table (`two_level`); an outer block's
-(`QuantSpec.outer_block`) are computed in the tile, and MS-EDEN corrects the scales there
-(`ms_eden`).
+"""Quantizing a register tile: each block's scale, its elements' codes and the signs, as
+`fp4cli.quant.quantize` computes them (`quantize_tile`), for blocks along either axis of the
+tile. The single-direction kernel (`quantization.quantize`) and both directions of the pair
+kernel (`quantization.quantize_pair`) quantize their tiles here.
 """
 
 from __future__ import annotations
@@ -18,8 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.dequantize import scaled_grid
-from fp4cli.kernels.elements import (
+from fp4cli.kernels.tiles.elements import (
     code_away,
     code_guided,
     code_rne,
@@ -28,64 +18,16 @@ from fp4cli.kernels.elements import (
     signed_value,
     sr_grid,
 )
-from fp4cli.kernels.four_over_six import prefer_four
-from fp4cli.kernels.ms_eden import eden_scales
-from fp4cli.kernels.tile_io import (
-    block_first_bits,
-    line_mask,
-    load_tile,
-    seed_of,
-    sr_bits,
-    store_codes,
-    store_outer_amax,
-    store_values,
-    tile_origin,
-)
-from fp4cli.kernels.tile_ops import (
+from fp4cli.kernels.tiles.four_over_six import prefer_four
+from fp4cli.kernels.tiles.ms_eden import eden_scales
+from fp4cli.kernels.tiles.tile_ops import (
     e8m0_exponent,
-    hadamard_rows,
     outer_reduce,
     pow2,
     round_unsigned_minifloat,
     square_reduce,
 )
-from fp4cli.kernels.two_level import outer_block_scales, two_level_scales
-
-
-@triton.jit
-def transformed_tile(
-    x_ptr,
-    first_line,
-    first_pos,
-    outer,
-    first_inner,
-    lines,
-    length,
-    inner,
-    rht_seed_ptr,
-    rht_seed_value,
-    ROWS: tl.constexpr,
-    COLS: tl.constexpr,
-    TRANSPOSED: tl.constexpr,
-    RHT_SEED_FROM_PTR: tl.constexpr,
-    HADAMARD: tl.constexpr,
-    LOG2_HADAMARD: tl.constexpr,
-    HADAMARD_NORM: tl.constexpr,
-    BY_SUMS: tl.constexpr = False,
-    HADAMARD_SIGNS: tl.constexpr = -1,
-):
-    """The float32 tile at the origin, Hadamard-transformed along the axis when HADAMARD > 0
-    (BY_SUMS: `hadamard_rows`' butterflies as sums over each pair; HADAMARD_SIGNS: its signs,
-    -1 drawn from the seed, else a fixed mask)."""
-    x = load_tile(
-        x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
-        ROWS, COLS, TRANSPOSED,
-    )  # fmt: skip
-    if HADAMARD > 0:
-        rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
-        x = hadamard_rows(x, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD, HADAMARD_NORM,
-                          BY_SUMS, HADAMARD_SIGNS)  # fmt: skip
-    return x
+from fp4cli.kernels.tiles.two_level import outer_block_scales, two_level_scales
 
 
 @triton.jit
@@ -240,7 +182,7 @@ def quantize_tile(
     GUIDED: rounded toward the float32 `guide` tile (Q-EMA), scaled like x but without the
     pre-scale.
     TENSOR_SCALE: two-level scaling relative to the tensor's amax (`fp4cli.quant.two_level`),
-    by the tensor's table at encode_table_ptr (`two_level.encode_table_kernel`).
+    by the tensor's table at encode_table_ptr (`encode_table.encode_table_kernel`).
     TILE2D: each block's scale is its BLOCK x BLOCK square's (the tile's origin and sides are
     multiples of BLOCK). RAW_SIGN: a negative value's sign joins its code even where the code
     is 0 (code 8, which `store_codes` turns back into 0 eight codes at a time); else a value
@@ -315,191 +257,3 @@ def quantize_tile(
         scale_code = tl.where(four, scale_code4, scale_code)
     scale_code = tl.where(finite_blocks, scale_code, SCALE_NAN)
     return code, scale, scale_code, finite_blocks, tensor_amax
-
-
-@triton.jit(do_not_specialize=["seed_value", "rht_seed_value"])
-def quantize_kernel(
-    x_ptr,
-    guide_ptr,
-    codes_ptr,
-    scales_ptr,
-    out_ptr,
-    tensor_amax_ptr,
-    encode_table_ptr,
-    seed_ptr,
-    seed_value,
-    rht_seed_ptr,
-    rht_seed_value,
-    lines,
-    length,
-    inner,
-    out_length,
-    padded_length,
-    tiles_along,
-    ROWS: tl.constexpr,
-    COLS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    TRANSPOSED: tl.constexpr,
-    POW2_SCALE: tl.constexpr,
-    CEIL: tl.constexpr,
-    SCALE_MBITS: tl.constexpr,
-    SCALE_MIN_EXP: tl.constexpr,
-    SCALE_MAX: tl.constexpr,
-    SCALE_NAN: tl.constexpr,
-    SR: tl.constexpr,
-    AWAY: tl.constexpr,
-    GROUPED: tl.constexpr,
-    SEED_FROM_PTR: tl.constexpr,
-    RHT_SEED_FROM_PTR: tl.constexpr,
-    PRESCALE: tl.constexpr,
-    PRESCALE_INV: tl.constexpr,
-    PRESCALE_FIX: tl.constexpr,
-    PRESCALE_FIX_RATIO: tl.constexpr,
-    PRESCALE_REMAINDER: tl.constexpr,
-    TENSOR_SCALE: tl.constexpr,
-    DECODE_INV: tl.constexpr,
-    HADAMARD: tl.constexpr,
-    LOG2_HADAMARD: tl.constexpr,
-    HADAMARD_NORM: tl.constexpr,
-    HADAMARD_SIGNS: tl.constexpr,
-    WRITE_VALUES: tl.constexpr,
-    GUIDED: tl.constexpr,
-    E1M2: tl.constexpr,
-    FOUR_OVER_SIX: tl.constexpr,
-    OUTER: tl.constexpr,
-    TWO_LEVEL_TARGET: tl.constexpr,
-    ELEM_INV: tl.constexpr,
-    EDEN: tl.constexpr,
-    SIGNED_ZERO: tl.constexpr,
-):
-    """OUTER (> 0, an outer block of OUTER blocks): each outer block's A is found in the tile,
-    and written with packed codes into tensor_amax_ptr (`tile_io.store_outer_amax`). EDEN (> 0):
-    MS-EDEN over groups of EDEN blocks, drawing a block's number at its first element.
-    SIGNED_ZERO: a negative value rounded to zero keeps its sign in the packed codes (code 8)."""
-    first_line, first_pos, outer, first_inner = tile_origin(
-        inner, tiles_along, ROWS, COLS, TRANSPOSED
-    )
-    rows_ok = line_mask(first_line, first_inner, lines, inner, ROWS, TRANSPOSED)
-    # Packed codes along the last axis take the butterflies as sums (8192 x 8192 bf16, RHT-32
-    # and SR, on an H100: 0.32x the copy against 0.18x); values and transposed tiles do not.
-    by_sums: tl.constexpr = not (TRANSPOSED or WRITE_VALUES)
-    x = transformed_tile(
-        x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
-        rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, RHT_SEED_FROM_PTR,
-        HADAMARD, LOG2_HADAMARD, HADAMARD_NORM, by_sums, HADAMARD_SIGNS,
-    )  # fmt: skip
-    guide = x
-    if GUIDED:  # the guide goes through the same transform as x
-        guide = transformed_tile(
-            guide_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
-            rht_seed_ptr, rht_seed_value, ROWS, COLS, TRANSPOSED, RHT_SEED_FROM_PTR,
-            HADAMARD, LOG2_HADAMARD, HADAMARD_NORM, by_sums, HADAMARD_SIGNS,
-        )  # fmt: skip
-    random_bits = x
-    if SR:
-        seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
-        random_bits = sr_bits(
-            seed,
-            first_line,
-            first_pos,
-            outer,
-            first_inner,
-            inner,
-            out_length,
-            ROWS,
-            COLS,
-            TRANSPOSED,
-            GROUPED,
-            SR,
-        )
-    if EDEN > 0:
-        seed = seed_of(seed_ptr, seed_value, SEED_FROM_PTR)
-        random_bits = block_first_bits(seed, first_line, first_pos, outer, first_inner, inner,
-                                       out_length, ROWS, COLS, BLOCK, TRANSPOSED)  # fmt: skip
-    tensor_amax = 0.0
-    if TENSOR_SCALE and OUTER == 0:
-        tensor_amax = tl.load(tensor_amax_ptr)
-    code, scale, scale_code, finite_blocks, tensor_amax = quantize_tile(
-        x,
-        random_bits,
-        guide,
-        encode_table_ptr,
-        ROWS,
-        COLS,
-        BLOCK,
-        POW2_SCALE,
-        CEIL,
-        SCALE_MBITS,
-        SCALE_MIN_EXP,
-        SCALE_MAX,
-        SCALE_NAN,
-        SR,
-        AWAY,
-        PRESCALE,
-        TENSOR_SCALE,
-        GUIDED,
-        1,
-        False,
-        not WRITE_VALUES,
-        WRITE_VALUES,
-        E1M2,
-        FOUR_OVER_SIX,
-        tensor_amax,
-        DECODE_INV,
-        OUTER,
-        TWO_LEVEL_TARGET,
-        ELEM_INV,
-        EDEN,
-        PRESCALE_INV,
-        PRESCALE_FIX,
-        PRESCALE_FIX_RATIO,
-        PRESCALE_REMAINDER,
-    )
-    if WRITE_VALUES:
-        values = scaled_grid(
-            code,
-            scale,
-            finite_blocks,
-            tensor_amax,
-            PRESCALE,
-            TENSOR_SCALE,
-            DECODE_INV,
-            1,
-            PRESCALE_INV,
-            PRESCALE_FIX,
-            PRESCALE_FIX_RATIO,
-            PRESCALE_REMAINDER,
-        )
-        store_values(
-            out_ptr,
-            tl.reshape(values, (ROWS, COLS)),
-            first_line,
-            first_pos,
-            outer,
-            first_inner,
-            rows_ok,
-            out_length,
-            inner,
-            ROWS,
-            COLS,
-            TRANSPOSED,
-        )
-    else:
-        store_codes(
-            codes_ptr,
-            scales_ptr,
-            code,
-            scale_code,
-            finite_blocks,
-            first_line,
-            first_pos,
-            rows_ok,
-            padded_length,
-            ROWS,
-            COLS,
-            BLOCK,
-            SIGNED_ZERO,
-        )
-        if OUTER > 0:
-            store_outer_amax(tensor_amax_ptr, tensor_amax, first_line, first_pos, rows_ok,
-                             padded_length, 1, ROWS, COLS, BLOCK, OUTER)  # fmt: skip

@@ -10,21 +10,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fp4cli.kernels.amax import amax_pair_kernel
-from fp4cli.kernels.amax_slabs import amax_both_kernel, amax_rht16_cols_kernel
-from fp4cli.kernels.launch import (
-    PAIR_TILE_COLS,
-    PAIR_TILE_ROWS,
-    _hadamard_constants,
-    _seed_args,
-    launch,
-    reduced_partials,
-    signs_constant,
-)
+from fp4cli.kernels.host.launch import launch
+from fp4cli.kernels.host.seeds import _seed_args, hadamard_constants, signs_constant
+from fp4cli.kernels.quantization.launch import PAIR_TILE_COLS, PAIR_TILE_ROWS, reduced_partials
+from fp4cli.kernels.tensor_scale.amax import amax_pair_kernel
+from fp4cli.kernels.tensor_scale.amax_slabs import amax_both_kernel, amax_rht16_cols_kernel
 from fp4cli.quant.blocking import transformed_length
 
 if TYPE_CHECKING:
-    from fp4cli.kernels.launch_pair import Direction
+    from fp4cli.kernels.quantization.launch_pair import Direction
 
 
 @torch.compiler.disable
@@ -71,7 +65,7 @@ def pair_amax_partials(
     for d, prefix in ((row, "ROW"), (col, "COL")):
         rht_ptr, rht_value, rht_from_ptr = _seed_args(d.hadamard_seed if d else 0, x.device)
         seeds += [rht_ptr, rht_value]
-        hadamard = _hadamard_constants(
+        hadamard = hadamard_constants(
             d.hadamard if d else None, signs_constant(d.hadamard_seed if d else 0)
         )
         constants |= {f"{prefix}_{k}": v for k, v in hadamard.items()}
@@ -80,7 +74,7 @@ def pair_amax_partials(
     partials = _partials(programs, x.device)
     launch(
         amax_pair_kernel, (programs,), (x, partials, *seeds, rows, cols, tiles_c),
-        dict(BR=br, BC=bc, ROUND_BF16=round_bf16, **constants), warps,
+        dict(BR=br, BC=bc, ROUND_BF16=round_bf16, **constants), num_warps=warps,
     )  # fmt: skip
     return partials
 
@@ -161,9 +155,9 @@ def _amax_rht16_cols(
         amax_rht16_cols_kernel, (programs,),
         (x, partials, rht_ptr, rht_value, rows, cols, tiles, tiles_c),
         dict(G=AMAX_SLAB_LINES, BC=AMAX_SLAB_COLS, PLAIN=plain, RHT_SEED_FROM_PTR=rht_from_ptr,
-             NORM=_hadamard_constants(16)["HADAMARD_NORM"],
+             NORM=hadamard_constants(16)["HADAMARD_NORM"],
              SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16, EVEN=even),
-        4,
+        num_warps=4,
     )  # fmt: skip
     return partials
 
@@ -191,10 +185,10 @@ def _amax_both(x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool
     launch(
         amax_both_kernel, (programs,),
         (x, partials, row_ptr, row_value, col_ptr, col_value, rows, cols, tiles, tiles_c),
-        dict(SIZE=size, G=lines, BC=BOTH_COLS, NORM=_hadamard_constants(size)["HADAMARD_NORM"],
+        dict(SIZE=size, G=lines, BC=BOTH_COLS, NORM=hadamard_constants(size)["HADAMARD_NORM"],
              ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr,
              ROW_SIGNS=signs_constant(row.hadamard_seed),
              COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16, EVEN=even),
-        BOTH_WARPS,
+        num_warps=BOTH_WARPS,
     )  # fmt: skip
     return partials

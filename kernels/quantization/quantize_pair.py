@@ -19,16 +19,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4cli.kernels.dequantize import scaled_grid
-from fp4cli.kernels.elements import signed_value
-from fp4cli.kernels.four_over_six import (
+from fp4cli.kernels.tiles.block_values import scaled_grid
+from fp4cli.kernels.tiles.elements import signed_value
+from fp4cli.kernels.tiles.four_over_six import (
     FOUR_OVER_SIX_ESTIMATE,
     FOUR_OVER_SIX_EXACT,
-    FOUR_OVER_SIX_MAE,
-    FOUR_OVER_SIX_OFF,
 )
-from fp4cli.kernels.quantize import quantize_tile
-from fp4cli.kernels.tile_io import (
+from fp4cli.kernels.tiles.quantize_tile import quantize_tile
+from fp4cli.kernels.tiles.tile_io import (
     block_first_bits,
     block_first_bits_down,
     load_program_tile,
@@ -42,7 +40,7 @@ from fp4cli.kernels.tile_io import (
     store_outer_amax,
     store_values,
 )
-from fp4cli.kernels.tile_ops import hadamard_cols, hadamard_rows
+from fp4cli.kernels.tiles.tile_ops import hadamard_cols, hadamard_rows
 
 
 @triton.jit
@@ -160,6 +158,18 @@ def quantize_direction(
     return values
 
 
+# The constexprs of each direction, in the order of the kernel's ROW_ and COL_ parameters: what
+# the call decides, the spec's (`kernels.host.spec_constants.spec_constants`), the transform's
+DIRECTION_CONSTEXPRS = (
+    "ON", "GROUPED", "SEED_FROM_PTR", "RHT_SEED_FROM_PTR", "WRITE_VALUES", "TILE2D",
+    "VALUES_TENSOR_SCALE", "BLOCK", "CEIL", "SR", "AWAY", "EDEN", "POW2_SCALE", "SCALE_MBITS",
+    "SCALE_MIN_EXP", "SCALE_MAX", "SCALE_NAN", "TENSOR_SCALE", "DECODE_INV", "OUTER",
+    "TWO_LEVEL_TARGET", "ELEM_INV", "E1M2", "FOUR_OVER_SIX", "PRESCALE", "PRESCALE_INV",
+    "PRESCALE_FIX", "PRESCALE_FIX_RATIO", "PRESCALE_REMAINDER", "HADAMARD", "LOG2_HADAMARD",
+    "HADAMARD_NORM", "HADAMARD_SIGNS"
+)  # fmt: skip
+
+
 @triton.jit(
     do_not_specialize=["guide_warmup", "row_seed_value", "row_rht_seed_value",
                        "col_seed_value", "col_rht_seed_value"]
@@ -176,59 +186,84 @@ def quantize_pair_kernel(
     BR: tl.constexpr, BC: tl.constexpr, DOUBLE: tl.constexpr, SOURCE_BF16: tl.constexpr,
     SOURCE_F16: tl.constexpr, ROUND_BF16: tl.constexpr, ROW_GUIDED: tl.constexpr,
     GUIDE_AVERAGE: tl.constexpr, COLUMN_SUMS: tl.constexpr, SUM_ROW_VALUES: tl.constexpr,
-    ROW_ON: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_POW2_SCALE: tl.constexpr,
-    ROW_CEIL: tl.constexpr, ROW_SCALE_MBITS: tl.constexpr, ROW_SCALE_MIN_EXP: tl.constexpr,
-    ROW_SCALE_MAX: tl.constexpr, ROW_SCALE_NAN: tl.constexpr, ROW_SR: tl.constexpr,
-    ROW_AWAY: tl.constexpr, ROW_GROUPED: tl.constexpr, ROW_SEED_FROM_PTR: tl.constexpr,
-    ROW_RHT_SEED_FROM_PTR: tl.constexpr, ROW_PRESCALE: tl.constexpr, ROW_HADAMARD: tl.constexpr,
-    ROW_PRESCALE_INV: tl.constexpr, ROW_PRESCALE_FIX: tl.constexpr,
-    ROW_PRESCALE_FIX_RATIO: tl.constexpr, ROW_PRESCALE_REMAINDER: tl.constexpr,
-    ROW_LOG2_HADAMARD: tl.constexpr, ROW_HADAMARD_NORM: tl.constexpr,
-    ROW_HADAMARD_SIGNS: tl.constexpr, ROW_WRITE_VALUES: tl.constexpr,
-    ROW_TENSOR_SCALE: tl.constexpr,
-    ROW_DECODE_INV: tl.constexpr,
-    ROW_TILE2D: tl.constexpr, ROW_VALUES_TENSOR_SCALE: tl.constexpr, ROW_E1M2: tl.constexpr,
-    ROW_FOUR_OVER_SIX: tl.constexpr, ROW_FOUR_OVER_SIX_MAE: tl.constexpr,
-    ROW_OUTER: tl.constexpr,
-    ROW_TWO_LEVEL_TARGET: tl.constexpr, ROW_ELEM_INV: tl.constexpr, ROW_EDEN: tl.constexpr,
-    COL_ON: tl.constexpr, COL_BLOCK: tl.constexpr, COL_POW2_SCALE: tl.constexpr,
-    COL_CEIL: tl.constexpr, COL_SCALE_MBITS: tl.constexpr, COL_SCALE_MIN_EXP: tl.constexpr,
-    COL_SCALE_MAX: tl.constexpr, COL_SCALE_NAN: tl.constexpr, COL_SR: tl.constexpr,
-    COL_AWAY: tl.constexpr, COL_GROUPED: tl.constexpr, COL_SEED_FROM_PTR: tl.constexpr,
-    COL_RHT_SEED_FROM_PTR: tl.constexpr, COL_PRESCALE: tl.constexpr, COL_HADAMARD: tl.constexpr,
-    COL_PRESCALE_INV: tl.constexpr, COL_PRESCALE_FIX: tl.constexpr,
-    COL_PRESCALE_FIX_RATIO: tl.constexpr, COL_PRESCALE_REMAINDER: tl.constexpr,
-    COL_LOG2_HADAMARD: tl.constexpr, COL_HADAMARD_NORM: tl.constexpr,
-    COL_HADAMARD_SIGNS: tl.constexpr, COL_WRITE_VALUES: tl.constexpr,
-    COL_TENSOR_SCALE: tl.constexpr,
-    COL_DECODE_INV: tl.constexpr,
-    COL_TILE2D: tl.constexpr, COL_VALUES_TENSOR_SCALE: tl.constexpr, COL_E1M2: tl.constexpr,
-    COL_FOUR_OVER_SIX: tl.constexpr, COL_FOUR_OVER_SIX_MAE: tl.constexpr,
-    COL_OUTER: tl.constexpr,
-    COL_TWO_LEVEL_TARGET: tl.constexpr, COL_ELEM_INV: tl.constexpr, COL_EDEN: tl.constexpr,
+    # the row direction: what the call decides, then `spec_constants`, then the transform
+    ROW_ON: tl.constexpr, ROW_GROUPED: tl.constexpr, ROW_SEED_FROM_PTR: tl.constexpr,
+    ROW_RHT_SEED_FROM_PTR: tl.constexpr, ROW_WRITE_VALUES: tl.constexpr, ROW_TILE2D: tl.constexpr,
+    ROW_VALUES_TENSOR_SCALE: tl.constexpr,
+    ROW_BLOCK: tl.constexpr, ROW_CEIL: tl.constexpr, ROW_SR: tl.constexpr, ROW_AWAY: tl.constexpr,
+    ROW_EDEN: tl.constexpr, ROW_POW2_SCALE: tl.constexpr, ROW_SCALE_MBITS: tl.constexpr,
+    ROW_SCALE_MIN_EXP: tl.constexpr, ROW_SCALE_MAX: tl.constexpr, ROW_SCALE_NAN: tl.constexpr,
+    ROW_TENSOR_SCALE: tl.constexpr, ROW_DECODE_INV: tl.constexpr, ROW_OUTER: tl.constexpr,
+    ROW_TWO_LEVEL_TARGET: tl.constexpr, ROW_ELEM_INV: tl.constexpr, ROW_E1M2: tl.constexpr,
+    ROW_FOUR_OVER_SIX: tl.constexpr, ROW_PRESCALE: tl.constexpr, ROW_PRESCALE_INV: tl.constexpr,
+    ROW_PRESCALE_FIX: tl.constexpr, ROW_PRESCALE_FIX_RATIO: tl.constexpr,
+    ROW_PRESCALE_REMAINDER: tl.constexpr,
+    ROW_HADAMARD: tl.constexpr, ROW_LOG2_HADAMARD: tl.constexpr, ROW_HADAMARD_NORM: tl.constexpr,
+    ROW_HADAMARD_SIGNS: tl.constexpr,
+    # the column direction: what the call decides, then `spec_constants`, then the transform
+    COL_ON: tl.constexpr, COL_GROUPED: tl.constexpr, COL_SEED_FROM_PTR: tl.constexpr,
+    COL_RHT_SEED_FROM_PTR: tl.constexpr, COL_WRITE_VALUES: tl.constexpr, COL_TILE2D: tl.constexpr,
+    COL_VALUES_TENSOR_SCALE: tl.constexpr,
+    COL_BLOCK: tl.constexpr, COL_CEIL: tl.constexpr, COL_SR: tl.constexpr, COL_AWAY: tl.constexpr,
+    COL_EDEN: tl.constexpr, COL_POW2_SCALE: tl.constexpr, COL_SCALE_MBITS: tl.constexpr,
+    COL_SCALE_MIN_EXP: tl.constexpr, COL_SCALE_MAX: tl.constexpr, COL_SCALE_NAN: tl.constexpr,
+    COL_TENSOR_SCALE: tl.constexpr, COL_DECODE_INV: tl.constexpr, COL_OUTER: tl.constexpr,
+    COL_TWO_LEVEL_TARGET: tl.constexpr, COL_ELEM_INV: tl.constexpr, COL_E1M2: tl.constexpr,
+    COL_FOUR_OVER_SIX: tl.constexpr, COL_PRESCALE: tl.constexpr, COL_PRESCALE_INV: tl.constexpr,
+    COL_PRESCALE_FIX: tl.constexpr, COL_PRESCALE_FIX_RATIO: tl.constexpr,
+    COL_PRESCALE_REMAINDER: tl.constexpr,
+    COL_HADAMARD: tl.constexpr, COL_LOG2_HADAMARD: tl.constexpr, COL_HADAMARD_NORM: tl.constexpr,
+    COL_HADAMARD_SIGNS: tl.constexpr,
 ):  # fmt: skip
-    """x (rows, cols) contiguous. Row direction: output (rows, row_out_length) values or
-    (rows, row_padded_length / 2) codes; column direction: (col_out_length, cols) values or
-    (cols, col_padded_length / 2) codes. ROW_GUIDED: the row direction rounds toward guide
-    (rows, cols), Q-EMA's; with GUIDE_AVERAGE, guide is the weight average, which guides once
-    the update count at guide_count_ptr reaches guide_warmup, x as read (before ROUND_BF16)
-    until then. COLUMN_SUMS: each tile's float32 column sums of x into column
-    (row tile) of sums (cols, row tiles), the bias gradient's partial sums; with
-    SUM_ROW_VALUES, of the row direction's values instead (rounded as SOURCE_BF16 / SOURCE_F16
-    say: the operand its GEMM reads). ROUND_BF16: x (float32) is quantized as x rounded to
-    bfloat16, the compute dtype's cast done here."""
-    # four-over-six: the float32 estimate along the rows; down the columns too unless the rows
-    # take it (with the estimate's fallback both ways the kernel spills); the absolute errors
-    # (MAE) exactly
-    row_squared: tl.constexpr = FOUR_OVER_SIX_ESTIMATE if ROW_FOUR_OVER_SIX else FOUR_OVER_SIX_OFF
-    row_four_over_six: tl.constexpr = FOUR_OVER_SIX_MAE if ROW_FOUR_OVER_SIX_MAE else row_squared
-    col_estimate: tl.constexpr = (
-        FOUR_OVER_SIX_EXACT
-        if row_four_over_six == FOUR_OVER_SIX_ESTIMATE
-        else FOUR_OVER_SIX_ESTIMATE
+    """Quantize one [BR, BC] tile of x both ways: the row direction with blocks along its rows,
+    the column direction with blocks down its columns, each with its own spec.
+
+    Arguments:
+      x_ptr             x (rows, cols), float32 / bfloat16 / float16, contiguous
+      guide_ptr         ROW_GUIDED: Q-EMA's guide (rows, cols), or the weight average
+      guide_count_ptr, guide_warmup  GUIDE_AVERAGE: the average guides once the update count
+                        at guide_count_ptr reaches guide_warmup; x as read (before ROUND_BF16)
+                        guides until then
+      sums_ptr          COLUMN_SUMS: float32 (cols, row tiles), each tile's column sums
+      row_* / col_*     each direction's outputs, seeds, amax and encode table, as
+                        `quantize_kernel`'s: codes (lines, padded / 2) and scales
+                        (lines, padded / BLOCK), or values (WRITE_VALUES)
+      rows, cols        x's shape
+      row_out_length, row_padded_length  the rows' length after the transform, and padded
+      col_out_length, col_padded_length  the columns' length after the transform, and padded
+      tiles_c           tiles along the columns (`tile_io.load_program_tile`)
+    Constexprs:
+      BR, BC            the tile
+      DOUBLE            the column direction quantizes the row direction's values
+      SOURCE_BF16, SOURCE_F16  the row values rounded to the compute dtype first
+      ROUND_BF16        x (float32) is quantized as x rounded to bfloat16
+      ROW_GUIDED, GUIDE_AVERAGE  Q-EMA's guide for the row direction
+      COLUMN_SUMS, SUM_ROW_VALUES  the bias gradient's partial sums, of x or of the row values
+      ROW_*, COL_*      each direction's constexprs, `DIRECTION_CONSTEXPRS` in that order:
+                        ON, what the call decides, `spec_constants`, the transform
+
+    One program's tile, blocks of the row direction (R) along its rows and of the column
+    direction (C) down its columns, both from one read:
+
+                 col0                         col0 + BC
+                   |<- ROW_BLOCK ->|               |
+          row0     +---------------+--- ... -------+  ---
+                   |  R scale      |               |   ^
+                   +---------------+--- ... -------+   COL_BLOCK, a C scale per column
+                   |               |               |   v
+                   +---------------+--- ... -------+  ---
+          row0 + BR
+
+    The row direction writes (rows, row_out_length) values or (rows, row_padded_length / 2)
+    codes. The column direction writes (col_out_length, cols) values or
+    (cols, col_padded_length / 2) codes, its lines being x's columns."""
+    # four-over-six: each direction's mode (`spec_constants`); where both take the float32
+    # estimate, the columns take the exact errors alone (with the estimate's fallback both ways
+    # the kernel spills)
+    both_estimate: tl.constexpr = (
+        ROW_FOUR_OVER_SIX == FOUR_OVER_SIX_ESTIMATE and COL_FOUR_OVER_SIX == FOUR_OVER_SIX_ESTIMATE
     )
-    col_squared: tl.constexpr = col_estimate if COL_FOUR_OVER_SIX else FOUR_OVER_SIX_OFF
-    col_four_over_six: tl.constexpr = FOUR_OVER_SIX_MAE if COL_FOUR_OVER_SIX_MAE else col_squared
+    col_four_over_six: tl.constexpr = FOUR_OVER_SIX_EXACT if both_estimate else COL_FOUR_OVER_SIX
     row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
     read = x
     if ROUND_BF16:
@@ -243,20 +278,24 @@ def quantize_pair_kernel(
             if GUIDE_AVERAGE:  # before warm-up the weight guides itself: nearest-even
                 guide = tl.where(tl.load(guide_count_ptr) >= guide_warmup, guide, read)
         values = quantize_direction(
-            x, guide, row0, col0, row_seed_ptr, row_seed_value, row_rht_seed_ptr,
-            row_rht_seed_value, row_codes_ptr, row_scales_ptr, row_values_ptr, row_amax_ptr,
-            row_table_ptr, rows, cols,
-            row_out_length, row_padded_length, BR, BC, 1, ROW_BLOCK, ROW_POW2_SCALE, ROW_CEIL,
-            ROW_SCALE_MBITS, ROW_SCALE_MIN_EXP, ROW_SCALE_MAX, ROW_SCALE_NAN, ROW_SR, ROW_AWAY,
-            ROW_GROUPED,
-            ROW_SEED_FROM_PTR, ROW_RHT_SEED_FROM_PTR, ROW_PRESCALE, ROW_PRESCALE_INV,
-            ROW_PRESCALE_FIX, ROW_PRESCALE_FIX_RATIO, ROW_PRESCALE_REMAINDER, ROW_HADAMARD,
-            ROW_LOG2_HADAMARD, ROW_HADAMARD_NORM, ROW_HADAMARD_SIGNS, ROW_WRITE_VALUES,
-            DOUBLE or SUM_ROW_VALUES, ROW_GUIDED,
-            ROW_TENSOR_SCALE, ROW_DECODE_INV, ROW_TILE2D,
-            ROW_VALUES_TENSOR_SCALE, ROW_E1M2,
-            row_four_over_six, ROW_OUTER,
-            ROW_TWO_LEVEL_TARGET, ROW_ELEM_INV, ROW_EDEN,
+            tile=x, guide=guide, row0=row0, col0=col0, seed_ptr=row_seed_ptr,
+            seed_value=row_seed_value, rht_seed_ptr=row_rht_seed_ptr,
+            rht_seed_value=row_rht_seed_value, codes_ptr=row_codes_ptr, scales_ptr=row_scales_ptr,
+            values_ptr=row_values_ptr, amax_ptr=row_amax_ptr, table_ptr=row_table_ptr, rows=rows,
+            cols=cols, out_length=row_out_length, padded_length=row_padded_length, ROWS=BR,
+            COLS=BC, BLOCK_AXIS=1, RETURN_VALUES=DOUBLE or SUM_ROW_VALUES, GUIDED=ROW_GUIDED,
+            GROUPED=ROW_GROUPED, SEED_FROM_PTR=ROW_SEED_FROM_PTR,
+            RHT_SEED_FROM_PTR=ROW_RHT_SEED_FROM_PTR, WRITE_VALUES=ROW_WRITE_VALUES,
+            TILE2D=ROW_TILE2D, VALUES_TENSOR_SCALE=ROW_VALUES_TENSOR_SCALE, BLOCK=ROW_BLOCK,
+            CEIL=ROW_CEIL, SR=ROW_SR, AWAY=ROW_AWAY, EDEN=ROW_EDEN, POW2_SCALE=ROW_POW2_SCALE,
+            SCALE_MBITS=ROW_SCALE_MBITS, SCALE_MIN_EXP=ROW_SCALE_MIN_EXP, SCALE_MAX=ROW_SCALE_MAX,
+            SCALE_NAN=ROW_SCALE_NAN, TENSOR_SCALE=ROW_TENSOR_SCALE, DECODE_INV=ROW_DECODE_INV,
+            OUTER=ROW_OUTER, TWO_LEVEL_TARGET=ROW_TWO_LEVEL_TARGET, ELEM_INV=ROW_ELEM_INV,
+            E1M2=ROW_E1M2, FOUR_OVER_SIX=ROW_FOUR_OVER_SIX, PRESCALE=ROW_PRESCALE,
+            PRESCALE_INV=ROW_PRESCALE_INV, PRESCALE_FIX=ROW_PRESCALE_FIX,
+            PRESCALE_FIX_RATIO=ROW_PRESCALE_FIX_RATIO, PRESCALE_REMAINDER=ROW_PRESCALE_REMAINDER,
+            HADAMARD=ROW_HADAMARD, LOG2_HADAMARD=ROW_LOG2_HADAMARD,
+            HADAMARD_NORM=ROW_HADAMARD_NORM, HADAMARD_SIGNS=ROW_HADAMARD_SIGNS,
         )  # fmt: skip
         # the row values in the compute dtype: what the reference re-quantizes (DOUBLE), and
         # the operand whose column sums are a quantized bias gradient (SUM_ROW_VALUES)
@@ -270,17 +309,22 @@ def quantize_pair_kernel(
             source = values
     if COL_ON:
         quantize_direction(
-            source, source, row0, col0, col_seed_ptr, col_seed_value, col_rht_seed_ptr,
-            col_rht_seed_value, col_codes_ptr, col_scales_ptr, col_values_ptr, col_amax_ptr,
-            col_table_ptr, rows, cols,
-            col_out_length, col_padded_length, BR, BC, 0, COL_BLOCK, COL_POW2_SCALE, COL_CEIL,
-            COL_SCALE_MBITS, COL_SCALE_MIN_EXP, COL_SCALE_MAX, COL_SCALE_NAN, COL_SR, COL_AWAY,
-            COL_GROUPED, COL_SEED_FROM_PTR, COL_RHT_SEED_FROM_PTR, COL_PRESCALE, COL_PRESCALE_INV,
-            COL_PRESCALE_FIX, COL_PRESCALE_FIX_RATIO, COL_PRESCALE_REMAINDER, COL_HADAMARD,
-            COL_LOG2_HADAMARD, COL_HADAMARD_NORM, COL_HADAMARD_SIGNS, COL_WRITE_VALUES, False,
-            False,
-            COL_TENSOR_SCALE, COL_DECODE_INV, COL_TILE2D,
-            COL_VALUES_TENSOR_SCALE, COL_E1M2,
-            col_four_over_six, COL_OUTER,
-            COL_TWO_LEVEL_TARGET, COL_ELEM_INV, COL_EDEN,
+            tile=source, guide=source, row0=row0, col0=col0, seed_ptr=col_seed_ptr,
+            seed_value=col_seed_value, rht_seed_ptr=col_rht_seed_ptr,
+            rht_seed_value=col_rht_seed_value, codes_ptr=col_codes_ptr, scales_ptr=col_scales_ptr,
+            values_ptr=col_values_ptr, amax_ptr=col_amax_ptr, table_ptr=col_table_ptr, rows=rows,
+            cols=cols, out_length=col_out_length, padded_length=col_padded_length, ROWS=BR,
+            COLS=BC, BLOCK_AXIS=0, RETURN_VALUES=False, GUIDED=False, GROUPED=COL_GROUPED,
+            SEED_FROM_PTR=COL_SEED_FROM_PTR, RHT_SEED_FROM_PTR=COL_RHT_SEED_FROM_PTR,
+            WRITE_VALUES=COL_WRITE_VALUES, TILE2D=COL_TILE2D,
+            VALUES_TENSOR_SCALE=COL_VALUES_TENSOR_SCALE, BLOCK=COL_BLOCK, CEIL=COL_CEIL, SR=COL_SR,
+            AWAY=COL_AWAY, EDEN=COL_EDEN, POW2_SCALE=COL_POW2_SCALE, SCALE_MBITS=COL_SCALE_MBITS,
+            SCALE_MIN_EXP=COL_SCALE_MIN_EXP, SCALE_MAX=COL_SCALE_MAX, SCALE_NAN=COL_SCALE_NAN,
+            TENSOR_SCALE=COL_TENSOR_SCALE, DECODE_INV=COL_DECODE_INV, OUTER=COL_OUTER,
+            TWO_LEVEL_TARGET=COL_TWO_LEVEL_TARGET, ELEM_INV=COL_ELEM_INV, E1M2=COL_E1M2,
+            FOUR_OVER_SIX=col_four_over_six, PRESCALE=COL_PRESCALE, PRESCALE_INV=COL_PRESCALE_INV,
+            PRESCALE_FIX=COL_PRESCALE_FIX, PRESCALE_FIX_RATIO=COL_PRESCALE_FIX_RATIO,
+            PRESCALE_REMAINDER=COL_PRESCALE_REMAINDER, HADAMARD=COL_HADAMARD,
+            LOG2_HADAMARD=COL_LOG2_HADAMARD, HADAMARD_NORM=COL_HADAMARD_NORM,
+            HADAMARD_SIGNS=COL_HADAMARD_SIGNS,
         )  # fmt: skip

@@ -1,0 +1,1 @@
+"""Elementwise passes of the quantized Linear: its gradients' casts and Q-EMA's update."""

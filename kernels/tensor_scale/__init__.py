@@ -1,0 +1,1 @@
+"""Two-level scaling's tensor amax passes and encode tables."""
