@@ -1,4 +1,5 @@
-"""kernels/elementwise/gradients.py: a quantized Linear's bfloat16 gradients widened to float32 and its bias
+"""kernels/elementwise/gradients.py: a quantized Linear's bfloat16 gradients widened to float32 and
+its bias
 sums rounded to bfloat16, in one launch, with the bits of torch's casts (interpreter on the CPU,
 or a GPU)."""
 
