@@ -1,7 +1,6 @@
 """DGE's factor on the weight gradient in kernels (kernels/vector/dge.py, `dge_scale_gradient`)
-against
-the reference `grad * dge_derivative(weight / scale).to(grad.dtype)`, bit for bit: every grid
-point, interval middle (t = 0, the cap), the closed last interval, weights beyond the grid, NaN
+against the reference `grad * dge_derivative(weight / scale).to(grad.dtype)`, bit for bit: every
+grid point, interval middle (t = 0, the cap), the closed last interval, weights beyond the grid, NaN
 and Inf lines, zeros and subnormals, for E2M1, E4M3 and E5M2 scales per row, column and tensor,
 several k and caps, and a transposed gradient."""
 

@@ -1,7 +1,6 @@
 """kernels/elementwise/gradients.py: a quantized Linear's bfloat16 gradients widened to float32 and
-its bias
-sums rounded to bfloat16, in one launch, with the bits of torch's casts (interpreter on the CPU,
-or a GPU)."""
+its bias sums rounded to bfloat16, in one launch, with the bits of torch's casts (interpreter on the
+CPU, or a GPU)."""
 
 import pytest
 import torch

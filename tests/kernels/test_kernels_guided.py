@@ -123,8 +123,7 @@ def test_guide_shape_errors():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_ema_update_in_one_pass_is_the_reference(beta, dtype, first_copies):
     """`kernels/elementwise/qema.py` against `update_ema`, bit for bit: the first update copies the
-    weight
-    (or, starting from nn.Linear's initialization, blends like the others), later ones round
+    weight (or, starting from nn.Linear's initialization, blends like the others), later ones round
     both products on their own (no fused multiply-add); non-finite values, subnormals and huge
     values included, a ragged length."""
     from fp4cli.kernels.elementwise.qema import update_ema_kernel

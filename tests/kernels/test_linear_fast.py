@@ -272,9 +272,9 @@ def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
 @pytest.mark.parametrize("start", ["weight", "layer_init"])
 def test_qema_update_runs_as_one_kernel_with_the_references_bits(start):
     """Q-EMA's average (`kernels/elementwise/qema.py` where the layer's quantizers are kernels)
-    follows the
-    reference's update bit for bit over several steps, the first one a copy (start "weight")
-    or a blend with nn.Linear's initialization drawn from the layer's seed ("layer_init")."""
+    follows the reference's update bit for bit over several steps, the first one a copy (start
+    "weight") or a blend with nn.Linear's initialization drawn from the layer's seed
+    ("layer_init")."""
     base = CONFIGS["tetrajet-qema"]
     assert base.qema is not None
     config = dataclasses.replace(base, qema=dataclasses.replace(base.qema, start=start))

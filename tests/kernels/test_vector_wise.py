@@ -1,7 +1,7 @@
 """The vector-wise kernels (kernels/vector/vector_wise.py, kernels/vector/launch.py) against the
-reference
-quantizer: one E8M0 scale per row, column or tensor, E2M1 / E4M3 / E5M2 elements, the fused
-per-row outlier clamp, bit for bit (signs of zero included) on ragged shapes and edge values."""
+reference quantizer: one E8M0 scale per row, column or tensor, E2M1 / E4M3 / E5M2 elements, the
+fused per-row outlier clamp, bit for bit (signs of zero included) on ragged shapes and edge
+values."""
 
 import pytest
 import torch
