@@ -16,6 +16,10 @@ linear layers (the GEMM shapes its first step recorded) with the recipe, over th
 BF16, on a target device profile (fp4cli.cost). The Pareto front is the quantized runs that no
 other quantized run beats on both gap and cost (BF16 is the reference point, not a candidate:
 on a GPU without FP4 tensor cores it would beat everything).
+
+For runs trained with `--stats-every`, the row also has FP4 All the Way's stopping rule
+(fp4cli.analysis.grad_noise): the model's weight-gradient norm over its quantization noise at
+the last statistics step, and the first statistics step at which it fell below sqrt(3).
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class ReportRow:
     pareto: bool = False
     baseline_runs: dict[str, str] = field(default_factory=dict)  # recipe -> run id
     point: int = 0  # the number of its (task, label) in the report: its seeds share it
+    noise_ratio: float | None = None  # ||dW|| / ||its quantization noise||, last stats step
+    noise_below_step: int | None = None  # the first stats step with that ratio below sqrt(3)
 
 
 @dataclass
@@ -145,6 +151,7 @@ def build_report(
         row = _row(store, run, metric)
         _compare(row, run, baselines, baseline)
         row.cost_ratio = _cost_ratio(store, run, profile, rates)
+        _grad_noise(store, row)
         report.rows.append(row)
     mark_pareto(report.rows)
     report.rows.sort(key=_rank)
@@ -265,6 +272,17 @@ def _comparable(run: dict[str, Any]) -> tuple[Any, ...]:
     train = run["config"].get("train", {})
     model = tuple(sorted((train.get("model") or {}).items()))  # --set model.FIELD=VALUE
     return (run["task"], run["seed"], *(train.get(name) for name in KEY_FIELDS), str(model))
+
+
+def _grad_noise(store: Any, row: ReportRow) -> None:
+    """Fill the row's gradient-to-noise ratio and the step it first fell below sqrt(3)
+    (both None for a run without the statistic)."""
+    from fp4cli.analysis.grad_noise import crossing_step, load_grad_noise
+
+    series = load_grad_noise(store, row.run_id)
+    if series:
+        row.noise_ratio = series[-1].ratio
+        row.noise_below_step = crossing_step(series)
 
 
 def _cost_ratio(store: Any, run: dict[str, Any], profile: Any, rates: Any) -> float | None:

@@ -104,6 +104,10 @@ def _table(result: Any, top: int) -> Any:
         table.add_column("seed", justify="right")
     for column in (metrics[0] if len(metrics) == 1 else "metric", "gap", "closed", "cost"):
         table.add_column(column, justify="right", no_wrap=True)
+    noise = any(row.noise_ratio is not None for row in rows)  # runs with --stats-every
+    if noise:
+        for column in ("grad/noise", "< sqrt3 at"):
+            table.add_column(column, justify="right", no_wrap=True)
     for row in rows:
         value = (
             _number(row.value, metric=row.metric)
@@ -119,6 +123,7 @@ def _table(result: Any, top: int) -> Any:
         cells += [str(row.seed)] if len(seeds) > 1 else []
         gap = _number(row.gap, signed=True, metric=row.metric)
         cells += [value, gap, _percent(row.closed), cost]
+        cells += _noise_cells(row) if noise else []
         table.add_row(*cells)
     table.caption = (
         "#: the point's number in the figures (its seeds share it), * on the Pareto front of gap "
@@ -127,7 +132,23 @@ def _table(result: Any, top: int) -> Any:
         f"{result.baseline} gap closed; cost: estimated time of the linear layers / bf16 on "
         f"{result.target}"
     )
+    if noise:
+        table.caption += (
+            "; grad/noise: the weight gradients' norm over their quantization noise's at the "
+            "last statistics step; < sqrt3 at: the first statistics step where it fell below "
+            "sqrt(3), FP4 All the Way's point to switch to higher precision"
+        )
     return table
+
+
+def _noise_cells(row: Any) -> list[str]:
+    """The gradient-to-noise ratio and the step it first fell below sqrt(3) ("-": no such
+    statistic in the run; "not reached": never below)."""
+    if row.noise_ratio is None:
+        return ["-", "-"]
+    ratio = "inf" if math.isinf(row.noise_ratio) else f"{row.noise_ratio:.2f}"
+    below = "not reached" if row.noise_below_step is None else str(row.noise_below_step)
+    return [ratio, below]
 
 
 def _write_plots(store: Any, result: Any, folder: Path) -> list[Path]:

@@ -20,6 +20,10 @@ after step t:
   value): `conf_mean`, `conf_low` (the share below 0.1), and `conf_hist_0` .. `conf_hist_9`, the
   share of weights with conf in [i/10, (i+1)/10) (the last bin includes 1; the ten sum to 1).
 
+Per layer whose weight-gradient GEMM is quantized, at the statistics step (operand
+"grad_weight"): grad_norm, noise_norm and noise_ratio, the weight gradient against its
+quantization noise (fp4cli.train.stats_grad_noise: FP4 All the Way's stopping rule).
+
 When statistics are off the collector registers no hook and keeps no state. When on, a forward
 pre-hook on each layer with a quantized weight copies its input only in the step a window
 starts at. The open windows (previous weights, sums, probes) go into checkpoints
@@ -36,6 +40,7 @@ import torch.nn as nn
 from fp4cli.formats import grid_interval
 from fp4cli.linear import QuantLinear, quantized_layers
 from fp4cli.quant import quantize
+from fp4cli.train.stats_grad_noise import GradNoiseMeter
 
 OSCILLATION_THRESHOLD = 16.0
 PROBE_ROWS = 64
@@ -151,6 +156,7 @@ class QuantStatsCollector:
         self.windows: dict[str, _Window] = {}
         self.capturing: set[str] = set()  # layers whose next forward input becomes a probe
         self.probes: dict[str, torch.Tensor] = {}
+        self.grad_noise = GradNoiseMeter(self.layers) if enabled else None
         if enabled:
             for name, layer in self._weight_layers():
                 layer.register_forward_pre_hook(self._probe_hook(name))
@@ -173,6 +179,8 @@ class QuantStatsCollector:
         """Before a step's forward pass: record operand statistics on this step or not."""
         for layer in self.layers.values():
             layer.stats = {} if collect else None
+        if self.grad_noise is not None:
+            self.grad_noise.begin(collect)
         if self.enabled:  # windows start after this step: the first one, or after a stats step
             names = (name for name, _ in self._weight_layers())
             self.capturing = {n for n in names if collect or n not in self.windows}
@@ -220,4 +228,6 @@ class QuantStatsCollector:
                 values = window.summary() | confidence_stats(quant_confidence(layer))
                 rows += [(name, "weight", k, float(v)) for k, v in values.items()]
                 self._start_window(name, layer)
+        if self.grad_noise is not None:
+            rows += self.grad_noise.rows()
         return rows
