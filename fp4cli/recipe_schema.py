@@ -15,6 +15,9 @@ A recipe mapping (a YAML file's content, less its `base:`; see fp4cli.recipes):
       outliers: null                # or {quantile: 0.99, compensate: false, method: nearest}
       qema: null                    # or {beta: 0.998, warmup: 10}
       gemm: dequantized             # or exact | fast: the GEMMs on mxfp4_matmul (LinearConfig)
+      out_control: null             # or {ratio: 0.1, multiple: 128, record_start: 501,
+                                    #     record_steps: 50, format: OPERAND} (FP8 channels)
+      trust: null                   # or {rule: clip | error, bound: 0.0} (QuEST's estimator)
     optimizer:
       qramp: null                   # or {alpha: 16, beta: 5, max_period: null, interval: 500}
       osci_reset: null              # or {start_step: 15000, period: 200, track_steps: 50,
@@ -44,7 +47,14 @@ from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.operands import GEMM_OPERANDS
 from fp4cli.linear.skip import is_skip_pattern, matches_skip
 from fp4cli.quant.spec import QuantSpec, SpecError
-from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConfig
+from fp4cli.techniques import (
+    DGEConfig,
+    HadamardConfig,
+    OutControlConfig,
+    OutlierConfig,
+    QEMAConfig,
+    TrustConfig,
+)
 
 # The first and last layers, where FP4 costs most and saves least (TetraJet and NVFP4 keep them
 # in high precision): timm ViT `head` and `patch_embed.proj`, a GPT's `lm_head`, diffusers UNet
@@ -53,7 +63,10 @@ from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConf
 DEFAULT_SKIP = ("head", "lm_head", "*embed*")
 FILE_KEYS = ("base", "description", "citation", "skip", "linear", "optimizer")
 DICT_KEYS = ("name", "description", "citation", "skip", "linear", "optimizer", "source")
-LINEAR_KEYS = (*GEMM_OPERANDS, "double_quant", "dge", "outliers", "qema", "gemm", "bias_gradient")
+LINEAR_KEYS = (
+    *GEMM_OPERANDS, "double_quant", "dge", "outliers", "qema", "gemm", "bias_gradient",
+    "out_control", "trust",
+)  # fmt: skip
 TECHNIQUES = {"dge": DGEConfig, "outliers": OutlierConfig, "qema": QEMAConfig}
 # LinearConfig field names -> recipe keys, to re-path LinearConfig's SpecError messages.
 _RECIPE_KEYS = {
@@ -175,6 +188,12 @@ class Recipe:
             linear["gemm"] = lin.gemm
         if lin.bias_gradient != "dy":  # likewise
             linear["bias_gradient"] = lin.bias_gradient
+        if lin.out_control is not None:  # likewise
+            out_control = _asdict(lin.out_control)
+            assert out_control is not None
+            linear["out_control"] = out_control | {"format": _asdict(lin.out_control.format)}
+        if lin.trust is not None:  # likewise
+            linear["trust"] = _asdict(lin.trust)
         return {
             "name": self.name,
             "description": self.description,
@@ -260,10 +279,28 @@ def _linear(raw: Any, label: str) -> LinearConfig:
         fields[name] = _config(lin.get(name), cls, label, f"linear.{name}")
     fields["gemm"] = lin.get("gemm", "dequantized")
     fields["bias_gradient"] = lin.get("bias_gradient", "dy")
+    fields["out_control"] = _out_control(lin.get("out_control"), label)
+    fields["trust"] = _config(lin.get("trust"), TrustConfig, label, "linear.trust")
     try:
         return LinearConfig(**fields)
     except SpecError as error:
         raise _wrap(error, label, "linear", _RECIPE_KEYS) from None
+
+
+def _out_control(raw: Any, label: str) -> OutControlConfig | None:
+    """OutControl's config: its `format` an operand (a preset name, a mapping or null); a
+    missing format is the code's MXFP8."""
+    if raw is None:
+        return None
+    key = "linear.out_control"
+    names = tuple(f.name for f in dataclasses.fields(OutControlConfig))
+    fields = _mapping(raw, label, key, names, f"null or a mapping of {', '.join(names)}")
+    if "format" in fields:
+        fields["format"] = _operand(fields["format"], label, f"{key}.format")
+    try:
+        return OutControlConfig(**_typed(OutControlConfig, fields, label, key))
+    except SpecError as error:
+        raise _wrap(error, label, key) from None
 
 
 def _operand(raw: Any, label: str, key: str) -> QuantSpec | None:

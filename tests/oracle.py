@@ -256,6 +256,39 @@ def block_scale(amax: float, spec: Any, elem_max: float | None = None) -> float:
     return min(max(s, lo), hi)
 
 
+def fitted_scales(clean: np.ndarray, ids: np.ndarray, n_blocks: int, spec: Any) -> np.ndarray:
+    """The scale rules "rms" and "std" (QuEST's Gaussian fit, from the QuantSpec docstring):
+    s = rms_clip / elem_max * sqrt(m), m the mean of x^2 over the block's own values (std: less
+    the squared mean), the moments exact (fractions), the root and the product in float64,
+    then float32; onto the format: e8m0 the largest power of two at most s, grids and bf16 to
+    nearest even, fp32 s; clamped to the format's range (a zero block: its smallest scale)."""
+    sums, squares = [Fraction(0)] * n_blocks, [Fraction(0)] * n_blocks
+    counts = [0] * n_blocks
+    for i, value in zip(ids.tolist(), clean.tolist(), strict=True):
+        f = Fraction(value)
+        sums[i] += f
+        squares[i] += f * f
+        counts[i] += 1
+    fit = spec.rms_clip / ELEMENT_MAX[spec.element]
+    scales = []
+    for total, square, n in zip(sums, squares, counts, strict=True):
+        n = max(n, 1)
+        m = square / n - ((total / n) ** 2 if spec.scale_rule == "std" else 0)
+        raw = float(F32(min(math.sqrt(float(m)) * fit, FP32_MAX)))
+        if spec.scale == "e8m0":
+            e = floor_log2(Fraction(raw)) if raw > 0 else -127
+            scales.append(2.0 ** max(-127, min(127, e)))
+        elif spec.scale in SCALE_GRIDS:
+            grid = SCALE_GRIDS[spec.scale]
+            s = _round_scale_grid(raw, grid, "rne")
+            scales.append(min(max(s, grid.values[1]), grid.max_value))
+        elif spec.scale == "bf16":
+            scales.append(min(max(_round_binary(raw, 7, -126, "rne"), 2.0**-133), BF16_MAX))
+        else:
+            scales.append(max(raw, 2.0**-149))
+    return np.asarray(scales, dtype=np.float64)
+
+
 def scale_max(spec: Any) -> float:
     return {"ue5m3": 61440.0, "ue4m3": 448.0}[spec.scale]
 
@@ -334,7 +367,12 @@ def reference(x: np.ndarray, spec: Any, axis: int = -1, seed: int | None = None)
                 first = np.full(n_blocks, np.iinfo(np.int64).max, dtype=np.int64)
                 np.minimum.at(first, ids, index.astype(np.int64))
                 uniform = sr_uniform(seed, first)
-        q, out, scales = _candidate(clean, ids, amax, tensor_amax, spec, None if eden else uniform)
+        fitted = None
+        if getattr(spec, "scale_rule", "floor") in ("rms", "std"):
+            fitted = fitted_scales(clean, ids, n_blocks, spec)
+        q, out, scales = _candidate(
+            clean, ids, amax, tensor_amax, spec, None if eden else uniform, fitted=fitted
+        )
         if eden:
             assert tensor_amax is not None and uniform is not None
             out, scales = _eden(clean, q, ids, amax, tensor_amax, spec, uniform, scale_shape)
@@ -415,17 +453,20 @@ def _candidate(
     spec: Any,
     uniform: np.ndarray | None,
     elem_max: float | None = None,
+    fitted: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q, decoded values, block scales) with each block's amax scaled onto the element max
-    (or `elem_max`: four-over-six's 4)."""
+    (or `elem_max`: four-over-six's 4), or the `fitted` scales."""
     if tensor_amax is not None:
         scales, multipliers, decode = _two_level(amax, tensor_amax, spec, elem_max)
         v = (clean * multipliers[ids]).astype(np.float32)  # FP32 MIRROR (1)
     else:
         cache_: dict[float, float] = {}
-        scales64 = np.array(
-            [cache_.setdefault(a, block_scale(a, spec, elem_max)) for a in amax.tolist()]
-        )
+        scales64 = fitted
+        if scales64 is None:
+            scales64 = np.array(
+                [cache_.setdefault(a, block_scale(a, spec, elem_max)) for a in amax.tolist()]
+            )
         scales = scales64.astype(np.float32)
         assert np.array_equal(scales.astype(np.float64), scales64), "scale not a float32"
         decode = scales

@@ -55,8 +55,13 @@ CONFIGS: dict[str, BenchConfig] = {
     for config in (
         _config("mxfp4", "mxfp4"),
         _config("mxfp4-rht32-sr", "mxfp4", hadamard=32, rounding="sr", sr_prescale=0.75),
+        # the same with 8 random bits a value (Blackwell's cvt.rs, sr_bits 8)
+        _config(
+            "mxfp4-rht32-sr8", "mxfp4", hadamard=32, rounding="sr", sr_prescale=0.75, sr_bits=8
+        ),
         _config("nvfp4", "nvfp4"),
         _config("nvfp4-rht16-sr", "nvfp4", hadamard=16, rounding="sr"),
+        _config("nvfp4-rht16-sr8", "nvfp4", hadamard=16, rounding="sr", sr_bits=8),
         _config("nvfp4-4over6", "nvfp4-4over6"),  # each block scaled to 4 or 6, the nearer
         # TetraJet-v2's: an FP32 scale per 128 values (found in the quantize pass)
         _config("nvfp4-outer128", "nvfp4-outer128"),

@@ -16,6 +16,15 @@ the values (which is "exact" up to float32 summation order).
 `bias_gradient` says what the bias's gradient sums over the tokens: "dy" (the default) dY
 itself; "quantized" the grad_input GEMM's dY operand, the values it multiplies (TetraJet's
 released code sums its quantized Q3(dY)).
+
+`out_control` keeps the input channels of largest activation norm in FP8 (TetraJet-v2's
+OutControl, `fp4cli.techniques.out_control`); the reference executor alone runs it.
+
+`trust` masks the gradients of the forward operands X and W where their values lay beyond the
+grid (QuEST's trust estimator, `fp4cli.techniques.trust`); the reference executor alone runs
+it. With a forward Hadamard transform the mask acts in the transform's basis. Double
+quantization after a forward Hadamard transform re-quantizes the transformed forward operands:
+the backward GEMMs then give the gradients in that basis, taken back to X's and W's own.
 """
 
 from __future__ import annotations
@@ -26,7 +35,14 @@ from typing import Any
 
 from fp4cli.linear.operands import GEMMS, OPERANDS
 from fp4cli.quant.spec import QuantSpec, SpecError
-from fp4cli.techniques import DGEConfig, HadamardConfig, OutlierConfig, QEMAConfig
+from fp4cli.techniques import (
+    DGEConfig,
+    HadamardConfig,
+    OutControlConfig,
+    OutlierConfig,
+    QEMAConfig,
+)
+from fp4cli.techniques.trust import TrustConfig
 
 GEMM_CHOICES = ("dequantized", "exact", "fast")
 BIAS_GRADIENTS = ("dy", "quantized")
@@ -49,6 +65,8 @@ class LinearConfig:
     qema: QEMAConfig | None = None
     gemm: str = "dequantized"
     bias_gradient: str = "dy"
+    out_control: OutControlConfig | None = None
+    trust: TrustConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm, str) or self.gemm not in GEMM_CHOICES:
@@ -70,8 +88,6 @@ class LinearConfig:
             raise SpecError("dge: needs a quantized forward weight (forward.w)")
         if self.dge is not None and self.forward_hadamard is not None:
             raise SpecError("dge: cannot be combined with a forward Hadamard transform")
-        if self.double_quant and self.forward_hadamard is not None:
-            raise SpecError("double_quant: cannot be combined with a forward Hadamard transform")
         if self.qema is not None and self.forward_w is None:
             raise SpecError("qema: needs a quantized forward weight (forward.w)")
         if self.outliers is not None and self.forward_x is None:
@@ -82,10 +98,40 @@ class LinearConfig:
                 "outliers.compensate: cannot be combined with a forward Hadamard transform "
                 "(the residual would be added in the rotated basis)"
             )
+        self._check_out_control()
+        self._check_trust()
         for name in OPERANDS:
             spec = getattr(self, name)
             if spec is not None and spec.tile2d and name.endswith(("_x", "_dy")):
                 raise SpecError(f"{name}.tile2d: 2-D tiles are for weights only")
+
+    def _check_out_control(self) -> None:
+        if self.out_control is None:
+            return
+        if self.forward_x is None:
+            raise SpecError("out_control: needs a quantized forward activation (forward.x)")
+        others = {
+            "dge": "DGE (its derivative is of the unsplit weight quantizer)",
+            "outliers": "outlier clamping (both choose what to do with X's outliers)",
+            "forward_hadamard": "a forward Hadamard transform (it mixes the channels)",
+        }
+        for name, why in others.items():
+            if getattr(self, name) is not None:
+                raise SpecError(f"out_control: cannot be combined with {why}")
+
+    def _check_trust(self) -> None:
+        if self.trust is None:
+            return
+        if self.forward_x is None and self.forward_w is None:
+            raise SpecError("trust: needs a quantized forward operand (forward.x or forward.w)")
+        others = {
+            "dge": "DGE (both replace the weight quantizer's gradient)",
+            "outliers": "outlier clamping",
+            "out_control": "OutControl",
+        }
+        for name, what in others.items():
+            if getattr(self, name) is not None:
+                raise SpecError(f"trust: cannot be combined with {what}")
 
     def spec(self, operand: str) -> QuantSpec | None:
         return getattr(self, operand)
@@ -133,9 +179,15 @@ class LinearConfig:
             parts.append(f"gemm={self.gemm}")
         if self.bias_gradient != "dy":
             parts.append(f"bias_gradient={self.bias_gradient}")
-        for name in ("dge", "outliers", "qema"):
+        for name in ("dge", "outliers", "qema", "out_control", "trust"):
             cfg = getattr(self, name)
             if cfg is not None:
-                fields = ",".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items())
+                values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+                fields = ",".join(f"{k}={_short(v)}" for k, v in values.items())
                 parts.append(f"{name}({fields})")
         return ", ".join(parts)
+
+
+def _short(value: Any) -> Any:
+    """A technique's field for `summary`: a quantizer (OutControl's format) by its short form."""
+    return value.short() if isinstance(value, QuantSpec) else value

@@ -61,8 +61,14 @@ from fp4cli.techniques.qema import AverageGuide
 
 def fast_gap(config: LinearConfig) -> str | None:
     """Why the fast executor cannot run `config`, or None when it can."""
+    if config.out_control is not None:
+        return "OutControl: FP8 channels beside FP4 ones"
     if config.dge is not None:
         return "DGE"
+    if config.trust is not None:
+        return "the trust estimator (the reference executor masks the gradients)"
+    if config.double_quant and config.forward_hadamard is not None:
+        return "double quantization after a forward Hadamard transform"
     if config.outliers is not None:
         return "outlier clamping"
     for gemm, operands in GEMM_OPERAND_FIELDS.items():

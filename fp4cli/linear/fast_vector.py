@@ -37,6 +37,7 @@ from fp4cli.linear.operands import GEMM_OPERAND_FIELDS, GEMMS, OPERANDS
 from fp4cli.linear.plans import run_planned
 from fp4cli.linear.recompute import OutputUse, tag
 from fp4cli.quant import QuantSpec
+from fp4cli.quant.backend import scale_rule_gap
 from fp4cli.techniques.outliers import nearest_ranks
 
 
@@ -44,16 +45,21 @@ def vector_gap(config: LinearConfig) -> str | None:
     """Why the vector-wise executor cannot run `config`, or None when it can."""
     from fp4cli.kernels.vector.launch import scaled_by, vector_spec_gap
 
+    if config.out_control is not None:
+        return "OutControl"
+
     for gemm in GEMMS:
         if config.hadamard(gemm) is not None:
             return f"{gemm}: a Hadamard transform"
     if config.qema is not None:
         return "Q-EMA"
+    if config.trust is not None:
+        return "the trust estimator"
     if config.bias_gradient != "dy":
         return "a bias gradient from the quantized dY"
     for name in OPERANDS:
         spec = config.spec(name)
-        gap = vector_spec_gap(spec) if spec is not None else None
+        gap = (scale_rule_gap(spec) or vector_spec_gap(spec)) if spec is not None else None
         if gap is not None:
             return f"{name}: {gap}"
     outliers = config.outliers

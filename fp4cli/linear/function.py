@@ -10,8 +10,17 @@ Q1(X) under double quantization, else the high-precision W and X. DGE multiplies
 surrogate's derivative on the scaled weight; outlier clamping acts on X before Q1, and with
 compensation the residual X - clamp(X) is added to Q1(clamp(X)) in float32, so the forward GEMM
 and (under double quantization) the weight-gradient GEMM read Q1(clamp(X)) + residual, as Wang
-et al.'s code computes it. The GEMMs use the same aten calls as nn.Linear and its autograd, so
-a layer with nothing quantized matches nn.Linear bit for bit.
+et al.'s code computes it. With OutControl's channels chosen (`channels`), the forward GEMM
+multiplies mixed operands (FP4 values on the FP4 channels, FP8 ones on the FP8 channels) and the
+weight-gradient GEMM is two products, one per group of channels
+(`fp4cli.techniques.out_control`). The GEMMs use the same aten calls as nn.Linear and its
+autograd, so a layer with nothing quantized matches nn.Linear bit for bit.
+
+After a forward Hadamard transform R, double quantization re-quantizes Q1(X R) and Q2(W R), so
+the backward GEMMs give dX R and dW R; they are brought back by R^T. QuEST's trust estimator
+(`fp4cli.techniques.trust`) masks dX R and dW R with the masks of Q1 and Q2, computed in the
+forward pass (without double quantization dX and dW are taken into R's basis for it; without a
+transform it masks dX and dW).
 """
 
 from __future__ import annotations
@@ -28,8 +37,9 @@ from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.quant.random_bits import Seed
 from fp4cli.techniques.dge import dge_derivative
 from fp4cli.techniques.double_quant import backward_source
-from fp4cli.techniques.hadamard import FixedSigns, HadamardConfig, rht
+from fp4cli.techniques.hadamard import FixedSigns, HadamardConfig, inverse_rht, rht
 from fp4cli.techniques.outliers import clamp_outliers
+from fp4cli.techniques.trust import operand_mask
 
 # Per call, operand k (0..5) draws its stochastic-rounding bits from seed + k and GEMM g (0..2)
 # its Hadamard signs from seed + 6 + g; consecutive calls step the seed by SEED_STRIDE. On rank r
@@ -47,6 +57,8 @@ _OPERAND_SEED = {
     "grad_weight_x": 5,
 }
 _RHT_SEED = {"forward": 6, "grad_input": 7, "grad_weight": 8}
+# OutControl's FP8 operands draw from seed + 9..12 (X and dY per rank, as above).
+_FP8_SEED = {"forward_x": 9, "forward_w": 10, "grad_weight_dy": 11, "grad_weight_x": 12}
 
 
 StatsSink = dict[tuple[str, str], torch.Tensor]  # (operand, metric) -> 0-d tensor
@@ -214,6 +226,7 @@ class QuantLinearFunction(torch.autograd.Function):
         stats: StatsSink | None = None,
         backend: str = "auto",
         rank: int = 0,
+        channels: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         x_clamped, residual = x, None
         if config.outliers is not None:
@@ -222,7 +235,12 @@ class QuantLinearFunction(torch.autograd.Function):
         operands = (x_clamped, weight, (1, 1), (config.forward_x, config.forward_w),
                     config.forward_hadamard, seeds, weight_guide, _names(stats, "forward_x",
                     "forward_w"), backend)  # fmt: skip
-        if config.routes["forward"] == "block":  # no double quantization, no clamping
+        if channels is not None:  # OutControl: no clamping, the forward route on values
+            x_q, w_q = _mixed_operands(operands, config, channels, call_seed, rank)
+            y = F.linear(x_q, w_q, bias)
+            x_source = backward_source(x, x_q, config.double_quant)
+            w_source = backward_source(weight, w_q, config.double_quant)
+        elif config.routes["forward"] == "block":  # no double quantization, no clamping
             x_b, w_b, amaxes = block_operands(*operands)
             bias_b = None if bias is None else bias.to(x_b.dtype)
             y = block_product(x_b, w_b.t(), amaxes, config, "forward", x_b.dtype, bias_b)
@@ -242,6 +260,11 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.stats = stats
         ctx.backend = backend
         ctx.rank = rank
+        ctx.channels = channels
+        ctx.trust_masks = (None, None)
+        if config.trust is not None and any(ctx.needs_input_grad[:2]):
+            ctx.trust_masks = _trust_masks(x_clamped, weight, config, seeds, weight_guide, backend)
+        ctx.in_features = x.shape[1]
         return y
 
     @staticmethod
@@ -255,6 +278,7 @@ class QuantLinearFunction(torch.autograd.Function):
             operands = (grad_y, w_source, (1, 0), (config.grad_input_dy, config.grad_input_w),
                         config.grad_input_hadamard, seeds, None, stats, ctx.backend)  # fmt: skip
             grad_x = _backward_product("grad_input", operands, config)
+            grad_x = _operand_gradient(grad_x, ctx, 0)
         if ctx.needs_input_grad[1]:
             seeds = _seeds(
                 ctx.call_seed, "grad_weight", ("grad_weight_dy", "grad_weight_x"), ctx.rank
@@ -263,12 +287,124 @@ class QuantLinearFunction(torch.autograd.Function):
             specs = (config.grad_weight_dy, config.grad_weight_x)
             operands = (grad_y, x_source, (0, 0), specs, config.grad_weight_hadamard, seeds,
                         None, stats, ctx.backend)  # fmt: skip
-            grad_w = _backward_product("grad_weight", operands, config)
+            if ctx.channels is not None:
+                grad_w = _split_grad_weight(operands, config, ctx.channels, ctx.call_seed, ctx.rank)
+            else:
+                grad_w = _backward_product("grad_weight", operands, config)
+            grad_w = _operand_gradient(grad_w, ctx, 1)
             if config.dge is not None:
                 grad_w = grad_w * _dge_factor(weight, config, ctx.backend).to(grad_w.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = _bias_gradient(grad_y, config, ctx.call_seed, ctx.rank, ctx.backend)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
+
+
+def _mixed_operands(
+    operands: tuple[Any, ...],
+    config: LinearConfig,
+    channels: tuple[torch.Tensor, torch.Tensor],
+    call_seed: torch.Tensor,
+    rank: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OutControl's forward operands from `gemm_operands`' arguments: X and W with their FP4
+    channels quantized by forward.x / .w (in the channels' order, so the blocks run along it)
+    and their FP8 channels by the format, each put back in its column."""
+    x, weight, dims, specs, hadamard, seeds, guide, stats, backend = operands
+    fp8, fp4 = channels
+    x_q, w_q = torch.empty_like(x), torch.empty_like(weight, dtype=x.dtype)
+    if fp4.numel():
+        guide_4 = None if guide is None else guide[:, fp4]
+        x_q[:, fp4], w_q[:, fp4] = gemm_operands(
+            x[:, fp4], weight[:, fp4], dims, specs, hadamard, seeds, guide_4, stats, backend
+        )
+    assert config.out_control is not None
+    fmt, fp8_backend = config.out_control.format, _fp8_backend(backend)
+    for target, source, name in ((x_q, x, "forward_x"), (w_q, weight, "forward_w")):
+        seed = call_seed + _fp8_seed(name, rank)
+        target[:, fp8] = _quantize_operand(source[:, fp8], fmt, 1, seed, None, x.dtype,
+                                           fp8_backend)  # fmt: skip
+    return x_q, w_q
+
+
+def _split_grad_weight(
+    operands: tuple[Any, ...],
+    config: LinearConfig,
+    channels: tuple[torch.Tensor, torch.Tensor],
+    call_seed: torch.Tensor,
+    rank: int,
+) -> torch.Tensor:
+    """OutControl's dW from `gemm_operands`' arguments: the FP4 channels' columns as without
+    OutControl, the FP8 channels' from dY and X quantized by the format along the tokens."""
+    grad_y, x_source, dims, specs, hadamard, seeds, guide, stats, backend = operands
+    fp8, fp4 = channels
+    grad_w = grad_y.new_empty(grad_y.shape[1], x_source.shape[1])
+    if fp4.numel():
+        fp4_operands = (grad_y, x_source[:, fp4], dims, specs, hadamard, seeds, guide, stats,
+                        backend)  # fmt: skip
+        grad_w[:, fp4] = _backward_product("grad_weight", fp4_operands, config)
+    assert config.out_control is not None
+    fmt, fp8_backend = config.out_control.format, _fp8_backend(backend)
+    dy_seed, x_seed = (call_seed + _fp8_seed(n, rank) for n in ("grad_weight_dy", "grad_weight_x"))
+    dy = _quantize_operand(grad_y, fmt, 0, dy_seed, None, grad_y.dtype, fp8_backend)
+    x = _quantize_operand(x_source[:, fp8], fmt, 0, x_seed, None, grad_y.dtype, fp8_backend)
+    grad_w[:, fp8] = dy.t().mm(x)
+    return grad_w
+
+
+def _fp8_seed(name: str, rank: int) -> int:
+    return _FP8_SEED[name] + (0 if name.endswith("_w") else rank * RANK_SEED_STRIDE)
+
+
+def _fp8_backend(backend: str) -> str:
+    """The FP8 format's quantizer backend: the kernels take E2M1 and E1M2 elements only."""
+    return "torch" if backend == "torch" else "auto"
+
+
+def _trust_masks(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    config: LinearConfig,
+    seeds: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    weight_guide: torch.Tensor | None,
+    backend: str,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The trust estimator's masks of the forward X and W (None where an operand is not
+    quantized), in the forward Hadamard transform's basis."""
+    assert config.trust is not None
+    transform = config.forward_hadamard
+    rht_args = None if transform is None else (transform.size, transform.sign_source(seeds[2]))
+    masks = []
+    for tensor, spec, seed, guide in (
+        (x, config.forward_x, seeds[0], None),
+        (weight, config.forward_w, seeds[1], weight_guide),
+    ):
+        mask = None
+        if spec is not None:
+            mask = operand_mask(tensor.detach(), spec, 1, seed, rht_args, config.trust, guide,
+                                backend)  # fmt: skip
+        masks.append(mask)
+    return masks[0], masks[1]
+
+
+def _operand_gradient(grad: torch.Tensor, ctx: Any, operand: int) -> torch.Tensor:
+    """The gradient of forward operand `operand` (0: X, 1: W; tokens or out_features by
+    in_features) from its backward GEMM's: masked by the trust estimator and, after a forward
+    Hadamard transform, taken back to the operand's own basis. Under double quantization the
+    GEMM read the transformed operands, so it gave the gradient in the transform's basis;
+    without, the gradient is taken into that basis for the mask only."""
+    config: LinearConfig = ctx.config
+    mask = ctx.trust_masks[operand]
+    transform = config.forward_hadamard
+    if transform is None:
+        return grad if mask is None else torch.where(mask, grad, torch.zeros_like(grad))
+    if mask is None and not config.double_quant:
+        return grad
+    rht_seed = _seeds(ctx.call_seed, "forward", ("forward_x", "forward_w"), ctx.rank)[2]
+    signs = transform.sign_source(rht_seed)
+    rotated = grad if config.double_quant else rht(grad, 1, transform.size, signs)
+    if mask is not None:
+        rotated = torch.where(mask, rotated, torch.zeros_like(rotated))
+    return inverse_rht(rotated, 1, transform.size, signs, ctx.in_features).to(grad.dtype)
 
 
 def _bias_gradient(

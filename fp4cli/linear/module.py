@@ -15,6 +15,7 @@ from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
 from fp4cli.linear.operands import GEMMS
 from fp4cli.linear.ops import compiled_linear, op_key
+from fp4cli.linear.out_control import LayerSchedule, split_weight
 from fp4cli.linear.recompute import LayerRecompute
 from fp4cli.linear.routes import gemm_gap
 from fp4cli.linear.skip import expand_skip, matches_skip
@@ -30,8 +31,10 @@ class QuantLinear(nn.Linear):
     """nn.Linear whose three GEMMs run under a LinearConfig.
 
     Buffers: `rng_seed` (this layer's seed), `calls` (training forward passes so far: each one
-    draws fresh stochastic-rounding bits and Hadamard signs), and with Q-EMA `weight_ema` and
-    `ema_updates`. All are saved in the state dict, so a resumed run continues the same streams.
+    draws fresh stochastic-rounding bits and Hadamard signs), with Q-EMA `weight_ema` and
+    `ema_updates`, and with OutControl `out_control_steps` (optimizer steps counted),
+    `channel_norms` (the summed input norms) and `channel_order` (the chosen order). All are
+    saved in the state dict, so a resumed run continues the same streams.
     `backend` ("auto", "torch" or "triton") picks the quantizer implementation; all give the
     same bits.
     """
@@ -41,6 +44,9 @@ class QuantLinear(nn.Linear):
     calls: torch.Tensor
     weight_ema: torch.Tensor
     ema_updates: torch.Tensor
+    out_control_steps: torch.Tensor
+    channel_norms: torch.Tensor
+    channel_order: torch.Tensor
 
     def __init__(
         self,
@@ -93,6 +99,9 @@ class QuantLinear(nn.Linear):
         if config.qema is not None:
             self.register_buffer("weight_ema", self._starting_average(config.qema, seed))
             self.register_buffer("ema_updates", torch.zeros((), dtype=torch.int64, device=device))
+        self._out_control: LayerSchedule | None = None
+        if config.out_control is not None:
+            self._out_control = LayerSchedule(self, config.out_control)
 
     def _starting_average(self, qema: QEMAConfig, seed: int) -> torch.Tensor:
         """Q-EMA's average before its first update (float32, W's shape and device): W itself,
@@ -106,11 +115,24 @@ class QuantLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._high_precision:
             return F.linear(x, self.weight, self.bias)
+        if self._out_control is not None:
+            self._out_control.before_call(self, x)
         if self.stats is None and not torch.compiler.is_compiling():
             executor = self.executor(x)[0]
             if executor != "reference":
                 return self._kernel_forward(x, executor)
         return self._general_forward(x)
+
+    def out_control_channels(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """OutControl's (FP8 channels, FP4 channels) once chosen, else None (also when no
+        channel stays in FP8: fewer input channels than its `multiple`)."""
+        return None if self._out_control is None else self._out_control.channels(self)
+
+    def advance_out_control(self) -> None:
+        """One step of OutControl's schedule (call after each optimizer step): after step
+        `record_start + record_steps` the channels are chosen. A no-op without OutControl."""
+        if self._out_control is not None:
+            self._out_control.advance(self)
 
     def _next_call_seed(self) -> torch.Tensor:
         """This call's seed (rng_seed + calls * SEED_STRIDE), counting a training call."""
@@ -179,6 +201,7 @@ class QuantLinear(nn.Linear):
                     self.stats,
                     self._reference_backend(),
                     self.rank,
+                    self.out_control_channels(),
                 )
         return y.reshape(*x.shape[:-1], self.out_features)
 
@@ -229,8 +252,8 @@ class QuantLinear(nn.Linear):
         self.ema_updates.add_(1)
 
     def _ema_in_one_pass(self) -> bool:
-        """Whether the Q-EMA update runs as one kernel (`kernels/elementwise/qema.py`, the reference's
-        bits): where this layer's quantizers run as kernels."""
+        """Whether the Q-EMA update runs as one kernel (`kernels/elementwise/qema.py`, the
+        reference's bits): where this layer's quantizers run as kernels."""
         if self.executor()[0] == "reference":
             return False
         from fp4cli.kernels.elementwise.qema import ema_update_supported
@@ -239,12 +262,18 @@ class QuantLinear(nn.Linear):
 
     @torch.no_grad()
     def quantized_weight(self) -> torch.Tensor:
-        """The forward pass's quantized weight (Q-EMA guided when on; SR with a fixed seed)."""
+        """The forward pass's quantized weight (Q-EMA guided when on; SR with a fixed seed;
+        OutControl's FP8 channels by its format once chosen)."""
         spec = self.config.forward_w
-        if spec is None:
-            return self.weight.detach()
         weight, guide = self.weight.detach(), self._weight_guide()
-        return fake_quantize(weight, spec, seed=0, guide=guide, backend=self.backend)
+        channels = self.out_control_channels()
+        if channels is None:
+            if spec is None:
+                return weight
+            return fake_quantize(weight, spec, seed=0, guide=guide, backend=self.backend)
+        assert self.config.out_control is not None
+        specs = (self.config.out_control.format, spec)
+        return split_weight(weight, channels, specs, guide, self.backend)
 
     def extra_repr(self) -> str:
         backend = f", backend={self.backend}" if self.backend != "auto" else ""
@@ -367,9 +396,22 @@ def update_qema(model: nn.Module) -> None:
         layer.update_ema()
 
 
+def advance_out_control(model: nn.Module) -> None:
+    """Advance OutControl's schedule in every QuantLinear of `model` (after an optimizer
+    step)."""
+    for layer in quantized_layers(model).values():
+        layer.advance_out_control()
+
+
 def attach_qema(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
-    """Update Q-EMA after every `optimizer.step()`; returns the hook's removable handle."""
-    return optimizer.register_step_post_hook(lambda *_: update_qema(model))
+    """Update Q-EMA and advance OutControl's schedule after every `optimizer.step()` (both
+    no-ops for layers without them); returns the hook's removable handle."""
+
+    def after_step(*_: Any) -> None:
+        update_qema(model)
+        advance_out_control(model)
+
+    return optimizer.register_step_post_hook(after_step)
 
 
 def _resolve(recipe: Any) -> tuple[LinearConfig, tuple[str, ...]]:

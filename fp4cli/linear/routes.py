@@ -41,6 +41,8 @@ def gemm_gap(config: LinearConfig, gemm: str) -> str | None:
     sends it elsewhere."""
     if config.gemm == "dequantized":
         return "gemm: dequantized"
+    if config.out_control is not None and gemm != "grad_input":
+        return "OutControl (FP8 values on some channels)"
     names = GEMM_OPERAND_FIELDS[gemm]
     a, b = config.spec(names[0]), config.spec(names[1])
     if a is None or b is None:

@@ -22,6 +22,7 @@ KERNEL_ELEMENTS = ("e2m1", "e1m2")
 KERNEL_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 KERNEL_OUTER_MAX = 1024  # an outer block lies within one tile along the axis
 KERNEL_ROUNDINGS = ("rne", "sr", "away", "eden")
+KERNEL_SCALE_RULES = ("floor", "ceil")  # from the amax; not the fitted "rms" / "std"
 
 
 def check_backend(backend: str) -> None:
@@ -49,6 +50,9 @@ def kernel_gap(spec: QuantSpec, dtype: torch.dtype) -> str | None:
         return f"block {spec.block!r}{' tile2d' if spec.tile2d else ''} (kernels: {KERNEL_BLOCKS})"
     if spec.scale not in KERNEL_SCALES:
         return f"scale {spec.scale!r} (kernels: {', '.join(KERNEL_SCALES)})"
+    rule_gap = scale_rule_gap(spec)
+    if rule_gap is not None:
+        return rule_gap
     outer = spec.outer_block
     if outer and (outer & (outer - 1) or outer > KERNEL_OUTER_MAX):
         return f"outer_block {spec.outer_block} (kernels: a power of two up to {KERNEL_OUTER_MAX})"
@@ -59,6 +63,15 @@ def kernel_gap(spec: QuantSpec, dtype: torch.dtype) -> str | None:
         return f"eden_group {group} (kernels: a power of two)"
     if dtype not in KERNEL_INPUT_DTYPES:
         return f"input dtype {dtype} (kernels: float32, bfloat16, float16)"
+    return None
+
+
+def scale_rule_gap(spec: QuantSpec) -> str | None:
+    """Why no kernel (the quantize kernels, the vector-wise ones) computes this spec's block
+    scales, or None: they scale from the amax ("floor", "ceil"), not from the RMS."""
+    if spec.scale_rule not in KERNEL_SCALE_RULES:
+        rules = ", ".join(KERNEL_SCALE_RULES)
+        return f"scale_rule {spec.scale_rule!r} (kernels: {rules}; the reference fits it)"
     return None
 
 

@@ -28,7 +28,13 @@ from fp4cli.formats import decode, encode, pack_nibbles, round_to_grid, unpack_n
 from fp4cli.quant import four_over_six, ms_eden, random_bits, two_level
 from fp4cli.quant.backend import use_kernels
 from fp4cli.quant.blocking import BlockLayout, transformed_length
-from fp4cli.quant.scales import block_scales, divide, nan_scales, scale_values
+from fp4cli.quant.scales import (
+    block_scales,
+    divide,
+    fitted_block_scales,
+    nan_scales,
+    scale_values,
+)
 from fp4cli.quant.spec import QuantSpec
 from fp4cli.quant.two_level import encode_multipliers
 
@@ -211,7 +217,14 @@ def _reference_blocks(
     blocks, layout = _blocks_of(x.to(torch.float32), spec, axis)
     uniform = _uniform_blocks(x, spec, axis, layout, seed)
     guide_blocks = _blocks_of(guide.to(torch.float32), spec, axis)[0] if guide is not None else None
-    return (*_quantize_blocks(blocks, spec, uniform, guide_blocks), layout)
+    real = _real_values(layout, x.device) if spec.fitted_scale else None
+    return (*_quantize_blocks(blocks, spec, uniform, guide_blocks, real), layout)
+
+
+def _real_values(layout: BlockLayout, device: torch.device) -> torch.Tensor:
+    """Which of the blocks' values are the tensor's, not padding (bool, in blocks)."""
+    ones = torch.ones(layout.moved_shape, dtype=torch.bool, device=device)
+    return layout.to_blocks(layout.pad(ones))
 
 
 def _guide_for(guide: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
@@ -297,14 +310,17 @@ def _quantize_blocks(
     spec: QuantSpec,
     uniform: torch.Tensor | None,
     guide: torch.Tensor | None,
+    real: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(element values q on the grid, stored scales, tensor amax) for float32 blocks."""
+    """(element values q on the grid, stored scales, tensor amax) for float32 blocks; `real`
+    (which values are not padding) for the scales fitted to the block's spread."""
     # a block holding NaN or +-Inf has a non-finite largest magnitude (amax keeps NaN)
     finite_block = torch.isfinite(blocks.abs().amax(dim=-1))
     blocks = torch.nan_to_num(blocks, nan=0.0, posinf=0.0, neginf=0.0)
     block_amax = blocks.abs().amax(dim=-1)
     t_amax = two_level.second_level_amax(block_amax, spec) if spec.tensor_scale else None
-    q, stored, scales = _candidate(blocks, block_amax, t_amax, spec, uniform, guide)
+    fitted = fitted_block_scales(blocks, real, spec) if real is not None else None
+    q, stored, scales = _candidate(blocks, block_amax, t_amax, spec, uniform, guide, fitted=fitted)
     if spec.rounding == "eden":
         assert t_amax is not None and uniform is not None
         _, stored = ms_eden.correct_scales(blocks, q, scales, t_amax, spec, uniform)
@@ -334,16 +350,18 @@ def _candidate(
     uniform: torch.Tensor | None,
     guide: torch.Tensor | None,
     element_max: float | None = None,
+    fitted: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(element values q, stored scales, scale values) of finite blocks, each block's amax
-    scaled onto the element format's largest value (or `element_max`)."""
+    scaled onto the element format's largest value (or `element_max`), or with `fitted` (scale
+    values, stored scales) those scales."""
     if t_amax is not None:
         scales, stored = two_level.block_scales(block_amax, t_amax, spec, element_max)
         multipliers = encode_multipliers(scales, t_amax, spec).unsqueeze(-1)
         scaled = blocks * multipliers
         guide = guide * multipliers if guide is not None else None
     else:
-        scales, stored = block_scales(block_amax, spec, element_max)
+        scales, stored = fitted or block_scales(block_amax, spec, element_max)
         scaled = blocks / scales.unsqueeze(-1)
         guide = guide / scales.unsqueeze(-1) if guide is not None else None
     if spec.sr_prescale != 1.0:

@@ -148,3 +148,39 @@ def nan_scales(like: torch.Tensor, fmt: ScaleFormat) -> torch.Tensor:
     if fmt.is_code:
         return torch.full_like(like, fmt.nan_code)
     return torch.full_like(like, float("nan"))
+
+
+def fitted_block_scales(
+    blocks: torch.Tensor, real: torch.Tensor, spec: QuantSpec
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale values as float32, stored scales) fitted to each block's spread, for the scale
+    rules "rms" and "std" (QuEST's Gaussian fit; `blocks` finite, zero-padded; `real` (bool,
+    same shape) marks the tensor's values, not padding).
+
+    With n the block's real values, m = sum(x) / n and r = sqrt(sum(x^2) / n) ("rms") or
+    sqrt(sum((x - m)^2) / n) ("std"), all in float64: s = rms_clip / emax * r, rounded once to
+    float32. Then onto the scale format: e8m0 the largest power of two at or below s
+    (2^floor(log2 s), Quartet's rounding), ue5m3 / ue4m3 / bf16 to nearest even, fp32 s
+    itself, clamped to the format's range. A block of zeros gets the smallest scale.
+    """
+    values = blocks.to(torch.float64)
+    n = real.sum(dim=-1).to(torch.float64).clamp(min=1)
+    if spec.scale_rule == "std":  # two passes: no cancellation for a large mean
+        mean = values.sum(dim=-1, keepdim=True) / n.unsqueeze(-1)
+        values = torch.where(real, values - mean, torch.zeros_like(values))
+    mean_square = values.square().sum(dim=-1) / n
+    fit = spec.rms_clip / spec.element_format.max_value
+    largest = torch.finfo(torch.float32).max
+    raw = (mean_square.sqrt() * fit).clamp(max=largest).to(torch.float32)
+    fmt = spec.scale_format
+    if fmt.kind == "pow2":
+        exponent = floor_log2(torch.where(raw > 0, raw, torch.ones_like(raw)))
+        exponent = torch.where(raw > 0, exponent, torch.full_like(exponent, fmt.min_exponent))
+        exponent = exponent.clamp(fmt.min_exponent, fmt.max_exponent)
+        return pow2(exponent), (exponent + fmt.exponent_bias).to(torch.uint8)
+    if fmt.kind == "minifloat":  # any rule but "ceil" rounds to nearest even
+        assert fmt.minifloat is not None
+        scales = _round_scale_minifloat(raw, fmt.minifloat, spec.scale_rule)
+        return scales, encode(scales, fmt.minifloat)
+    scales = _round_scale_float(raw, fmt, spec.scale_rule)
+    return scales, scales.to(torch.bfloat16) if fmt.dtype_name == "bfloat16" else scales

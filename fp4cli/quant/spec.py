@@ -9,7 +9,9 @@ from typing import Any, ClassVar
 from fp4cli.formats import ELEMENT_FORMATS, SCALE_FORMATS, Minifloat, ScaleFormat
 
 BLOCK_KINDS = ("row", "column", "tensor")
-SCALE_RULES = ("floor", "ceil")
+SCALE_RULES = ("floor", "ceil", "rms", "std")
+FITTED_RULES = ("rms", "std")  # scales fitted to the block's spread (QuEST), not its amax
+RMS_CLIP_MAX = 64.0
 ROUNDINGS = ("rne", "sr", "away", "ties_up", "eden")
 SR_BITS = (8, 16, 24)
 FOUR_OVER_SIX_METRICS = ("mse", "mae")
@@ -39,6 +41,10 @@ class QuantSpec:
     scale_rule: "floor" (OCP: 2^(floor(log2 amax) - emax), elements saturate) or "ceil"
         (truncation-free: the smallest scale with amax / scale <= element max). For non power of
         two scale formats, "floor" rounds amax / emax_value to nearest even, "ceil" rounds it up.
+        "rms" or "std" (QuEST's Gaussian fit, `scales.fitted_block_scales`): the block's RMS, or
+        its standard deviation, times rms_clip / emax_value, to the largest power of two at or
+        below it for e8m0 (Quartet's 2^floor(log2 s)), else to nearest even; values beyond
+        the grid saturate.
     rounding: "rne", "sr" (stochastic, seeded), "away" (ties away from zero), "ties_up" (ties
         toward +inf: 5 -> 6, -5 -> -4, as Wang et al.'s E2M1 kernel rounds) or "eden"
         (Quartet II's MS-EDEN, `fp4cli.quant.ms_eden`: elements rounded ties away from zero,
@@ -68,6 +74,9 @@ class QuantSpec:
         default: up when a 24-bit uniform number is below the distance from the lower grid
         point), or 8 or 16 (Blackwell's `cvt.rs`: the bits are added below the grid step and
         the carry rounds up; E2M1 and E1M2 elements). docs/numerics.md has both rules.
+    rms_clip: with scale_rule "rms" or "std", where the grid's largest value sits, in RMS (or
+        standard deviation) units: the scale is rms_clip * RMS / emax_value before its rounding
+        (QuEST's and Quartet's E2M1 fit: 2.92247856). 0 (the default) with the other rules.
     """
 
     element: str = "e2m1"
@@ -85,6 +94,7 @@ class QuantSpec:
     sr_bits: int = dataclasses.field(default=24, metadata={"omit_default": True})
     four_over_six_metric: str = dataclasses.field(default="mse", metadata={"omit_default": True})
     scale_bf16: bool = dataclasses.field(default=False, metadata={"omit_default": True})
+    rms_clip: float = dataclasses.field(default=0.0, metadata={"omit_default": True})
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "mxfp4": {},
@@ -113,6 +123,16 @@ class QuantSpec:
             "block": 16,
             "tensor_scale": True,
             "outer_block": 128,
+        },
+        # Quartet's forward quantizer: MXFP4 whose scale is fitted to the block's standard
+        # deviation, the grid's 6 at 2.92247856 sigma (QuEST's E2M1 fit), rounded down to 2^k
+        "mxfp4-quest": {"scale_rule": "std", "rms_clip": 2.92247856},
+        # QuEST's FP4 quantizer: one FP32 scale per row, the grid's 6 at 2.92247856 RMS
+        "fp4-row-rms": {
+            "scale": "fp32",
+            "block": "row",
+            "scale_rule": "rms",
+            "rms_clip": 2.92247856,
         },
         "fp4-row": {"block": "row", "scale_rule": "ceil"},
         "fp4-column": {"block": "column", "scale_rule": "ceil"},
@@ -151,6 +171,7 @@ class QuantSpec:
             raise SpecError(f"four_over_six: only with e2m1 elements (got {self.element!r})")
         self._check_four_over_six_metric()
         self._check_scale_bf16()
+        self._check_fitted_scale()
         self._check_eden()
         self._check_outer_block()
         self._check_sr_bits()
@@ -171,6 +192,27 @@ class QuantSpec:
             )
         if self.scale_rule != "ceil":
             raise SpecError("scale_bf16: needs scale_rule ceil (MS-AMP's 2^-floor(log2(6 / amax)))")
+
+    def _check_fitted_scale(self) -> None:
+        clip = self.rms_clip
+        if isinstance(clip, bool) or not isinstance(clip, (int, float)):
+            raise SpecError(f"rms_clip: must be a number (got {clip!r})")
+        if self.scale_rule not in FITTED_RULES:
+            if clip != 0:
+                raise SpecError("rms_clip: only applies with scale_rule rms or std")
+            return
+        if not 0 < clip <= RMS_CLIP_MAX:
+            unit = "RMS" if self.scale_rule == "rms" else "standard deviation"
+            raise SpecError(
+                f"rms_clip: scale_rule {self.scale_rule} needs where the grid's largest value "
+                f"sits, in {unit} units, in (0, {RMS_CLIP_MAX:g}] (got {clip!r})"
+            )
+        for flag in ("tensor_scale", "four_over_six"):
+            if getattr(self, flag):
+                raise SpecError(
+                    f"scale_rule: {self.scale_rule} cannot be combined with {flag} (which scales "
+                    "from the amax)"
+                )
 
     def _check_sr_bits(self) -> None:
         bits = self.sr_bits
@@ -264,6 +306,11 @@ class QuantSpec:
         return self.tensor_scale and not self.outer_block
 
     @property
+    def fitted_scale(self) -> bool:
+        """Whether block scales are fitted to the block's RMS or standard deviation."""
+        return self.scale_rule in FITTED_RULES
+
+    @property
     def packed(self) -> bool:
         """Whether codes are stored two per byte."""
         return self.element_format.bits == 4
@@ -286,6 +333,8 @@ class QuantSpec:
             parts.append(f"outer{self.outer_block}")
         if self.sr_bits != 24:
             parts.append(f"{self.sr_bits}bits")
+        if self.rms_clip:
+            parts.append(f"clip{self.rms_clip:g}")
         return "/".join(parts)
 
 

@@ -190,3 +190,21 @@ def rht(x: torch.Tensor, dim: int, size: int, seed: Seed | FixedSigns | None) ->
         signed = blocks * sign_vector(seed, size, x.device)
     transformed = fwht(signed) * normalization(size)
     return transformed.reshape(*moved.shape[:-1], padded_length).movedim(-1, dim)
+
+
+def inverse_rht(
+    y: torch.Tensor, dim: int, size: int, seed: Seed | FixedSigns | None, length: int
+) -> torch.Tensor:
+    """`rht`'s transform undone along `dim` (R^T: H_n, then the signs, as R = D H_n with H_n
+    symmetric), cut back to the first `length` positions (the padding dropped); float32. y's
+    `dim` is a multiple of `size`: an operand transformed by `rht`, or a gradient of one."""
+    import torch
+
+    moved = y.to(torch.float32).movedim(dim, -1)
+    padded_length = moved.shape[-1]
+    blocks = moved.reshape(*moved.shape[:-1], padded_length // size, size)
+    restored = fwht(blocks) * normalization(size)
+    if not (seed is None or (isinstance(seed, FixedSigns) and seed.flips == 0)):
+        restored = restored * sign_vector(seed, size, y.device)
+    flat = restored.reshape(*moved.shape[:-1], padded_length)
+    return flat[..., :length].movedim(-1, dim)

@@ -10,7 +10,9 @@ are added to two sums and W_prev becomes W; after the step after those, the elem
 ratio of the sums is at least `threshold` (0 where W did not move) are set to Q(W). Q is the
 layer's forward weight quantizer along its input features (seed 0 where it rounds
 stochastically, the seed the code passes). The weights change in place between steps; the
-optimizer's state is left as it is, as in the code.
+optimizer's state is left as it is, as in the code. A layer whose OutControl channels are chosen
+when a window begins is watched on its FP4 channels alone, taken in their order, for the whole
+window (the code's `fp4_channel_idx`); its FP8 channels are never reset.
 """
 
 from __future__ import annotations
@@ -49,13 +51,16 @@ class OsciReset:
                 )
         self.tracked: dict[str, dict[str, torch.Tensor]] = {}
 
-    def quantized(self, name: str) -> torch.Tensor:
-        """Q(W) of a layer: its forward weight quantizer, float32."""
-        layer = self.layers[name]
-        spec = layer.config.forward_w
+    def quantized(self, name: str, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Q(W) of a layer: its forward weight quantizer, float32; with `columns` (OutControl's
+        FP4 channels) of those columns, in their order."""
+        spec = self.layers[name].config.forward_w
         assert spec is not None  # the layers kept have one
-        weight = layer.weight.detach().float()
-        return fake_quantize(weight, spec, 1, 0, out_dtype=torch.float32)
+        return fake_quantize(self._weight(name, columns), spec, 1, 0, out_dtype=torch.float32)
+
+    def _weight(self, name: str, columns: torch.Tensor | None) -> torch.Tensor:
+        weight = self.layers[name].weight.detach().float()
+        return weight if columns is None else weight[:, columns]
 
     @torch.no_grad()
     def after_step(self, step: int) -> float | None:
@@ -77,18 +82,22 @@ class OsciReset:
         return None
 
     def _snapshot(self, name: str) -> dict[str, torch.Tensor]:
-        weight = self.layers[name].weight.detach().float()
-        return {
+        channels = self.layers[name].out_control_channels()
+        columns = None if channels is None else channels[1].clone()
+        weight = self._weight(name, columns)
+        state = {
             "previous": weight.clone(),
-            "previous_quantized": self.quantized(name),
+            "previous_quantized": self.quantized(name, columns),
             "weight_moves": torch.zeros_like(weight),
             "quantized_moves": torch.zeros_like(weight),
         }
+        return state if columns is None else state | {"columns": columns}
 
     def _track(self, name: str) -> None:
         state = self.tracked[name]
-        weight = self.layers[name].weight.detach().float()
-        quantized = self.quantized(name)
+        columns = state.get("columns")
+        weight = self._weight(name, columns)
+        quantized = self.quantized(name, columns)
         state["quantized_moves"] += (quantized - state["previous_quantized"]).abs()
         state["weight_moves"] += (weight - state["previous"]).abs()
         state["previous"], state["previous_quantized"] = weight.clone(), quantized
@@ -102,7 +111,14 @@ class OsciReset:
                 moved, state["quantized_moves"] / torch.where(moved, state["weight_moves"], 1), 0
             )
             mask = ratio >= self.config.threshold
-            layer.weight.data[mask] = self.quantized(name).to(layer.weight.dtype)[mask]
+            columns = state.get("columns")
+            quantized = self.quantized(name, columns).to(layer.weight.dtype)
+            if columns is None:
+                layer.weight.data[mask] = quantized[mask]
+            else:
+                watched = layer.weight.data[:, columns]  # a copy: written back whole
+                watched[mask] = quantized[mask]
+                layer.weight.data[:, columns] = watched
             reset += int(mask.sum())
             total += mask.numel()
         self.tracked = {}

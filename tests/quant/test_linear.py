@@ -184,8 +184,10 @@ def test_invalid_linear_configs_are_rejected():
 
     with pytest.raises(SpecError, match="dge"):
         LinearConfig(dge=DGEConfig())
-    with pytest.raises(SpecError, match="double_quant"):
-        LinearConfig(forward_x=MX, double_quant=True, forward_hadamard=HadamardConfig(16))
+    # double quantization after a forward Hadamard transform is allowed (tests/quant/test_trust.py)
+    LinearConfig(forward_x=MX, double_quant=True, forward_hadamard=HadamardConfig(16))
+    with pytest.raises(SpecError, match="dge: cannot be combined with a forward Hadamard"):
+        LinearConfig(forward_w=MX, dge=DGEConfig(), forward_hadamard=HadamardConfig(16))
     with pytest.raises(SpecError, match="tile2d"):
         LinearConfig(forward_x=QuantSpec.preset("nvfp4-2d"))
 
