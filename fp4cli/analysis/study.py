@@ -141,11 +141,12 @@ class Overrides:
     train: tuple[tuple[str, Any], ...] = ()  # training fields to set (--set KEY=VALUE)
 
     def suffix(self) -> str:
-        """The part of the sweep name that tells these runs from the study's own."""
+        """The part of the sweep name that tells these runs from the study's own. The seeds
+        are not part of it: a seed's runs are the same points whichever seeds are asked for,
+        so `--seeds 0,1,2` and the default's five share their finished runs."""
         parts = [f"task_{self.task}"] if self.task else []
         parts += [f"size_{self.size}"] if self.size else []
         parts += [f"steps_{self.steps}"] if self.steps else []
-        parts += ["seeds_" + "_".join(map(str, self.seeds))] if self.seeds else []
         if self.data:
             parts.append("data_" + hashlib.sha1(self.data.encode()).hexdigest()[:8])
         if self.train:

@@ -110,7 +110,8 @@ def test_overrides_name_the_sweep_apart_and_drop_cuda_graphs_on_a_cpu():
     study = load_study("tseng")
     assert study_spec(study, Overrides()).name == "tseng"
     spec = study_spec(study, Overrides(size="debug", steps=5, seeds=(0, 1), cpu=True))
-    assert spec.name == "tseng-size_debug-steps_5-seeds_0_1" and spec.seeds == (0, 1)
+    assert spec.name == "tseng-size_debug-steps_5" and spec.seeds == (0, 1)
+    assert study_spec(study, Overrides(seeds=(2, 3))).name == "tseng"  # seeds share the sweep
     train = dict(spec.train)
     assert train["size"] == "debug" and train["steps"] == 5 and "cuda_graph" not in train
     assert dict(study_spec(study, Overrides(cuda_graph=False)).train)["cuda_graph"] is False
@@ -366,6 +367,15 @@ def test_a_study_runs_on_the_cpu_stops_and_resumes(tmp_path, monkeypatch):
     assert report["runs"] == {"total": 8, "done": 8} and len(report["claims"]) == 3
     assert {c["verdict"] for c in report["claims"]} <= {REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE}
     assert len(RunStore(db).list_runs()) == 8
+    # other seeds of the same study: the finished seeds count, only the new one trains
+    assert args[6:8] == ["--seeds", "0,1"]
+    more = CliRunner().invoke(app, [*args[:7], "0,1,2", *args[8:], "--dry-run"])
+    assert more.exit_code == 0, more.output
+    assert "12 runs, 8 done, 4 to run" in _text(more)
+    one = CliRunner().invoke(app, [*args[:7], "1", *args[8:], "--json"])
+    assert one.exit_code == 0, one.output
+    assert json.loads(one.stdout)["runs"] == {"total": 4, "done": 4}
+    assert len(RunStore(db).list_runs()) == 8  # judged on seed 1's runs, none trained
 
 
 def test_cli_list_dry_run_and_errors(tmp_path):
