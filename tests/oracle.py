@@ -1,6 +1,7 @@
 """An independent reference for fp4cli's numerics, written from the contract (DESIGN.md,
 "Numerics: the contract"; the QuantSpec docstring; the quant/reference.py module docstring), not
-from the implementation. It uses numpy and plain Python only: no fp4cli code.
+from the implementation. It uses numpy and plain Python only: no fp4cli code. Its grids are in
+tests/oracle_grids.py, its block scales in tests/oracle_scales.py.
 
 How it differs in method from fp4cli (on purpose, so that the two do not share mistakes):
   * element grids are literal tables (4-bit formats) or enumerated from the bit layout (FP8),
@@ -42,256 +43,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import cache
 from typing import Any
 
 import numpy as np
 
+from tests.oracle_grids import ELEMENT_MAX, GRIDS, SCALE_GRIDS, round_to_grid
 from tests.oracle_philox import sr_uniform
-
-F32 = np.float32
-FP32_MAX = float(np.finfo(np.float32).max)
-BF16_MAX = (2 - 2**-7) * 2.0**127
-
-
-# --------------------------------------------------------------------------------------------
-# Element grids
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Grid:
-    """The finite non-negative values of a signed format, with their magnitude codes."""
-
-    name: str
-    codes: tuple[int, ...]  # magnitude codes, ascending value order
-    values: tuple[float, ...]  # float64, exact
-    sign_bit: int  # 1 << (ebits + mbits)
-
-    @property
-    def max_value(self) -> float:
-        return max(self.values)
-
-    @property
-    def array(self) -> np.ndarray:
-        return np.asarray(self.values, dtype=np.float64)
-
-    def value_of_code(self, code: int) -> float:
-        """Signed value of a full code (sign bit included); codes outside the table raise."""
-        magnitude = self.values[self.codes.index(code & (self.sign_bit - 1))]
-        return -magnitude if code & self.sign_bit else magnitude
-
-
-def _fp8_grid(name: str, ebits: int, mbits: int, bias: int, max_code: int) -> Grid:
-    values = []
-    for code in range(max_code + 1):
-        exp, man = code >> mbits, code & ((1 << mbits) - 1)
-        if exp == 0:
-            values.append(man / 2**mbits * 2.0 ** (1 - bias))
-        else:
-            values.append((1 + man / 2**mbits) * 2.0 ** (exp - bias))
-    return Grid(name, tuple(range(max_code + 1)), tuple(values), 1 << (ebits + mbits))
-
-
-GRIDS: dict[str, Grid] = {
-    # code = sign<<3 | exponent<<1 | mantissa
-    "e2m1": Grid("e2m1", tuple(range(8)), (0, 0.5, 1, 1.5, 2, 3, 4, 6), 8),
-    # no mantissa: code = sign<<3 | exponent, bias 3, exponent 0 is zero
-    "e3m0": Grid("e3m0", tuple(range(8)), (0, 0.25, 0.5, 1, 2, 4, 8, 16), 8),
-    # sign-magnitude integers
-    "int4": Grid("int4", tuple(range(8)), (0, 1, 2, 3, 4, 5, 6, 7), 8),
-    "e4m3": _fp8_grid("e4m3", 4, 3, 7, 0x7E),  # 0x7F is NaN, max 448
-    "e5m2": _fp8_grid("e5m2", 5, 2, 15, 0x7B),  # 0x7C Inf, above NaN, max 57344
-}
-ELEMENT_MAX = {"e2m1": 6.0, "e3m0": 16.0, "int4": 7.0, "e4m3": 448.0, "e5m2": 57344.0}
-
-# Unsigned scale grids (UE5M3: exponent field 31 reserved; UE4M3: 0x7F is NaN).
-SCALE_GRIDS: dict[str, Grid] = {
-    "ue5m3": _fp8_grid("ue5m3", 5, 3, 15, (30 << 3) | 7),
-    "ue4m3": _fp8_grid("ue4m3", 4, 3, 7, 0x7E),
-}
-
-
-def round_to_grid(
-    v: np.ndarray, grid: Grid, mode: str, uniform: np.ndarray | None = None
-) -> np.ndarray:
-    """Round finite float64 values onto `grid` by enumeration, saturating to +-max.
-
-    rne: nearest, ties to the point whose code is even. away: ties away from zero. ties_up:
-    ties toward +inf (the larger magnitude for a positive value, the smaller for a negative).
-    sr: the two bracketing points lo <= |v| <= hi; up with probability (|v|-lo)/(hi-lo), i.e.
-    when uniform < (|v|-lo)/(hi-lo).
-    """
-    v = np.asarray(v, dtype=np.float64)
-    flat = v.reshape(-1)
-    out = np.empty_like(flat)
-    table = grid.array
-    even = (np.asarray(grid.codes) % 2) == 0
-    u_flat = None if uniform is None else np.asarray(uniform, dtype=np.float64).reshape(-1)
-    chunk = 4096
-    for start in range(0, flat.size, chunk):
-        part = flat[start : start + chunk]
-        mag = np.minimum(np.abs(part), grid.max_value)  # saturate
-        dist = np.abs(mag[:, None] - table[None, :])
-        if mode in ("rne", "away", "ties_up"):
-            nearest = dist == dist.min(axis=1, keepdims=True)  # one point, or two on a tie
-            larger = table.size - 1 - np.argmax(nearest[:, ::-1], axis=1)
-            if mode == "ties_up":  # the larger magnitude for x > 0, the smaller for x < 0
-                index = np.where(part > 0, larger, np.argmax(nearest, axis=1))
-            elif mode == "rne":
-                pick_even = nearest & even[None, :]
-                choice = np.where(pick_even.any(axis=1, keepdims=True), pick_even, nearest)
-                # exactly one even code among two neighbours, so one point is left
-                index = np.argmax(choice, axis=1)
-            else:
-                index = larger
-            rounded = table[index]
-        elif mode == "sr":
-            assert u_flat is not None
-            u = u_flat[start : start + chunk]
-            below = np.where(table[None, :] <= mag[:, None], table[None, :], -np.inf).max(axis=1)
-            above = np.where(table[None, :] >= mag[:, None], table[None, :], np.inf).min(axis=1)
-            width = np.where(above > below, above - below, 1.0)
-            prob_up = (mag - below) / width
-            rounded = np.where(u < prob_up, above, below)
-        else:
-            raise ValueError(mode)
-        out[start : start + chunk] = np.copysign(rounded, part)
-    return out.reshape(v.shape)
-
-
-def grid_floor_ceil(v: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
-    """The bracketing grid points (signed, toward zero and away from zero) of values within
-    +-max."""
-    mag = np.abs(np.asarray(v, dtype=np.float64))
-    table = grid.array
-    below = np.where(table[None, :] <= mag.reshape(-1, 1), table[None, :], -np.inf).max(axis=1)
-    above = np.where(table[None, :] >= mag.reshape(-1, 1), table[None, :], np.inf).min(axis=1)
-    sign = np.where(np.signbit(v), -1.0, 1.0).reshape(-1)
-    return (sign * below).reshape(np.shape(v)), (sign * above).reshape(np.shape(v))
-
-
-# --------------------------------------------------------------------------------------------
-# Block scales
-# --------------------------------------------------------------------------------------------
-
-
-def floor_log2(value: Fraction) -> int:
-    """floor(log2 value) for a positive rational, exactly."""
-    n, d = value.numerator, value.denominator
-    e = n.bit_length() - d.bit_length()
-    # 2^e <= n/d < 2^(e+1) ?
-    while Fraction(2) ** e > value:
-        e -= 1
-    while Fraction(2) ** (e + 1) <= value:
-        e += 1
-    return e
-
-
-def e8m0_exponent(amax: float, elem_max: float, rule: str) -> int:
-    """The E8M0 exponent of a block with finite amax (a float32 value), clamped to
-    [-127, 127]."""
-    if amax == 0:
-        return -127
-    a, m = Fraction(amax), Fraction(elem_max)
-    if rule == "floor":
-        e = floor_log2(a) - floor_log2(m)
-    else:  # ceil(log2(amax / emax)): the smallest e with amax <= emax * 2^e
-        ratio = a / m
-        e = floor_log2(ratio)
-        if Fraction(2) ** e < ratio:
-            e += 1
-    return max(-127, min(127, e))
-
-
-def _round_binary(value: float, mbits: int, emin: int, mode: str) -> float:
-    """Round a non-negative float64 onto a binary float grid with `mbits` mantissa bits and
-    minimum normal exponent `emin` (subnormals below), unbounded above. rne or up."""
-    if value == 0:
-        return 0.0
-    r = Fraction(value)
-    e = max(floor_log2(r), emin)
-    ulp = Fraction(2) ** (e - mbits)
-    units = r / ulp
-    whole = math.floor(units)
-    frac = units - whole
-    if mode == "rne":
-        up = frac > Fraction(1, 2) or (frac == Fraction(1, 2) and whole % 2 == 1)
-    else:
-        up = frac > 0
-    return float((whole + up) * ulp)
-
-
-def _round_scale_grid(raw: float, grid: Grid, mode: str) -> float:
-    """raw (>= 0) onto an unsigned scale grid by enumeration: rne (ties to even code) or up."""
-    if mode == "rne":
-        return float(round_to_grid(np.array([raw]), grid, "rne")[0])
-    table = grid.array
-    above = table[table >= raw]
-    return float(above.min()) if above.size else grid.max_value
-
-
-def block_scale(amax: float, spec: Any, elem_max: float | None = None) -> float:
-    """The scale of one block with finite amax (float32 value), mapping it onto the element
-    format's largest value (or `elem_max`)."""
-    elem_max = elem_max or ELEMENT_MAX[spec.element]
-    if spec.scale == "e8m0":
-        return 2.0 ** e8m0_exponent(amax, elem_max, spec.scale_rule)
-    # FP32 MIRROR (2): the quotient is a float32 division, then rounded onto the scale grid.
-    raw = float(F32(amax) / F32(elem_max))
-    mode = "up" if spec.scale_rule == "ceil" else "rne"
-    if spec.scale in SCALE_GRIDS:
-        grid = SCALE_GRIDS[spec.scale]
-        lo, hi = grid.values[1], grid.max_value
-        s = _round_scale_grid(raw, grid, mode)
-    elif spec.scale == "bf16":
-        lo, hi = 2.0**-133, BF16_MAX
-        s = _round_binary(raw, 7, -126, mode)
-    elif spec.scale == "fp32":
-        # raw is already a float32: rounding it (either way) onto the fp32 grid leaves it.
-        lo, hi = 2.0**-149, FP32_MAX
-        s = raw
-    else:
-        raise ValueError(spec.scale)
-    return min(max(s, lo), hi)
-
-
-def fitted_scales(clean: np.ndarray, ids: np.ndarray, n_blocks: int, spec: Any) -> np.ndarray:
-    """The scale rules "rms" and "std" (QuEST's Gaussian fit, from the QuantSpec docstring):
-    s = rms_clip / elem_max * sqrt(m), m the mean of x^2 over the block's own values (std: less
-    the squared mean), the moments exact (fractions), the root and the product in float64,
-    then float32; onto the format: e8m0 the largest power of two at most s, grids and bf16 to
-    nearest even, fp32 s; clamped to the format's range (a zero block: its smallest scale)."""
-    sums, squares = [Fraction(0)] * n_blocks, [Fraction(0)] * n_blocks
-    counts = [0] * n_blocks
-    for i, value in zip(ids.tolist(), clean.tolist(), strict=True):
-        f = Fraction(value)
-        sums[i] += f
-        squares[i] += f * f
-        counts[i] += 1
-    fit = spec.rms_clip / ELEMENT_MAX[spec.element]
-    scales = []
-    for total, square, n in zip(sums, squares, counts, strict=True):
-        n = max(n, 1)
-        m = square / n - ((total / n) ** 2 if spec.scale_rule == "std" else 0)
-        raw = float(F32(min(math.sqrt(float(m)) * fit, FP32_MAX)))
-        if spec.scale == "e8m0":
-            e = floor_log2(Fraction(raw)) if raw > 0 else -127
-            scales.append(2.0 ** max(-127, min(127, e)))
-        elif spec.scale in SCALE_GRIDS:
-            grid = SCALE_GRIDS[spec.scale]
-            s = _round_scale_grid(raw, grid, "rne")
-            scales.append(min(max(s, grid.values[1]), grid.max_value))
-        elif spec.scale == "bf16":
-            scales.append(min(max(_round_binary(raw, 7, -126, "rne"), 2.0**-133), BF16_MAX))
-        else:
-            scales.append(max(raw, 2.0**-149))
-    return np.asarray(scales, dtype=np.float64)
-
-
-def scale_max(spec: Any) -> float:
-    return {"ue5m3": 61440.0, "ue4m3": 448.0}[spec.scale]
-
+from tests.oracle_scales import (
+    F32,
+    FP32_MAX,
+    _round_scale_grid,
+    block_scale,
+    fitted_scales,
+    scale_max,
+)
 
 # --------------------------------------------------------------------------------------------
 # The whole quantizer
@@ -558,14 +323,3 @@ def _error_term(decoded: float, x: float, unit: float) -> float:
         return math.inf
     scaled = (decoded - x) * unit
     return math.trunc(min(scaled * scaled, 2.0**54))
-
-
-@cache
-def code_table(element: str) -> dict[int, float]:
-    """Full code -> value table of a signed element format (finite codes only)."""
-    grid = GRIDS[element]
-    table = {}
-    for code, value in zip(grid.codes, grid.values, strict=True):
-        table[code] = float(value)
-        table[code | grid.sign_bit] = -float(value)
-    return table

@@ -27,7 +27,7 @@ from fp4cli.formats import (
     unpack_nibbles,
 )
 from fp4cli.quant import QuantSpec, quantize
-from tests import oracle
+from tests import oracle_grids
 
 NAN = float("nan")
 
@@ -73,14 +73,14 @@ def test_encode_all_16_codes_round_trip(fmt, values):
 @pytest.mark.parametrize("name", ["e2m1", "e3m0", "int4", "e4m3", "e5m2"])
 def test_code_tables_match_oracle(name):
     fmt = ELEMENT_FORMATS[name]
-    table = oracle.code_table(name)
+    table = oracle_grids.code_table(name)
     codes = torch.tensor(sorted(table), dtype=torch.uint8)
     expected = torch.tensor([table[int(c)] for c in codes], dtype=torch.float32)
     assert_same(decode(codes, fmt), expected)
     # encode(decode(c)) == c for every finite code except negative zero
     nonzero = expected != 0
     assert torch.equal(encode(expected, fmt)[nonzero], codes[nonzero])
-    assert fmt.max_value == oracle.ELEMENT_MAX[name]
+    assert fmt.max_value == oracle_grids.ELEMENT_MAX[name]
 
 
 def test_pack_nibbles_low_first():
@@ -144,7 +144,9 @@ def test_ue5m3_range():
     reserved = torch.arange(0b11111000, 256, dtype=torch.int64).to(torch.uint8)
     assert torch.isnan(decode(reserved, UE5M3)).all()
     every = torch.arange(0, 0b11111000, dtype=torch.int64).to(torch.uint8)
-    assert_same(decode(every, UE5M3), torch.tensor(oracle.SCALE_GRIDS["ue5m3"].values).float())
+    assert_same(
+        decode(every, UE5M3), torch.tensor(oracle_grids.SCALE_GRIDS["ue5m3"].values).float()
+    )
 
 
 def test_ue4m3_is_positive_e4m3():
@@ -175,7 +177,7 @@ def test_bf16_and_fp32_scale_format_ranges():
 
 def _sweep(name: str) -> torch.Tensor:
     """Grid points, midpoints, quarter points, values past max, tiny values; both signs."""
-    grid = oracle.GRIDS[name].array
+    grid = oracle_grids.GRIDS[name].array
     top = grid[-1]
     mids = (grid[:-1] + grid[1:]) / 2
     quarter = grid[:-1] + (grid[1:] - grid[:-1]) / 4
@@ -191,7 +193,7 @@ def _sweep(name: str) -> torch.Tensor:
 @pytest.mark.parametrize("name", ["e2m1", "e3m0", "int4", "e4m3", "e5m2"])
 def test_round_to_grid_vs_enumeration(name, mode):
     x = _sweep(name)
-    expected = oracle.round_to_grid(x.double().numpy(), oracle.GRIDS[name], mode)
+    expected = oracle_grids.round_to_grid(x.double().numpy(), oracle_grids.GRIDS[name], mode)
     got = round_to_grid(x, ELEMENT_FORMATS[name], mode)
     assert_same(got, torch.from_numpy(expected).float())
 
@@ -202,7 +204,9 @@ def test_round_to_grid_sr_brackets(name):
     gen = torch.Generator().manual_seed(3)
     u = torch.rand(x.shape, generator=gen)
     got = round_to_grid(x, ELEMENT_FORMATS[name], "sr", uniform=u)
-    expected = oracle.round_to_grid(x.double().numpy(), oracle.GRIDS[name], "sr", u.numpy())
+    expected = oracle_grids.round_to_grid(
+        x.double().numpy(), oracle_grids.GRIDS[name], "sr", u.numpy()
+    )
     assert_same(got, torch.from_numpy(expected).float())
 
 

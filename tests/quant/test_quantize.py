@@ -10,7 +10,7 @@ import torch
 
 from fp4cli.quant import QuantSpec, fake_quantize, quantize
 from fp4cli.quant.two_level import global_encode_scale
-from tests import oracle
+from tests import oracle, oracle_grids
 
 ELEMENTS = ["e2m1", "e3m0", "int4", "e4m3", "e5m2"]
 SCALES = ["e8m0", "ue5m3", "ue4m3", "fp32", "bf16"]
@@ -36,7 +36,7 @@ def decode_codes(codes: torch.Tensor, spec: QuantSpec) -> np.ndarray:
     raw = codes.numpy().astype(np.int64)
     if spec.element in ("e2m1", "e3m0", "int4"):
         raw = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(*raw.shape[:-1], -1)
-    table = oracle.code_table(spec.element)
+    table = oracle_grids.code_table(spec.element)
     lookup = np.array([table.get(c, np.nan) for c in range(256)])
     return lookup[raw]
 
@@ -128,7 +128,7 @@ def _blocks(rows: list[list[float]], width: int = 32) -> torch.Tensor:
 def case_ties(element: str) -> torch.Tensor:
     """Every grid point and midpoint (both signs) in blocks whose amax is the element max, so
     that the scale is 1 (every scale format); then values past the max (they saturate)."""
-    grid = oracle.GRIDS[element].array
+    grid = oracle_grids.GRIDS[element].array
     top = grid[-1]
     mids = (grid[:-1] + grid[1:]) / 2
     values = np.concatenate([grid[1:], mids, -grid[1:], -mids])
@@ -252,7 +252,7 @@ HAND_TIES = {
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("element", ELEMENTS)
 def test_hand_ties(element, scale, rounding):
-    top = oracle.ELEMENT_MAX[element]
+    top = oracle_grids.ELEMENT_MAX[element]
     # values past the max saturate; they would change a non power-of-two scale (amax > max)
     cases = [c for c in HAND_TIES[element] if c[0] <= top or scale == "e8m0"]
     values = [v for v, _, _ in cases]

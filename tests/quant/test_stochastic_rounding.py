@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fp4cli.quant import QuantSpec, fake_quantize, quantize, random_bits
-from tests import oracle, oracle_philox
+from tests import oracle, oracle_grids, oracle_philox, oracle_scales
 from tests.quant.test_quantize import (
     _random,
     _rng,
@@ -120,9 +120,9 @@ def test_sr_lands_on_bracketing_grid_points(spec):
     assert_same(qt.scale_values(), torch.from_numpy(ref.scales))
     q = decode_codes(qt.codes, spec)[tuple(slice(0, n) for n in ref.q.shape)]
     # element values before rounding, mirroring the float32 order of quant/reference.py
-    top = oracle.ELEMENT_MAX[spec.element]
+    top = oracle_grids.ELEMENT_MAX[spec.element]
     v = np.clip(_scaled_values(x, spec), -top, top)
-    lo, hi = oracle.grid_floor_ceil(v, oracle.GRIDS[spec.element])
+    lo, hi = oracle_grids.grid_floor_ceil(v, oracle_grids.GRIDS[spec.element])
     assert ((q == lo) | (q == hi)).all()
     # and the rounding is not always down nor always up
     off_grid = lo != hi
@@ -134,7 +134,10 @@ def _scaled_values(x: torch.Tensor, spec: QuantSpec) -> np.ndarray:
     xs = x.numpy().astype(np.float32)
     if spec.tensor_scale:
         amax = np.float32(np.abs(xs).max())
-        ts = np.float32(oracle.scale_max(spec) * oracle.ELEMENT_MAX[spec.element]) / amax
+        ts = (
+            np.float32(oracle_scales.scale_max(spec) * oracle_grids.ELEMENT_MAX[spec.element])
+            / amax
+        )
         xs = (xs * np.float32(ts)).astype(np.float32)
     ref = oracle.reference(x.numpy(), spec.replace(rounding="rne", sr_prescale=1.0))
     if spec.block == "row":
