@@ -32,8 +32,8 @@ def quantize_command(
     configs: Annotated[
         str,
         Opt(
-            help="Comma-separated: mxfp4, mxfp4-rht32-sr, nvfp4, nvfp4-rht16-sr (their SR "
-            "with 24 random bits a value; -sr8: with 8), nvfp4-4over6, "
+            help="Comma-separated: mxfp4, mxfp4-rht32-sr, nvfp4, nvfp4-rht16-sr (SR with 24 "
+            "random bits a value), mxfp4-rht32-sr8, nvfp4-rht16-sr8 (with 8), nvfp4-4over6, "
             "nvfp4-outer128, nvfp4-outer128-rht16-sr (TetraJet-v2's: an FP32 scale per 128 "
             "values), nvfp4-eden-rht128 (Quartet II's backward operands), mxfp4-ceil, "
             "mxfp4-ue5m3, mxfp4-ue5m3-rht32-sr (ue5m3-hadamard-sr's backward operands)."
