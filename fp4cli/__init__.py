@@ -29,6 +29,7 @@ _EXPORTS = {
     "RecipeError": "fp4cli.recipes",
     "load_recipe": "fp4cli.recipes",
     "list_recipes": "fp4cli.recipes",
+    "TrainStep": "fp4cli.train.graphed",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from fp4cli.recipes import RecipeError as RecipeError
     from fp4cli.recipes import list_recipes as list_recipes
     from fp4cli.recipes import load_recipe as load_recipe
+    from fp4cli.train.graphed import TrainStep as TrainStep
 
 
 def __getattr__(name: str) -> Any:

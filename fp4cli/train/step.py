@@ -177,7 +177,7 @@ class StepRunner:
         self.graph = graph
 
 
-def _tensors(batch: Any) -> list[torch.Tensor]:
+def batch_tensors(batch: Any) -> list[torch.Tensor]:
     """The tensors of a batch: a task's Batch, a tensor, or a tuple, list or dict of them."""
     if isinstance(batch, torch.Tensor):
         return [batch]
@@ -186,7 +186,7 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
     if isinstance(batch, dict):
         batch = list(batch.values())
     if isinstance(batch, (tuple, list)):
-        return [t for item in batch for t in _tensors(item)]
+        return [t for item in batch for t in batch_tensors(item)]
     raise TypeError(f"a CUDA-graph step takes batches of tensors (got {type(batch).__name__})")
 
 
@@ -205,7 +205,7 @@ def _clone(batch: Any) -> Any:
 
 
 def _copy_into(static: Any, batch: Any) -> None:
-    for target, tensor in zip(_tensors(static), _tensors(batch), strict=True):
+    for target, tensor in zip(batch_tensors(static), batch_tensors(batch), strict=True):
         if target.shape != tensor.shape:
             raise ValueError(
                 f"a CUDA-graph step needs batches of one shape: got {tuple(tensor.shape)}, "
