@@ -226,10 +226,14 @@ def _seeds(text: str | None) -> tuple[int, ...] | None:
 
 
 def _data(path: Path | None) -> str | None:
+    """The --data of every run: a named corpus as it is, a path made absolute."""
     from fp4cli.analysis.errors import AnalysisError
+    from fp4cli.tasks.corpus import PYTHON_SOURCES
 
     if path is None:
         return None
+    if str(path) == PYTHON_SOURCES:
+        return PYTHON_SOURCES
     resolved = path.expanduser().resolve()
     if not resolved.exists():
         raise AnalysisError(f"--data: {resolved} does not exist")

@@ -414,3 +414,15 @@ def test_the_wang_study_runs_on_the_llama_task(tmp_path):
     runs = RunStore(db).list_runs()
     assert {r["task"] for r in runs} == {"llama"} and {r["status"] for r in runs} == {"finished"}
     assert len(runs) == 5  # bf16, wang-direct, wang-fp4 and the two single techniques
+
+
+def test_the_named_corpus_is_data_for_every_run(tmp_path, monkeypatch):
+    """`--data python-sources` names the corpus, as `fp4 train --data` takes it, not a path."""
+    monkeypatch.chdir(tmp_path)  # no file of that name here
+    args = ["reproduce", "wang", "--task", "llama", "--size", "debug", "--data", "python-sources",
+            "--dry-run", "--store", str(tmp_path / "s.db")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "to run" in result.output
+    missing = CliRunner().invoke(app, [*args[:7], "no-such-folder", *args[8:]])
+    assert missing.exit_code != 0 and "no-such-folder does not exist" in _text(missing)
