@@ -115,9 +115,7 @@ class LinearConfig:
             "outliers": "outlier clamping (both choose what to do with X's outliers)",
             "forward_hadamard": "a forward Hadamard transform (it mixes the channels)",
         }
-        for name, why in others.items():
-            if getattr(self, name) is not None:
-                raise SpecError(f"out_control: cannot be combined with {why}")
+        self._refuse_beside("out_control", others)
 
     def _check_trust(self) -> None:
         if self.trust is None:
@@ -129,9 +127,13 @@ class LinearConfig:
             "outliers": "outlier clamping",
             "out_control": "OutControl",
         }
+        self._refuse_beside("trust", others)
+
+    def _refuse_beside(self, technique: str, others: dict[str, str]) -> None:
+        """SpecError naming the first of `others` (field: what it is) this config also sets."""
         for name, what in others.items():
             if getattr(self, name) is not None:
-                raise SpecError(f"trust: cannot be combined with {what}")
+                raise SpecError(f"{technique}: cannot be combined with {what}")
 
     def spec(self, operand: str) -> QuantSpec | None:
         return getattr(self, operand)
