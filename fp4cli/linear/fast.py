@@ -50,6 +50,7 @@ from fp4cli.linear.fast_operands import (
     quantized_length,
     saved_form,
 )
+from fp4cli.linear.gathered import WeightOperands, operand_form
 from fp4cli.linear.operands import GEMM_OPERAND_FIELDS
 from fp4cli.linear.plans import run_planned
 from fp4cli.linear.recompute import OutputUse, tag
@@ -143,13 +144,14 @@ def fast_forward(
     needs_dw: bool,
     dtype: torch.dtype | None = None,
     recompute: OutputUse | None = None,
+    given: WeightOperands | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[Saved, Saved]]:
     """y = x W^T + b, the backward operands of X and W, each () where its gradient is not
     needed, and how to read them (`saved_layouts`). dtype: the compute dtype (default x's), to
     which x and W are cast as autocast casts them (`read_as_rounded`). weight_guide: Q-EMA's,
     formed or (an AverageGuide) formed where W is read. recompute: X's forward operand is
     quantized packed and y tagged with the product that recomputes it and this OutputUse
-    (`recompute.tag`)."""
+    (`recompute.tag`). given: W's operands quantized already (`gathered.py`); W is not read."""
     dtype = dtype or x.dtype
     x, weight = x.contiguous(), weight.contiguous()
     bias = None if bias is None else bias.to(dtype)  # as F.linear under autocast
@@ -165,14 +167,17 @@ def fast_forward(
     )
     w_request = operand_request(config, "forward", 1, call_seed, rank)
     w_wanted = w_for_dx if needs_dx else None
-    given = weight
-    weight, w_read_as = read_as_rounded(weight, dtype, w_request, w_wanted)
-    if isinstance(weight_guide, AverageGuide) and weight is not given:  # W cast: a copy
-        weight_guide = weight_guide.values(given)
-    w_q, w_saved = quantize_both(
-        weight, w_request, w_wanted, dtype, config.double_quant, weight_guide,
-        read_as=w_read_as,
-    )  # fmt: skip
+    if given is not None:
+        w_q, w_saved = _given_operands(given, w_request, w_wanted, dtype)
+    else:
+        as_given = weight
+        weight, w_read_as = read_as_rounded(weight, dtype, w_request, w_wanted)
+        if isinstance(weight_guide, AverageGuide) and weight is not as_given:  # W cast: a copy
+            weight_guide = weight_guide.values(as_given)
+        w_q, w_saved = quantize_both(
+            weight, w_request, w_wanted, dtype, config.double_quant, weight_guide,
+            read_as=w_read_as,
+        )  # fmt: skip
     saved = x_saved, w_saved, (layouts[0], layouts[1])
     length = quantized_length(weight.shape[1], w_request)  # X's and W's alike
     shapes = (x.shape[0], length), (weight.shape[0], length)
@@ -181,6 +186,21 @@ def fast_forward(
     if recompute is not None:
         tag(y, recompute, _forward_product, *operands)
     return y, *saved
+
+
+def _given_operands(
+    given: WeightOperands, w_request: Request, w_wanted: Request | None, dtype: torch.dtype
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """W's forward operand and (when `w_wanted`) its grad_input operand from operands quantized
+    already, in the forms `quantize_both` writes; under double quantization the grad_input
+    operand re-quantizes the forward values here, as `quantize_both` does."""
+    w_q = operand_form(given.forward, w_request, dtype)
+    if w_wanted is None:
+        return w_q, ()
+    if given.grad_input is not None:
+        return w_q, operand_form(given.grad_input, w_wanted, dtype)
+    values = given.forward.dequantize(dtype)
+    return w_q, quantize_both(values, None, w_wanted, dtype)[1]
 
 
 def _forward_product(
@@ -398,8 +418,8 @@ class FastQuantLinearFunction(torch.autograd.Function):
     """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `fast_gap`
     accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes.
     (Under torch.compile the layer calls the same steps as custom ops: `ops.py`.) Both passes
-    replay the layer programs (`planned_forward`, `planned_backward`) unless the output is
-    tagged for recomputation."""
+    replay the layer programs (`planned_forward`, `planned_backward`); the forward pass does
+    not when the output is tagged for recomputation or W's operands are given."""
 
     @staticmethod
     def forward(
@@ -414,9 +434,10 @@ class FastQuantLinearFunction(torch.autograd.Function):
         rank: int = 0,
         dtype: torch.dtype | None = None,
         recompute: OutputUse | None = None,
+        given: WeightOperands | None = None,
     ) -> torch.Tensor:
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if recompute is None:
+        if recompute is None and given is None:
             y, x_saved, w_saved, ctx.layouts = planned_forward(
                 x, weight, bias, config, key, call_seed, weight_guide, rank, needs_dx, needs_dw,
                 dtype,
@@ -424,7 +445,7 @@ class FastQuantLinearFunction(torch.autograd.Function):
         else:
             y, x_saved, w_saved, ctx.layouts = fast_forward(
                 x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw,
-                dtype, recompute,
+                dtype, recompute, given,
             )  # fmt: skip
         ctx.save_for_backward(*x_saved, *w_saved)
         ctx.split = len(x_saved)
@@ -451,4 +472,4 @@ class FastQuantLinearFunction(torch.autograd.Function):
             ctx.targets,
             ctx.forward,
         )
-        return *grads, None, None, None, None, None, None, None
+        return *grads, None, None, None, None, None, None, None, None

@@ -31,9 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
+from fp4cli.linear.gathered import WeightOperands
 from fp4cli.linear.routes import block_product
 from fp4cli.linear.stats import operand_stats
-from fp4cli.quant import QuantSpec, fake_quantize, quantize
+from fp4cli.quant import QuantizedTensor, QuantSpec, fake_quantize, quantize
 from fp4cli.quant.random_bits import Seed
 from fp4cli.techniques.dge import dge_derivative
 from fp4cli.techniques.double_quant import backward_source
@@ -65,7 +66,7 @@ StatsSink = dict[tuple[str, str], torch.Tensor]  # (operand, metric) -> 0-d tens
 
 
 def _quantize_operand(
-    tensor: torch.Tensor,
+    tensor: torch.Tensor | QuantizedTensor,
     spec: QuantSpec | None,
     axis: int,
     seed: torch.Tensor,
@@ -77,7 +78,9 @@ def _quantize_operand(
 ) -> torch.Tensor:
     """The operand as the GEMM reads it: Hadamard-transformed (size, seed or fixed signs) along
     `axis` if asked, then fake-quantized (one fused kernel where the backend allows), in the
-    compute dtype."""
+    compute dtype; a QuantizedTensor (quantized before the call) decoded."""
+    if isinstance(tensor, QuantizedTensor):  # quantized before the call (`gathered.py`)
+        return tensor.dequantize(compute_dtype, backend)
     size, rht_seed = hadamard if hadamard is not None else (None, 0)
     if spec is None:
         transformed = rht(tensor, axis, size, rht_seed) if size else tensor
@@ -92,7 +95,7 @@ def _quantize_operand(
 
 
 def _block_operand(
-    tensor: torch.Tensor,
+    tensor: torch.Tensor | QuantizedTensor,
     spec: QuantSpec,
     axis: int,
     seed: torch.Tensor,
@@ -106,12 +109,15 @@ def _block_operand(
     quantized as `_quantize_operand` quantizes it: (its block values q * s in the compute
     dtype, its tensor amax)."""
     size, rht_seed = hadamard if hadamard is not None else (None, 0)
-    quantized = quantize(
-        tensor, spec, axis=axis, seed=seed, guide=guide, hadamard=size, hadamard_seed=rht_seed,
-        backend=backend,
-    )  # fmt: skip
+    if isinstance(tensor, QuantizedTensor):  # quantized before the call (`gathered.py`)
+        quantized = tensor
+    else:
+        quantized = quantize(
+            tensor, spec, axis=axis, seed=seed, guide=guide, hadamard=size,
+            hadamard_seed=rht_seed, backend=backend,
+        )  # fmt: skip
     assert quantized.tensor_amax is not None
-    if stats is not None:
+    if stats is not None and not isinstance(tensor, QuantizedTensor):
         values = quantized.dequantize(compute_dtype, backend)
         _operand_stats(tensor, values, spec, axis, seed, (size, rht_seed), backend, stats)
     return quantized.block_values(compute_dtype, backend), quantized.tensor_amax
@@ -137,7 +143,7 @@ def _operand_stats(
 
 def gemm_operands(
     a: torch.Tensor,
-    b: torch.Tensor,
+    b: torch.Tensor | QuantizedTensor,
     dims: tuple[int, int],
     specs: tuple[QuantSpec | None, QuantSpec | None],
     hadamard: HadamardConfig | None,
@@ -161,7 +167,7 @@ def gemm_operands(
 
 def block_operands(
     a: torch.Tensor,
-    b: torch.Tensor,
+    b: torch.Tensor | QuantizedTensor,
     dims: tuple[int, int],
     specs: tuple[QuantSpec | None, QuantSpec | None],
     hadamard: HadamardConfig | None,
@@ -227,12 +233,14 @@ class QuantLinearFunction(torch.autograd.Function):
         backend: str = "auto",
         rank: int = 0,
         channels: tuple[torch.Tensor, torch.Tensor] | None = None,
+        given: WeightOperands | None = None,
     ) -> torch.Tensor:
         x_clamped, residual = x, None
         if config.outliers is not None:
             x_clamped, residual = clamp_outliers(x, config.outliers)
         seeds = _seeds(call_seed, "forward", ("forward_x", "forward_w"), rank)
-        operands = (x_clamped, weight, (1, 1), (config.forward_x, config.forward_w),
+        w_operand = weight if given is None else given.forward
+        operands = (x_clamped, w_operand, (1, 1), (config.forward_x, config.forward_w),
                     config.forward_hadamard, seeds, weight_guide, _names(stats, "forward_x",
                     "forward_w"), backend)  # fmt: skip
         if channels is not None:  # OutControl: no clamping, the forward route on values
@@ -253,7 +261,11 @@ class QuantLinearFunction(torch.autograd.Function):
             y = F.linear(x_q, w_q, bias)
             x_source = backward_source(x, x_q, config.double_quant)
             w_source = backward_source(weight, w_q, config.double_quant)
-        ctx.save_for_backward(x_source, w_source, weight if config.dge is not None else None)
+        w_saved: torch.Tensor | None = w_source
+        ctx.given_w = None
+        if given is not None and given.grad_input is not None:
+            ctx.given_w, w_saved = given.grad_input, None  # not a tensor autograd keeps
+        ctx.save_for_backward(x_source, w_saved, weight if config.dge is not None else None)
         ctx.config = config
         ctx.call_seed = call_seed
         ctx.has_bias = bias is not None
@@ -270,6 +282,8 @@ class QuantLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor):
         x_source, w_source, weight = ctx.saved_tensors
+        if ctx.given_w is not None:
+            w_source = ctx.given_w
         config: LinearConfig = ctx.config
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
@@ -296,7 +310,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 grad_w = grad_w * _dge_factor(weight, config, ctx.backend).to(grad_w.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = _bias_gradient(grad_y, config, ctx.call_seed, ctx.rank, ctx.backend)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None
 
 
 def _mixed_operands(

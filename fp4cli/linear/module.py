@@ -13,6 +13,7 @@ from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
 from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
 from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
+from fp4cli.linear.gathered import GatheredWeight, WeightOperands
 from fp4cli.linear.operands import GEMMS
 from fp4cli.linear.ops import compiled_linear, op_key
 from fp4cli.linear.out_control import LayerSchedule, split_weight
@@ -92,6 +93,7 @@ class QuantLinear(nn.Linear):
         self.stats: dict[tuple[str, str], torch.Tensor] | None = None  # set to {} to record
         self.rank = 0  # this process's rank in a distributed run: X and dY round per rank
         self._recompute = LayerRecompute()  # under `fp4 train --recompute`
+        self.gathered: GatheredWeight | None = None  # FSDP2's packed gather (`gathered.py`)
         device = self.weight.device
         seed = draw_seed() if seed is None else seed
         self.register_buffer("rng_seed", torch.tensor(seed & _SEED_MASK, device=device))
@@ -115,6 +117,8 @@ class QuantLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._high_precision:
             return F.linear(x, self.weight, self.bias)
+        if self.gathered is not None:
+            return self._gathered_forward(x)
         if self._out_control is not None:
             self._out_control.before_call(self, x)
         if self.stats is None and not torch.compiler.is_compiling():
@@ -122,6 +126,20 @@ class QuantLinear(nn.Linear):
             if executor != "reference":
                 return self._kernel_forward(x, executor)
         return self._general_forward(x)
+
+    def _gathered_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """A call on W's operands as FSDP2's packed all-gather left them (`gathered.py`): the
+        fast executor's or the reference's."""
+        assert self.gathered is not None
+        if torch.compiler.is_compiling() or self.stats is not None:
+            raise RuntimeError(
+                "a weight gathered packed runs eagerly and records no statistics: "
+                "use --set parallel.fp4_gather=false"
+            )
+        given = self.gathered.operands_for(self.weight)
+        if self.executor(x)[0] == "fast":
+            return self._kernel_forward(x, "fast", given)
+        return self._general_forward(x, given)
 
     def out_control_channels(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """OutControl's (FP8 channels, FP4 channels) once chosen, else None (also when no
@@ -142,7 +160,9 @@ class QuantLinear(nn.Linear):
                 self.calls.add_(1)
         return call_seed
 
-    def _kernel_forward(self, x: torch.Tensor, executor: str) -> torch.Tensor:
+    def _kernel_forward(
+        self, x: torch.Tensor, executor: str, given: WeightOperands | None = None
+    ) -> torch.Tensor:
         """An eager call of the fast or vector-wise executor: x, W and the bias are cast to
         autocast's dtype by the executor itself, whose steps run with autocast off (switched
         directly: the context manager's host time counts in every call)."""
@@ -157,7 +177,7 @@ class QuantLinear(nn.Linear):
             if executor == "fast":
                 y = FastQuantLinearFunction.apply(
                     rows, self.weight, self.bias, self.config, self._op_key, call_seed,
-                    self._average_guide(), self.rank, dtype, self._recompute.next_use(),
+                    self._average_guide(), self.rank, dtype, self._recompute.next_use(), given,
                 )  # fmt: skip
             else:
                 y = VectorQuantLinearFunction.apply(
@@ -169,13 +189,15 @@ class QuantLinear(nn.Linear):
                 torch.set_autocast_enabled(device_type, True)
         return y.reshape(*x.shape[:-1], self.out_features)
 
-    def _general_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The reference executor's call (statistics steps too), or the custom ops' under
-        torch.compile."""
+    def _general_forward(
+        self, x: torch.Tensor, given: WeightOperands | None = None
+    ) -> torch.Tensor:
+        """The reference executor's call (statistics steps too, and W's operands `given`), or
+        the custom ops' under torch.compile."""
         weight: torch.Tensor = self.weight
         bias: torch.Tensor | None = self.bias
         device_type = x.device.type
-        executor = self.executor(x)[0] if self.stats is None else "reference"
+        executor = self.executor(x)[0] if self.stats is None and given is None else "reference"
         compiling = torch.compiler.is_compiling()
         dtype = None
         if torch.is_autocast_enabled(device_type):
@@ -202,6 +224,7 @@ class QuantLinear(nn.Linear):
                     self._reference_backend(),
                     self.rank,
                     self.out_control_channels(),
+                    given,
                 )
         return y.reshape(*x.shape[:-1], self.out_features)
 

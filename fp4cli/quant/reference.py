@@ -123,6 +123,7 @@ def quantize(
     hadamard_seed: random_bits.Seed | FixedSigns = 0,
     backend: str = "auto",
     signed_zero: bool = False,
+    tensor_amax: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Quantize `x` along `axis` with `spec`.
 
@@ -138,15 +139,20 @@ def quantize(
         one (or -0.0) is written with the sign bit set (E2M1 code 8, -0), as torchao's
         NVFP4Tensor and Blackwell's conversion write it; False writes every zero as code 0.
         The values are the same either way (-0 == 0); only the bytes differ.
+    tensor_amax: a whole-tensor-scaled spec's tensor amax (0-d float32) given instead of
+        found: that of a larger tensor `x` is a part of (`two_level.finite_amax` of each part,
+        their maximum), so that each part is quantized as the whole tensor would be.
     """
     axis = _check_input(x, axis)
     seed = _seed_for(spec, seed)
+    if tensor_amax is not None and not spec.whole_tensor_scale:
+        raise ValueError("tensor_amax: only for a spec with one tensor scale")
     if use_kernels(backend, spec, x.device, x.dtype):
         from fp4cli.kernels.quantization.launch import quantize_e2m1
 
         codes, scales, t_amax, _ = quantize_e2m1(
             x, spec, axis, seed, hadamard, hadamard_seed, guide=_guide_for(guide, x),
-            signed_zero=signed_zero,
+            t_amax=tensor_amax, signed_zero=signed_zero,
         )  # fmt: skip
         assert codes is not None and scales is not None
         shape = _transformed_shape(x, axis, hadamard)
@@ -154,7 +160,7 @@ def quantize(
         dtype = torch.float32 if hadamard else x.dtype
         return QuantizedTensor(codes, scales, t_amax, shape, spec, axis, dtype, layout)
     x, guide = _transform(x, guide, axis, hadamard, hadamard_seed)
-    q, stored_scales, t_amax, layout = _reference_blocks(x, spec, axis, seed, guide)
+    q, stored_scales, t_amax, layout = _reference_blocks(x, spec, axis, seed, guide, tensor_amax)
     codes = encode(layout.from_blocks(q), spec.element_format)
     if signed_zero:
         codes = signed_zero_codes(codes, layout.from_blocks(q), spec)
@@ -211,14 +217,15 @@ def _reference_blocks(
     axis: int,
     seed: random_bits.Seed | None,
     guide: torch.Tensor | None,
+    tensor_amax: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, BlockLayout]:
     """The reference's steps 1-4: (element values q in blocks, stored scales, tensor amax,
-    layout) of x along `axis`."""
+    layout) of x along `axis`; `tensor_amax` given or found."""
     blocks, layout = _blocks_of(x.to(torch.float32), spec, axis)
     uniform = _uniform_blocks(x, spec, axis, layout, seed)
     guide_blocks = _blocks_of(guide.to(torch.float32), spec, axis)[0] if guide is not None else None
     real = _real_values(layout, x.device) if spec.fitted_scale else None
-    return (*_quantize_blocks(blocks, spec, uniform, guide_blocks, real), layout)
+    return (*_quantize_blocks(blocks, spec, uniform, guide_blocks, real, tensor_amax), layout)
 
 
 def _real_values(layout: BlockLayout, device: torch.device) -> torch.Tensor:
@@ -311,14 +318,18 @@ def _quantize_blocks(
     uniform: torch.Tensor | None,
     guide: torch.Tensor | None,
     real: torch.Tensor | None = None,
+    given_amax: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(element values q on the grid, stored scales, tensor amax) for float32 blocks; `real`
-    (which values are not padding) for the scales fitted to the block's spread."""
+    (which values are not padding) for the scales fitted to the block's spread; `given_amax`:
+    the tensor amax of a whole tensor these blocks are part of."""
     # a block holding NaN or +-Inf has a non-finite largest magnitude (amax keeps NaN)
     finite_block = torch.isfinite(blocks.abs().amax(dim=-1))
     blocks = torch.nan_to_num(blocks, nan=0.0, posinf=0.0, neginf=0.0)
     block_amax = blocks.abs().amax(dim=-1)
     t_amax = two_level.second_level_amax(block_amax, spec) if spec.tensor_scale else None
+    if given_amax is not None:
+        t_amax = given_amax.to(torch.float32)
     fitted = fitted_block_scales(blocks, real, spec) if real is not None else None
     q, stored, scales = _candidate(blocks, block_amax, t_amax, spec, uniform, guide, fitted=fitted)
     if spec.rounding == "eden":

@@ -47,6 +47,13 @@ def second_level_amax(block_amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor
     return outer.repeat_interleave(per_outer, dim=-1)[..., :n_blocks]
 
 
+def finite_amax(x: torch.Tensor) -> torch.Tensor:
+    """The largest finite |x| (0-d float32; 0 when none is): a whole-tensor-scaled spec's
+    tensor amax, as `second_level_amax` finds it from the blocks (NaN and +-Inf count as 0)."""
+    finite = torch.nan_to_num(x.to(torch.float32), nan=0.0, posinf=0.0, neginf=0.0)
+    return finite.abs().amax() if finite.numel() else finite.new_zeros(())
+
+
 def _constant(like: torch.Tensor, value: float) -> torch.Tensor:
     """`value` rounded to float32, made on like's device (no host copy per call)."""
     return torch.full_like(like, value, dtype=torch.float32)

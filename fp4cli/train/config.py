@@ -67,6 +67,9 @@ class TrainConfig:
     cuda_graph: bool | None = None
     recompute: bool = False  # recompute saved quantized-layer outputs (fp4cli.linear.recompute)
     parallel: str = "none"  # none, ddp or fsdp (under torchrun; fp4cli.train.distributed)
+    # fsdp: all-gather quantized weights as FP4 codes and scales where the recipe allows it
+    # (fp4cli.train.packed_gather); `--set parallel.fp4_gather=false` gathers them in BF16
+    fp4_gather: bool = True
     data: str | None = None
     eval_every: int | None = None
     stats_every: int = 0  # 0: no quantization statistics (cheap)
@@ -107,7 +110,7 @@ class TrainConfig:
             raise ConfigError(f"parallel: must be ddp or fsdp (got {self.parallel!r})")
         if self.backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"backend: must be auto, torch or triton (got {self.backend!r})")
-        for name in ("checkpoints", "compile", "cuda_graph", "recompute"):
+        for name in ("checkpoints", "compile", "cuda_graph", "recompute", "fp4_gather"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "cuda_graph" and value is None):
                 raise ConfigError(f"{name}: must be true or false (got {value!r})")
@@ -181,6 +184,9 @@ def for_recipe(config: TrainConfig, recipe: Any) -> TrainConfig:
     return dataclasses.replace(config, grad_clip=0.0)
 
 
+SET_ALIASES = {"parallel.fp4_gather": "fp4_gather"}  # --set's name: the TrainConfig field
+
+
 def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """(TrainConfig field values, recipe overrides) from `--set key=value` strings."""
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -191,6 +197,7 @@ def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected key=value")
+        key = SET_ALIASES.get(key, key)
         if key.startswith("model."):
             name = key.removeprefix("model.")
             try:

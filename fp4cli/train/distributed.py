@@ -9,8 +9,9 @@ process group (NCCL on GPUs, gloo on CPUs) and trains its share of every batch:
 - `ddp`: DistributedDataParallel around the model. `fsdp`: FSDP2 `fully_shard` on every element
   of the model's ModuleLists (transformer blocks, MLP layers), then on the root; on GPUs with
   BF16 parameters for compute and FP32 gradient reduction. A quantized Linear under FSDP2 sees
-  its weight after the all-gather, in BF16, and quantizes it there (the gather moves 2 bytes a
-  weight; gathering FP8 or packed FP4 codes would move 1 or about 0.53).
+  its weight after the all-gather. Where its recipe allows, each rank quantizes its own rows
+  and the gather moves FP4 codes and scales (`packed_gather`); otherwise the weight travels in
+  BF16 and the layer quantizes it after the gather.
 - Random streams: every rank holds the same weights, so the quantizers of W (and the random
   Hadamard signs, which a GEMM's two operands share) draw the same seeds everywhere; the
   stochastic rounding of activations and gradients (X, dY) adds rank x 2^48 to its seed, so the
@@ -143,6 +144,20 @@ def check_config(dist: Distributed, config: Any, recipe: Any) -> None:
                     f"parallel: fsdp does not support {what}: they read whole weights between "
                     "steps; use --parallel ddp"
                 )
+
+
+def packed_gather(model: nn.Module, dist: Distributed, config: Any) -> Any:
+    """Under fsdp: mark the quantized weights FSDP2 can all-gather packed (before `wrap`) and
+    return the `packed_gather.GatherReport`; None otherwise. `fp4_gather` false, or
+    torch.compile (a packed weight's layer runs eagerly), gathers all in BF16."""
+    if dist.parallel != "fsdp":
+        return None
+    from fp4cli.train.packed_gather import GatherReport, mark_packed_weights
+
+    if not config.fp4_gather or config.compile:
+        why = "parallel.fp4_gather=false" if not config.fp4_gather else "torch.compile"
+        return GatherReport(off=why)
+    return mark_packed_weights(model, dist.world_size)
 
 
 def wrap(model: nn.Module, dist: Distributed, device: torch.device) -> nn.Module:

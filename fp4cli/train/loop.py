@@ -133,6 +133,7 @@ class Trainer:
             self.model, task, config.batch_size // self.dist.world_size, config.seed, self.device,
             config.recompute,
         )  # fmt: skip
+        self.gather = distributed.packed_gather(self.model, self.dist, config)
         wrapped = distributed.wrap(self.model, self.dist, self.device)
         self.train_model: Any = torch.compile(wrapped) if config.compile else wrapped  # forward
         self.optimizer = self._build_optimizer()
@@ -259,6 +260,9 @@ class Trainer:
 
             reporter.message(recompute_summary(self.model))
         reporter.message(self.step_note)
+        if self.gather is not None:
+            reporter.message(self.gather.summary())
+            self.store.log_metrics(self.run_id, self.start_step, self.gather.metrics())
         if self.recipe.qramp is not None:
             reporter.message(
                 f"Q-Ramping: periods up to {self._max_period()} steps, recalibrated every "
