@@ -147,7 +147,9 @@ def save_sharded(
 
     path = directory / f"step-{step:08d}.dcp"
     partial = path.with_suffix(".dcp.partial")
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    from fp4cli.train.packed_gather import plain_state
+
+    model_state, optimizer_state = plain_state(get_state_dict(model, optimizer))
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
     if is_main:
         meta = {"step": step, "config": config, "rng": _rng_states()}
@@ -172,7 +174,9 @@ def load_sharded(
 
     if not Path(path).is_dir():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    from fp4cli.train.packed_gather import plain_state
+
+    model_state, optimizer_state = plain_state(get_state_dict(model, optimizer))
     dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
     return read_plain(Path(path) / "meta.pt")

@@ -130,7 +130,8 @@ class PackedGatherWeight(torch.Tensor):
         values = forward.dequantize(param_dtype)
         operands = plan.operands(forward, grad_input)
         if out is not None:
-            out.copy_(values)
+            with torch.no_grad():  # `out` is the unsharded parameter, a leaf
+                out.copy_(values)
             source.store(operands, out)
             return None
         source.store(operands, values)
@@ -274,3 +275,21 @@ def packed_bytes(plan: GatherPlan, shape: tuple[int, int]) -> int:
         codes, scales = BlockLayout.for_tensor(moved, spec).stored_bytes(spec)
         total += codes + scales - (TENSOR_SCALE_BYTES if spec.tensor_scale else 0)
     return total
+
+
+def plain_state(state: Any) -> Any:
+    """A state dict (nested) with each marked shard as the plain tensor it wraps (sharing its
+    storage): what a distributed checkpoint saves and loads into, so that checkpoints hold
+    plain tensors only (loaded with weights_only)."""
+    from torch.distributed.tensor import DTensor
+
+    def plain(tensor: DTensor) -> DTensor:
+        local = tensor.to_local()
+        if not isinstance(local, PackedGatherWeight):
+            return tensor
+        return DTensor.from_local(
+            local.data_, tensor.device_mesh, tensor.placements, run_check=False,
+            shape=tensor.shape, stride=tensor.stride(),
+        )  # fmt: skip
+
+    return tree_map_only(DTensor, plain, state)

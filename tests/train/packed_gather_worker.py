@@ -54,13 +54,36 @@ def check(recipe_name: str, backend: str) -> dict:
         if isinstance(block, QuantLinear):
             fully_shard(block)
     fully_shard(sharded)
-    torch.manual_seed(1)
+    for step in range(2):  # the second gather writes into FSDP2's unsharded weight
+        _step(recipe_name, config, reference, sharded, step)
+    marked = all(
+        isinstance(layer.weight.to_local(), PackedGatherWeight)
+        for layer in quantized_layers(sharded).values()
+        if layer.gathered is not None
+    )
+    return {
+        "recipe": recipe_name,
+        "backend": backend,
+        "packed": len(report.packed),
+        "plain": report.plain,
+        "ratio": round(report.ratio, 4),
+        "marked": marked,
+    }
+
+
+def _step(recipe_name: str, config, reference: nn.Module, sharded: nn.Module, step: int) -> None:
+    """One forward and backward pass of both models on this rank's rows: the same outputs and
+    W operands bit for bit, the global batch's gradient."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1 + step)
     x = torch.randn(ROWS * world, WIDTH)
     mine = x[rank * ROWS : (rank + 1) * ROWS]
+    for layer in quantized_layers(reference).values():
+        layer.calls.fill_(step)
     y_ref = reference(mine)
     y = sharded(mine)
     if not torch.equal(y, y_ref):
-        raise AssertionError(f"{recipe_name}: outputs differ from one process's")
+        raise AssertionError(f"{recipe_name} step {step}: outputs differ from one process's")
     for name, layer in quantized_layers(sharded).items():
         if layer.gathered is None:
             continue
@@ -75,12 +98,16 @@ def check(recipe_name: str, backend: str) -> dict:
             dx = given.grad_input.dequantize()
             if not torch.equal(dx, full_operand(whole, config.grad_input_w, 0)):
                 raise AssertionError(f"{recipe_name} {name}: grad_input operand differs")
+    sharded.zero_grad()
+    reference.zero_grad()
     y.square().mean().backward()
     for part_rank, part in enumerate(x.split(ROWS)):  # each rank's rows as it rounds them
         for layer in quantized_layers(reference).values():
             layer.rank = part_rank
-            layer.calls.zero_()  # the call the sharded model made: the same seeds
+            layer.calls.fill_(step)  # the call the sharded model made: the same seeds
         (reference(part).square().mean() / world).backward()
+    for layer in quantized_layers(reference).values():
+        layer.rank = rank
     for (name, p_sharded), (_, p_ref) in zip(
         sharded.named_parameters(), reference.named_parameters(), strict=True
     ):
@@ -88,20 +115,12 @@ def check(recipe_name: str, backend: str) -> dict:
         rows = local.shape[0]
         expected = p_ref.grad[rank * rows : (rank + 1) * rows]
         if not torch.allclose(local, expected, rtol=1e-5, atol=1e-7):
-            raise AssertionError(f"{recipe_name} {name}: gradient differs")
-    marked = all(
-        isinstance(layer.weight.to_local(), PackedGatherWeight)
-        for layer in quantized_layers(sharded).values()
-        if layer.gathered is not None
-    )
-    return {
-        "recipe": recipe_name,
-        "backend": backend,
-        "packed": len(report.packed),
-        "plain": report.plain,
-        "ratio": round(report.ratio, 4),
-        "marked": marked,
-    }
+            raise AssertionError(f"{recipe_name} step {step} {name}: gradient differs")
+    with torch.no_grad():  # a step of the reference, copied into the shards (through the mark)
+        for p_sharded, p_ref in zip(sharded.parameters(), reference.parameters(), strict=True):
+            p_ref.sub_(0.1 * p_ref.grad)
+            local = p_sharded.to_local()
+            local.copy_(p_ref[rank * local.shape[0] : (rank + 1) * local.shape[0]])
 
 
 def main() -> None:
