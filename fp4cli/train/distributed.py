@@ -148,14 +148,20 @@ def check_config(dist: Distributed, config: Any, recipe: Any) -> None:
 
 def packed_gather(model: nn.Module, dist: Distributed, config: Any) -> Any:
     """Under fsdp: mark the quantized weights FSDP2 can all-gather packed (before `wrap`) and
-    return the `packed_gather.GatherReport`; None otherwise. `fp4_gather` false, or
-    torch.compile (a packed weight's layer runs eagerly), gathers all in BF16."""
+    return the `packed_gather.GatherReport`; None otherwise. `fp4_gather` false, torch.compile
+    (a packed weight's layer runs eagerly) or one process gathers all in BF16."""
     if dist.parallel != "fsdp":
         return None
     from fp4cli.train.packed_gather import GatherReport, mark_packed_weights
 
-    if not config.fp4_gather or config.compile:
-        why = "parallel.fp4_gather=false" if not config.fp4_gather else "torch.compile"
+    why = None
+    if not config.fp4_gather:
+        why = "parallel.fp4_gather=false"
+    elif config.compile:
+        why = "torch.compile"
+    elif dist.world_size == 1:  # FSDP2 copies one process's shard: there is no gather
+        why = "one process"
+    if why is not None:
         return GatherReport(off=why)
     return mark_packed_weights(model, dist.world_size)
 

@@ -201,6 +201,8 @@ class GatherReport:
 
     def summary(self) -> str:
         """One line for the run's start."""
+        if self.off == "one process":
+            return "FSDP2 on one process: no all-gather"
         if self.off is not None:
             return f"FSDP2 all-gathers the weights in BF16 ({self.off})"
         if not self.packed:
