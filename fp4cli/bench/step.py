@@ -31,6 +31,7 @@ from fp4cli.bench.baseline import (
 from fp4cli.bench.configs import STEPS_MAX, BenchError, check_count
 
 MODES = ("eager", "graph", "compile", "compile-graph")
+# on several processes: fp4cli.bench.distributed_step (spread_cases, run_spread_bench)
 BENCH_SIZES = {"gpt": ("gpt2-small", 8), "vit": ("deit-small", 128)}  # size, batch
 
 
@@ -44,10 +45,14 @@ class StepCase:
     mode: str
     gemm: str = ""  # the recipe's linear.gemm changed to this ("": the recipe's own)
     recompute: bool = False  # saved quantized-layer outputs recomputed (fp4cli.linear.recompute)
+    processes: int = 1  # more: DDP or FSDP2 (`parallel`) under torchrun (`distributed_step.py`)
+    parallel: str = ""
+    gather: str = ""  # FSDP2's all-gather of the quantized weights: packed or bf16
 
     @property
     def label(self) -> str:
-        return case_label(self.recipe, self.gemm, self.recompute)
+        label = case_label(self.recipe, self.gemm, self.recompute)
+        return f"{label} gather {self.gather}" if self.gather else label
 
 
 @dataclass
@@ -60,6 +65,8 @@ class StepRow:
     saved_gib: float | None = None  # what one forward keeps for the backward
     executors: str = ""  # how many quantized layers run which executor
     note: str | None = None
+    gather_mib: float | None = None  # one all-gather of the quantized layers' weights (FSDP2)
+    gather_vs_bf16: float | None = None
     baseline: StepRow | None = field(default=None, repr=False)
 
     @property
@@ -85,6 +92,8 @@ class StepRow:
             ("vs_bf16", self.vs_baseline, "x"),
             ("memory_vs_bf16", self.memory_vs_baseline, "x"),
             ("saved_vs_bf16", self.saved_vs_baseline, "x"),
+            ("gather_mib", self.gather_mib, "MiB"),
+            ("gather_vs_bf16", self.gather_vs_bf16, "x"),
         ]
         return [(name, value, unit) for name, value, unit in values if value is not None]
 

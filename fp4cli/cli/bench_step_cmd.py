@@ -17,6 +17,7 @@ from fp4cli.cli.bench_options import (
 
 Opt = typer.Option
 
+PARALLEL_NAMES = {"fsdp": "FSDP2", "ddp": "DDP"}
 STEP_COLUMNS = ("task", "recipe", "backend", "mode", "ms/step", "x bf16", "peak GiB", "x bf16 mem",
                 "saved GiB", "x bf16 saved")  # fmt: skip
 
@@ -50,14 +51,35 @@ def step_command(
             "--max-batch."
         ),
     ] = "off",
+    nproc_per_node: Annotated[
+        int,
+        Opt(
+            min=1,
+            help="Spread each step over this many processes (GPUs) under torchrun, eagerly; "
+            "rank 0 reports.",
+        ),
+    ] = 1,
+    parallel: Annotated[
+        str | None, Opt(help="With --nproc-per-node 2+: fsdp (FSDP2, default) or ddp.")
+    ] = None,
+    gather: Annotated[
+        str | None,
+        Opt(
+            help="Under FSDP2: how FP4 recipes all-gather their quantized weights: packed, "
+            "bf16 or packed,bf16 (default: both, side by side)."
+        ),
+    ] = None,
     device: DeviceOption = "auto",
     store: StoreOption = None,
     no_store: NoStoreOption = False,
 ) -> None:
     """Training-step time, peak memory and saved activations of FP4 recipes as ratios to BF16,
-    measured side by side in one process: each task's model at a named size (GPT-2 small,
-    DeiT-Small), forward, backward and optimizer, eager or from a CUDA graph, with or without
-    torch.compile. Each number also goes to the run store (kind `step`)."""
+    measured side by side: each task's model at a named size (GPT-2 small, DeiT-Small), forward,
+    backward and optimizer, eager or from a CUDA graph, with or without torch.compile. With
+    --nproc-per-node the steps run on several processes (DDP or FSDP2), and under FSDP2 each
+    FP4 recipe all-gathers its weights in FP4 and in BF16. Each number also goes to the run
+    store (kind `step`)."""
+    from fp4cli.bench import distributed_step
     from fp4cli.bench import step as bench
     from fp4cli.bench.baseline import BACKENDS
     from fp4cli.bench.parsing import (
@@ -69,10 +91,17 @@ def step_command(
     from fp4cli.bench.quantize import bench_device
     from fp4cli.cli.bench_output import CaseProgress, Recorder, quiet_compiler_warnings
     from fp4cli.cli.output import console_for
+    from fp4cli.train import distributed
+    from fp4cli.train.distributed import under_torchrun
 
     quiet_compiler_warnings()
-    torch_device = bench_device(device)
     mode_list = parse_choices("modes", modes, bench.MODES)
+    spread = _spread(nproc_per_node, parallel, gather, mode_list, max_batch)
+    if spread is not None and not under_torchrun():
+        _check_names(split_list(tasks), split_list(recipes), size)
+        raise typer.Exit(_launch(nproc_per_node))
+    dist = None if spread is None else distributed.from_environment(spread.parallel)
+    torch_device = bench_device(device if dist is None else distributed.rank_device(dist, device))
     backend_list = parse_choices("backends", backends, BACKENDS)
     gemm_list = parse_gemms(gemm)
     recompute_list = [c == "on" for c in parse_choices("recompute", recompute, ("off", "on"))]
@@ -85,6 +114,10 @@ def step_command(
         task_list, size, batch_size, recipe_list, backend_list, mode_list, gemm_list,
         recompute_list,
     )  # fmt: skip
+    if dist is not None:
+        spread_list = distributed_step.spread_cases(case_list, spread)
+        _spread_bench(spread_list, dist, torch_device, steps, store, no_store)
+        return
     batch_rows = []
     with Recorder("step", store, no_store, torch_device) as recorder:
         with CaseProgress(len(case_list), "step") as progress:
@@ -108,6 +141,64 @@ def step_command(
         batches = _batch_table(batch_rows)
         console_for(batches).print(batches)
     typer.echo(recorder.summary())
+
+
+def _spread(
+    nproc: int, parallel: str | None, gather: str | None, modes: list[str], max_batch: str | None
+) -> Any:
+    """The processes and parallelism of a step on several processes (checked), or None."""
+    from fp4cli.bench.configs import BenchError
+    from fp4cli.bench.distributed_step import GATHERS, Spread, check_spread
+    from fp4cli.bench.parsing import split_list
+
+    if nproc == 1:
+        if parallel is not None or gather is not None:
+            raise BenchError("--parallel and --gather: with --nproc-per-node 2 or more")
+        return None
+    gathers = tuple(split_list(gather)) if gather is not None else GATHERS
+    spread = Spread(nproc, parallel or "fsdp", gathers)
+    check_spread(spread, modes, max_batch)
+    return spread
+
+
+def _launch(nproc: int) -> int:
+    """This command again as torchrun's `nproc` workers (one node); their exit code."""
+    import sys
+
+    from fp4cli.train.launch import run_torchrun, torchrun_command
+
+    arguments = sys.argv[1:]
+    options = arguments[arguments.index("step") + 1 :]
+    return run_torchrun(torchrun_command(options, nproc, subcommand=("bench", "step")))
+
+
+def _spread_bench(
+    case_list: list[Any], dist: Any, device: Any, steps: int, store: Any, no_store: bool
+) -> None:
+    """Every rank measures; rank 0 records, shows progress and prints the table."""
+    from fp4cli.bench.distributed_step import run_spread_bench
+    from fp4cli.cli.bench_output import CaseProgress, Recorder
+    from fp4cli.cli.output import console_for
+    from fp4cli.train import distributed
+
+    distributed.join(dist, device)
+    try:
+        if not dist.is_main:
+            run_spread_bench(case_list, dist, device, steps)
+            return
+        with (
+            Recorder("step", store, no_store, device) as recorder,
+            CaseProgress(len(case_list), "step") as progress,
+        ):
+            rows = run_spread_bench(
+                case_list, dist, device, steps, on_case=progress.step_case,
+                on_rows=recorder.record,
+            )  # fmt: skip
+        table = _step_table(rows, device)
+        console_for(table).print(table)
+        typer.echo(recorder.summary())
+    finally:
+        distributed.leave(dist)
 
 
 def _check_names(tasks: list[str], recipes: list[str], size: str | None) -> None:
@@ -143,9 +234,18 @@ def _step_table(rows: list[Any], device: Any) -> Any:
         "the bf16 recipe in the same mode; peak GiB: the largest allocation of the timed steps; "
         "saved GiB: the distinct tensors one forward keeps for the backward (not compiled)."
     )
-    table = Table(title=f"training step on {device_name(device)}", box=box.SIMPLE_HEAD,
-                  caption=caption)  # fmt: skip
-    for column in STEP_COLUMNS:
+    spread = rows[0].case.processes > 1 if rows else False
+    title = f"training step on {device_name(device)}"
+    if spread:
+        case = rows[0].case
+        title += f", {case.processes} processes, {PARALLEL_NAMES[case.parallel]}"
+        caption += (
+            " gather MiB: one all-gather of the quantized layers' weights (x bf16: over the "
+            "same in BF16)."
+        )
+    table = Table(title=title, box=box.SIMPLE_HEAD, caption=caption)
+    columns = (*STEP_COLUMNS, "gather MiB", "x bf16 gather") if spread else STEP_COLUMNS
+    for column in columns:
         table.add_column(column, justify="left" if column in STEP_COLUMNS[:4] else "right")
     table.add_column("executors / note", style="yellow")
     for index, row in enumerate(rows):
@@ -158,9 +258,11 @@ def _step_table(rows: list[Any], device: Any) -> Any:
         memory = significant(row.memory_vs_baseline, 3) + ("x" if row.memory_vs_baseline else "")
         saved = significant(row.saved_vs_baseline, 3) + ("x" if row.saved_vs_baseline else "")
         cells = [task, case.label, case.backend, case.mode, significant(row.ms), ratio,
-                 significant(row.peak_gib), memory, significant(row.saved_gib), saved,
-                 row.note or row.executors]  # fmt: skip
-        table.add_row(*map(Text, cells))
+                 significant(row.peak_gib), memory, significant(row.saved_gib), saved]  # fmt: skip
+        if spread:
+            vs = significant(row.gather_vs_bf16, 3) + ("x" if row.gather_vs_bf16 else "")
+            cells += [significant(row.gather_mib), vs]
+        table.add_row(*map(Text, [*cells, row.note or row.executors]))
     return table
 
 

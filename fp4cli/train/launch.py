@@ -25,8 +25,10 @@ def torchrun_command(
     nnodes: int = 1,
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
+    subcommand: Sequence[str] = ("train",),
 ) -> list[str]:
-    """The torchrun command line that runs `fp4 train train_args` on every process."""
+    """The torchrun command line that runs `fp4 train train_args` (or another `subcommand`)
+    on every process."""
     if under_torchrun():
         raise ConfigError("--nproc-per-node: this process already runs under torchrun")
     if nproc_per_node < 1 or nnodes < 1:
@@ -46,7 +48,7 @@ def torchrun_command(
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rdzv_endpoint}",
         ]
-    return [*command, "-m", "fp4cli.cli", "train", *train_args]
+    return [*command, "-m", "fp4cli.cli", *subcommand, *train_args]
 
 
 def check_launch(flags: dict[str, Any], overrides: Sequence[str], nproc: int, nnodes: int) -> None:

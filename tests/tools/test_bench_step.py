@@ -154,6 +154,11 @@ def test_max_batch_reports_a_start_that_does_not_fit(monkeypatch) -> None:
         (["--steps", "0"], "--steps"),
         (["--recompute", "maybe"], "recompute: 'maybe' is not one of off, on"),
         (["--modes", "compile", "--recompute", "on"], "recompute: not with modes compile"),
+        (["--parallel", "ddp"], "--parallel and --gather: with --nproc-per-node 2 or more"),
+        (["--nproc-per-node", "2"], "modes graph: steps on several processes run eagerly"),
+        (["--nproc-per-node", "2", "--modes", "eager", "--parallel", "zero"], "parallel: must"),
+        (["--nproc-per-node", "2", "--modes", "eager", "--gather", "fp8"], "gather: packed, bf16"),
+        (["--nproc-per-node", "2", "--modes", "eager", "--max-batch", "bf16"], "one process"),
     ],
 )
 def test_bad_requests_fail_in_one_line(args: list[str], message: str) -> None:
@@ -176,3 +181,29 @@ def test_the_benchmark_sizes_are_training_sizes() -> None:
     )  # fmt: skip
     for task, size in bench.BENCH_SIZES.items():
         assert task_defaults(task, size[0]) is not None
+
+
+def test_a_step_on_two_processes_gathers_fp4_and_bf16_side_by_side(tmp_path: Path) -> None:
+    """Under torchrun (gloo on the CPU): bf16, then nvfp4 with its weights gathered packed and
+    in BF16; rank 0 alone stores the rows, the gather's bytes among them."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "fp4.db"
+    command = [sys.executable, "-m", "fp4cli.cli", "bench", "step", "--tasks", "gpt", "--size",
+               "debug", "--recipes", "bf16,nvfp4", "--backends", "torch", "--modes", "eager",
+               "--steps", "1", "--nproc-per-node", "2", "--device", "cpu", "--store",
+               str(path)]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "250", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 processes, FSDP2" in done.stdout
+    assert "nvfp4 gather packed" in done.stdout and "nvfp4 gather bf16" in done.stdout
+    with RunStore(path) as store:
+        rows = store.benchmarks("step")
+    gathers = {
+        row["config"]["gather"]: row["value"] for row in rows if row["name"] == "gather_vs_bf16"
+    }
+    assert gathers["packed"] == pytest.approx(0.252, abs=1e-3) and gathers["bf16"] == 1.0
+    assert {row["config"]["processes"] for row in rows} == {2}

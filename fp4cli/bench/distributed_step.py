@@ -1,0 +1,167 @@
+"""`fp4 bench step --nproc-per-node N`: the training step on N processes (DDP or FSDP2), each
+recipe side by side with BF16, and under FSDP2 each FP4 recipe with its weights all-gathered in
+FP4 and in BF16 (`fp4cli.train.packed_gather`).
+
+The command starts itself again under torchrun; every rank builds the case's model as `fp4
+train` does (quantized, marked for the packed gather, wrapped), takes its rows of each global
+batch, and times eager steps (a CUDA graph step runs on one process). Rank 0 reports its time,
+the largest peak memory of the ranks, and the bytes one all-gather of the quantized layers'
+weights moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fp4cli.bench.baseline import BASELINE, case_recipe, failure_note, measure_in_order, release
+from fp4cli.bench.configs import BenchError
+from fp4cli.bench.step import StepCase, StepRow
+
+GATHERS = ("packed", "bf16")  # FSDP2's all-gather of the quantized weights
+PARALLELS = ("fsdp", "ddp")
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How the steps run: on `processes` ranks under `parallel`; FP4 recipes once per gather."""
+
+    processes: int
+    parallel: str
+    gathers: tuple[str, ...] = GATHERS
+
+
+def check_spread(spread: Spread, modes: Sequence[str], max_batch: str | None) -> None:
+    """One-line errors for what a step on several processes cannot measure."""
+    if spread.parallel not in PARALLELS:
+        raise BenchError(f"parallel: must be fsdp or ddp (got {spread.parallel!r})")
+    if spread.processes < 2:
+        raise BenchError("--parallel and --gather: with --nproc-per-node 2 or more")
+    not_eager = [mode for mode in modes if mode != "eager"]
+    if not_eager:
+        raise BenchError(
+            f"modes {', '.join(not_eager)}: steps on several processes run eagerly (--modes eager)"
+        )
+    if max_batch:
+        raise BenchError("--max-batch: on one process only")
+    unknown = [gather for gather in spread.gathers if gather not in GATHERS]
+    if unknown or not spread.gathers:
+        raise BenchError(f"gather: packed, bf16 or both (got {','.join(spread.gathers)!r})")
+
+
+def spread_cases(cases: Sequence[StepCase], spread: Spread) -> list[StepCase]:
+    """Every case on the spread's processes; under FSDP2 an FP4 recipe once per gather."""
+    gathers = spread.gathers if spread.parallel == "fsdp" else ("",)
+    found = []
+    for case in cases:
+        for gather in ("",) if case.recipe == BASELINE else gathers:
+            found.append(
+                StepCase(
+                    case.task,
+                    case.size,
+                    case.batch,
+                    case.recipe,
+                    case.backend,
+                    case.mode,
+                    case.gemm,
+                    case.recompute,
+                    spread.processes,
+                    spread.parallel,
+                    gather,
+                )  # fmt: skip
+            )
+    return found
+
+
+def run_spread_bench(
+    case_list: Sequence[StepCase],
+    dist: Any,
+    device: torch.device,
+    steps: int,
+    on_case: Callable[[int, StepCase], None] | None = None,
+    on_rows: Callable[[list[StepRow]], None] | None = None,
+) -> list[StepRow]:
+    """Every case in order on every rank (in step: each case's collectives meet)."""
+    return measure_in_order(
+        case_list,
+        lambda case: measure_spread_case(case, dist, device, steps),
+        lambda case: (case.task, case.size, case.batch, case.mode),
+        on_case,
+        on_rows,
+    )
+
+
+def measure_spread_case(case: StepCase, dist: Any, device: torch.device, steps: int) -> StepRow:
+    """This rank's milliseconds per step (the median of 3 timed loops), the largest peak GiB
+    of the ranks, and the gather's bytes."""
+    from fp4cli.bench.timing import median_ms, synchronize
+    from fp4cli.train import distributed
+
+    row = StepRow(case)
+    try:
+        runner, batches, report = _build_spread_step(case, dist, device)
+        if report is not None:
+            row.gather_mib = report.bytes / 2**20
+            row.gather_vs_bf16 = report.ratio
+        calls = iter(range(1 << 62))
+
+        def step() -> None:
+            runner(batches[next(calls) % len(batches)])
+
+        for _ in range(3):
+            step()
+        synchronize(device)
+        distributed.barrier(dist)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        row.ms = median_ms(step, device, steps, warmup=0, repeats=3)
+        if device.type == "cuda":
+            peak = torch.tensor(torch.cuda.max_memory_allocated(device) / 2**30, device=device)
+            torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+            row.peak_gib = float(peak)
+    except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
+        row.note = failure_note(error)
+    finally:
+        release(device)
+    return row
+
+
+def _build_spread_step(case: StepCase, dist: Any, device: torch.device) -> tuple[Any, Any, Any]:
+    """(StepRunner, this rank's rows of two global batches, the gather report or None)."""
+    import fp4cli
+    from fp4cli.tasks.base import create_task
+    from fp4cli.train import distributed
+    from fp4cli.train.packed_gather import mark_packed_weights
+    from fp4cli.train.step import StepRunner
+
+    torch.manual_seed(0)
+    task = create_task(case.task, case.size, None, device)
+    model = task.build_model()
+    recipe = case_recipe(case.recipe, case.gemm)
+    fp4cli.quantize_model(model, recipe, seed=0, backend=case.backend)
+    report = None
+    if case.gather == "packed":
+        report = mark_packed_weights(model, dist.world_size)
+    elif case.gather == "bf16":
+        report = _bf16_report(model)
+    wrapped = distributed.wrap(model, dist, device)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-4, fused=device.type == "cuda")
+    runner = StepRunner(wrapped, optimizer, task.loss, 1.0, device, cuda_graph=False)
+    batches = [distributed.shard(task.batch(i, case.batch, 0), dist) for i in range(2)]
+    return runner, batches, report
+
+
+def _bf16_report(model: Any) -> Any:
+    """The gather report of every quantized weight travelling in BF16."""
+    from fp4cli.linear import quantized_layers
+    from fp4cli.train.packed_gather import BF16_BYTES, GatherReport
+
+    report = GatherReport(off="parallel.fp4_gather=false")
+    for layer in quantized_layers(model).values():
+        if not layer.config.is_high_precision:
+            report.bf16_bytes += layer.weight.numel() * BF16_BYTES
+    report.bytes = report.bf16_bytes
+    return report
