@@ -50,7 +50,14 @@ from fp4cli.linear.fast_operands import (
     quantized_length,
     saved_form,
 )
-from fp4cli.linear.gathered import WeightOperands, operand_form
+from fp4cli.linear.gathered import (
+    WeightOperands,
+    decoded,
+    operand_form,
+    operand_tensors,
+    operands_key,
+    with_tensors,
+)
 from fp4cli.linear.operands import GEMM_OPERAND_FIELDS
 from fp4cli.linear.plans import run_planned
 from fp4cli.linear.recompute import OutputUse, tag
@@ -199,7 +206,7 @@ def _given_operands(
         return w_q, ()
     if given.grad_input is not None:
         return w_q, operand_form(given.grad_input, w_wanted, dtype)
-    values = given.forward.dequantize(dtype)
+    values = decoded(given.forward, dtype)
     return w_q, quantize_both(values, None, w_wanted, dtype)[1]
 
 
@@ -366,25 +373,32 @@ def planned_forward(
     needs_dx: bool,
     needs_dw: bool,
     dtype: torch.dtype | None = None,
+    given: WeightOperands | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[Saved, Saved]]:
     """`fast_forward` without recomputation, replayed from the layer programs
-    (`fp4cli.linear.plans`); `key` is the config's `ops.op_key`."""
+    (`fp4cli.linear.plans`); `key` is the config's `ops.op_key`. W's operands `given` are
+    inputs of the program like x."""
     average = updates = guide = None
     warmup = -1
     if isinstance(weight_guide, AverageGuide):
         average, updates, warmup = weight_guide.average, weight_guide.updates, weight_guide.warmup
     else:
         guide = weight_guide
+    given_inputs = operand_tensors(given) if given is not None else ()
 
-    def call(x, weight, bias, call_seed, average, updates, guide):
+    def call(x, weight, bias, call_seed, average, updates, guide, *given_inputs):
         if average is not None:
             guide = AverageGuide(average, updates, warmup)
+        operands = with_tensors(given, given_inputs) if given is not None else None
         return fast_forward(
-            x, weight, bias, config, call_seed, guide, rank, needs_dx, needs_dw, dtype
-        )
+            x, weight, bias, config, call_seed, guide, rank, needs_dx, needs_dw, dtype,
+            given=operands,
+        )  # fmt: skip
 
-    signature = ("fast_forward", key, rank, needs_dx, needs_dw, dtype, warmup)
-    return run_planned(signature, call, (x, weight, bias, call_seed, average, updates, guide))
+    given_key = operands_key(given) if given is not None else None
+    signature = ("fast_forward", key, rank, needs_dx, needs_dw, dtype, warmup, given_key)
+    inputs = (x, weight, bias, call_seed, average, updates, guide, *given_inputs)
+    return run_planned(signature, call, inputs)
 
 
 def planned_backward(
@@ -418,8 +432,8 @@ class FastQuantLinearFunction(torch.autograd.Function):
     """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `fast_gap`
     accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes.
     (Under torch.compile the layer calls the same steps as custom ops: `ops.py`.) Both passes
-    replay the layer programs (`planned_forward`, `planned_backward`); the forward pass does
-    not when the output is tagged for recomputation or W's operands are given."""
+    replay the layer programs (`planned_forward`, `planned_backward`) unless the output is
+    tagged for recomputation."""
 
     @staticmethod
     def forward(
@@ -437,10 +451,10 @@ class FastQuantLinearFunction(torch.autograd.Function):
         given: WeightOperands | None = None,
     ) -> torch.Tensor:
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if recompute is None and given is None:
+        if recompute is None:
             y, x_saved, w_saved, ctx.layouts = planned_forward(
                 x, weight, bias, config, key, call_seed, weight_guide, rank, needs_dx, needs_dw,
-                dtype,
+                dtype, given,
             )  # fmt: skip
         else:
             y, x_saved, w_saved, ctx.layouts = fast_forward(

@@ -25,13 +25,16 @@ fast executor's forms, and the reference executor decodes them (`function.py`).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fp4cli.linear.config import LinearConfig
 from fp4cli.quant import QuantizedTensor, QuantSpec
+from fp4cli.quant.blocking import BlockLayout
 
 if TYPE_CHECKING:
     from fp4cli.linear.fast_operands import Request
@@ -127,20 +130,83 @@ def gather_plan(config: LinearConfig) -> GatherPlan:
     return GatherPlan(config.forward_w, spec)
 
 
+def operand_tensors(operands: WeightOperands) -> tuple[torch.Tensor | None, ...]:
+    """The tensors of `operands` (codes, scales and tensor amax of the forward operand, then of
+    a grad_input operand of its own): a replayed call's inputs (`fast.planned_forward`)."""
+    found: list[torch.Tensor | None] = []
+    for operand in _own(operands):
+        found += [operand.codes, operand.scales, operand.tensor_amax]
+    return tuple(found)
+
+
+def operands_key(operands: WeightOperands) -> tuple[Any, ...]:
+    """What a replayed call fixes besides the tensors: each operand's spec, shape, axis and
+    dtype, and where the grad_input operand comes from."""
+    source = "derived" if operands.grad_input is None else "own"
+    if operands.grad_input is operands.forward:
+        source = "shared"
+    return source, *((q.spec, tuple(q.shape), q.axis, q.dtype) for q in _own(operands))
+
+
+def with_tensors(operands: WeightOperands, tensors: Sequence[Any]) -> WeightOperands:
+    """`operands` on other tensors of the same shapes (`operand_tensors`' order)."""
+    replaced = [
+        dataclasses.replace(q, codes=tensors[3 * i], scales=tensors[3 * i + 1],
+                            tensor_amax=tensors[3 * i + 2])
+        for i, q in enumerate(_own(operands))
+    ]  # fmt: skip
+    forward = replaced[0]
+    if operands.grad_input is operands.forward:
+        return WeightOperands(forward, forward)
+    return WeightOperands(forward, replaced[1] if len(replaced) > 1 else None)
+
+
+def _own(operands: WeightOperands) -> list[QuantizedTensor]:
+    """The distinct operands: the forward's, and a grad_input operand of its own."""
+    own = [operands.forward]
+    if operands.grad_input is not None and operands.grad_input is not operands.forward:
+        own.append(operands.grad_input)
+    return own
+
+
 def operand_form(
     operand: QuantizedTensor, request: Request, dtype: torch.dtype
 ) -> tuple[torch.Tensor, ...]:
     """A quantized operand in the form the fast executor's pair kernel writes for `request`:
     (codes, scales[, tensor amax]) packed, (block values, tensor amax) for the block-scaled
-    route, else (values,), in the compute dtype."""
+    route, else (values,), in the compute dtype. Decoded by the kernels (a replayed call
+    launches them)."""
     if request.packed:
         assert not operand.spec.tile2d, "2-D tiles are kept as values"
         amax = () if operand.tensor_amax is None else (operand.tensor_amax,)
         return operand.codes, operand.scales, *amax
+    rows = _as_rows(operand)
     if request.block:
-        assert operand.tensor_amax is not None
-        return operand.block_values(dtype), operand.tensor_amax
-    return (operand.dequantize(dtype),)
+        assert rows.tensor_amax is not None
+        return rows.block_values(dtype, "triton"), rows.tensor_amax
+    return (rows.dequantize(dtype, "triton"),)
+
+
+def decoded(operand: QuantizedTensor, dtype: torch.dtype) -> torch.Tensor:
+    """The operand's values in `dtype`, decoded by the kernels."""
+    return _as_rows(operand).dequantize(dtype, "triton")
+
+
+def _as_rows(operand: QuantizedTensor) -> QuantizedTensor:
+    """The operand as the decode kernel takes it: 2-D tiles as the 1-D blocks of their rows,
+    each tile's scale on each of its rows (the same values); any other as it is."""
+    spec = operand.spec
+    if not spec.tile2d:
+        return operand
+    assert operand.axis == 1
+    rows = operand.shape[0]
+    line = spec.replace(tile2d=False)
+    scales = operand.scales.repeat_interleave(int(spec.block), dim=0)[:rows]
+    layout = BlockLayout.for_tensor(tuple(operand.shape), line)
+    return QuantizedTensor(
+        operand.codes[:rows], scales, operand.tensor_amax, operand.shape, line, 1,
+        operand.dtype, layout,
+    )  # fmt: skip
 
 
 class GatheredWeight:

@@ -1,12 +1,14 @@
 """On a CUDA GPU: FSDP2's packed-gather hooks (`fp4cli.train.packed_gather`) called as two
 ranks would call them, their outputs joined as the all-gather joins them; the layer, on the
-fast executor in bfloat16, gives the unsharded layer's outputs and gradients bit for bit."""
+fast executor in bfloat16, gives the unsharded layer's outputs and gradients bit for bit, on
+its replayed calls too."""
 
 import pytest
 import torch
 import torch.nn as nn
 
 from fp4cli.linear import QuantLinear
+from fp4cli.linear.plans import PROGRAMS
 from fp4cli.recipe_loader import load_recipe
 from fp4cli.train.packed_gather import PackedGatherWeight, mark_packed_weights
 
@@ -49,13 +51,16 @@ def test_joined_shards_give_the_unsharded_layers_bits(mesh, recipe):
     values, _ = shards[0].fsdp_post_all_gather(joined, hooks[0][1], torch.bfloat16)
     gathered.weight = nn.Parameter(values)  # as FSDP2 hands it the unsharded weight
     gathered.bias = nn.Parameter(whole.bias.detach().to(torch.bfloat16))
-    x = torch.randn(256, 512, device="cuda", requires_grad=True)
-    results = []
-    for layer in (whole, gathered):
-        inputs = x.detach().clone().requires_grad_()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = layer(inputs)
-        y.float().square().mean().backward()
-        results.append((y, inputs.grad, layer.weight.grad.float()))
-    for mine, theirs in zip(results[1], results[0], strict=True):
-        assert torch.equal(mine, theirs)
+    for call in range(3):  # the third call replays the recorded forward program
+        x = torch.randn(256, 512, device="cuda")
+        results = []
+        for layer in (whole, gathered):
+            layer.weight.grad = None
+            inputs = x.clone().requires_grad_()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = layer(inputs)
+            y.float().square().mean().backward()
+            results.append((y, inputs.grad, layer.weight.grad.float()))
+        for mine, theirs in zip(results[1], results[0], strict=True):
+            assert torch.equal(mine, theirs), f"call {call}"
+    assert PROGRAMS.refusals() == []

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fp4cli.linear import QuantLinear, quantized_layers
+from fp4cli.linear.plans import PROGRAMS
 from fp4cli.quant import quantize
 from fp4cli.recipe_loader import load_recipe
 from fp4cli.train.packed_gather import PackedGatherWeight, mark_packed_weights
@@ -54,7 +55,9 @@ def check(recipe_name: str, backend: str) -> dict:
         if isinstance(block, QuantLinear):
             fully_shard(block)
     fully_shard(sharded)
-    for step in range(2):  # the second gather writes into FSDP2's unsharded weight
+    for step in range(
+        3
+    ):  # the second gather writes into FSDP2's unsharded weight; the third replays
         _step(recipe_name, config, reference, sharded, step)
     marked = all(
         isinstance(layer.weight.to_local(), PackedGatherWeight)
@@ -62,6 +65,7 @@ def check(recipe_name: str, backend: str) -> dict:
         if layer.gathered is not None
     )
     return {
+        "refusals": PROGRAMS.refusals(),  # replays that could not be recorded
         "recipe": recipe_name,
         "backend": backend,
         "packed": len(report.packed),

@@ -45,11 +45,13 @@ def _two_ranks(backend: str) -> list[dict]:
 @pytest.mark.parametrize("backend", ["torch", "triton"])  # the reference, the fast executor
 def test_two_ranks_compute_with_the_operands_one_process_quantizes(backend):
     """The worker checks outputs and both W operands bit for bit against the unsharded layer,
-    and the gradients, over two steps (the second writes into FSDP2's unsharded weight)."""
+    and the gradients, over three steps (the second writes into FSDP2's unsharded weight, the
+    third replays the fast executor's recorded program)."""
     results = {r["recipe"]: r for r in _two_ranks(backend)}
     assert sorted(results) == sorted(RECIPES)
     for result in results.values():
         assert result["packed"] == 2 and result["plain"] == {} and result["marked"]
+        assert result["refusals"] == []  # the fast executor's calls replay (step 3)
     assert results["mxfp4"]["ratio"] <= 0.60  # both directions travel
     assert results["tetrajet"]["ratio"] <= 0.30  # the forward's; double quantization after
     assert results["nvfp4"]["ratio"] <= 0.30  # one 16x16 tile quantization serves both
