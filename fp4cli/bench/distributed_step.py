@@ -11,13 +11,13 @@ weights moves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fp4cli.bench.baseline import BASELINE, case_recipe, failure_note, measure_in_order, release
+from fp4cli.bench.baseline import BASELINE, case_recipe, failure_note, release
 from fp4cli.bench.configs import BenchError
 from fp4cli.bench.step import StepCase, StepRow
 
@@ -76,27 +76,10 @@ def spread_cases(cases: Sequence[StepCase], spread: Spread) -> list[StepCase]:
     return found
 
 
-def run_spread_bench(
-    case_list: Sequence[StepCase],
-    dist: Any,
-    device: torch.device,
-    steps: int,
-    on_case: Callable[[int, StepCase], None] | None = None,
-    on_rows: Callable[[list[StepRow]], None] | None = None,
-) -> list[StepRow]:
-    """Every case in order on every rank (in step: each case's collectives meet)."""
-    return measure_in_order(
-        case_list,
-        lambda case: measure_spread_case(case, dist, device, steps),
-        lambda case: (case.task, case.size, case.batch, case.mode),
-        on_case,
-        on_rows,
-    )
-
-
 def measure_spread_case(case: StepCase, dist: Any, device: torch.device, steps: int) -> StepRow:
     """This rank's milliseconds per step (the median of 3 timed loops), the largest peak GiB
-    of the ranks, and the gather's bytes."""
+    of the ranks, and the gather's bytes. Every rank measures every case in order: each case's
+    collectives meet."""
     from fp4cli.bench.timing import median_ms, synchronize
     from fp4cli.train import distributed
 

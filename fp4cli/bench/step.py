@@ -31,7 +31,6 @@ from fp4cli.bench.baseline import (
 from fp4cli.bench.configs import STEPS_MAX, BenchError, check_count
 
 MODES = ("eager", "graph", "compile", "compile-graph")
-# on several processes: fp4cli.bench.distributed_step (spread_cases, run_spread_bench)
 BENCH_SIZES = {"gpt": ("gpt2-small", 8), "vit": ("deit-small", 128)}  # size, batch
 
 
@@ -141,11 +140,14 @@ def run_step_bench(
     steps: int,
     on_case: Callable[[int, StepCase], None] | None = None,
     on_rows: Callable[[list[StepRow]], None] | None = None,
+    measure: Callable[[StepCase], StepRow] | None = None,
 ) -> list[StepRow]:
-    """Measure every case in order; each row's baseline is the bf16 case of its task and mode."""
+    """Measure every case in order (`measure_case`, or `measure`: on several processes,
+    `distributed_step.measure_spread_case`); each row's baseline is the bf16 case of its task
+    and mode."""
     return measure_in_order(
         case_list,
-        lambda case: measure_case(case, device, steps),
+        measure or (lambda case: measure_case(case, device, steps)),
         lambda case: (case.task, case.size, case.batch, case.mode),
         on_case,
         on_rows,

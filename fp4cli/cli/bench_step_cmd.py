@@ -176,24 +176,27 @@ def _spread_bench(
     case_list: list[Any], dist: Any, device: Any, steps: int, store: Any, no_store: bool
 ) -> None:
     """Every rank measures; rank 0 records, shows progress and prints the table."""
-    from fp4cli.bench.distributed_step import run_spread_bench
+    from fp4cli.bench.distributed_step import measure_spread_case
+    from fp4cli.bench.step import run_step_bench
     from fp4cli.cli.bench_output import CaseProgress, Recorder
     from fp4cli.cli.output import console_for
     from fp4cli.train import distributed
 
+    def measure(case: Any) -> Any:
+        return measure_spread_case(case, dist, device, steps)
+
     distributed.join(dist, device)
     try:
         if not dist.is_main:
-            run_spread_bench(case_list, dist, device, steps)
+            run_step_bench(case_list, device, steps, measure=measure)
             return
         with (
             Recorder("step", store, no_store, device) as recorder,
             CaseProgress(len(case_list), "step") as progress,
         ):
-            rows = run_spread_bench(
-                case_list, dist, device, steps, on_case=progress.step_case,
-                on_rows=recorder.record,
-            )  # fmt: skip
+            rows = run_step_bench(
+                case_list, device, steps, progress.step_case, recorder.record, measure
+            )
         table = _step_table(rows, device)
         console_for(table).print(table)
         typer.echo(recorder.summary())
