@@ -11,6 +11,7 @@ weights moves.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,57 +60,78 @@ def spread_cases(cases: Sequence[StepCase], spread: Spread) -> list[StepCase]:
     for case in cases:
         for gather in ("",) if case.recipe == BASELINE else gathers:
             found.append(
-                StepCase(
-                    case.task,
-                    case.size,
-                    case.batch,
-                    case.recipe,
-                    case.backend,
-                    case.mode,
-                    case.gemm,
-                    case.recompute,
-                    spread.processes,
-                    spread.parallel,
-                    gather,
-                )  # fmt: skip
+                dataclasses.replace(
+                    case, processes=spread.processes, parallel=spread.parallel, gather=gather
+                )
             )
     return found
 
 
 def measure_spread_case(case: StepCase, dist: Any, device: torch.device, steps: int) -> StepRow:
     """This rank's milliseconds per step (the median of 3 timed loops), the largest peak GiB
-    of the ranks, and the gather's bytes. Every rank measures every case in order: each case's
-    collectives meet."""
-    from fp4cli.bench.timing import median_ms, synchronize
-    from fp4cli.train import distributed
-
+    of the ranks, the gather's bytes, and the scaling: this rank's share of the batch stepped
+    alone (no collectives, every rank at once on its own device) over the spread step. Every
+    rank measures every case in order: each case's collectives meet."""
     row = StepRow(case)
     try:
-        runner, batches, report = _build_spread_step(case, dist, device)
+        row.ms, row.peak_gib, report = _spread_ms(case, dist, device, steps)
         if report is not None:
             row.gather_mib = report.bytes / 2**20
             row.gather_vs_bf16 = report.ratio
-        calls = iter(range(1 << 62))
-
-        def step() -> None:
-            runner(batches[next(calls) % len(batches)])
-
-        for _ in range(3):
-            step()
-        synchronize(device)
-        distributed.barrier(dist)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        row.ms = median_ms(step, device, steps, warmup=0, repeats=3)
-        if device.type == "cuda":
-            peak = torch.tensor(torch.cuda.max_memory_allocated(device) / 2**30, device=device)
-            torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
-            row.peak_gib = float(peak)
+        release(device)
+        row.one_process_ms = _one_process_ms(case, dist, device, steps)
     except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
         row.note = failure_note(error)
     finally:
         release(device)
     return row
+
+
+def _spread_ms(
+    case: StepCase, dist: Any, device: torch.device, steps: int
+) -> tuple[float, float | None, Any]:
+    """(ms per step on the ranks, the largest peak GiB of the ranks, the gather report)."""
+    from fp4cli.train import distributed
+
+    runner, batches, report = _build_spread_step(case, dist, device)
+    ms = _timed(runner, batches, device, steps, lambda: distributed.barrier(dist))
+    peak = None
+    if device.type == "cuda":
+        top = torch.tensor(torch.cuda.max_memory_allocated(device) / 2**30, device=device)
+        torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
+        peak = float(top)
+    return ms, peak, report
+
+
+def _one_process_ms(case: StepCase, dist: Any, device: torch.device, steps: int) -> float:
+    """ms per step of this rank's share of the batch, trained alone (`step.build_step`)."""
+    from fp4cli.bench.step import build_step
+    from fp4cli.train import distributed
+
+    share = max(1, case.batch // dist.world_size)
+    alone = dataclasses.replace(case, batch=share, processes=1, parallel="", gather="")
+    runner, batches, _ = build_step(alone, device)
+    ms = _timed(runner, batches, device, steps, lambda: None)
+    distributed.barrier(dist)  # the ranks leave the case together
+    return ms
+
+
+def _timed(runner: Any, batches: list[Any], device: torch.device, steps: int, align: Any) -> float:
+    """The median of 3 loops of `steps` steps after 3 warm-up steps; `align` before timing."""
+    from fp4cli.bench.timing import median_ms, synchronize
+
+    calls = iter(range(1 << 62))
+
+    def step() -> None:
+        runner(batches[next(calls) % len(batches)])
+
+    for _ in range(3):
+        step()
+    synchronize(device)
+    align()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return median_ms(step, device, steps, warmup=0, repeats=3)
 
 
 def _build_spread_step(case: StepCase, dist: Any, device: torch.device) -> tuple[Any, Any, Any]:

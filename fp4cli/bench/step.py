@@ -66,11 +66,18 @@ class StepRow:
     note: str | None = None
     gather_mib: float | None = None  # one all-gather of the quantized layers' weights (FSDP2)
     gather_vs_bf16: float | None = None
+    one_process_ms: float | None = None  # a rank's share of the batch stepped alone
     baseline: StepRow | None = field(default=None, repr=False)
 
     @property
     def vs_baseline(self) -> float | None:
         return ratio(self.ms, self.baseline.ms if self.baseline else None)
+
+    @property
+    def scaling(self) -> float | None:
+        """N processes' samples a second over N times one's at the same per-process batch:
+        one process's step time over the spread step's."""
+        return ratio(self.one_process_ms, self.ms)
 
     @property
     def memory_vs_baseline(self) -> float | None:
@@ -93,6 +100,8 @@ class StepRow:
             ("saved_vs_bf16", self.saved_vs_baseline, "x"),
             ("gather_mib", self.gather_mib, "MiB"),
             ("gather_vs_bf16", self.gather_vs_bf16, "x"),
+            ("one_process_ms", self.one_process_ms, "ms"),
+            ("scaling", self.scaling, "x"),
         ]
         return [(name, value, unit) for name, value, unit in values if value is not None]
 

@@ -244,10 +244,12 @@ def _step_table(rows: list[Any], device: Any) -> Any:
         title += f", {case.processes} processes, {PARALLEL_NAMES[case.parallel]}"
         caption += (
             " gather MiB: one all-gather of the quantized layers' weights (x bf16: over the "
-            "same in BF16)."
+            "same in BF16). 1 process ms: a rank's share of the batch stepped alone; scaling: "
+            "that over ms/step (N processes' samples/s over N times one's)."
         )
     table = Table(title=title, box=box.SIMPLE_HEAD, caption=caption)
-    columns = (*STEP_COLUMNS, "gather MiB", "x bf16 gather") if spread else STEP_COLUMNS
+    spread_columns = ("gather MiB", "x bf16 gather", "1 process ms", "scaling")
+    columns = (*STEP_COLUMNS, *spread_columns) if spread else STEP_COLUMNS
     for column in columns:
         table.add_column(column, justify="left" if column in STEP_COLUMNS[:4] else "right")
     table.add_column("executors / note", style="yellow")
@@ -264,7 +266,8 @@ def _step_table(rows: list[Any], device: Any) -> Any:
                  significant(row.peak_gib), memory, significant(row.saved_gib), saved]  # fmt: skip
         if spread:
             vs = significant(row.gather_vs_bf16, 3) + ("x" if row.gather_vs_bf16 else "")
-            cells += [significant(row.gather_mib), vs]
+            cells += [significant(row.gather_mib), vs, significant(row.one_process_ms),
+                      significant(row.scaling, 3)]  # fmt: skip
         table.add_row(*map(Text, [*cells, row.note or row.executors]))
     return table
 

@@ -185,7 +185,7 @@ def test_the_benchmark_sizes_are_training_sizes() -> None:
 
 def test_a_step_on_two_processes_gathers_fp4_and_bf16_side_by_side(tmp_path: Path) -> None:
     """Under torchrun (gloo on the CPU): bf16, then nvfp4 with its weights gathered packed and
-    in BF16; rank 0 alone stores the rows, the gather's bytes among them."""
+    in BF16; rank 0 alone stores the rows, the gather's bytes and the scaling among them."""
     import os
     import subprocess
     import sys
@@ -207,3 +207,5 @@ def test_a_step_on_two_processes_gathers_fp4_and_bf16_side_by_side(tmp_path: Pat
     }
     assert gathers["packed"] == pytest.approx(0.252, abs=1e-3) and gathers["bf16"] == 1.0
     assert {row["config"]["processes"] for row in rows} == {2}
+    scaling = [row for row in rows if row["name"] == "scaling"]
+    assert len(scaling) == 3 and all(row["value"] > 0 for row in scaling)
