@@ -1,7 +1,8 @@
 """One rank of `test_packed_gather.py`'s two-process runs (started by torch.distributed.run,
 gloo on the CPU): for each recipe, a two-layer MLP of QuantLinear layers under FSDP2 with the
-packed all-gather, against the same MLP unsharded in this process. Prints one JSON line per
-recipe from rank 0; exits non-zero on the first mismatch."""
+packed all-gather (and, asked, with the BF16 one), against the same MLP unsharded in this
+process. Arguments: backend, gathers (packed,bf16), recipes. Prints one JSON line per recipe and
+gather from rank 0; exits non-zero on the first mismatch."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def full_operand(layer: QuantLinear, spec, axis: int) -> torch.Tensor:
     return quantize(layer.weight.detach(), spec, axis=axis, seed=0).dequantize()
 
 
-def check(recipe_name: str, backend: str) -> dict:
+def check(recipe_name: str, backend: str, gather: str) -> dict:
+    """One recipe's model, its weights gathered `packed` or in `bf16` (unmarked)."""
     from torch.distributed.fsdp import fully_shard
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -50,14 +52,13 @@ def check(recipe_name: str, backend: str) -> dict:
         layer.rank = rank  # as `fp4 train` sets it (distributed.wrap)
     for layer in quantized_layers(reference).values():
         layer.rank = rank
-    report = mark_packed_weights(sharded, world)
+    report = mark_packed_weights(sharded, world) if gather == "packed" else None
     for block in sharded:
         if isinstance(block, QuantLinear):
             fully_shard(block)
     fully_shard(sharded)
-    for step in range(
-        3
-    ):  # the second gather writes into FSDP2's unsharded weight; the third replays
+    # the second gather writes into FSDP2's unsharded weight; the third call replays
+    for step in range(3):
         _step(recipe_name, config, reference, sharded, step)
     marked = all(
         isinstance(layer.weight.to_local(), PackedGatherWeight)
@@ -68,9 +69,10 @@ def check(recipe_name: str, backend: str) -> dict:
         "refusals": PROGRAMS.refusals(),  # replays that could not be recorded
         "recipe": recipe_name,
         "backend": backend,
-        "packed": len(report.packed),
-        "plain": report.plain,
-        "ratio": round(report.ratio, 4),
+        "gather": gather,
+        "packed": len(report.packed) if report is not None else 0,
+        "plain": report.plain if report is not None else {},
+        "ratio": round(report.ratio, 4) if report is not None else 1.0,
         "marked": marked,
     }
 
@@ -130,12 +132,13 @@ def _step(recipe_name: str, config, reference: nn.Module, sharded: nn.Module, st
 def main() -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    backend = sys.argv[1]
+    backend, gathers = sys.argv[1], sys.argv[2].split(",")
     try:
-        for recipe_name in sys.argv[2:]:
-            result = check(recipe_name, backend)
-            if dist.get_rank() == 0:
-                print(json.dumps(result), flush=True)
+        for recipe_name in sys.argv[3:]:
+            for gather in gathers:
+                result = check(recipe_name, backend, gather)
+                if dist.get_rank() == 0:
+                    print(json.dumps(result), flush=True)
     finally:
         dist.destroy_process_group()
 

@@ -31,12 +31,12 @@ WORKER = Path(__file__).with_name("packed_gather_worker.py")
 RECIPES = ["mxfp4", "tetrajet", "nvfp4", "nvidia-nvfp4"]
 
 
-def _two_ranks(backend: str) -> list[dict]:
+def _two_ranks(backend: str, gathers: str) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if backend == "triton":
         env["TRITON_INTERPRET"] = "1"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=2", str(WORKER), backend, *RECIPES]  # fmt: skip
+               "--nproc-per-node=2", str(WORKER), backend, gathers, *RECIPES]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -46,9 +46,14 @@ def _two_ranks(backend: str) -> list[dict]:
 def test_two_ranks_compute_with_the_operands_one_process_quantizes(backend):
     """The worker checks outputs and both W operands bit for bit against the unsharded layer,
     and the gradients, over three steps (the second writes into FSDP2's unsharded weight, the
-    third replays the fast executor's recorded program)."""
-    results = {r["recipe"]: r for r in _two_ranks(backend)}
+    third replays the fast executor's recorded program). On the reference executor it checks
+    the BF16 gather's outputs and gradients too."""
+    gathers = "packed,bf16" if backend == "torch" else "packed"  # BF16's: the path before
+    found = _two_ranks(backend, gathers)
+    results = {r["recipe"]: r for r in found if r["gather"] == "packed"}
     assert sorted(results) == sorted(RECIPES)
+    plain = [r for r in found if r["gather"] == "bf16"]
+    assert len(plain) == (4 if backend == "torch" else 0)
     for result in results.values():
         assert result["packed"] == 2 and result["plain"] == {} and result["marked"]
         assert result["refusals"] == []  # the fast executor's calls replay (step 3)
