@@ -74,7 +74,11 @@ def train(
         int | None, Opt(help="Train on N processes (GPUs) of this node, under torchrun.")
     ] = None,
     parallel: Annotated[
-        str | None, Opt(help="With several processes: ddp (default) or fsdp (FSDP2).")
+        str | None,
+        Opt(
+            help="With several processes: ddp (default) or fsdp (FSDP2; quantized weights "
+            "all-gathered in FP4 where the recipe allows, --set parallel.fp4_gather=false: BF16)."
+        ),
     ] = None,
     nnodes: Annotated[int, Opt(help="Nodes (with --nproc-per-node; torchrun's).")] = 1,
     node_rank: Annotated[int, Opt(help="This node's rank (torchrun's).")] = 0,
