@@ -63,7 +63,7 @@ class Recorder:
 
     def __init__(self, kind: str, path: Path | None, no_store: bool, device: Any) -> None:
         from fp4cli.store import RunStore
-        from fp4cli.train.loop import stop_signals
+        from fp4cli.train.signals import stop_signals
 
         self.kind, self.device, self.logged = kind, device, 0
         self.store = None if no_store else RunStore(path)

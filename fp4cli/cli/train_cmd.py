@@ -125,8 +125,8 @@ def train(
     from fp4cli.train.api import RunFinished
     from fp4cli.train.config import ConfigError
     from fp4cli.train.distributed import RankStore, under_torchrun
-    from fp4cli.train.loop import stop_signals
     from fp4cli.train.progress import RichReporter, SilentReporter
+    from fp4cli.train.signals import stop_signals
 
     flags = {
         "task": task,

@@ -251,7 +251,7 @@ def _stop_signals() -> Any:
     """While the sweep runs in this process: the first SIGTERM raises SweepStopped and the
     first Ctrl-C KeyboardInterrupt (also where SIGINT was inherited ignored); later ones are
     ignored while the sweep stops."""
-    from fp4cli.train.loop import stop_signals
+    from fp4cli.train.signals import stop_signals
 
     return stop_signals(on_term=SweepStopped)
 

@@ -25,7 +25,7 @@ def worker_main(
 
     from fp4cli.store import RunStore
     from fp4cli.sweep.point_run import run_point
-    from fp4cli.train.loop import stop_signals
+    from fp4cli.train.signals import stop_signals
 
     parent = os.getppid()
     torch.set_num_threads(threads)

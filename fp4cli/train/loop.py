@@ -4,7 +4,8 @@ evaluation, quantization statistics, checkpoints, resume, divergence detection.
 Everything a run produces goes to the run store; a run that is interrupted (Ctrl-C, SIGTERM)
 is marked so, one killed outright reads as `interrupted` and is marked so by the next command
 that writes to the store.
-Only the first stop signal raises: one more while the run records its end is ignored. A run
+Only the first stop signal raises (`signals.py`): one more while the run records its end is
+ignored. A run
 that fails (a full disk) is marked `failed`.
 Batches are a pure function of (seed, step), every random stream of the quantized layers is in
 the model's state dict, and the open statistics windows and OsciReset's sums are in the
@@ -14,16 +15,12 @@ never moves a run back: it trains to --steps, else to the steps the run was last
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import math
 import platform
-import signal
-import threading
 import time
 import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +43,14 @@ from fp4cli.train.distributed import Distributed
 from fp4cli.train.memory import check_batch_fits
 from fp4cli.train.progress import Reporter, SilentReporter
 from fp4cli.train.shapes import LayerShapes
+from fp4cli.train.signals import (
+    PEER_STOP_WAIT_S,
+    Signals,
+    Stop,
+    install_stop_handler,
+    restore_handlers,
+    stopped_within,
+)
 from fp4cli.train.stats import QuantStatsCollector
 from fp4cli.train.step import (
     StepRunner,
@@ -62,10 +67,6 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)
     checkpoint: str | None = None
     seconds: float = 0.0
-
-
-class _Stop(Exception):
-    """Raised from a signal handler to end the loop cleanly (status `interrupted`)."""
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -249,7 +250,7 @@ class Trainer:
         config = self.config
         assert config.steps is not None
         began = time.time()
-        previous = _install_stop_handler()
+        previous = install_stop_handler()
         reporter.start(config.steps, self.start_step, f"{config.task}/{self.recipe.name}")
         if not self.recipe.linear.is_high_precision:
             from fp4cli.linear import executor_summary
@@ -271,7 +272,7 @@ class Trainer:
         try:
             try:
                 status, step = self._loop(reporter)
-            except (_Stop, KeyboardInterrupt, torch.OutOfMemoryError, MemoryError):
+            except (Stop, KeyboardInterrupt, torch.OutOfMemoryError, MemoryError):
                 raise
             except BaseException as error:  # a collective's error, or distributed checkpoint's
                 # A rank whose peer stopped first (Ctrl-C, or torchrun ending the ranks) sees
@@ -279,16 +280,16 @@ class Trainer:
                 if (
                     self.dist.world_size > 1
                     and not _failed_here(error)
-                    and (_Signals.received or _stopped_within(PEER_STOP_WAIT_S))
+                    and (Signals.received or stopped_within(PEER_STOP_WAIT_S))
                 ):
-                    raise _Stop() from None
+                    raise Stop() from None
                 raise
-        except (_Stop, KeyboardInterrupt):
-            _Signals.ending = True
+        except (Stop, KeyboardInterrupt):
+            Signals.ending = True
             status, step = "interrupted", self._step
             self.store.finish_run(self.run_id, "interrupted", step=step, message="stopped")
         except (torch.OutOfMemoryError, MemoryError) as error:
-            _Signals.ending = True
+            Signals.ending = True
             _release_frames(error)
             self.store.finish_run(self.run_id, "failed", step=self._step, message="out of memory")
             raise ConfigError(
@@ -296,7 +297,7 @@ class Trainer:
                 "use a smaller --batch-size"
             ) from None
         except BaseException as error:
-            _Signals.ending = True
+            Signals.ending = True
             _release_frames(error)  # a failed write's open file holds the space it took
             message = _one_line(error)
             self.store.finish_run(self.run_id, "failed", step=self._step, message=message)
@@ -305,7 +306,7 @@ class Trainer:
             raise
         finally:
             reporter.finish()
-            _restore_handlers(previous)
+            restore_handlers(previous)
         final = self.store.final_metrics(self.run_id)
         return RunResult(
             self.run_id, status, step, final, self._last_checkpoint, time.time() - began
@@ -526,76 +527,3 @@ def step_mode(
     if why_not is not None:
         return False, f"steps: eager ({why_not})"
     return True, "steps: replayed from a CUDA graph after 3 eager ones (--no-cuda-graph: eager)"
-
-
-PEER_STOP_WAIT_S = 10.0  # torchrun ends the other ranks within its monitor interval
-
-
-def _stopped_within(seconds: float) -> bool:
-    """Whether a stop signal (Ctrl-C, SIGTERM) reaches this process within `seconds`."""
-    try:
-        time.sleep(seconds)
-    except (KeyboardInterrupt, _Stop):
-        return True
-    return False
-
-
-class _Signals:
-    """Whether a stop signal reached this process during the run (a library may catch the
-    exception the signal raised: torch.distributed.checkpoint wraps what any rank raises),
-    and whether the run is recording how it ended. Only the first signal raises, and none
-    while the run ends: torchrun sends SIGINT, then SIGTERM, milliseconds apart."""
-
-    received = False
-    ending = False
-
-
-def _stop_handler(stop: type[BaseException]) -> Any:
-    """A signal handler that raises `stop` for the first signal only."""
-
-    def handle(signum: int, frame: Any) -> None:
-        first = not _Signals.received
-        _Signals.received = True
-        if first and not _Signals.ending:
-            raise stop()
-
-    return handle
-
-
-def _install_stop_handler() -> Any:
-    """SIGTERM raises _Stop and Ctrl-C KeyboardInterrupt, once; both are remembered. Returns
-    what to restore."""
-    _Signals.received = _Signals.ending = False
-    previous_interrupt = None
-    if threading.current_thread() is threading.main_thread():
-        previous_interrupt = signal.signal(signal.SIGINT, _stop_handler(KeyboardInterrupt))
-    return signal.signal(signal.SIGTERM, _stop_handler(_Stop)), previous_interrupt
-
-
-def _restore_handlers(previous: Any) -> None:
-    term, interrupt = previous
-    signal.signal(signal.SIGTERM, term)
-    if interrupt is not None:
-        signal.signal(signal.SIGINT, interrupt)
-
-
-@contextlib.contextmanager
-def stop_signals(on_term: type[BaseException] = KeyboardInterrupt) -> Iterator[None]:
-    """For a command's whole life: the first SIGINT raises KeyboardInterrupt and the first
-    SIGTERM `on_term` (a run in progress takes either as its own stop); later ones are
-    ignored, so that a process already stopping ends without a traceback. SIGINT is handled
-    even where it was inherited ignored. The previous handlers come back after, unless a
-    stop signal came: the process is ending, and later signals stay ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _Signals.received = _Signals.ending = False
-    previous = {
-        signal.SIGINT: signal.signal(signal.SIGINT, _stop_handler(KeyboardInterrupt)),
-        signal.SIGTERM: signal.signal(signal.SIGTERM, _stop_handler(on_term)),
-    }
-    try:
-        yield
-    finally:
-        for sig, earlier in previous.items():
-            signal.signal(sig, signal.SIG_IGN if _Signals.received else earlier)

@@ -369,7 +369,7 @@ def test_a_second_signal_while_the_run_records_its_stop_is_ignored(store, monkey
 
 
 def test_the_stop_handler_raises_once():
-    from fp4cli.train.loop import stop_signals
+    from fp4cli.train.signals import stop_signals
 
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     raised = 0
