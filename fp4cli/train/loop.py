@@ -5,8 +5,7 @@ Everything a run produces goes to the run store; a run that is interrupted (Ctrl
 is marked so, one killed outright reads as `interrupted` and is marked so by the next command
 that writes to the store.
 Only the first stop signal raises (`signals.py`): one more while the run records its end is
-ignored. A run
-that fails (a full disk) is marked `failed`.
+ignored. A run that fails (a full disk) is marked `failed`.
 Batches are a pure function of (seed, step), every random stream of the quantized layers is in
 the model's state dict, and the open statistics windows and OsciReset's sums are in the
 checkpoint, so a resumed run reproduces the uninterrupted one's metrics and statistics. A resume
