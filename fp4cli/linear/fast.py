@@ -175,7 +175,7 @@ def fast_forward(
     w_request = operand_request(config, "forward", 1, call_seed, rank)
     w_wanted = w_for_dx if needs_dx else None
     if given is not None:
-        w_q, w_saved = _given_operands(given, w_request, w_wanted, dtype)
+        w_q, w_saved = _given_operands(given, weight, w_request, w_wanted, dtype)
     else:
         as_given = weight
         weight, w_read_as = read_as_rounded(weight, dtype, w_request, w_wanted)
@@ -196,18 +196,31 @@ def fast_forward(
 
 
 def _given_operands(
-    given: WeightOperands, w_request: Request, w_wanted: Request | None, dtype: torch.dtype
+    given: WeightOperands,
+    weight: torch.Tensor,
+    w_request: Request,
+    w_wanted: Request | None,
+    dtype: torch.dtype,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """W's forward operand and (when `w_wanted`) its grad_input operand from operands quantized
     already, in the forms `quantize_both` writes; under double quantization the grad_input
-    operand re-quantizes the forward values here, as `quantize_both` does."""
-    w_q = operand_form(given.forward, w_request, dtype)
+    operand re-quantizes the forward values here, as `quantize_both` does. `weight` holds the
+    forward values (`gathered.py`): read as they are where the compute dtype is theirs."""
+    values = weight if weight.dtype == dtype else None
+
+    def form(operand: QuantizedTensor, request: Request) -> tuple[torch.Tensor, ...]:
+        as_values = not request.packed and not request.block
+        if values is not None and as_values and operand is given.forward:
+            return (values,)
+        return operand_form(operand, request, dtype)
+
+    w_q = form(given.forward, w_request)
     if w_wanted is None:
         return w_q, ()
     if given.grad_input is not None:
-        return w_q, operand_form(given.grad_input, w_wanted, dtype)
-    values = decoded(given.forward, dtype)
-    return w_q, quantize_both(values, None, w_wanted, dtype)[1]
+        return w_q, form(given.grad_input, w_wanted)
+    source = values if values is not None else decoded(given.forward, dtype)
+    return w_q, quantize_both(source, None, w_wanted, dtype)[1]
 
 
 def _forward_product(

@@ -20,7 +20,9 @@ The grad_input GEMM's W operand comes from one of three places (`GatherPlan`):
 - otherwise its own quantization along out_features, gathered beside the forward's.
 
 The layer's executors read a `WeightOperands` in place of quantizing W: `operand_form` gives the
-fast executor's forms, and the reference executor decodes them (`function.py`).
+fast executor's forms, and the reference executor decodes them (`function.py`). The weight
+FSDP2 hands the layer holds the forward operand's values (`decoded`, in the parameter dtype):
+the fast executor reads them from it rather than decode them again.
 """
 
 from __future__ import annotations
@@ -187,9 +189,9 @@ def operand_form(
     return (rows.dequantize(dtype, "triton"),)
 
 
-def decoded(operand: QuantizedTensor, dtype: torch.dtype) -> torch.Tensor:
-    """The operand's values in `dtype`, decoded by the kernels."""
-    return _as_rows(operand).dequantize(dtype, "triton")
+def decoded(operand: QuantizedTensor, dtype: torch.dtype, backend: str = "triton") -> torch.Tensor:
+    """The operand's values in `dtype`, decoded by the kernels (or `backend`'s decoder)."""
+    return _as_rows(operand).dequantize(dtype, backend)
 
 
 def _as_rows(operand: QuantizedTensor) -> QuantizedTensor:

@@ -25,7 +25,13 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_map_only
 
-from fp4cli.linear.gathered import GatheredWeight, GatherPlan, gather_gap, gather_plan
+from fp4cli.linear.gathered import (
+    GatheredWeight,
+    GatherPlan,
+    decoded,
+    gather_gap,
+    gather_plan,
+)
 from fp4cli.quant import QuantizedTensor, QuantSpec, quantize
 from fp4cli.quant.blocking import TENSOR_SCALE_BYTES, BlockLayout
 from fp4cli.quant.two_level import finite_amax
@@ -107,7 +113,7 @@ class PackedGatherWeight(torch.Tensor):
         if source.plan.grad_input is not None:
             grad_input = _quantized(rows, source.plan.grad_input, 0, amax, backend)
             inputs += [grad_input.codes.t().contiguous(), grad_input.scales.t().contiguous()]
-        return tuple(inputs), (source, amax, dtype, self.shape[1])
+        return tuple(inputs), (source, amax, dtype, self.shape[1], backend)
 
     def fsdp_post_all_gather(
         self,
@@ -119,7 +125,7 @@ class PackedGatherWeight(torch.Tensor):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None:
         """The whole weight's operands from the gathered rows, stored for the layer; the
         unsharded weight (the forward operand's values) returned, or written into `out`."""
-        source, amax, dtype, columns = metadata
+        source, amax, dtype, columns, backend = metadata
         plan: GatherPlan = source.plan
         shape = torch.Size((outputs[0].shape[0], columns))
         forward = _joined(outputs[0], outputs[1], plan.forward, 1, shape, amax, dtype)
@@ -127,10 +133,12 @@ class PackedGatherWeight(torch.Tensor):
         if plan.grad_input is not None:
             codes, scales = outputs[2].t(), outputs[3].t()
             grad_input = _joined(codes, scales, plan.grad_input, 0, shape, amax, dtype)
-        values = forward.dequantize(param_dtype)
+        values = decoded(forward, param_dtype, backend)  # what the layer reads as its values
         operands = plan.operands(forward, grad_input)
         if out is not None:
-            with torch.no_grad():  # `out` is the unsharded parameter, a leaf
+            # `out` is the unsharded parameter, which autograd may hold from the forward pass:
+            # refilled with the same values, as FSDP2 refills its own, without a new version
+            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(out):
                 out.copy_(values)
             source.store(operands, out)
             return None
