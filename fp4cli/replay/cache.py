@@ -2,7 +2,8 @@
 
 The first call of a signature runs directly (it compiles kernels, autotunes, fills the host
 code's own caches), the second is recorded (`recorder.record`), and every later one replays
-the recording (`program.HostProgram`). A signature (`_signature`) is the caller's key
+the recording (`program.HostProgram`), on CUDA from a graph of it where that is faster
+(`graphs`, `graphed.GraphedProgram`). A signature (`_signature`) is the caller's key
 (everything non-tensor the function decides by) and each input tensor's shape, strides, dtype,
 device and 16-byte alignment (what Triton specializes a kernel on). A recording that is
 refused leaves its signature on direct calls, with the reason kept (`refusals`).
@@ -19,10 +20,13 @@ from typing import Any
 
 import torch
 
+from fp4cli.replay.graphed import GraphedProgram, GraphRefused, graph_gap
 from fp4cli.replay.program import HostProgram, ReplayMismatch
 from fp4cli.replay.recorder import record
 
 CAPACITY = 512  # signatures kept; the least recently used goes first
+GRAPH_AFTER = 2  # replays of a program before it is captured in a graph
+GRAPH_CAPACITY = 64  # graphs held at once: each holds one call's inputs, outputs, temporaries
 
 
 @dataclass
@@ -30,9 +34,40 @@ class _Entry:
     calls: int = 0
     program: HostProgram | None = None
     refusal: str | None = None
+    replays: int = 0
+    graph: GraphedProgram | None = None
+    graph_refusal: str | None = None
 
 
 _SWITCH = threading.local()
+GRAPH_MODES = ("auto", "always", "off")
+_GRAPHS = {"mode": "auto"}  # for the whole process: a backward pass runs in autograd's thread
+
+
+def graph_mode() -> str:
+    """How recorded programs on CUDA use CUDA graphs (`graphs`)."""
+    return _GRAPHS["mode"]
+
+
+@contextlib.contextmanager
+def graphs(mode: str) -> Iterator[None]:
+    """Within, in every thread, a recorded program on CUDA replays from a CUDA graph of it:
+
+    - "auto" (the default): while the device waits on the host, that is where the device has
+      run all the work issued up to the previous program's call;
+    - "always": on every call;
+    - "off": never; its steps launch one by one.
+
+    A graph's call costs the host one launch and the device a copy of the inputs and outputs.
+    """
+    if mode not in GRAPH_MODES:
+        raise ValueError(f"graphs: mode {mode!r} is none of {', '.join(GRAPH_MODES)}")
+    previous = graph_mode()
+    _GRAPHS["mode"] = mode
+    try:
+        yield
+    finally:
+        _GRAPHS["mode"] = previous
 
 
 def replay_enabled() -> bool:
@@ -58,6 +93,7 @@ class ProgramCache:
         self.capacity = capacity
         self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._lock = threading.Lock()
+        self._ends: dict[int | None, torch.cuda.Event] = {}  # the last CUDA replay's, by device
 
     def run(
         self,
@@ -73,11 +109,9 @@ class ProgramCache:
             return function(*inputs)
         entry = self._entry(signature)
         if entry.program is not None:
-            try:
-                return entry.program(inputs)
-            except ReplayMismatch as mismatch:  # a host step decided otherwise: call directly
-                entry.program, entry.refusal = None, f"{mismatch} returned otherwise on a replay"
-                return function(*inputs)
+            if entry.graph_refusal is None and _GRAPHS["mode"] != "off":
+                return self._replay_on_cuda(entry, function, inputs)
+            return self._replay(entry, function, inputs)
         entry.calls += 1
         if entry.refusal is not None or entry.calls < 2:
             return function(*inputs)
@@ -87,6 +121,73 @@ class ProgramCache:
         else:
             entry.program = HostProgram(recording, _device(inputs))
         return result
+
+    def _replay(
+        self, entry: _Entry, function: Callable[..., Any], inputs: Sequence[torch.Tensor | None]
+    ) -> Any:
+        assert entry.program is not None
+        try:
+            return entry.program(inputs)
+        except ReplayMismatch as mismatch:  # a host step decided otherwise: call directly
+            entry.program, entry.refusal = None, f"{mismatch} returned otherwise on a replay"
+            return function(*inputs)
+
+    def _replay_on_cuda(
+        self, entry: _Entry, function: Callable[..., Any], inputs: Sequence[torch.Tensor | None]
+    ) -> Any:
+        """The replay from the entry's graph or by its steps (`graphs`), the graph captured and
+        checked on its GRAPH_AFTER-th call from one."""
+        program = entry.program
+        assert program is not None
+        if entry.replays == 0:
+            entry.graph_refusal = graph_gap(program)
+            if entry.graph_refusal is not None:
+                return self._replay(entry, function, inputs)
+        if torch.cuda.is_current_stream_capturing():
+            return self._replay(entry, function, inputs)  # no graph launch inside a capture
+        assert program.device is not None
+        ended = self._ends.get(program.device.index)
+        if ended is None:
+            ended = self._ends[program.device.index] = torch.cuda.Event()
+        elif _GRAPHS["mode"] == "auto" and not ended.query():
+            result = self._replay(entry, function, inputs)  # the device is busy: no copies
+            ended.record()
+            return result
+        if entry.graph is not None:
+            result = entry.graph(inputs)
+        elif entry.replays + 1 < GRAPH_AFTER:
+            entry.replays += 1
+            result = self._replay(entry, function, inputs)
+        else:
+            entry.replays += 1
+            result = self._first_graphed(entry, function, inputs)
+        ended.record()
+        return result
+
+    def _first_graphed(
+        self, entry: _Entry, function: Callable[..., Any], inputs: Sequence[torch.Tensor | None]
+    ) -> Any:
+        """The entry's graph captured, checked and called; its program's replay where that is
+        refused."""
+        assert entry.program is not None
+        if len(self.graphs()) >= GRAPH_CAPACITY:
+            entry.graph_refusal = f"{GRAPH_CAPACITY} graphs are held already"
+            return self._replay(entry, function, inputs)
+        try:
+            graph = GraphedProgram(entry.program, inputs)
+            result = graph.checked_call(inputs)
+        except (GraphRefused, RuntimeError) as refused:
+            entry.graph_refusal = str(refused)
+            return self._replay(entry, function, inputs)
+        entry.graph = graph
+        return result
+
+    def graph_refusals(self) -> list[str]:
+        """Why each recorded program replays without a graph."""
+        return [e.graph_refusal for e in self._entries.values() if e.graph_refusal is not None]
+
+    def graphs(self) -> list[GraphedProgram]:
+        return [e.graph for e in self._entries.values() if e.graph is not None]
 
     def _entry(self, signature: Hashable) -> _Entry:
         with self._lock:
