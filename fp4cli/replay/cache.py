@@ -40,8 +40,8 @@ class _Entry:
 
 
 _SWITCH = threading.local()
-GRAPH_MODES = ("auto", "always", "off")
-_GRAPHS = {"mode": "auto"}  # for the whole process: a backward pass runs in autograd's thread
+GRAPH_MODES = ("off", "auto", "always")
+_GRAPHS = {"mode": "off"}  # for the whole process: a backward pass runs in autograd's thread
 
 
 def graph_mode() -> str:
@@ -53,12 +53,13 @@ def graph_mode() -> str:
 def graphs(mode: str) -> Iterator[None]:
     """Within, in every thread, a recorded program on CUDA replays from a CUDA graph of it:
 
-    - "auto" (the default): while the device waits on the host, that is where the device has
-      run all the work issued up to the previous program's call;
+    - "auto": while the device waits on the host, that is where the device has run all the
+      work issued up to the previous program's call;
     - "always": on every call;
-    - "off": never; its steps launch one by one.
+    - "off" (the default): never; its steps launch one by one.
 
-    A graph's call costs the host one launch and the device a copy of the inputs and outputs.
+    A graph's call costs the host three calls and the device a copy of the inputs and outputs;
+    each graph holds the memory of one call's inputs, outputs and temporaries.
     """
     if mode not in GRAPH_MODES:
         raise ValueError(f"graphs: mode {mode!r} is none of {', '.join(GRAPH_MODES)}")

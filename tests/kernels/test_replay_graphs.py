@@ -85,13 +85,13 @@ def test_same_bits_tells_nan_payloads_and_signed_zeros_apart():
 
 
 def test_an_unknown_mode_is_a_one_line_error_and_modes_hold_in_their_block():
-    match = "mode 'sometimes' is none of auto, always, off"
+    match = "mode 'sometimes' is none of off, auto, always"
     with pytest.raises(ValueError, match=match), graphs("sometimes"):
         pass
-    assert graph_mode() == "auto"
-    with graphs("off"):
-        assert graph_mode() == "off"
-    assert graph_mode() == "auto"
+    assert graph_mode() == "off"
+    with graphs("auto"):
+        assert graph_mode() == "auto"
+    assert graph_mode() == "off"
 
 
 class StandInGraph:
@@ -136,7 +136,8 @@ def cuda_cache(monkeypatch):
     monkeypatch.setattr(cache, "_device", lambda inputs: CUDA)
     monkeypatch.setattr(torch.cuda, "Event", StandInEvent)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    return ProgramCache()
+    with graphs("auto"):
+        yield ProgramCache()
 
 
 def calls(programs, count, seed=0):
@@ -158,6 +159,7 @@ def test_a_program_is_graphed_on_its_second_replay_and_called_from_it(cuda_cache
 
 
 def test_off_never_graphs_and_always_ignores_the_busy_device(cuda_cache):
+    assert cache._GRAPHS["mode"] == "auto"  # the fixture's
     with graphs("off"):
         calls(cuda_cache, 6)
     assert StandInGraph.built == []
