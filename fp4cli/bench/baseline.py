@@ -83,7 +83,11 @@ def failure_note(error: Exception) -> str:
 
 
 def release(device: torch.device) -> None:
-    """Free what a case left: Python's cycles, the device's cached blocks, compiled graphs."""
+    """Free what a case left: Python's cycles, the device's cached blocks, compiled graphs, the
+    quantized layers' programs and their CUDA graphs."""
+    from fp4cli.linear.plans import PROGRAMS
+
+    PROGRAMS.clear()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

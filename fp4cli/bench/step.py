@@ -47,10 +47,13 @@ class StepCase:
     processes: int = 1  # more: DDP or FSDP2 (`parallel`) under torchrun (`distributed_step.py`)
     parallel: str = ""
     gather: str = ""  # FSDP2's all-gather of the quantized weights: packed or bf16
+    layer_graphs: str = "off"  # how the layers' programs use CUDA graphs (fp4cli.replay.graphs)
 
     @property
     def label(self) -> str:
         label = case_label(self.recipe, self.gemm, self.recompute)
+        if self.layer_graphs != "off":
+            label += f" layer graphs {self.layer_graphs}"
         return f"{label} gather {self.gather}" if self.gather else label
 
 
@@ -115,24 +118,41 @@ def cases(
     modes: Sequence[str],
     gemms: Sequence[str] = ("",),
     recomputes: Sequence[bool] = (False,),
+    layer_graphs: Sequence[str] = ("off",),
 ) -> list[StepCase]:
     """Every case, bf16 first in each task and mode (it is the baseline, on one backend, and
-    recomputes nothing)."""
+    recomputes nothing and has no layer programs to graph)."""
     found = []
     for task in tasks:
         task_size, task_batch = BENCH_SIZES.get(task, ("default", 8))
         shape = (task, size or task_size, batch or task_batch)
         for mode in modes:
             for recipe, backend, gemm in recipe_backends(recipes, backends, gemms):
-                for recompute in (False,) if recipe == BASELINE else recomputes:
-                    found.append(StepCase(*shape, recipe, backend, mode, gemm, recompute))
+                baseline = recipe == BASELINE
+                for recompute in (False,) if baseline else recomputes:
+                    for graphs in layer_graphs[:1] if baseline else layer_graphs:
+                        found.append(StepCase(*shape, recipe, backend, mode, gemm, recompute,
+                                              layer_graphs=graphs))  # fmt: skip
     return found
 
 
 def check_step_request(
-    modes: Sequence[str], steps: int, device: torch.device, recomputes: Sequence[bool] = (False,)
+    modes: Sequence[str],
+    steps: int,
+    device: torch.device,
+    recomputes: Sequence[bool] = (False,),
+    layer_graphs: Sequence[str] = ("off",),
 ) -> None:
     check_count("steps", steps, STEPS_MAX)
+    graphing = [mode for mode in layer_graphs if mode != "off"]
+    if graphing and device.type != "cuda":
+        raise BenchError(f"layer graphs {', '.join(graphing)}: CUDA graphs need a CUDA device")
+    stepped = [mode for mode in modes if mode.endswith("graph")]
+    if graphing and stepped:
+        raise BenchError(
+            f"layer graphs {', '.join(graphing)}: not with modes {', '.join(stepped)}, whose "
+            "step is one CUDA graph already"
+        )
     compiled = [mode for mode in modes if mode.startswith("compile")]
     if compiled and True in recomputes:
         from fp4cli.linear.recompute import NOT_COMPILED
@@ -166,10 +186,18 @@ def run_step_bench(
 def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
     """Milliseconds per step (median of 3 timed loops of `steps`), peak GiB and saved GiB of
     one case."""
+    from fp4cli.replay import graphs
+
+    row = StepRow(case)
+    with graphs(case.layer_graphs):
+        _measure_into(row, case, device, steps)
+    return row
+
+
+def _measure_into(row: StepRow, case: StepCase, device: torch.device, steps: int) -> None:
     from fp4cli.bench.timing import median_ms, synchronize
     from fp4cli.train.memory import saved_bytes
 
-    row = StepRow(case)
     try:
         runner, batches, executors = build_step(case, device)
         row.executors = executors
@@ -193,7 +221,6 @@ def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
         row.note = failure_note(error)
     finally:
         release(device)
-    return row
 
 
 def build_step(case: StepCase, device: torch.device) -> tuple[Any, list[Any], str]:

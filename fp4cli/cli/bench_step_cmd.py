@@ -69,6 +69,14 @@ def step_command(
             "bf16 or packed,bf16 (default: both, side by side)."
         ),
     ] = None,
+    layer_graphs: Annotated[
+        str,
+        Opt(
+            help="Comma-separated: off, auto, always: eager and compiled steps replay each "
+            "quantized layer's programs from CUDA graphs never, while the GPU waits on the "
+            "host, or always (fp4cli.replay.graphs)."
+        ),
+    ] = "off",
     device: DeviceOption = "auto",
     store: StoreOption = None,
     no_store: NoStoreOption = False,
@@ -91,6 +99,7 @@ def step_command(
     from fp4cli.bench.quantize import bench_device
     from fp4cli.cli.bench_output import CaseProgress, Recorder, quiet_compiler_warnings
     from fp4cli.cli.output import console_for
+    from fp4cli.replay.cache import GRAPH_MODES
     from fp4cli.train import distributed
     from fp4cli.train.distributed import under_torchrun
 
@@ -105,14 +114,15 @@ def step_command(
     backend_list = parse_choices("backends", backends, BACKENDS)
     gemm_list = parse_gemms(gemm)
     recompute_list = [c == "on" for c in parse_choices("recompute", recompute, ("off", "on"))]
+    graph_list = parse_choices("layer-graphs", layer_graphs, GRAPH_MODES)
     recipe_list, task_list = split_list(recipes), split_list(tasks)
     # names first: a misspelt recipe is worth knowing before what the device lacks
     _check_names(task_list, recipe_list + split_list(max_batch or ""), size)
-    bench.check_step_request(mode_list, steps, torch_device, recompute_list)
+    bench.check_step_request(mode_list, steps, torch_device, recompute_list, graph_list)
     check_kernel_backends(backend_list, torch_device)
     case_list = bench.cases(
         task_list, size, batch_size, recipe_list, backend_list, mode_list, gemm_list,
-        recompute_list,
+        recompute_list, graph_list,
     )  # fmt: skip
     if dist is not None:
         spread_list = distributed_step.spread_cases(case_list, spread)

@@ -70,6 +70,27 @@ def test_gemm_modes_multiply_the_quantized_recipes(tmp_path: Path) -> None:
     assert stored == {("bf16", ""), ("mxfp4", "fast")}
 
 
+def test_layer_graph_modes_multiply_the_quantized_recipes(monkeypatch) -> None:
+    found = bench.cases(["gpt"], "debug", None, ["mxfp4"], ["torch"], ["eager"], [""], [False],
+                        ["off", "always"])  # fmt: skip
+    assert [c.label for c in found] == ["bf16", "mxfp4", "mxfp4 layer graphs always"]
+    cuda = torch.device("cuda")
+    with pytest.raises(bench.BenchError, match="not with modes graph, whose step is one CUDA"):
+        bench.check_step_request(["eager", "graph"], 5, cuda, [False], ["off", "auto"])
+    bench.check_step_request(["eager", "compile"], 5, cuda, [False], ["off", "auto"])
+    seen = []
+
+    def measured(row, case, device, steps):
+        from fp4cli.replay import graph_mode
+
+        seen.append(graph_mode())
+
+    monkeypatch.setattr(bench, "_measure_into", measured)
+    for case in found:
+        bench.measure_case(case, torch.device("cpu"), 1)
+    assert seen == ["off", "off", "always"]
+
+
 def test_ratios_to_the_baseline() -> None:
     case = bench.StepCase("gpt", "debug", 8, "bf16", "triton", "eager")
     baseline = bench.StepRow(case, ms=10.0, peak_gib=2.0)
@@ -159,6 +180,8 @@ def test_max_batch_reports_a_start_that_does_not_fit(monkeypatch) -> None:
         (["--nproc-per-node", "2", "--modes", "eager", "--parallel", "zero"], "parallel: must"),
         (["--nproc-per-node", "2", "--modes", "eager", "--gather", "fp8"], "gather: packed, bf16"),
         (["--nproc-per-node", "2", "--modes", "eager", "--max-batch", "bf16"], "one process"),
+        (["--layer-graphs", "some"], "layer-graphs: 'some' is not one of off, auto, always"),
+        (["--modes", "eager", "--layer-graphs", "off,auto"], "auto: CUDA graphs need a CUDA"),
     ],
 )
 def test_bad_requests_fail_in_one_line(args: list[str], message: str) -> None:
