@@ -5,34 +5,13 @@ each call's tensors its own; a graph never launched inside another capture."""
 import pytest
 import torch
 
-from fp4cli import QuantLinear
 from fp4cli.linear.plans import PROGRAMS
-from fp4cli.recipes import load_recipe
 from fp4cli.replay import graphs
+from tests.gpu.test_gpu_replay import layer, passes
 
 pytestmark = pytest.mark.gpu
 
 RECIPES = ["mxfp4", "tetrajet", "tetrajet-qema", "tseng-rht-sr", "nvfp4", "wang-fp4"]
-
-
-def passes(layer, shapes):
-    results = []
-    for index, rows in enumerate(shapes):
-        generator = torch.Generator(device="cuda").manual_seed(index)
-        x = torch.randn(rows, layer.in_features, device="cuda", generator=generator)
-        x = x.to(torch.bfloat16).requires_grad_()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = layer(x)
-        layer.zero_grad()
-        y.backward(torch.randn(y.shape, device="cuda", generator=generator).to(y.dtype))
-        layer.update_ema()
-        results.append((y.detach(), x.grad, layer.weight.grad, layer.bias.grad))
-    return results
-
-
-def layer(name):
-    torch.manual_seed(0)
-    return QuantLinear(768, 3072, config=load_recipe(name).linear, seed=1).cuda()
 
 
 @pytest.mark.parametrize("name", RECIPES)
