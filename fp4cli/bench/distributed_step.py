@@ -139,7 +139,7 @@ def _build_spread_step(case: StepCase, dist: Any, device: torch.device) -> tuple
     import fp4cli
     from fp4cli.tasks.base import create_task
     from fp4cli.train import distributed
-    from fp4cli.train.packed_gather import mark_packed_weights
+    from fp4cli.train.packed_gather import bf16_gather_report, mark_packed_weights
     from fp4cli.train.step import StepRunner
 
     torch.manual_seed(0)
@@ -151,22 +151,9 @@ def _build_spread_step(case: StepCase, dist: Any, device: torch.device) -> tuple
     if case.gather == "packed":
         report = mark_packed_weights(model, dist.world_size)
     elif case.gather == "bf16":
-        report = _bf16_report(model)
+        report = bf16_gather_report(model, "parallel.fp4_gather=false")
     wrapped = distributed.wrap(model, dist, device)
     optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-4, fused=device.type == "cuda")
     runner = StepRunner(wrapped, optimizer, task.loss, 1.0, device, cuda_graph=False)
     batches = [distributed.shard(task.batch(i, case.batch, 0), dist) for i in range(2)]
     return runner, batches, report
-
-
-def _bf16_report(model: Any) -> Any:
-    """The gather report of every quantized weight travelling in BF16."""
-    from fp4cli.linear import quantized_layers
-    from fp4cli.train.packed_gather import BF16_BYTES, GatherReport
-
-    report = GatherReport(off="parallel.fp4_gather=false")
-    for layer in quantized_layers(model).values():
-        if not layer.config.is_high_precision:
-            report.bf16_bytes += layer.weight.numel() * BF16_BYTES
-    report.bytes = report.bf16_bytes
-    return report

@@ -152,17 +152,14 @@ def packed_gather(model: nn.Module, dist: Distributed, config: Any) -> Any:
     (a packed weight's layer runs eagerly) or one process gathers all in BF16."""
     if dist.parallel != "fsdp":
         return None
-    from fp4cli.train.packed_gather import GatherReport, mark_packed_weights
+    from fp4cli.train.packed_gather import GatherReport, bf16_gather_report, mark_packed_weights
 
-    why = None
+    if dist.world_size == 1:  # FSDP2 copies one process's shard: there is no gather
+        return GatherReport(off="one process")
     if not config.fp4_gather:
-        why = "parallel.fp4_gather=false"
-    elif config.compile:
-        why = "torch.compile"
-    elif dist.world_size == 1:  # FSDP2 copies one process's shard: there is no gather
-        why = "one process"
-    if why is not None:
-        return GatherReport(off=why)
+        return bf16_gather_report(model, "parallel.fp4_gather=false")
+    if config.compile:
+        return bf16_gather_report(model, "torch.compile")
     return mark_packed_weights(model, dist.world_size)
 
 

@@ -229,22 +229,20 @@ class GatherReport:
 def mark_packed_weights(model: nn.Module, world_size: int) -> GatherReport:
     """Mark the weight of every quantized Linear that can be gathered packed over `world_size`
     ranks (before `fully_shard`); the others stay as they are."""
-    from fp4cli.linear import quantized_layers
-
     report = GatherReport()
     shared = _shared_parameters(model)
-    for name, layer in quantized_layers(model).items():
-        if layer.config.is_high_precision:
-            continue
+    for name, layer in _quantized_layers(model):
         weight = layer.weight
         full = weight.numel() * BF16_BYTES
         report.bf16_bytes += full
-        why = _plain_reason(layer, world_size, id(weight) in shared)
-        if why is not None:
-            report.plain[name] = why
+        why = gather_gap(layer.config)
+        plan = gather_plan(layer.config) if why is None else None
+        if plan is not None:
+            why = _unsplit_reason(layer.out_features, plan, world_size, id(weight) in shared)
+        if plan is None or why is not None:
+            report.plain[name] = why or ""
             report.bytes += full
             continue
-        plan = gather_plan(layer.config)
         report.bytes += packed_bytes(plan, (weight.shape[0], weight.shape[1]))
         layer.gathered = GatheredWeight(plan)
         layer.weight = nn.Parameter(
@@ -254,14 +252,28 @@ def mark_packed_weights(model: nn.Module, world_size: int) -> GatherReport:
     return report
 
 
-def _plain_reason(layer: Any, world_size: int, shared: bool) -> str | None:
-    """Why a layer's weight stays BF16 in the all-gather, or None."""
-    gap = gather_gap(layer.config)
-    if gap is not None:
-        return gap
+def bf16_gather_report(model: nn.Module, off: str) -> GatherReport:
+    """The report of an all-gather that moves every quantized weight in BF16; `off` says why."""
+    report = GatherReport(off=off)
+    for _, layer in _quantized_layers(model):
+        report.bf16_bytes += layer.weight.numel() * BF16_BYTES
+    report.bytes = report.bf16_bytes
+    return report
+
+
+def _quantized_layers(model: nn.Module) -> list[tuple[str, Any]]:
+    """The quantized Linears whose weights an FP4 recipe quantizes, by name."""
+    from fp4cli.linear import quantized_layers
+
+    layers = quantized_layers(model).items()
+    return [(name, layer) for name, layer in layers if not layer.config.is_high_precision]
+
+
+def _unsplit_reason(rows: int, plan: GatherPlan, world_size: int, shared: bool) -> str | None:
+    """Why a weight that `plan` could gather packed stays BF16, or None."""
     if shared:
         return "a weight shared with another module"
-    rows, multiple = layer.out_features, gather_plan(layer.config).rows_multiple
+    multiple = plan.rows_multiple
     if rows % world_size or (rows // world_size) % multiple:
         return f"{rows} rows do not split into {world_size} shards of whole {multiple}-row blocks"
     return None

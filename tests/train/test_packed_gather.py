@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import fp4cli
 from fp4cli.linear import QuantLinear
 from fp4cli.linear.gathered import GatheredWeight, GatherPlan, gather_gap, gather_plan
 from fp4cli.quant import QuantSpec, quantize
@@ -23,6 +24,7 @@ from fp4cli.train.config import ConfigError, resolve_config
 from fp4cli.train.packed_gather import (
     GatherReport,
     PackedGatherWeight,
+    bf16_gather_report,
     mark_packed_weights,
     packed_bytes,
 )
@@ -185,6 +187,14 @@ def test_the_switch_and_its_name():
     assert "parallel.fp4_gather=false" in GatherReport(off="parallel.fp4_gather=false").summary()
 
 
+def test_a_bf16_gather_reports_every_quantized_weight_in_bf16():
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16))
+    fp4cli.quantize_model(model, "nvfp4")
+    report = bf16_gather_report(model, "torch.compile")
+    assert report.bytes == report.bf16_bytes == (64 * 32 + 32 * 16) * 2
+    assert report.summary() == "FSDP2 all-gathers the weights in BF16 (torch.compile)"
+
+
 FP4 = [sys.executable, "-m", "fp4cli.cli", "train", "--size=debug", "--device=cpu",
        "--set=log_every=1", "--task=gpt", "--recipe=nvfp4", "--steps=3",
        "--batch-size=8"]  # fmt: skip
@@ -218,3 +228,7 @@ def test_fsdp_with_the_packed_gather_trains_as_ddp_and_as_a_bf16_gather(tmp_path
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     kept = db.final_metrics(with_packed["id"], ["gather_bytes", "gather_bf16_bytes"])
     assert kept["gather_bytes"] / kept["gather_bf16_bytes"] == pytest.approx(0.252, abs=1e-3)
+    kept_plain = db.final_metrics(without["id"], ["gather_bytes", "gather_bf16_bytes"])
+    assert (
+        kept_plain["gather_bytes"] == kept_plain["gather_bf16_bytes"] == kept["gather_bf16_bytes"]
+    )
