@@ -121,6 +121,7 @@ class ProgramCache:
             entry.refusal = refusal
         else:
             entry.program = HostProgram(recording, _device(inputs))
+            entry.graph_refusal = graph_gap(entry.program)
         return result
 
     def _replay(
@@ -140,10 +141,6 @@ class ProgramCache:
         checked on its GRAPH_AFTER-th call from one."""
         program = entry.program
         assert program is not None
-        if entry.replays == 0:
-            entry.graph_refusal = graph_gap(program)
-            if entry.graph_refusal is not None:
-                return self._replay(entry, function, inputs)
         if torch.cuda.is_current_stream_capturing():
             return self._replay(entry, function, inputs)  # no graph launch inside a capture
         assert program.device is not None
