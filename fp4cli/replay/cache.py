@@ -2,8 +2,8 @@
 
 The first call of a signature runs directly (it compiles kernels, autotunes, fills the host
 code's own caches), the second is recorded (`recorder.record`), and every later one replays
-the recording (`program.HostProgram`), on CUDA from a graph of it where that is faster
-(`graphs`, `graphed.GraphedProgram`). A signature (`_signature`) is the caller's key
+the recording (`program.HostProgram`), on CUDA from a graph of it where `graphs` asks for it
+(`graphed.GraphedProgram`). A signature (`_signature`) is the caller's key
 (everything non-tensor the function decides by) and each input tensor's shape, strides, dtype,
 device and 16-byte alignment (what Triton specializes a kernel on). A recording that is
 refused leaves its signature on direct calls, with the reason kept (`refusals`).
