@@ -2,10 +2,10 @@
 
 `GraphedProgram(program, inputs)` captures one run of a `HostProgram` on buffers of the
 inputs' layouts. A call copies its inputs into those buffers, replays the graph, and returns
-the result with every tensor the program made cloned out of the graph's memory. So each call
+the result with every tensor the program made copied out of the graph's memory. So each call
 gets tensors of its own, as a replay of the program does, and one graph serves every layer of
 a signature. The copies cost device time, the launches they replace cost host time: the
-cache (`cache.ProgramCache`) replays a graph only while the device waits on the host.
+cache (`cache.ProgramCache`) replays graphs only where `cache.graphs` asks for them.
 
 A program is graphed only where a graph replays it exactly:
 
