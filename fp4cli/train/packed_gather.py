@@ -236,11 +236,11 @@ def mark_packed_weights(model: nn.Module, world_size: int) -> GatherReport:
         full = weight.numel() * BF16_BYTES
         report.bf16_bytes += full
         why = gather_gap(layer.config)
-        plan = gather_plan(layer.config) if why is None else None
-        if plan is not None:
+        if why is None:
+            plan = gather_plan(layer.config)
             why = _unsplit_reason(layer.out_features, plan, world_size, id(weight) in shared)
-        if plan is None or why is not None:
-            report.plain[name] = why or ""
+        if why is not None:
+            report.plain[name] = why
             report.bytes += full
             continue
         report.bytes += packed_bytes(plan, (weight.shape[0], weight.shape[1]))
