@@ -153,12 +153,12 @@ class ProgramCache:
             return result
         if entry.graph is not None:
             result = entry.graph(inputs)
-        elif entry.replays + 1 < GRAPH_AFTER:
-            entry.replays += 1
-            result = self._replay(entry, function, inputs)
         else:
             entry.replays += 1
-            result = self._first_graphed(entry, function, inputs)
+            if entry.replays < GRAPH_AFTER:
+                result = self._replay(entry, function, inputs)
+            else:
+                result = self._first_graphed(entry, function, inputs)
         ended.record()
         return result
 
