@@ -77,20 +77,18 @@ class GraphedProgram:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self._graph.capture_begin(capture_error_mode="thread_local")
-            try:  # a layout that a copy would not keep is made dense within the graph
-                self._made: list[torch.Tensor] = []
-                self._result = _leaves(program(self._buffers), self._buffers, self._made)
+            try:
+                result = program(self._buffers)
             finally:
                 self._graph.capture_end()
         torch.cuda.current_stream().wait_stream(side)
-        self._layouts = [(t.shape, t.stride(), t.dtype, t.device) for t in self._made]
+        self._made: list[torch.Tensor] = []
+        self._result = _leaves(result, self._buffers, self._made)
 
     def __call__(self, inputs: Sequence[torch.Tensor | None]) -> Any:
         self._copy_in(inputs)
         self._graph.replay()
-        empty = torch.empty_strided
-        made = [empty(shape, stride, dtype=dtype, device=device)
-                for shape, stride, dtype, device in self._layouts]  # fmt: skip
+        made = [torch.empty_like(t) for t in self._made]  # dense, in the made tensor's order
         torch._foreach_copy_(made, self._made)
         return _rebuilt(self._result, inputs, made)
 
@@ -153,31 +151,17 @@ def _buffer_like(tensor: torch.Tensor) -> torch.Tensor:
 
 def _leaves(result: Any, buffers: Sequence[torch.Tensor | None], made: list[torch.Tensor]) -> Any:
     """The result as a template: inputs by index, the tensors the graph made (appended to
-    `made`, dense copies of any other layout), other values as they are."""
+    `made`), other values as they are."""
     if isinstance(result, torch.Tensor):
         for index, buffer in enumerate(buffers):
             if buffer is result:
                 return _Input(index)
-        dense = result if _dense(result) else result.contiguous()
-        made.append(dense)
+        made.append(result)
         return _Made(len(made) - 1)
     if isinstance(result, (list, tuple)):
         items = [_leaves(r, buffers, made) for r in result]
         return items if isinstance(result, list) else tuple(items)
     return result
-
-
-def _dense(tensor: torch.Tensor) -> bool:
-    """Whether the strides cover exactly the tensor's elements, in some order of its axes (a
-    copy into `empty_strided` keeps them)."""
-    expected = 1
-    for stride, size in sorted(zip(tensor.stride(), tensor.shape, strict=True)):
-        if size == 1:
-            continue
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _rebuilt(template: Any, inputs: Sequence[torch.Tensor | None], made: list[torch.Tensor]) -> Any:
