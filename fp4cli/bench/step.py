@@ -186,41 +186,38 @@ def run_step_bench(
 def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
     """Milliseconds per step (median of 3 timed loops of `steps`), peak GiB and saved GiB of
     one case."""
+    from fp4cli.bench.timing import median_ms, synchronize
     from fp4cli.replay import graphs
+    from fp4cli.train.memory import saved_bytes
 
     row = StepRow(case)
     with graphs(case.layer_graphs):
-        _measure_into(row, case, device, steps)
+        try:
+            runner, batches, executors = build_step(case, device)
+            row.executors = executors
+            calls = iter(range(1 << 62))
+
+            def step() -> None:
+                runner(batches[next(calls) % len(batches)])
+
+            for _ in range(6):  # eager warm-up, the CUDA graph's capture, compilation
+                step()
+            synchronize(device)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            row.ms = median_ms(step, device, steps, warmup=0, repeats=3)
+            if device.type == "cuda":
+                row.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
+            if not case.mode.startswith("compile"):  # after the timed steps, which it cannot touch
+                saved = saved_bytes(
+                    runner.model, runner.loss_of, batches[0], device, case.recompute
+                )
+                row.saved_gib = saved / 2**30
+        except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
+            row.note = failure_note(error)
+        finally:
+            release(device)
     return row
-
-
-def _measure_into(row: StepRow, case: StepCase, device: torch.device, steps: int) -> None:
-    from fp4cli.bench.timing import median_ms, synchronize
-    from fp4cli.train.memory import saved_bytes
-
-    try:
-        runner, batches, executors = build_step(case, device)
-        row.executors = executors
-        calls = iter(range(1 << 62))
-
-        def step() -> None:
-            runner(batches[next(calls) % len(batches)])
-
-        for _ in range(6):  # eager warm-up, the CUDA graph's capture, compilation
-            step()
-        synchronize(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        row.ms = median_ms(step, device, steps, warmup=0, repeats=3)
-        if device.type == "cuda":
-            row.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
-        if not case.mode.startswith("compile"):  # after the timed steps, which it cannot touch
-            saved = saved_bytes(runner.model, runner.loss_of, batches[0], device, case.recompute)
-            row.saved_gib = saved / 2**30
-    except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
-        row.note = failure_note(error)
-    finally:
-        release(device)
 
 
 def build_step(case: StepCase, device: torch.device) -> tuple[Any, list[Any], str]:

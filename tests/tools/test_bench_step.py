@@ -80,14 +80,15 @@ def test_layer_graph_modes_multiply_the_quantized_recipes(monkeypatch) -> None:
     bench.check_step_request(["eager", "compile"], 5, cuda, [False], ["off", "auto"])
     seen = []
 
-    def measured(row, case, device, steps):
+    def built(case, device):
         from fp4cli.replay import graph_mode
 
         seen.append(graph_mode())
+        raise RuntimeError("not built here")
 
-    monkeypatch.setattr(bench, "_measure_into", measured)
+    monkeypatch.setattr(bench, "build_step", built)
     for case in found:
-        bench.measure_case(case, torch.device("cpu"), 1)
+        assert bench.measure_case(case, torch.device("cpu"), 1).note
     assert seen == ["off", "off", "always"]
 
 
