@@ -11,8 +11,10 @@ A program is graphed only where a graph replays it exactly:
 
 - every step is an aten operation or a compiled kernel's launch (a host step may decide on
   the host, which a graph would not repeat);
-- the program leaves its inputs as it found them (the buffers are copies);
-- the graph's first replay gives the program's bits (`GraphedProgram.checked_call`).
+- the only inputs it changes are those an aten step writes in place (a layer's count of
+  calls): a call copies their buffers back into them, with what the graph made;
+- the graph's first replay gives the program's bits, in its result and in the inputs it
+  writes (`GraphedProgram.checked_call`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 
 from fp4cli.replay.program import HostProgram
-from fp4cli.replay.recorder import CallStep, LaunchStep, Slot
+from fp4cli.replay.recorder import CallStep, LaunchStep, OpStep, Slot
 
 
 class GraphRefused(RuntimeError):
@@ -69,8 +71,9 @@ class GraphedProgram:
         self._buffers = [
             None if t is None or i not in read else _buffer_like(t) for i, t in enumerate(inputs)
         ]
-        self._read = [i for i, b in enumerate(self._buffers) if b is not None]
-        self._targets = [b for b in self._buffers if b is not None]
+        read_buffers = [(i, b) for i, b in enumerate(self._buffers) if b is not None]
+        self._read = [i for i, _ in read_buffers]
+        self._buffers_read = ByteCopies([b for _, b in read_buffers])
         self._copy_in(inputs)
         self._graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
@@ -84,31 +87,113 @@ class GraphedProgram:
         torch.cuda.current_stream().wait_stream(side)
         self._made: list[torch.Tensor] = []
         self._result = _leaves(result, self._buffers, self._made)
+        self._written = sorted(_inputs_written(program))
+        written_buffers = [self._buffers[i] for i in self._written]
+        self._copies_out = ByteCopies([*self._made, *written_buffers])  # type: ignore[list-item]
 
     def __call__(self, inputs: Sequence[torch.Tensor | None]) -> Any:
         self._copy_in(inputs)
         self._graph.replay()
         made = [torch.empty_like(t) for t in self._made]  # dense, in the made tensor's order
-        torch._foreach_copy_(made, self._made)
+        written = [inputs[i] for i in self._written]
+        self._copies_out.copy_out([*made, *written])  # type: ignore[list-item]
         return _rebuilt(self._result, inputs, made)
 
     def _copy_in(self, inputs: Sequence[torch.Tensor | None]) -> None:
-        """The inputs into the buffers, in one multi-tensor copy."""
-        torch._foreach_copy_(self._targets, [inputs[i] for i in self._read])  # type: ignore[misc]
+        """The inputs into the buffers."""
+        self._buffers_read.copy_in([inputs[i] for i in self._read])  # type: ignore[misc]
 
     def checked_call(self, inputs: Sequence[torch.Tensor | None]) -> Any:
-        """One call, checked against the program run directly on copies of `inputs`. Raises
-        GraphRefused where the bits differ or the program wrote into its inputs. This waits
-        for the device: it runs once a program."""
-        copies = [None if t is None else t.clone() for t in inputs]
-        expected = self.program(copies)
-        for copy, tensor in zip(copies, inputs, strict=True):
-            if copy is not None and tensor is not None and not same_bits(copy, tensor):
+        """One call, once the graph has been checked against the program, each run on copies
+        of `inputs`. Raises GraphRefused, with `inputs` untouched, where the bits differ or the
+        program writes into an input that no aten step writes in place. This waits for the
+        device: it runs once a program."""
+        expected_inputs = [_copy_of(t) for t in inputs]
+        expected = self.program(expected_inputs)
+        for index, (copy, tensor) in enumerate(zip(expected_inputs, inputs, strict=True)):
+            if index not in self._written and not _same_or_none(copy, tensor):
                 raise GraphRefused("the program writes into its inputs")
-        got = self(inputs)
-        if not _same_results(got, expected):
+        graphed_inputs = [_copy_of(t) for t in inputs]
+        got = self(graphed_inputs)
+        pairs = zip(graphed_inputs, expected_inputs, strict=True)
+        if not _same_results(got, expected) or not all(_same_or_none(g, e) for g, e in pairs):
             raise GraphRefused("its graph gave other bits than the program")
-        return got
+        return self(inputs)
+
+
+class ByteCopies:
+    """Copies between a graph's own tensors and a call's tensors of the same sizes and strides,
+    both ways. A multi-tensor copy launches once only where all its tensors share a dtype, so
+    the dense ones (no gaps, no overlaps: all a graph's buffers, nearly all it makes) are copied
+    as flat bytes in one copy; any others in a second."""
+
+    def __init__(self, own: list[torch.Tensor]) -> None:
+        self.own = own
+        self._dense = [i for i, t in enumerate(own) if is_dense(t)]
+        self._strided = [i for i, t in enumerate(own) if not is_dense(t)]
+        self._own_bytes = [as_bytes(own[i]) for i in self._dense]
+
+    def copy_in(self, sources: Sequence[torch.Tensor]) -> None:
+        """`sources` into the own tensors."""
+        if self._dense:
+            torch._foreach_copy_(self._own_bytes, [as_bytes(sources[i]) for i in self._dense])
+        if self._strided:
+            own = [self.own[i] for i in self._strided]
+            torch._foreach_copy_(own, [sources[i] for i in self._strided])
+
+    def copy_out(self, targets: Sequence[torch.Tensor]) -> None:
+        """The own tensors into `targets`."""
+        if self._dense:
+            torch._foreach_copy_([as_bytes(targets[i]) for i in self._dense], self._own_bytes)
+        if self._strided:
+            own = [self.own[i] for i in self._strided]
+            torch._foreach_copy_([targets[i] for i in self._strided], own)
+
+
+def is_dense(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's elements fill one block of memory, each once (its strides, sorted,
+    are a contiguous tensor's)."""
+    if tensor.numel() == 0:
+        return True
+    extent = 1
+    dims = zip(tensor.stride(), tensor.shape, strict=True)
+    for stride, size in sorted((stride, size) for stride, size in dims if size > 1):
+        if stride != extent:
+            return False
+        extent *= size
+    return True
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's memory as one flat uint8 view: it spans exactly its elements, in
+    whatever order its strides lay them."""
+    return tensor.as_strided((tensor.numel(),), (1,)).view(torch.uint8)
+
+
+def _inputs_written(program: HostProgram) -> set[int]:
+    """The inputs an aten step writes in place (an in-place operation or `out=`: its output is
+    the input's slot)."""
+    written: set[int] = set()
+    for step in program.recording.steps:
+        if isinstance(step, OpStep):
+            outputs = step.outputs if isinstance(step.outputs, tuple) else (step.outputs,)
+            written.update(s.index for s in outputs if isinstance(s, Slot) and s.is_input)
+    return written
+
+
+def _copy_of(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A copy of `tensor` with its strides (a program is recorded for its inputs' strides)."""
+    if tensor is None:
+        return None
+    copy = _buffer_like(tensor)
+    copy.copy_(tensor)
+    return copy
+
+
+def _same_or_none(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return same_bits(a, b)
 
 
 def _inputs_read(program: HostProgram) -> set[int]:

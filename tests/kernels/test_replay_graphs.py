@@ -9,8 +9,10 @@ import torch
 
 from fp4cli.replay import ProgramCache, cache, graph_mode, graphs
 from fp4cli.replay.graphed import (
+    ByteCopies,
     GraphRefused,
     _inputs_read,
+    _inputs_written,
     _leaves,
     _rebuilt,
     graph_gap,
@@ -43,6 +45,12 @@ def test_only_the_inputs_a_program_reads_or_returns_get_buffers():
     assert _inputs_read(program_of(lambda x, y: x * 2)) == {0}
     assert _inputs_read(program_of(lambda x, y: (x * 2, y))) == {0, 1}
     assert _inputs_read(program_of(scaled_sum)) == {0, 1}
+
+
+def test_the_inputs_an_aten_step_writes_in_place_are_known():
+    assert _inputs_written(program_of(lambda x, y: x * 2)) == set()
+    assert _inputs_written(program_of(lambda x, y: x * y.add_(1))) == {1}
+    assert _inputs_written(program_of(lambda x, y: torch.mul(x, 2, out=x))) == {0}
 
 
 def test_a_graphed_result_returns_inputs_as_given_and_copies_what_it_made():
@@ -93,6 +101,36 @@ def test_an_unknown_mode_is_a_one_line_error_and_modes_hold_in_their_block():
     with graphs("auto"):
         assert graph_mode() == "auto"
     assert graph_mode() == "off"
+
+
+def layouts_of_every_kind():
+    """Tensors a graph may own: mixed dtypes, a permuted dense layout, a 0-dim seed, bools, an
+    empty tensor, NaN payloads, and a strided slice (not dense: copied as itself)."""
+    nan_payloads = torch.tensor([0x7FC00001, 0xFFC12345 - (1 << 32), 0x7F800000], dtype=torch.int32)
+    return [
+        torch.randn(4, 6).to(torch.bfloat16),
+        torch.randn(3, 5).t(),
+        torch.tensor(12345678901, dtype=torch.int64),
+        torch.tensor([True, False, True]),
+        torch.empty(0, 7),
+        torch.randint(0, 256, (9,), dtype=torch.uint8),
+        nan_payloads.view(torch.float32),
+        torch.randn(4, 6)[:, ::2],
+    ]
+
+
+def test_byte_copies_carry_every_layout_bit_for_bit_both_ways():
+    own = [torch.empty_like(t) for t in layouts_of_every_kind()]  # a graph's buffers
+    own[-1] = torch.empty(4, 6)[:, ::2]  # a buffer of the slice's strides
+    copies = ByteCopies(own)
+    sources = layouts_of_every_kind()
+    copies.copy_in(sources)
+    pairs = zip(own, sources, strict=True)
+    assert all(same_bits(o, s) and o.stride() == s.stride() for o, s in pairs)
+    targets = [torch.empty_like(t) for t in own]  # as a graphed call makes them
+    copies.copy_out(targets)
+    assert all(same_bits(t, s) for t, s in zip(targets, sources, strict=True))
+    assert targets[1].stride() == (1, 5) and targets[-1].is_contiguous()
 
 
 class StandInGraph:
