@@ -35,7 +35,7 @@ rounding of the forward W runs in the kernel, which forms the guide from the wei
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,7 @@ from fp4cli.linear.operands import GEMM_OPERAND_FIELDS
 from fp4cli.linear.plans import run_planned
 from fp4cli.linear.recompute import OutputUse, tag
 from fp4cli.linear.routes import block_product
+from fp4cli.linear.seeds import CallCounter, draw_call_seed
 from fp4cli.quant import QuantizedTensor
 from fp4cli.quant.backend import kernel_gap
 from fp4cli.techniques.qema import AverageGuide
@@ -374,23 +375,34 @@ def _backward_product(
     return dy_values.mm(layout.values(tensors))
 
 
+class PlannedForward(NamedTuple):
+    """What `planned_forward` returns: `fast_forward`'s four results and the call's seed."""
+
+    y: torch.Tensor
+    x_saved: tuple[torch.Tensor, ...]
+    w_saved: tuple[torch.Tensor, ...]
+    layouts: tuple[Saved, Saved]
+    call_seed: torch.Tensor
+
+
 def planned_forward(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     config: LinearConfig,
     key: str,
-    call_seed: torch.Tensor,
+    call_seed: torch.Tensor | CallCounter,
     weight_guide: torch.Tensor | AverageGuide | None,
     rank: int,
     needs_dx: bool,
     needs_dw: bool,
     dtype: torch.dtype | None = None,
     given: WeightOperands | None = None,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[Saved, Saved]]:
+) -> PlannedForward:
     """`fast_forward` without recomputation, replayed from the layer programs
-    (`fp4cli.linear.plans`); `key` is the config's `ops.op_key`. W's operands `given` are
-    inputs of the program like x."""
+    (`fp4cli.linear.plans`); `key` is the config's `ops.op_key`. call_seed: the call's, or the
+    layer's CallCounter, from which the program draws it. W's operands `given` are inputs of
+    the program like x."""
     average = updates = guide = None
     warmup = -1
     if isinstance(weight_guide, AverageGuide):
@@ -398,20 +410,27 @@ def planned_forward(
     else:
         guide = weight_guide
     given_inputs = operand_tensors(given) if given is not None else ()
+    seed, calls, counts = call_seed, None, None
+    if isinstance(call_seed, CallCounter):
+        seed, calls, counts = call_seed.rng_seed, call_seed.calls, call_seed.counts
+    assert isinstance(seed, torch.Tensor)
 
-    def call(x, weight, bias, call_seed, average, updates, guide, *given_inputs):
+    def call(x, weight, bias, seed, calls, average, updates, guide, *given_inputs):
+        if calls is not None:
+            seed = draw_call_seed(seed, calls, bool(counts))
         if average is not None:
             guide = AverageGuide(average, updates, warmup)
         operands = with_tensors(given, given_inputs) if given is not None else None
-        return fast_forward(
-            x, weight, bias, config, call_seed, guide, rank, needs_dx, needs_dw, dtype,
+        y, x_saved, w_saved, layouts = fast_forward(
+            x, weight, bias, config, seed, guide, rank, needs_dx, needs_dw, dtype,
             given=operands,
         )  # fmt: skip
+        return y, x_saved, w_saved, layouts, seed  # a replay returns plain tuples
 
     given_key = operands_key(given) if given is not None else None
-    signature = ("fast_forward", key, rank, needs_dx, needs_dw, dtype, warmup, given_key)
-    inputs = (x, weight, bias, call_seed, average, updates, guide, *given_inputs)
-    return run_planned(signature, call, inputs)
+    signature = ("fast_forward", key, rank, needs_dx, needs_dw, dtype, warmup, given_key, counts)
+    inputs = (x, weight, bias, seed, calls, average, updates, guide, *given_inputs)
+    return PlannedForward(*run_planned(signature, call, inputs))
 
 
 def planned_backward(
@@ -456,7 +475,7 @@ class FastQuantLinearFunction(torch.autograd.Function):
         bias: torch.Tensor | None,
         config: LinearConfig,
         key: str,
-        call_seed: torch.Tensor,
+        call_seed: torch.Tensor | CallCounter,
         weight_guide: torch.Tensor | AverageGuide | None,
         rank: int = 0,
         dtype: torch.dtype | None = None,
@@ -465,11 +484,13 @@ class FastQuantLinearFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if recompute is None:
-            y, x_saved, w_saved, ctx.layouts = planned_forward(
+            y, x_saved, w_saved, ctx.layouts, call_seed = planned_forward(
                 x, weight, bias, config, key, call_seed, weight_guide, rank, needs_dx, needs_dw,
                 dtype, given,
             )  # fmt: skip
         else:
+            if isinstance(call_seed, CallCounter):
+                call_seed = call_seed.draw()
             y, x_saved, w_saved, ctx.layouts = fast_forward(
                 x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw,
                 dtype, recompute, given,

@@ -12,13 +12,14 @@ import torch.nn.functional as F
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
 from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
-from fp4cli.linear.function import SEED_STRIDE, QuantLinearFunction
+from fp4cli.linear.function import QuantLinearFunction
 from fp4cli.linear.gathered import GatheredWeight, WeightOperands
 from fp4cli.linear.operands import GEMMS
 from fp4cli.linear.ops import compiled_linear, op_key
 from fp4cli.linear.out_control import LayerSchedule, split_weight
 from fp4cli.linear.recompute import LayerRecompute
 from fp4cli.linear.routes import gemm_gap
+from fp4cli.linear.seeds import CallCounter, draw_call_seed
 from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.quant import fake_quantize
 from fp4cli.quant.backend import check_backend, interpreter_on, triton_available
@@ -153,33 +154,32 @@ class QuantLinear(nn.Linear):
             self._out_control.advance(self)
 
     def _next_call_seed(self) -> torch.Tensor:
-        """This call's seed (rng_seed + calls * SEED_STRIDE), counting a training call."""
-        call_seed = torch.add(self.rng_seed, self.calls, alpha=SEED_STRIDE)  # one launch
-        if self.training:
-            with torch.no_grad():
-                self.calls.add_(1)
-        return call_seed
+        """This call's seed (`seeds.py`), counting a training call."""
+        return draw_call_seed(self.rng_seed, self.calls, self.training)
 
     def _kernel_forward(
         self, x: torch.Tensor, executor: str, given: WeightOperands | None = None
     ) -> torch.Tensor:
         """An eager call of the fast or vector-wise executor: x, W and the bias are cast to
         autocast's dtype by the executor itself, whose steps run with autocast off (switched
-        directly: the context manager's host time counts in every call)."""
+        directly: the context manager's host time counts in every call). The fast executor
+        draws the call's seed in its program; the vector-wise one draws none."""
         device_type = x.device.type
         autocast = torch.is_autocast_enabled(device_type)
         dtype = torch.get_autocast_dtype(device_type) if autocast else None
-        call_seed = self._next_call_seed()
         rows = x.reshape(-1, self.in_features)
         if autocast:
             torch.set_autocast_enabled(device_type, False)
         try:
             if executor == "fast":
+                counter = CallCounter(self.rng_seed, self.calls, self.training)
                 y = FastQuantLinearFunction.apply(
-                    rows, self.weight, self.bias, self.config, self._op_key, call_seed,
+                    rows, self.weight, self.bias, self.config, self._op_key, counter,
                     self._average_guide(), self.rank, dtype, self._recompute.next_use(), given,
                 )  # fmt: skip
             else:
+                if self.training:
+                    self.calls.add_(1)
                 y = VectorQuantLinearFunction.apply(
                     rows, self.weight, self.bias, self.config, self._op_key, dtype,
                     self._recompute.next_use(),

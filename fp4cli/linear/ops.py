@@ -67,9 +67,10 @@ def _forward(
     """[y = x W^T + b, then the tensors the executor keeps for the backward pass]."""
     linear = _config(config)
     if executor == "fast":
-        y, x_kept, w_kept, _ = fast.planned_forward(
+        planned = fast.planned_forward(
             x, weight, bias, linear, config, call_seed, weight_guide, rank, needs_dx, needs_dw
         )
+        y, x_kept, w_kept = planned.y, planned.x_saved, planned.w_saved
         groups: tuple[tuple[torch.Tensor, ...], ...] = (w_kept, x_kept)
     elif executor == "vector":
         y, x_kept, w_kept, dge = fast_vector.planned_forward(

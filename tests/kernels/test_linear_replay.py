@@ -80,3 +80,18 @@ def test_a_frozen_weight_without_bias_records_its_own_programs():
                 layer(x).sum().backward()
             grads.append(x.grad)
     assert torch.equal(grads[0], grads[1]) and len(PROGRAMS.programs()) == 2
+
+
+@pytest.mark.parametrize("name", ["tetrajet", "wang-fp4"])
+def test_replayed_training_calls_are_counted_and_evaluation_calls_are_not(name):
+    """The fast executor's program draws the call's seed and counts the call on the device; the
+    vector-wise executor draws none and counts it in the layer."""
+    layer = seeded_layer(load_recipe(name).linear, "triton", 64, 48)
+    x = torch.randn(24, 64, device=DEVICE, requires_grad=True)
+    for _ in range(5):
+        layer(x).sum().backward()
+    layer.eval()
+    with torch.no_grad():
+        for _ in range(3):
+            layer(x)
+    assert int(layer.calls) == 5 and len(PROGRAMS.programs()) >= 2

@@ -1,0 +1,34 @@
+"""A quantized layer's seed for one call: rng_seed + calls * SEED_STRIDE (`function.py` says
+how the operands draw from it), where `calls` counts the layer's training calls. Both live on
+the layer's device, so a CUDA graph of a step draws a new seed on every replay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fp4cli.linear.function import SEED_STRIDE
+
+
+def draw_call_seed(rng_seed: torch.Tensor, calls: torch.Tensor, counts: bool) -> torch.Tensor:
+    """This call's seed, a tensor of its own; a call that `counts` (a training call) then adds
+    itself to `calls`, in place."""
+    call_seed = torch.add(rng_seed, calls, alpha=SEED_STRIDE)
+    if counts:
+        calls.add_(1)
+    return call_seed
+
+
+@dataclass(frozen=True)
+class CallCounter:
+    """A layer's `rng_seed` and `calls` buffers, handed to the executor that draws the call's
+    seed (`draw`) inside its recorded program: a program replayed from a CUDA graph then draws
+    it with no launch of its own."""
+
+    rng_seed: torch.Tensor
+    calls: torch.Tensor
+    counts: bool
+
+    def draw(self) -> torch.Tensor:
+        return draw_call_seed(self.rng_seed, self.calls, self.counts)
