@@ -24,6 +24,19 @@ def check_count(name: str, value: int, limit: int) -> None:
         raise BenchError(f"{name}: must be from 1 to {limit:,} (got {value})")
 
 
+def check_layer_graphs(layer_graphs: Iterable[str], device_type: str, graphed: str) -> None:
+    """Refuse layer graphs (`fp4cli.replay.graphs` modes other than "off") off CUDA, or beside
+    `graphed`, the requested modes or timing whose calls are one CUDA graph already (named,
+    with why; "" where none is)."""
+    graphing = ", ".join(mode for mode in layer_graphs if mode != "off")
+    if not graphing:
+        return
+    if device_type != "cuda":
+        raise BenchError(f"layer graphs {graphing}: CUDA graphs need a CUDA device")
+    if graphed:
+        raise BenchError(f"layer graphs {graphing}: not with {graphed}")
+
+
 def error_line(error: BaseException, limit: int | None = None) -> str:
     """`Type: first line of the message` (at most `limit` characters of it), or `Type` alone:
     how a benchmark row names the error that stopped it."""

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from fp4cli.bench.baseline import (
+    BASELINE,
     case_label,
     case_recipe,
     failure_note,
@@ -31,7 +32,7 @@ from fp4cli.bench.baseline import (
     recipe_backends,
     release,
 )
-from fp4cli.bench.configs import ITERS_MAX, BenchError, check_count
+from fp4cli.bench.configs import ITERS_MAX, BenchError, check_count, check_layer_graphs
 from fp4cli.bench.gemm import CPU_MAX_FLOP
 from fp4cli.bench.gemm_cases import SHAPE_SETS
 from fp4cli.bench.parsing import split_list
@@ -47,10 +48,12 @@ class LayerCase:
     backend: str
     name: str = ""  # e.g. "gpt2 qkv", for a shape from a named set
     gemm: str = ""  # the recipe's linear.gemm changed to this ("": the recipe's own)
+    layer_graphs: str = "off"  # how the layer's programs use CUDA graphs (fp4cli.replay.graphs)
 
     @property
     def label(self) -> str:
-        return case_label(self.recipe, self.gemm)
+        label = case_label(self.recipe, self.gemm)
+        return label if self.layer_graphs == "off" else f"{label} layer graphs {self.layer_graphs}"
 
     @property
     def shape_text(self) -> str:
@@ -96,7 +99,8 @@ class LayerRow:
         return {"tokens": shape.tokens, "in_features": shape.in_features,
                 "out_features": shape.out_features, "recipe": case.recipe,
                 "backend": case.backend, "name": case.name, "executor": self.executor,
-                "timing": self.timing, "gemm": case.gemm}  # fmt: skip
+                "timing": self.timing, "gemm": case.gemm,
+                "layer_graphs": case.layer_graphs}  # fmt: skip
 
     def measurements(self) -> list[tuple[str, float, str]]:
         values = [
@@ -145,21 +149,30 @@ def cases(
     recipes: Sequence[str],
     backends: Sequence[str],
     gemms: Sequence[str] = ("",),
+    layer_graphs: Sequence[str] = ("off",),
 ) -> list[LayerCase]:
-    """Every case, bf16 first at each shape (the baseline, on one backend)."""
+    """Every case, bf16 first at each shape (the baseline, on one backend, with no layer
+    programs to graph)."""
     return [
-        LayerCase(shape, recipe, backend, name, gemm)
+        LayerCase(shape, recipe, backend, name, gemm, graphs)
         for shape, name in shapes
         for recipe, backend, gemm in recipe_backends(recipes, backends, gemms)
+        for graphs in (layer_graphs[:1] if recipe == BASELINE else layer_graphs)
     ]
 
 
 def check_layer_request(
-    shapes: Sequence[tuple[LayerShape, str]], iters: int, timing: str, device: torch.device
+    shapes: Sequence[tuple[LayerShape, str]],
+    iters: int,
+    timing: str,
+    device: torch.device,
+    layer_graphs: Sequence[str] = ("off",),
 ) -> None:
     """Raise BenchError for a request that cannot run (or would take minutes on a CPU)."""
     check_count("iters", iters, ITERS_MAX)
     check_timing(timing, device)
+    graphed = "--timing graph, whose calls are one CUDA graph already" if timing == "graph" else ""
+    check_layer_graphs(layer_graphs, device.type, graphed)
     if device.type == "cuda":
         return
     for shape, _ in shapes:
@@ -192,21 +205,23 @@ def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str)
     """Milliseconds per forward + backward (median of 5 timed loops), the host's microseconds
     to issue one, and saved MiB of a case."""
     from fp4cli.bench.timing import host_us, median_ms
+    from fp4cli.replay import graphs
     from fp4cli.train.memory import forward_saved_bytes
 
     row = LayerRow(case, timing)
-    try:
-        layer, executor = build_layer(case, device)
-        row.executor = executor
-        x, grad_y = layer_data(case.shape, device)
-        row.saved_mib = forward_saved_bytes(lambda: layer_forward(layer, x)) / 2**20
-        call = layer_call(layer, x, grad_y)
-        row.ms = median_ms(call, device, iters, warmup=3, repeats=5, timing=timing)
-        row.host_us = host_us(call, device, iters)
-    except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note, not a crash)
-        row.note = failure_note(error)
-    finally:
-        release(device)
+    with graphs(case.layer_graphs):
+        try:
+            layer, executor = build_layer(case, device)
+            row.executor = executor
+            x, grad_y = layer_data(case.shape, device)
+            row.saved_mib = forward_saved_bytes(lambda: layer_forward(layer, x)) / 2**20
+            call = layer_call(layer, x, grad_y)
+            row.ms = median_ms(call, device, iters, warmup=3, repeats=5, timing=timing)
+            row.host_us = host_us(call, device, iters)
+        except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note)
+            row.note = failure_note(error)
+        finally:
+            release(device)
     return row
 
 

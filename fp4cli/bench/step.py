@@ -28,7 +28,7 @@ from fp4cli.bench.baseline import (
     recipe_backends,
     release,
 )
-from fp4cli.bench.configs import STEPS_MAX, BenchError, check_count
+from fp4cli.bench.configs import STEPS_MAX, BenchError, check_count, check_layer_graphs
 
 MODES = ("eager", "graph", "compile", "compile-graph")
 BENCH_SIZES = {"gpt": ("gpt2-small", 8), "vit": ("deit-small", 128)}  # size, batch
@@ -144,15 +144,9 @@ def check_step_request(
     layer_graphs: Sequence[str] = ("off",),
 ) -> None:
     check_count("steps", steps, STEPS_MAX)
-    graphing = [mode for mode in layer_graphs if mode != "off"]
-    if graphing and device.type != "cuda":
-        raise BenchError(f"layer graphs {', '.join(graphing)}: CUDA graphs need a CUDA device")
-    stepped = [mode for mode in modes if mode.endswith("graph")]
-    if graphing and stepped:
-        raise BenchError(
-            f"layer graphs {', '.join(graphing)}: not with modes {', '.join(stepped)}, whose "
-            "step is one CUDA graph already"
-        )
+    stepped = ", ".join(mode for mode in modes if mode.endswith("graph"))
+    beside = f"modes {stepped}, whose step is one CUDA graph already" if stepped else ""
+    check_layer_graphs(layer_graphs, device.type, beside)
     compiled = [mode for mode in modes if mode.startswith("compile")]
     if compiled and True in recomputes:
         from fp4cli.linear.recompute import NOT_COMPILED

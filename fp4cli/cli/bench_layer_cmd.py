@@ -10,6 +10,7 @@ from fp4cli.cli.bench_options import (
     BackendsOption,
     DeviceOption,
     GemmsOption,
+    LayerGraphsOption,
     NoStoreOption,
     RecipesOption,
     StoreOption,
@@ -40,6 +41,7 @@ def layer_command(
         ),
     ] = "loop",
     iters: Annotated[int, Opt(min=1, help="Calls per timed loop; the median of 5 loops.")] = 20,
+    layer_graphs: LayerGraphsOption = "off",
     device: DeviceOption = "auto",
     store: StoreOption = None,
     no_store: NoStoreOption = False,
@@ -60,17 +62,19 @@ def layer_command(
     from fp4cli.cli.bench_output import CaseProgress, Recorder
     from fp4cli.cli.output import console_for
     from fp4cli.recipes import load_recipe
+    from fp4cli.replay.cache import GRAPH_MODES
 
     torch_device = bench_device(device)
     shape_list = bench.parse_layer_shapes(shapes)
     backend_list = parse_choices("backends", backends, BACKENDS)
     gemm_list = parse_gemms(gemm)
+    graph_list = parse_choices("layer-graphs", layer_graphs, GRAPH_MODES)
     recipe_list = split_list(recipes)
-    bench.check_layer_request(shape_list, iters, timing, torch_device)
     for recipe in recipe_list:
         load_recipe(recipe)  # RecipeError names what is wrong
+    bench.check_layer_request(shape_list, iters, timing, torch_device, graph_list)
     check_kernel_backends(backend_list, torch_device)
-    case_list = bench.cases(shape_list, recipe_list, backend_list, gemm_list)
+    case_list = bench.cases(shape_list, recipe_list, backend_list, gemm_list, graph_list)
     with (
         Recorder("layer", store, no_store, torch_device) as recorder,
         CaseProgress(len(case_list), "layer") as progress,

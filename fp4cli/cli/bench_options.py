@@ -20,6 +20,13 @@ RecipesOption = Annotated[
 BackendsOption = Annotated[
     str, typer.Option(help="Comma-separated quantizer backends: triton, torch.")
 ]
+LayerGraphsOption = Annotated[
+    str,
+    typer.Option(
+        help="Comma-separated: off, auto, always: each quantized layer's programs replay from "
+        "CUDA graphs never, while the GPU waits on the host, or always (fp4cli.replay.graphs)."
+    ),
+]
 GemmsOption = Annotated[
     str | None,
     typer.Option(

@@ -10,6 +10,7 @@ from fp4cli.cli.bench_options import (
     BackendsOption,
     DeviceOption,
     GemmsOption,
+    LayerGraphsOption,
     NoStoreOption,
     RecipesOption,
     StoreOption,
@@ -69,14 +70,7 @@ def step_command(
             "bf16 or packed,bf16 (default: both, side by side)."
         ),
     ] = None,
-    layer_graphs: Annotated[
-        str,
-        Opt(
-            help="Comma-separated: off, auto, always: eager and compiled steps replay each "
-            "quantized layer's programs from CUDA graphs never, while the GPU waits on the "
-            "host, or always (fp4cli.replay.graphs)."
-        ),
-    ] = "off",
+    layer_graphs: LayerGraphsOption = "off",
     device: DeviceOption = "auto",
     store: StoreOption = None,
     no_store: NoStoreOption = False,

@@ -85,6 +85,30 @@ def test_gemm_modes_multiply_the_quantized_recipes(tmp_path: Path) -> None:
     assert stored == {("bf16", ""), ("mxfp4", "exact")}
 
 
+def test_layer_graph_modes_multiply_the_quantized_recipes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--layer-graphs measures each quantized recipe in each mode (bf16 once), each case inside
+    its mode; not with --timing graph, whose calls are one CUDA graph already."""
+    shapes = [(bench.LayerShape(64, 32, 48), "")]
+    found = bench.cases(shapes, ["bf16", "mxfp4"], ["torch"], [""], ["off", "always"])
+    assert [c.label for c in found] == ["bf16", "mxfp4", "mxfp4 layer graphs always"]
+    cuda = torch.device("cuda")
+    with pytest.raises(bench.BenchError, match="not with --timing graph, whose calls are one"):
+        bench.check_layer_request(shapes, 1, "graph", cuda, ["off", "auto"])
+    bench.check_layer_request(shapes, 1, "loop", cuda, ["off", "auto"])
+    seen = []
+
+    def built(case: Any, device: Any) -> Any:
+        from fp4cli.replay import graph_mode
+
+        seen.append(graph_mode())
+        raise RuntimeError("not built here")
+
+    monkeypatch.setattr(bench, "build_layer", built)
+    rows = [bench.measure_case(case, CPU, 1, "loop") for case in found]
+    assert seen == ["off", "off", "always"] and all(row.note for row in rows)
+    assert rows[2].stored_config()["layer_graphs"] == "always"
+
+
 def test_named_sets_are_the_gemm_benchmarks_layers() -> None:
     """A GEMM set's M x N x K is the layer K -> N on M tokens, named."""
     shapes = bench.parse_layer_shapes("gpt2-small, 64x32x48")
@@ -177,6 +201,8 @@ def test_the_triton_backend_needs_kernels_that_run(monkeypatch: pytest.MonkeyPat
         (["--backends", "cuda"], "backends: 'cuda' is not one of"),
         (["--recipes", "no-such-recipe"], "no-such-recipe"),
         (["--gemm", "quick"], "gemm: 'quick' is not one of dequantized, exact, fast"),
+        (["--layer-graphs", "some"], "layer-graphs: 'some' is not one of off, auto, always"),
+        (["--layer-graphs", "off,auto"], "layer graphs auto: CUDA graphs need a CUDA device"),
     ],
 )
 def test_bad_requests_fail_in_one_line(args: list[str], message: str) -> None:
