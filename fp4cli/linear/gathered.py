@@ -134,7 +134,7 @@ def gather_plan(config: LinearConfig) -> GatherPlan:
 
 def operand_tensors(operands: WeightOperands) -> tuple[torch.Tensor | None, ...]:
     """The tensors of `operands` (codes, scales and tensor amax of the forward operand, then of
-    a grad_input operand of its own): a replayed call's inputs (`fast.planned_forward`)."""
+    a grad_input operand of its own): a replayed call's inputs (`fast_function.planned_forward`)."""
     found: list[torch.Tensor | None] = []
     for operand in _own(operands):
         found += [operand.codes, operand.scales, operand.tensor_amax]

@@ -10,7 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
-from fp4cli.linear.fast import FastQuantLinearFunction, fast_gap
+from fp4cli.linear.fast import fast_gap
+from fp4cli.linear.fast_function import FastQuantLinearFunction
 from fp4cli.linear.fast_vector import VectorQuantLinearFunction, vector_gap
 from fp4cli.linear.function import QuantLinearFunction
 from fp4cli.linear.gathered import GatheredWeight, WeightOperands

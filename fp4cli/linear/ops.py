@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from fp4cli.linear import fast, fast_vector
+from fp4cli.linear import fast_function, fast_vector
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.fast import saved_layouts
 from fp4cli.linear.fast_operands import Saved
@@ -67,7 +67,7 @@ def _forward(
     """[y = x W^T + b, then the tensors the executor keeps for the backward pass]."""
     linear = _config(config)
     if executor == "fast":
-        planned = fast.planned_forward(
+        planned = fast_function.planned_forward(
             x, weight, bias, linear, config, call_seed, weight_guide, rank, needs_dx, needs_dw
         )
         y, x_kept, w_kept = planned.y, planned.x_saved, planned.w_saved
@@ -127,7 +127,7 @@ def _backward(
         else:  # symbolic sizes (a fake implementation under dynamic shapes)
             layouts = saved_layouts(linear, call_seed, rank, x_shape, w_shape, dtype)[2:]
         w_kept, x_kept = _split(saved, (layouts[1].count if needs[0] else 0,))
-        grads = fast.planned_backward(
+        grads = fast_function.planned_backward(
             grad_y, x_kept, w_kept, linear, config, call_seed, rank, layouts, wanted, targets,
             (x_shape, w_shape, dtype),
         )  # fmt: skip
