@@ -1,6 +1,7 @@
 """The layer programs replayed from CUDA graphs (`fp4cli.replay.graphed`) against the same
 programs launched step by step, bit for bit, under BF16 autocast at GPT-2 small's MLP shape;
-each call's tensors its own; a graph never launched inside another capture."""
+each call's tensors its own, the layer's count of calls written back; a graph never launched
+inside another capture."""
 
 import pytest
 import torch
@@ -18,9 +19,11 @@ RECIPES = ["mxfp4", "tetrajet", "tetrajet-qema", "tseng-rht-sr", "nvfp4", "wang-
 def test_graphed_programs_give_the_programs_bits(name):
     shapes = [4096] * 6 + [1000] * 6
     PROGRAMS.clear()
+    graphed_layer = layer(name)
     with graphs("always"):
-        graphed = passes(layer(name), shapes)
+        graphed = passes(graphed_layer, shapes)
     assert len(PROGRAMS.graphs()) >= 2 and not PROGRAMS.graph_refusals()
+    assert int(graphed_layer.calls) == len(shapes)  # the graphs count each call in the layer
     PROGRAMS.clear()
     with graphs("off"):
         launched = passes(layer(name), shapes)
