@@ -119,22 +119,22 @@ class FastQuantLinearFunction(torch.autograd.Function):
         bias: torch.Tensor | None,
         config: LinearConfig,
         key: str,
-        call_seed: torch.Tensor | CallCounter,
+        counter: CallCounter,
         weight_guide: torch.Tensor | AverageGuide | None,
         rank: int = 0,
         dtype: torch.dtype | None = None,
         recompute: OutputUse | None = None,
         given: WeightOperands | None = None,
     ) -> torch.Tensor:
+        """counter: the layer's, from which the call draws its seed (in the replayed program)."""
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if recompute is None:
             y, x_saved, w_saved, ctx.layouts, call_seed = planned_forward(
-                x, weight, bias, config, key, call_seed, weight_guide, rank, needs_dx, needs_dw,
+                x, weight, bias, config, key, counter, weight_guide, rank, needs_dx, needs_dw,
                 dtype, given,
             )  # fmt: skip
         else:
-            if isinstance(call_seed, CallCounter):
-                call_seed = call_seed.draw()
+            call_seed = counter.draw()
             y, x_saved, w_saved, ctx.layouts = fast_forward(
                 x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw,
                 dtype, recompute, given,

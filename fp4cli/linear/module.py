@@ -20,7 +20,7 @@ from fp4cli.linear.ops import compiled_linear, op_key
 from fp4cli.linear.out_control import LayerSchedule, split_weight
 from fp4cli.linear.recompute import LayerRecompute
 from fp4cli.linear.routes import gemm_gap
-from fp4cli.linear.seeds import CallCounter, draw_call_seed
+from fp4cli.linear.seeds import CallCounter, count_call, draw_call_seed
 from fp4cli.linear.skip import expand_skip, matches_skip
 from fp4cli.quant import fake_quantize
 from fp4cli.quant.backend import check_backend, interpreter_on, triton_available
@@ -179,8 +179,7 @@ class QuantLinear(nn.Linear):
                     self._average_guide(), self.rank, dtype, self._recompute.next_use(), given,
                 )  # fmt: skip
             else:
-                if self.training:
-                    self.calls.add_(1)
+                count_call(self.calls, self.training)
                 y = VectorQuantLinearFunction.apply(
                     rows, self.weight, self.bias, self.config, self._op_key, dtype,
                     self._recompute.next_use(),

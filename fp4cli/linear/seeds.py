@@ -12,12 +12,16 @@ from fp4cli.linear.function import SEED_STRIDE
 
 
 def draw_call_seed(rng_seed: torch.Tensor, calls: torch.Tensor, counts: bool) -> torch.Tensor:
-    """This call's seed, a tensor of its own; a call that `counts` (a training call) then adds
-    itself to `calls`, in place."""
+    """This call's seed, a tensor of its own; then `count_call`."""
     call_seed = torch.add(rng_seed, calls, alpha=SEED_STRIDE)
+    count_call(calls, counts)
+    return call_seed
+
+
+def count_call(calls: torch.Tensor, counts: bool) -> None:
+    """A call that `counts` (a training call) adds itself to `calls`, in place."""
     if counts:
         calls.add_(1)
-    return call_seed
 
 
 @dataclass(frozen=True)
