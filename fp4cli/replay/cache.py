@@ -145,13 +145,10 @@ class ProgramCache:
             return self._replay(entry, function, inputs)  # no graph launch inside a capture
         assert program.device is not None
         ended = self._ends.get(program.device.index)
-        if ended is None:
-            ended = self._ends[program.device.index] = torch.cuda.Event()
-        elif _GRAPHS["mode"] == "auto" and not ended.query():
+        auto = _GRAPHS["mode"] == "auto"
+        if auto and ended is not None and not ended.query():
             result = self._replay(entry, function, inputs)  # the device is busy: no copies
-            ended.record()
-            return result
-        if entry.graph is not None:
+        elif entry.graph is not None:
             result = entry.graph(inputs)
         else:
             entry.replays += 1
@@ -159,7 +156,10 @@ class ProgramCache:
                 result = self._replay(entry, function, inputs)
             else:
                 result = self._first_graphed(entry, function, inputs)
-        ended.record()
+        if auto:  # the mark the next call's choice reads
+            if ended is None:
+                ended = self._ends[program.device.index] = torch.cuda.Event()
+            ended.record()
         return result
 
     def _first_graphed(

@@ -129,8 +129,9 @@ class ByteCopies:
 
     def __init__(self, own: list[torch.Tensor]) -> None:
         self.own = own
-        self._dense = [i for i, t in enumerate(own) if is_dense(t)]
-        self._strided = [i for i, t in enumerate(own) if not is_dense(t)]
+        dense = [is_dense(t) for t in own]
+        self._dense = [i for i, d in enumerate(dense) if d]
+        self._strided = [i for i, d in enumerate(dense) if not d]
         self._own_bytes = [as_bytes(own[i]) for i in self._dense]
 
     def copy_in(self, sources: Sequence[torch.Tensor]) -> None:
