@@ -18,6 +18,16 @@ def draw_call_seed(rng_seed: torch.Tensor, calls: torch.Tensor, counts: bool) ->
     return call_seed
 
 
+def draw_call_seed_launched(
+    rng_seed: torch.Tensor, calls: torch.Tensor, counts: bool
+) -> torch.Tensor:
+    """`draw_call_seed` in one kernel launch (`kernels.elementwise.call_seed`), the same bits:
+    for executors that launch kernels, where two torch operations cost two host steps."""
+    from fp4cli.kernels.elementwise.call_seed import launch_call_seed
+
+    return launch_call_seed(rng_seed, calls, SEED_STRIDE, counts)
+
+
 def count_call(calls: torch.Tensor, counts: bool) -> None:
     """A call that `counts` (a training call) adds itself to `calls`, in place."""
     if counts:
@@ -27,8 +37,8 @@ def count_call(calls: torch.Tensor, counts: bool) -> None:
 @dataclass(frozen=True)
 class CallCounter:
     """A layer's `rng_seed` and `calls` buffers, handed to the executor that draws the call's
-    seed (`draw`) inside its recorded program: a program replayed from a CUDA graph then draws
-    it with no launch of its own."""
+    seed inside its recorded program (`draw_call_seed_launched`): a program replayed from a
+    CUDA graph then draws it with no launch of its own."""
 
     rng_seed: torch.Tensor
     calls: torch.Tensor

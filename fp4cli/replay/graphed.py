@@ -172,13 +172,17 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _inputs_written(program: HostProgram) -> set[int]:
-    """The inputs an aten step writes in place (an in-place operation or `out=`: its output is
-    the input's slot)."""
+    """The inputs a step writes in place: an aten step's in-place operation or `out=` (its
+    output is the input's slot), a launch's arguments that it names `written`."""
     written: set[int] = set()
     for step in program.recording.steps:
         if isinstance(step, OpStep):
             outputs = step.outputs if isinstance(step.outputs, tuple) else (step.outputs,)
-            written.update(s.index for s in outputs if isinstance(s, Slot) and s.is_input)
+        elif isinstance(step, LaunchStep):
+            outputs = tuple(step.args[i] for i in step.written)
+        else:
+            continue
+        written.update(s.index for s in outputs if isinstance(s, Slot) and s.is_input)
     return written
 
 

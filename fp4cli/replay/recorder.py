@@ -58,13 +58,15 @@ class OpStep:
 class LaunchStep:
     """A Triton kernel launch: `kernel` on `grid` with `args` (every parameter, constexprs
     included, in the kernel's order) and launch `options`; `compiled` the kernel that the
-    recorded launch ran (None under the interpreter, whose replays launch as `launch` does)."""
+    recorded launch ran (None under the interpreter, whose replays launch as `launch` does);
+    `written` the positions of the arguments it writes in place (where one is an input)."""
 
     kernel: Any
     grid: tuple[int, ...]
     args: tuple[Any, ...]
     options: dict[str, Any]
     compiled: Any
+    written: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,10 +148,13 @@ class Recorder(TorchDispatchMode):
         args: Sequence[Any],
         options: dict[str, Any],
         compiled: Any,
+        written: tuple[int, ...] = (),
     ) -> None:
-        """A launch that `launch` made (while `paused`)."""
+        """A launch that `launch` made (while `paused`); `written`: the positions of the
+        arguments it writes in place."""
         if self.refusal is None:
-            step = LaunchStep(kernel, tuple(grid), self._template(tuple(args)), options, compiled)
+            step = LaunchStep(kernel, tuple(grid), self._template(tuple(args)), options, compiled,
+                              written)  # fmt: skip
             self.recording.steps.append(step)
 
     def record_call(

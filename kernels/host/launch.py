@@ -47,13 +47,16 @@ def launch(
     constexprs: Mapping[str, object],
     num_warps: int,
     fp_fusion: bool = True,
+    written: Sequence[int] = (),
     **launch_options: Any,
 ) -> None:
     """kernel[grid](*args, **constexprs, num_warps=num_warps): `args` are the kernel's
     run-time arguments (pointers, sizes, seeds) in its parameter order, `constexprs` its
     compile-time flags by name, every one of them (a missing or unknown name is an error).
     `fp_fusion=False` compiles it without fused multiply-adds (each product rounded alone);
-    `launch_options` are Triton's others (num_stages, maxnreg). Within a recording
+    `written`: the positions in `args` of the caller's tensors the kernel updates in place
+    (a recording's CUDA graph copies them back; outputs the launcher allocated need no
+    naming); `launch_options` are Triton's others (num_stages, maxnreg). Within a recording
     (`fp4cli.replay`) the launch is recorded with the kernel it ran.
 
     Triton itself is handed every argument by position, in the kernel's parameter order:
@@ -75,7 +78,8 @@ def launch(
         return
     with recorder.paused():
         compiled = kernel[grid](*every, **options)
-    recorder.record_launch(kernel, grid, every, options, None if interpreter_on() else compiled)
+    compiled = None if interpreter_on() else compiled
+    recorder.record_launch(kernel, grid, every, options, compiled, tuple(written))
 
 
 @functools.cache
