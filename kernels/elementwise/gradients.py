@@ -26,11 +26,14 @@ GRADIENT_WARPS = 4
 
 @triton.jit
 def _widen_block(halves_ptr, words_ptr, count, start, BLOCK: tl.constexpr):
-    """Elements [start, start + BLOCK) of bfloat16 bits (int16) as float32 bits (int32)."""
+    """Elements [start, start + BLOCK) of a bfloat16 tensor widened into a float32 one, as
+    bits: each read as int16 and written as int32 (pointers recast here, not views on the
+    host: each view is a host step of a replayed program)."""
     offsets = start + tl.arange(0, BLOCK)
     mask = offsets < count
-    halves = tl.load(halves_ptr + offsets, mask=mask, other=0)
-    tl.store(words_ptr + offsets, (halves.to(tl.int32) & 0xFFFF) << 16, mask=mask)
+    halves = tl.load(halves_ptr.to(tl.pointer_type(tl.int16)) + offsets, mask=mask, other=0)
+    words = (halves.to(tl.int32) & 0xFFFF) << 16
+    tl.store(words_ptr.to(tl.pointer_type(tl.int32)) + offsets, words, mask=mask)
 
 
 @triton.jit
@@ -85,7 +88,7 @@ def widen_gradients(
             continue
         out = torch.empty(source.shape, dtype=torch.float32, device=source.device)
         widened.append(out)
-        args += [source.view(torch.int16), out.view(torch.int32), source.numel()]
+        args += [source, out, source.numel()]
         programs += triton.cdiv(source.numel(), GRADIENT_BLOCK)
     args += [sums, 0 if sums is None else sums.numel()]
     if sums is not None:
