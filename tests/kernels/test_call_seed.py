@@ -5,12 +5,11 @@ and its launch recorded as writing `calls` (interpreter on the CPU, or a GPU).""
 import pytest
 import torch
 
+from fp4cli.linear.seeds import SEED_STRIDE, draw_call_seed, draw_call_seed_launched
+from fp4cli.replay.graphed import _inputs_written
+from fp4cli.replay.program import HostProgram
+from fp4cli.replay.recorder import record
 from tests.kernel_cases import on_device  # skips without kernels
-
-from fp4cli.linear.seeds import SEED_STRIDE, draw_call_seed, draw_call_seed_launched  # noqa: E402
-from fp4cli.replay.graphed import _inputs_written  # noqa: E402
-from fp4cli.replay.program import HostProgram  # noqa: E402
-from fp4cli.replay.recorder import record  # noqa: E402
 
 CASES = [(0, 0), (5, 1), (123_456_789, 77), (2**47 - 1, 2**40 + 3), (2**62 + 3, 2**59),
          (2**63 - 1, 2**60), (2**63 - 1, 2**63 - 1)]  # fmt: skip
