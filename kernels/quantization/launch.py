@@ -156,7 +156,8 @@ def encode_tables(
     the n tensor amaxes in `amax` (float32, n elements) under `spec`'s two-level scaling, from
     one launch. partials (n, programs): an amax pass's partial maxima (`amax.store_partial`),
     reduced in that launch into `amax` (then an output)."""
-    amax = amax.reshape(-1)
+    if amax.dim() != 1:  # a reshape is a host step of a replayed program even where it is idle
+        amax = amax.reshape(-1)
     tables = torch.empty(
         (amax.numel(), ENCODE_TABLE.value), dtype=torch.float32, device=amax.device
     )
