@@ -68,6 +68,10 @@ def launch(
     rest = _parameter_names(kernel)[len(args) :]
     if len(rest) != len(constexprs):
         raise TypeError(f"{kernel}: constexprs {sorted(constexprs)} are not its {list(rest)}")
+    if any(not 0 <= i < len(args) for i in written):
+        raise TypeError(
+            f"{kernel}: written positions {list(written)} are not of its {len(args)} arguments"
+        )
     options: dict[str, Any] = {"num_warps": num_warps, **launch_options}
     if not fp_fusion:
         options["enable_fp_fusion"] = False

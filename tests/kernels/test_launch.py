@@ -37,6 +37,15 @@ def test_constexprs_go_by_position_in_parameter_order() -> None:
     assert kernel.launches == [((3,), ("x", 7, 32, True, 0), {"num_warps": 4})]
 
 
+@pytest.mark.parametrize("written", [(2,), (-1,), (0, 5)])
+def test_written_positions_must_be_arguments(written) -> None:
+    kernel = Recorder()
+    with pytest.raises(TypeError, match="written positions"):
+        launch(kernel, (1,), ("x", 7), {"HADAMARD": 0, "BLOCK": 32, "SR": True}, 4,
+               written=written)  # fmt: skip
+    assert kernel.launches == []
+
+
 @pytest.mark.parametrize(
     "constexprs",
     [
