@@ -53,6 +53,25 @@ def test_compiled_layer_matches_eager_bit_for_bit(name):
     assert int(layer.calls) == 2  # each compiled call drew fresh seeds, as the eager ones
 
 
+@pytest.mark.parametrize("name", ["mxfp4", "tetrajet", "nvfp4", "wang-fp4"])
+def test_compiled_layer_matches_eager_bit_for_bit_under_autocast(name):
+    """Under bfloat16 autocast: float32 x, W and bias computed with in bfloat16, the gradients
+    returned in float32, as the eager layer gives them."""
+    config = COMPILED.get(name) or VECTOR[name]
+    x, grad_y = linear_inputs((1, 37, 96), outlier=True)
+
+    def passes(layer):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            return training_passes(layer, x, grad_y.to(torch.bfloat16))
+
+    eager = passes(seeded_layer(config, "triton"))
+    torch._dynamo.reset()
+    layer = seeded_layer(config, "triton")
+    compiled = passes(torch.compile(layer, backend="aot_eager", fullgraph=True))
+    assert compiled[0][0].dtype == torch.bfloat16 and compiled[0][1].dtype == torch.float32
+    assert_same_passes(compiled, eager)
+
+
 def test_compiled_layer_without_bias_and_input_gradient():
     config = CONFIGS["tetrajet"]
     x, grad_y = linear_inputs((29, 96), seed=4)
