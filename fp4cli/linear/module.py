@@ -198,19 +198,21 @@ class QuantLinear(nn.Linear):
         bias: torch.Tensor | None = self.bias
         device_type = x.device.type
         executor = self.executor(x)[0] if self.stats is None and given is None else "reference"
-        compiling = torch.compiler.is_compiling()
+        compiled = executor != "reference" and torch.compiler.is_compiling()
         dtype = None
         if torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
-            x, weight = x.to(dtype), weight.to(dtype)
-            bias = bias.to(dtype) if bias is not None else None
+            x = x.to(dtype)  # compiled: fused into the op that made x (a LayerNorm's)
+            if not compiled:  # compiled: the ops' executor casts W and the bias as it reads
+                weight = weight.to(dtype)
+                bias = bias.to(dtype) if bias is not None else None
         call_seed = self._next_call_seed()
         with torch.autocast(device_type, enabled=False):
             rows = x.reshape(-1, self.in_features)
-            if executor != "reference" and compiling:
+            if compiled:
                 y = compiled_linear(
                     rows, weight, bias, executor, self._op_key, call_seed,
-                    self._weight_guide(), self.rank,
+                    self._weight_guide(), self.rank, dtype,
                 )  # fmt: skip
             else:
                 y = QuantLinearFunction.apply(

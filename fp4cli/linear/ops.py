@@ -63,18 +63,22 @@ def _forward(
     rank: int,
     needs_dx: bool,
     needs_dw: bool,
+    dtype: torch.dtype | None = None,
 ) -> list[torch.Tensor]:
-    """[y = x W^T + b, then the tensors the executor keeps for the backward pass]."""
+    """[y = x W^T + b, then the tensors the executor keeps for the backward pass]. dtype: the
+    compute dtype (autocast's) to which the executor casts x, W and the bias as it reads them;
+    None: x's."""
     linear = _config(config)
     if executor == "fast":
         planned = fast_function.planned_forward(
-            x, weight, bias, linear, config, call_seed, weight_guide, rank, needs_dx, needs_dw
-        )
+            x, weight, bias, linear, config, call_seed, weight_guide, rank, needs_dx, needs_dw,
+            dtype,
+        )  # fmt: skip
         y, x_kept, w_kept = planned.y, planned.x_saved, planned.w_saved
         groups: tuple[tuple[torch.Tensor, ...], ...] = (w_kept, x_kept)
     elif executor == "vector":
         y, x_kept, w_kept, dge = fast_vector.planned_forward(
-            x, weight, bias, linear, config, needs_dx, needs_dw, None
+            x, weight, bias, linear, config, needs_dx, needs_dw, dtype
         )
         groups = (dge, w_kept, x_kept)
     else:
@@ -114,12 +118,17 @@ def _backward(
     shapes: list[int],
     dtype: torch.dtype,
     needs: list[bool],
+    x_dtype: torch.dtype,
+    w_dtype: torch.dtype,
+    bias_dtype: torch.dtype,
 ) -> list[torch.Tensor]:
     """[grad_x, grad_w, grad_b], each only where `needs` (dx, dw, db) asks for it. saved: what
-    `quant_linear` kept; shapes: X's (rows, cols) then W's; dtype: the forward's compute dtype."""
+    `quant_linear` kept; shapes: X's (rows, cols) then W's; dtype: the forward's compute dtype;
+    x_dtype, w_dtype, bias_dtype: the dtypes of x, W and the bias as the op was given them,
+    each gradient's."""
     linear = _config(config)
     wanted = (needs[0], needs[1], needs[2])
-    targets = (None, None, None)
+    given = (x_dtype, w_dtype, bias_dtype)
     if executor == "fast":
         x_shape, w_shape = torch.Size(shapes[:2]), torch.Size(shapes[2:])
         if all(type(size) is int for size in shapes):
@@ -128,7 +137,7 @@ def _backward(
             layouts = saved_layouts(linear, call_seed, rank, x_shape, w_shape, dtype)[2:]
         w_kept, x_kept = _split(saved, (layouts[1].count if needs[0] else 0,))
         grads = fast_function.planned_backward(
-            grad_y, x_kept, w_kept, linear, config, call_seed, rank, layouts, wanted, targets,
+            grad_y, x_kept, w_kept, linear, config, call_seed, rank, layouts, wanted, given,
             (x_shape, w_shape, dtype),
         )  # fmt: skip
     else:
@@ -137,7 +146,7 @@ def _backward(
         w_count = w_plan.kept_count
         dge, w_kept, x_kept = _split(saved, (dge_count, w_count))
         grads = fast_vector.planned_backward(
-            grad_y, (x_kept, w_kept, dge), linear, config, dtype, wanted, targets
+            grad_y, (x_kept, w_kept, dge), linear, config, dtype, wanted, given
         )
     return [g for g in grads if g is not None]
 
@@ -166,12 +175,14 @@ def _quant_linear_backward_fake(*args: Any) -> list[torch.Tensor]:
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]) -> None:
-    x, weight, bias, call_seed, _, executor, config, rank, needs_dx, needs_dw = inputs
+    x, weight, bias, call_seed, _, executor, config, rank, needs_dx, needs_dw, dtype = inputs
     ctx.save_for_backward(call_seed, *output[1:])
     ctx.executor, ctx.config, ctx.rank = executor, config, rank
     ctx.needs = (needs_dx, needs_dw)
     ctx.shapes = [*x.shape, *weight.shape]
-    ctx.dtype, ctx.has_bias = x.dtype, bias is not None
+    ctx.dtype, ctx.has_bias = dtype or x.dtype, bias is not None
+    # each gradient in its tensor's dtype (a bias-free layer's third is never computed)
+    ctx.targets = (x.dtype, weight.dtype, bias.dtype if bias is not None else x.dtype)
 
 
 def _autograd_backward(ctx: Any, grads: list[Any]) -> tuple[Any, ...]:
@@ -181,11 +192,11 @@ def _autograd_backward(ctx: Any, grads: list[Any]) -> tuple[Any, ...]:
     computed = iter(
         quant_linear_backward(
             grad_y.contiguous(), saved, call_seed, ctx.executor, ctx.config, ctx.rank,
-            ctx.shapes, ctx.dtype, needs,
+            ctx.shapes, ctx.dtype, needs, *ctx.targets,
         )
     )  # fmt: skip
     grad_x, grad_w, grad_b = (next(computed) if need else None for need in needs)
-    return grad_x, grad_w, grad_b, *([None] * 7)
+    return grad_x, grad_w, grad_b, *([None] * 8)
 
 
 quant_linear.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -200,12 +211,15 @@ def compiled_linear(
     call_seed: torch.Tensor,
     weight_guide: torch.Tensor | None,
     rank: int,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """y through the custom ops (what a compiled model traces): `executor` "fast" or "vector",
-    `key` the layer's `op_key`."""
+    `key` the layer's `op_key`, `dtype` the compute dtype (autocast's; None: x's). What is not
+    in it (W and the bias, float32 parameters) the executor casts as it reads, and each
+    gradient leaves in its tensor's dtype, as in an eager call."""
     grad = torch.is_grad_enabled()
     needs_dx, needs_dw = grad and x.requires_grad, grad and weight.requires_grad
     outputs = quant_linear(
-        x, weight, bias, call_seed, weight_guide, executor, key, rank, needs_dx, needs_dw
+        x, weight, bias, call_seed, weight_guide, executor, key, rank, needs_dx, needs_dw, dtype
     )
     return outputs[0]

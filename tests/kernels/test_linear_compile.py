@@ -112,12 +112,12 @@ def test_inductor_compiles_a_model_through_its_quantized_layers():
         torch.testing.assert_close(got.grad, expected.grad, rtol=2e-2, atol=1e-3)
 
 
-def op_args(executor, config):
+def op_args(executor, config, dtype=None):
     layer = seeded_layer(config, "triton", 64, 40)
     x = torch.randn(24, 64, device=DEVICE)
     call_seed = torch.tensor(7, device=DEVICE)
     return (x, layer.weight.detach(), layer.bias.detach(), call_seed, None, executor,
-            op_key(config), 0, True, True)  # fmt: skip
+            op_key(config), 0, True, True, dtype)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -136,17 +136,31 @@ def op_args(executor, config):
 def test_fake_implementations_give_the_real_outputs_layout(executor, name):
     """Each op's fake implementation (the launchers with launches skipped) allocates what the
     real op returns: shapes, dtypes and strides (torch.library.opcheck's fake-tensor test)."""
-    args = op_args(executor, COMPILED.get(name) or VECTOR[name])
+    check_fake_implementations(op_args(executor, COMPILED.get(name) or VECTOR[name]))
+
+
+@pytest.mark.parametrize(("executor", "name"), [("fast", "nvfp4"), ("vector", "wang-fp4")])
+def test_fake_implementations_hold_for_a_compute_dtype_of_their_own(executor, name):
+    """float32 x, W and bias computed with in bfloat16 (under autocast): the float32
+    gradients' layout too."""
+    config = COMPILED.get(name) or VECTOR[name]
+    check_fake_implementations(op_args(executor, config, torch.bfloat16))
+
+
+def check_fake_implementations(args):
     torch.library.opcheck(quant_linear, args, test_utils=("test_schema", "test_faketensor"))
     outputs = quant_linear(*args)
-    x, weight, _, call_seed, _, _, key, *_ = args
+    x, weight, bias, call_seed, _, executor, key, *_, dtype = args
     shapes = [*x.shape, *weight.shape]
-    grad_y = torch.randn(x.shape[0], weight.shape[0], device=DEVICE)
-    backward_args = (grad_y, list(outputs[1:]), call_seed, executor, key, 0, shapes, x.dtype,
-                     [True, True, True])  # fmt: skip
+    grad_y = torch.randn(x.shape[0], weight.shape[0], device=DEVICE).to(dtype or x.dtype)
+    targets = [x.dtype, weight.dtype, bias.dtype]
+    backward_args = (grad_y, list(outputs[1:]), call_seed, executor, key, 0, shapes,
+                     dtype or x.dtype, [True, True, True], *targets)  # fmt: skip
     torch.library.opcheck(
         quant_linear_backward, backward_args, test_utils=("test_schema", "test_faketensor")
     )
+    grads = quant_linear_backward(*backward_args)
+    assert [g.dtype for g in grads] == targets
 
 
 def test_an_unregistered_config_or_executor_is_one_error():
