@@ -53,7 +53,7 @@ def test_compiled_layer_matches_eager_bit_for_bit(name):
     assert int(layer.calls) == 2  # each compiled call drew fresh seeds, as the eager ones
 
 
-@pytest.mark.parametrize("name", ["mxfp4", "tetrajet", "nvfp4", "wang-fp4"])
+@pytest.mark.parametrize("name", ["mxfp4", "tetrajet", "tetrajet-qema", "nvfp4", "wang-fp4"])
 def test_compiled_layer_matches_eager_bit_for_bit_under_autocast(name):
     """Under bfloat16 autocast: float32 x, W and bias computed with in bfloat16, the gradients
     returned in float32, as the eager layer gives them."""
