@@ -45,4 +45,6 @@ class CallCounter:
     counts: bool
 
     def draw(self) -> torch.Tensor:
-        return draw_call_seed(self.rng_seed, self.calls, self.counts)
+        """The call's seed, drawn as the recorded programs draw it (a call that is not
+        replayed: one tagged for recomputation)."""
+        return draw_call_seed_launched(self.rng_seed, self.calls, self.counts)

@@ -11,8 +11,9 @@ A program is graphed only where a graph replays it exactly:
 
 - every step is an aten operation or a compiled kernel's launch (a host step may decide on
   the host, which a graph would not repeat);
-- the only inputs it changes are those an aten step writes in place (a layer's count of
-  calls): a call copies their buffers back into them, with what the graph made;
+- the only inputs it changes are those an aten step writes in place or a launch names as
+  written (a layer's count of calls): a call copies their buffers back into them, with what
+  the graph made;
 - the graph's first replay gives the program's bits, in its result and in the inputs it
   writes (`GraphedProgram.checked_call`).
 """
@@ -106,8 +107,8 @@ class GraphedProgram:
     def checked_call(self, inputs: Sequence[torch.Tensor | None]) -> Any:
         """One call, once the graph has been checked against the program, each run on copies
         of `inputs`. Raises GraphRefused, with `inputs` untouched, where the bits differ or the
-        program writes into an input that no aten step writes in place. This waits for the
-        device: it runs once a program."""
+        program writes into an input that no step names as written (`_inputs_written`). This
+        waits for the device: it runs once a program."""
         expected_inputs = [_copy_of(t) for t in inputs]
         expected = self.program(expected_inputs)
         for index, (copy, tensor) in enumerate(zip(expected_inputs, inputs, strict=True)):
