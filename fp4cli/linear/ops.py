@@ -196,7 +196,9 @@ def _autograd_backward(ctx: Any, grads: list[Any]) -> tuple[Any, ...]:
         )
     )  # fmt: skip
     grad_x, grad_w, grad_b = (next(computed) if need else None for need in needs)
-    return grad_x, grad_w, grad_b, *([None] * 8)
+    # one entry per argument the op was called with: torch versions differ on whether a
+    # trailing argument left at its default (dtype None) counts
+    return grad_x, grad_w, grad_b, *([None] * (len(ctx.needs_input_grad) - 3))
 
 
 quant_linear.register_autograd(_autograd_backward, setup_context=_setup_context)

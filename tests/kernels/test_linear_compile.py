@@ -211,3 +211,23 @@ def test_a_compiled_layer_takes_new_token_counts_and_evaluation(name):
     with torch.no_grad():
         x = torch.ones(8, 96, device=DEVICE)
         assert torch.equal(compiled(x), eager(x))
+
+
+@pytest.mark.parametrize("inputs", [11, 10])
+def test_the_backward_returns_one_gradient_per_argument_given(inputs, monkeypatch):
+    """The dispatcher drops a trailing argument left at its default (dtype None) from the call;
+    torch 2.11 then takes only as many gradients as arguments remain."""
+    from types import SimpleNamespace
+
+    from fp4cli.linear import ops
+
+    grads = [torch.ones(2), torch.ones(3), torch.ones(4)]
+    monkeypatch.setattr(ops, "quant_linear_backward", lambda *args: list(grads))
+    ctx = SimpleNamespace(
+        needs_input_grad=(True,) * inputs, saved_tensors=(torch.zeros((), dtype=torch.int64),),
+        executor="fast", config="", rank=0, needs=(True, True), has_bias=True, shapes=[],
+        dtype=torch.float32, targets=(torch.float32,) * 3,
+    )  # fmt: skip
+    returned = ops._autograd_backward(ctx, [torch.ones(2)])
+    assert len(returned) == inputs
+    assert returned[:3] == tuple(grads) and all(g is None for g in returned[3:])
