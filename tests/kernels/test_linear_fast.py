@@ -112,6 +112,27 @@ def test_ragged_tokens_and_features(name):
     )
 
 
+@pytest.mark.parametrize("shape", [(2, 37, 96), (96,)])
+@pytest.mark.parametrize("executor", ["fast", "vector"])
+def test_an_output_of_any_shape_changes_in_place_as_nn_linears(executor, shape):
+    """The kernel executors' autograd Functions take x's leading dimensions themselves: the
+    output they return is no view, so an in-place op on it (ReLU(inplace=True)) is allowed and
+    gives the reference executor's gradients."""
+    config = CONFIGS["tetrajet"] if executor == "fast" else load_recipe("wang-fp4").linear
+    fast, reference = seeded_layer(config, "triton"), seeded_layer(config, "torch")
+    assert fast.executor()[0] == executor
+    x, grad_y = linear_inputs(shape)
+    results = []
+    for layer in (fast, reference):
+        x_in = x.detach().clone().requires_grad_()
+        y = layer(x_in).relu_()
+        y.backward(grad_y.view(y.shape))
+        results.append((y.shape, y.detach(), x_in.grad, layer.weight.grad))
+    assert results[0][0] == (*shape[:-1], 70)
+    for got, expected in zip(results[0][1:], results[1][1:], strict=True):
+        assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize(
     "name", ["mxfp4", "nvfp4", "tseng-rht-sr", "ue5m3-hadamard-sr", "tetrajet-v2", "quartet2"]
 )

@@ -63,7 +63,9 @@ def _passes(config, recompute, calls=2):
     wide, narrow = _layers(config)
     assert wide.executor(torch.empty(1, device=DEVICE))[0] in ("fast", "vector")
     results, outlived, outputs = [], [], []
-    hook = wide.register_forward_hook(lambda m, i, out: outputs.append(weakref.ref(out._base)))
+    hook = wide.register_forward_hook(
+        lambda m, i, out: outputs.append(weakref.ref(out if out._base is None else out._base))
+    )
     for call in range(calls):
         generator = torch.Generator().manual_seed(call)
         x = (torch.randn(1, 40, 64, generator=generator) * 2).to(DEVICE).requires_grad_()
