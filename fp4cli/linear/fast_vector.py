@@ -529,5 +529,5 @@ class VectorQuantLinearFunction(torch.autograd.Function):
             ctx.targets,
         )
         if grad_x is not None:
-            grad_x = grad_x.view(ctx.x_shape)
+            grad_x = grad_x.reshape(ctx.x_shape)
         return grad_x, grad_w, grad_b, None, None, None, None
