@@ -12,6 +12,7 @@ memory.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,17 +165,141 @@ def run_step_bench(
     on_case: Callable[[int, StepCase], None] | None = None,
     on_rows: Callable[[list[StepRow]], None] | None = None,
     measure: Callable[[StepCase], StepRow] | None = None,
+    interleave: bool = False,
 ) -> list[StepRow]:
     """Measure every case in order (`measure_case`, or `measure`: on several processes,
-    `distributed_step.measure_spread_case`); each row's baseline is the bf16 case of its task
-    and mode."""
-    return measure_in_order(
-        case_list,
-        measure or (lambda case: measure_case(case, device, steps)),
-        lambda case: (case.task, case.size, case.batch, case.mode),
-        on_case,
-        on_rows,
-    )
+    `distributed_step.measure_spread_case`), or with `interleave` each task and mode's cases
+    together (`measure_interleaved`); each row's baseline is the bf16 case of its task and
+    mode."""
+    if not interleave:
+        return measure_in_order(
+            case_list, measure or (lambda case: measure_case(case, device, steps)), _group,
+            on_case, on_rows,
+        )  # fmt: skip
+    groups: dict[Any, list[StepCase]] = {}
+    for case in case_list:
+        groups.setdefault(_group(case), []).append(case)
+    rows: list[StepRow] = []
+    for group in groups.values():
+        measured = measure_interleaved(group, device, steps, on_case, len(rows))
+        baseline = next((row for row in measured if row.case.recipe == BASELINE), None)
+        for row in measured:
+            row.baseline = baseline
+        rows += measured
+        if on_rows is not None:
+            on_rows(measured)
+    return rows
+
+
+def _group(case: StepCase) -> tuple[Any, ...]:
+    """The cases compared with one bf16 case: one task, size, batch and mode."""
+    return case.task, case.size, case.batch, case.mode
+
+
+def check_interleave(modes: Sequence[str], layer_graphs: Sequence[str], processes: int) -> None:
+    """One-line errors for what `measure_interleaved` cannot hold at once."""
+    compiled = ", ".join(mode for mode in modes if mode.startswith("compile"))
+    if compiled:
+        raise BenchError(
+            f"--interleave: not with modes {compiled} (compiled models share the compiler's "
+            "caches; measure them one by one)"
+        )
+    if any(mode != "off" for mode in layer_graphs):
+        raise BenchError(
+            "--interleave: not with --layer-graphs (several models' layer graphs would pass "
+            "the graphs held at once)"
+        )
+    if processes > 1:
+        raise BenchError("--interleave: on one process")
+
+
+@dataclass
+class _Built:
+    """A case built and warmed up, held while the group's loops alternate."""
+
+    row: StepRow
+    step: Callable[[], None]
+    runner: Any
+    batches: list[Any]
+    resident: int  # bytes allocated by building and warming it up
+    loops: list[float] = field(default_factory=list)
+
+
+def measure_interleaved(
+    group: Sequence[StepCase],
+    device: torch.device,
+    steps: int,
+    on_case: Callable[[int, StepCase], None] | None = None,
+    first_index: int = 0,
+) -> list[StepRow]:
+    """`measure_case` for cases held at once: each is built and warmed up, then 3 rounds time
+    one loop of `steps` of each in turn, so that a drift of the host's speed falls on every
+    case alike. ms: the median of a case's loops; peak: its own allocation (resident, from its
+    building and warm-up) plus the most its loops added."""
+    from fp4cli.bench.timing import loop_ms, synchronize
+    from fp4cli.train.memory import saved_bytes
+
+    rows, built = [], []
+    try:
+        for offset, case in enumerate(group):
+            if on_case is not None:
+                on_case(first_index + offset, case)
+            row = StepRow(case)
+            rows.append(row)
+            try:
+                built.append(_build_warm(row, device))
+            except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note)
+                row.note = failure_note(error)
+        for _ in range(3):
+            for held in list(built):
+                try:
+                    allocated = _allocated(device)
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats(device)
+                    held.loops.append(loop_ms(held.step, steps, device))
+                    if device.type == "cuda":
+                        added = torch.cuda.max_memory_allocated(device) - allocated
+                        peak = (held.resident + added) / 2**30
+                        held.row.peak_gib = max(held.row.peak_gib or 0.0, peak)
+                except Exception as error:  # noqa: BLE001
+                    held.row.note = failure_note(error)
+                    built.remove(held)
+        synchronize(device)
+        for held in built:  # no compiled mode here: each one's saved tensors
+            held.row.ms = statistics.median(held.loops)
+            model, loss_of = held.runner.model, held.runner.loss_of
+            try:
+                saved = saved_bytes(
+                    model, loss_of, held.batches[0], device, held.row.case.recompute
+                )
+                held.row.saved_gib = saved / 2**30
+            except Exception as error:  # noqa: BLE001
+                held.row.note = failure_note(error)
+    finally:
+        built.clear()
+        release(device)
+    return rows
+
+
+def _build_warm(row: StepRow, device: torch.device) -> _Built:
+    """A case's runner built and stepped 6 times (warm-up, a CUDA graph's capture)."""
+    from fp4cli.bench.timing import synchronize
+
+    allocated = _allocated(device)
+    runner, batches, row.executors = build_step(row.case, device)
+    calls = iter(range(1 << 62))
+
+    def step() -> None:
+        runner(batches[next(calls) % len(batches)])
+
+    for _ in range(6):
+        step()
+    synchronize(device)
+    return _Built(row, step, runner, batches, _allocated(device) - allocated)
+
+
+def _allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
 def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:

@@ -19,7 +19,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _loop_ms(call: Callable[[], object], iters: int, device: torch.device) -> float:
+def loop_ms(call: Callable[[], object], iters: int, device: torch.device) -> float:
     """Milliseconds per call over one loop of `iters` calls."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -86,7 +86,7 @@ def median_ms(
         call()
     synchronize(device)
     if timing == "loop":
-        return statistics.median(_loop_ms(call, iters, device) for _ in range(repeats))
+        return statistics.median(loop_ms(call, iters, device) for _ in range(repeats))
     check_timing(timing, device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

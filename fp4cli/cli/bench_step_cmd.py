@@ -71,6 +71,15 @@ def step_command(
         ),
     ] = None,
     layer_graphs: LayerGraphsOption = "off",
+    interleave: Annotated[
+        bool,
+        Opt(
+            "--interleave",
+            help="Hold every case of a task and mode at once and alternate their timed loops, "
+            "so that the host's drift falls on each alike (eager and graph modes; each case's "
+            "memory at once).",
+        ),
+    ] = False,
     device: DeviceOption = "auto",
     store: StoreOption = None,
     no_store: NoStoreOption = False,
@@ -99,6 +108,9 @@ def step_command(
 
     quiet_compiler_warnings()
     mode_list = parse_choices("modes", modes, bench.MODES)
+    if interleave:
+        graphs = parse_choices("layer-graphs", layer_graphs, GRAPH_MODES)
+        bench.check_interleave(mode_list, graphs, nproc_per_node)
     spread = _spread(nproc_per_node, parallel, gather, mode_list, max_batch)
     if spread is not None and not under_torchrun():
         _check_names(split_list(tasks), split_list(recipes), size)
@@ -127,7 +139,7 @@ def step_command(
         with CaseProgress(len(case_list), "step") as progress:
             rows = bench.run_step_bench(
                 case_list, torch_device, steps, on_case=progress.step_case,
-                on_rows=recorder.record,
+                on_rows=recorder.record, interleave=interleave,
             )  # fmt: skip
         for task in task_list:
             task_size, start = bench.BENCH_SIZES.get(task, ("default", 8))

@@ -133,6 +133,49 @@ def test_failed_cases_get_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
     assert bench.measure_case(case, torch.device("cpu"), 1).note == "RuntimeError"
 
 
+def test_interleaved_cases_alternate_their_timed_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every case of a task and mode is built first, then one loop of each in turn, 3 rounds;
+    a case that fails to build gets a note and the others are measured."""
+    calls: list[str] = []
+
+    class Runner:
+        def __init__(self, name: str) -> None:
+            self.name, self.model, self.loss_of = name, None, None
+
+        def __call__(self, batch: Any) -> None:
+            calls.append(self.name)
+
+    def build(case: Any, device: Any) -> Any:
+        if case.recipe == "tetrajet":
+            raise RuntimeError("no room")
+        return Runner(case.recipe), [0, 1], "48 fast"
+
+    monkeypatch.setattr(bench, "build_step", build)
+    monkeypatch.setattr("fp4cli.train.memory.saved_bytes", lambda *args: 2**29)
+    case_list = bench.cases(["gpt"], "debug", 8, ["bf16", "mxfp4", "tetrajet"], ["triton"],
+                            ["eager"])  # fmt: skip
+    rows = bench.run_step_bench(case_list, torch.device("cpu"), 2, interleave=True)
+    warm_up, timed = calls[:12], calls[12:]
+    assert warm_up == ["bf16"] * 6 + ["mxfp4"] * 6
+    assert timed == ["bf16", "bf16", "mxfp4", "mxfp4"] * 3
+    bf16, mxfp4, tetrajet = rows
+    assert bf16.ms is not None and mxfp4.ms is not None and mxfp4.baseline is bf16
+    assert mxfp4.saved_gib == 0.5 and mxfp4.executors == "48 fast"
+    assert tetrajet.ms is None and tetrajet.note == "RuntimeError: no room"
+
+
+def test_interleaved_step_command_prints_every_case(tmp_path: Path) -> None:
+    path = tmp_path / "fp4.db"
+    result = run("--tasks", "gpt", "--size", "debug", "--device", "cpu", "--modes", "eager",
+                 "--recipes", "mxfp4,bf16", "--backends", "torch", "--steps", "1",
+                 "--interleave", "--store", str(path))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "8 reference" in result.stdout
+    with RunStore(path) as store:
+        measured = {(row["config"]["recipe"], row["name"]) for row in store.benchmarks("step")}
+    assert {("bf16", "step_ms"), ("mxfp4", "step_ms"), ("mxfp4", "vs_bf16")} <= measured
+
+
 @pytest.mark.parametrize(("fits_below", "limit", "expected"), [(100, 1024, 96), (20, 1024, 20),
                                                                (5000, 64, 64)])  # fmt: skip
 def test_max_batch_search(monkeypatch, fits_below, limit, expected) -> None:
@@ -183,6 +226,9 @@ def test_max_batch_reports_a_start_that_does_not_fit(monkeypatch) -> None:
         (["--nproc-per-node", "2", "--modes", "eager", "--max-batch", "bf16"], "one process"),
         (["--layer-graphs", "some"], "layer-graphs: 'some' is not one of off, auto, always"),
         (["--modes", "eager", "--layer-graphs", "off,auto"], "auto: CUDA graphs need a CUDA"),
+        (["--interleave", "--modes", "eager,compile"], "--interleave: not with modes compile"),
+        (["--interleave", "--layer-graphs", "always"], "--interleave: not with --layer-graphs"),
+        (["--interleave", "--modes", "eager", "--nproc-per-node", "2"], "on one process"),
     ],
 )
 def test_bad_requests_fail_in_one_line(args: list[str], message: str) -> None:
