@@ -315,11 +315,6 @@ def fast_backward(
     return in_target_dtypes((grad_x, grad_w), bias_sums, grad_y.dtype, targets)
 
 
-def as_rows(tensor: torch.Tensor) -> torch.Tensor:
-    """A layer's input, or its output's gradient, as 2-D rows (tokens, features)."""
-    return tensor if tensor.dim() == 2 else tensor.reshape(-1, tensor.shape[-1])
-
-
 def given_dtypes(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> tuple[torch.dtype | None, ...]:

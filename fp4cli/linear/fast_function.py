@@ -10,11 +10,11 @@ from typing import Any, NamedTuple
 import torch
 
 from fp4cli.linear.config import LinearConfig
-from fp4cli.linear.fast import as_rows, fast_backward, fast_forward, given_dtypes
+from fp4cli.linear.fast import fast_backward, fast_forward, given_dtypes
 from fp4cli.linear.fast_operands import Saved
 from fp4cli.linear.gathered import WeightOperands, operand_tensors, operands_key, with_tensors
 from fp4cli.linear.plans import run_planned
-from fp4cli.linear.recompute import OutputUse, shaped
+from fp4cli.linear.recompute import OutputUse
 from fp4cli.linear.seeds import CallCounter, draw_call_seed_launched
 from fp4cli.techniques.qema import AverageGuide
 
@@ -105,7 +105,7 @@ def planned_backward(
 
 
 class FastQuantLinearFunction(torch.autograd.Function):
-    """y = x W^T + b for x (..., in_features) under a LinearConfig that `fast_gap`
+    """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `fast_gap`
     accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes.
     (Under torch.compile the layer calls the same steps as custom ops: `ops.py`.) Both passes
     replay the layer programs (`planned_forward`, `planned_backward`) unless the output is
@@ -126,10 +126,8 @@ class FastQuantLinearFunction(torch.autograd.Function):
         recompute: OutputUse | None = None,
         given: WeightOperands | None = None,
     ) -> torch.Tensor:
-        """counter: the layer's, from which the call draws its seed (in the replayed program).
-        x's leading dimensions are flattened here, where no autograd view is made."""
+        """counter: the layer's, from which the call draws its seed (in the replayed program)."""
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        ctx.x_shape, x = x.shape, as_rows(x)
         if recompute is None:
             y, x_saved, w_saved, ctx.layouts, call_seed = planned_forward(
                 x, weight, bias, config, key, counter, weight_guide, rank, needs_dx, needs_dw,
@@ -147,14 +145,14 @@ class FastQuantLinearFunction(torch.autograd.Function):
         ctx.has_bias = bias is not None
         ctx.targets = given_dtypes(x, weight, bias)
         ctx.forward = (x.shape, weight.shape, dtype or x.dtype)
-        return shaped(y, torch.Size((*ctx.x_shape[:-1], y.shape[1])))
+        return y
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor):
         saved = ctx.saved_tensors
         needs_db = ctx.has_bias and ctx.needs_input_grad[2]
-        grad_x, grad_w, grad_b = planned_backward(
-            as_rows(grad_y),
+        grads = planned_backward(
+            grad_y,
             saved[: ctx.split],
             saved[ctx.split :],
             ctx.config,
@@ -166,6 +164,4 @@ class FastQuantLinearFunction(torch.autograd.Function):
             ctx.targets,
             ctx.forward,
         )
-        if grad_x is not None:
-            grad_x = grad_x.reshape(ctx.x_shape)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None
+        return *grads, None, None, None, None, None, None, None, None

@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from fp4cli.linear.config import LinearConfig
-from fp4cli.linear.fast import as_rows, given_dtypes, in_target_dtypes
+from fp4cli.linear.fast import given_dtypes, in_target_dtypes
 from fp4cli.linear.operands import GEMM_OPERAND_FIELDS, GEMMS, OPERANDS
 from fp4cli.linear.plans import run_planned
-from fp4cli.linear.recompute import OutputUse, shaped, tag
+from fp4cli.linear.recompute import OutputUse, tag
 from fp4cli.quant import QuantSpec
 from fp4cli.quant.backend import scale_rule_gap
 from fp4cli.techniques.outliers import nearest_ranks
@@ -477,7 +477,7 @@ def in_compute_dtype(
 
 
 class VectorQuantLinearFunction(torch.autograd.Function):
-    """y = x W^T + b for x (..., in_features) under a LinearConfig that `vector_gap`
+    """y = x W^T + b for 2-D x (tokens, in_features) under a LinearConfig that `vector_gap`
     accepts: the same operands and GEMMs as QuantLinearFunction, fewer passes and bytes.
     (Under torch.compile the layer calls the same steps as custom ops: `ops.py`.) Both passes
     replay the layer programs unless the output is tagged for recomputation."""
@@ -494,10 +494,8 @@ class VectorQuantLinearFunction(torch.autograd.Function):
         recompute: OutputUse | None = None,
     ) -> torch.Tensor:
         """dtype: the compute dtype x, W and the bias are cast to (autocast's), if not theirs;
-        recompute: `vector_forward`'s. x's leading dimensions are flattened here, where no
-        autograd view is made."""
+        recompute: `vector_forward`'s."""
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        ctx.x_shape, x = x.shape, as_rows(x)
         ctx.targets = given_dtypes(x, weight, bias)
         if recompute is None:
             y, x_kept, w_kept, dge_tensors = planned_forward(
@@ -512,15 +510,15 @@ class VectorQuantLinearFunction(torch.autograd.Function):
         ctx.split = (len(x_kept), len(x_kept) + len(w_kept))
         ctx.config, ctx.key, ctx.has_bias = config, key, bias is not None
         ctx.dtype = dtype or x.dtype
-        return shaped(y, torch.Size((*ctx.x_shape[:-1], y.shape[1])))
+        return y
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor):
         saved = ctx.saved_tensors
         first, second = ctx.split
         needs = ctx.needs_input_grad
-        grad_x, grad_w, grad_b = planned_backward(
-            as_rows(grad_y),
+        grads = planned_backward(
+            grad_y,
             (saved[:first], saved[first:second], saved[second:]),
             ctx.config,
             ctx.key,
@@ -528,6 +526,4 @@ class VectorQuantLinearFunction(torch.autograd.Function):
             (needs[0], needs[1], ctx.has_bias and needs[2]),
             ctx.targets,
         )
-        if grad_x is not None:
-            grad_x = grad_x.reshape(ctx.x_shape)
-        return grad_x, grad_w, grad_b, None, None, None, None
+        return *grads, None, None, None, None

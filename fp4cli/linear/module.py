@@ -168,25 +168,26 @@ class QuantLinear(nn.Linear):
         device_type = x.device.type
         autocast = torch.is_autocast_enabled(device_type)
         dtype = torch.get_autocast_dtype(device_type) if autocast else None
+        rows = x.reshape(-1, self.in_features)
         if autocast:
             torch.set_autocast_enabled(device_type, False)
         try:
             if executor == "fast":
                 counter = CallCounter(self.rng_seed, self.calls, self.training)
                 y = FastQuantLinearFunction.apply(
-                    x, self.weight, self.bias, self.config, self._op_key, counter,
+                    rows, self.weight, self.bias, self.config, self._op_key, counter,
                     self._average_guide(), self.rank, dtype, self._recompute.next_use(), given,
                 )  # fmt: skip
             else:
                 count_call(self.calls, self.training)
                 y = VectorQuantLinearFunction.apply(
-                    x, self.weight, self.bias, self.config, self._op_key, dtype,
+                    rows, self.weight, self.bias, self.config, self._op_key, dtype,
                     self._recompute.next_use(),
                 )  # fmt: skip
         finally:
             if autocast:
                 torch.set_autocast_enabled(device_type, True)
-        return y
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def _general_forward(
         self, x: torch.Tensor, given: WeightOperands | None = None

@@ -67,17 +67,14 @@ class Recompute:
         function: Callable[..., torch.Tensor],
         operands: tuple[Any, ...],
         version: int,
-        shape: torch.Size | None = None,
     ) -> None:
         self.use, self.function, self.operands = use, function, operands
         self.version = version  # the output's, as made: changed in place, it is not the product
-        self.shape = shape  # the output's where it is the product's rows viewed otherwise
         self.value: torch.Tensor | None = None
 
     def __call__(self) -> torch.Tensor:
         if self.value is None:
-            product = self.function(*self.operands)
-            self.value = product if self.shape is None else product.view(self.shape)
+            self.value = self.function(*self.operands)
         return self.value
 
     def kept(self) -> list[torch.Tensor]:
@@ -125,23 +122,6 @@ def tag(
     whether anything saves it."""
     if output.is_contiguous():
         setattr(output, _TAG, Recompute(use, function, operands, output._version))
-
-
-def shaped(output: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """A layer's output rows as a tensor of `shape` that is no view (autograd allows changing
-    it in place, as an nn.Linear output), its tag carried over."""
-    if output.shape == shape:
-        return output
-    reshaped = output.reshape(shape).detach()
-    recompute = getattr(output, _TAG, None)
-    if recompute is not None:
-        setattr(
-            reshaped,
-            _TAG,
-            Recompute(recompute.use, recompute.function, recompute.operands, recompute.version,
-                      shape),
-        )  # fmt: skip
-    return reshaped
 
 
 def recompute_summary(model: torch.nn.Module) -> str:
