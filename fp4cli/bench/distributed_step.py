@@ -20,7 +20,7 @@ import torch
 
 from fp4cli.bench.baseline import BASELINE, case_recipe, failure_note, release
 from fp4cli.bench.configs import BenchError
-from fp4cli.bench.step import StepCase, StepRow
+from fp4cli.bench.step import StepCase, StepRow, stepper
 
 GATHERS = ("packed", "bf16")  # FSDP2's all-gather of the quantized weights
 PARALLELS = ("fsdp", "ddp")
@@ -120,11 +120,7 @@ def _timed(runner: Any, batches: list[Any], device: torch.device, steps: int, al
     """The median of 3 loops of `steps` steps after 3 warm-up steps; `align` before timing."""
     from fp4cli.bench.timing import median_ms, synchronize
 
-    calls = iter(range(1 << 62))
-
-    def step() -> None:
-        runner(batches[next(calls) % len(batches)])
-
+    step = stepper(runner, batches)
     for _ in range(3):
         step()
     synchronize(device)

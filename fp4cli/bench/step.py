@@ -287,11 +287,7 @@ def _build_warm(row: StepRow, device: torch.device) -> _Built:
 
     allocated = _allocated(device)
     runner, batches, row.executors = build_step(row.case, device)
-    calls = iter(range(1 << 62))
-
-    def step() -> None:
-        runner(batches[next(calls) % len(batches)])
-
+    step = stepper(runner, batches)
     for _ in range(6):
         step()
     synchronize(device)
@@ -314,11 +310,7 @@ def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
         try:
             runner, batches, executors = build_step(case, device)
             row.executors = executors
-            calls = iter(range(1 << 62))
-
-            def step() -> None:
-                runner(batches[next(calls) % len(batches)])
-
+            step = stepper(runner, batches)
             for _ in range(6):  # eager warm-up, the CUDA graph's capture, compilation
                 step()
             synchronize(device)
@@ -337,6 +329,16 @@ def measure_case(case: StepCase, device: torch.device, steps: int) -> StepRow:
         finally:
             release(device)
     return row
+
+
+def stepper(runner: Any, batches: list[Any]) -> Callable[[], None]:
+    """One training step a call, on the batches in turn."""
+    calls = iter(range(1 << 62))
+
+    def step() -> None:
+        runner(batches[next(calls) % len(batches)])
+
+    return step
 
 
 def build_step(case: StepCase, device: torch.device) -> tuple[Any, list[Any], str]:
