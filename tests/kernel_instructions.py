@@ -5,7 +5,9 @@ without a GPU: what `fp4 bench quantize` times, counted instead of timed.
 config, either the launch `quantize_e2m1` makes for a bf16 tensor of 8192-wide rows along its
 last axis (a two-level spec given its tensor amax, as `fp4 bench quantize`'s
 quantize-given-amax row; `mxfp4-rht32-sr`: with a 32-point transform and SR, to codes, or with
-`-values` to bf16 values as fake-quantization), for `dequantize:PRESET` the dequantization of
+`-values` to bf16 values as fake-quantization; `-sr8`: 8 random bits a value), for `amax:SIZE`
+the tensor amax pass over the same tensor with a SIZE-point transform, for
+`dequantize:PRESET` the dequantization of
 a 3072 x 8192 bf16 tensor along its last axis, for `decode-vector:PRESET` the vector-wise
 executor's decode of one-byte codes to an 8192 x 3072 bf16 tensor, for `vector:PRESET` its
 quantization of one to bf16 values (column or tensor scales), or, for a `pair:` config,
@@ -31,7 +33,11 @@ import torch
 from tests.hopper_compile import compile_launch, intercepted_launches, named_arguments
 
 TSENG = {"rounding": "sr", "sr_prescale": 0.75}
+TSENG8 = {**TSENG, "sr_bits": 8}
 RHT32 = {"hadamard": 32, "hadamard_seed": 5}
+RHT16 = {"hadamard": 16, "hadamard_seed": 5}
+NVFP4_SR8 = {"rounding": "sr", "sr_bits": 8}
+VALUES = {"values_dtype": torch.bfloat16}
 CONFIGS = {  # (preset, its overrides, quantize_e2m1's other arguments)
     "nvfp4": ("nvfp4", {}, {}),
     "mxfp4": ("mxfp4", {}, {}),
@@ -39,7 +45,12 @@ CONFIGS = {  # (preset, its overrides, quantize_e2m1's other arguments)
     "mxfp4-sr": ("mxfp4-sr", {}, {}),
     "nvfp4-sr": ("nvfp4", {"rounding": "sr"}, {}),
     "mxfp4-rht32-sr": ("mxfp4", TSENG, RHT32),
-    "mxfp4-rht32-sr-values": ("mxfp4", TSENG, {**RHT32, "values_dtype": torch.bfloat16}),
+    "mxfp4-rht32-sr-values": ("mxfp4", TSENG, {**RHT32, **VALUES}),
+    "mxfp4-rht32": ("mxfp4", {}, RHT32),
+    "mxfp4-rht32-sr8": ("mxfp4", TSENG8, RHT32),
+    "mxfp4-rht32-sr8-values": ("mxfp4", TSENG8, {**RHT32, **VALUES}),
+    "nvfp4-rht16-sr8": ("nvfp4", NVFP4_SR8, RHT16),
+    "nvfp4-rht16-sr8-values": ("nvfp4", NVFP4_SR8, {**RHT16, **VALUES}),
 }
 CONVERSIONS = ("F2I", "I2F", "I2FP", "FRND", "F2F")
 
@@ -115,6 +126,8 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
              (launch, "encode_table_kernel"), (launch, "dequantize_kernel")],
         )  # fmt: skip
         return _per_thread(found, "quantize_pair_kernel", "BR", "BC")
+    if config.startswith("amax:"):
+        return _amax_launch(int(config.removeprefix("amax:")))
     if config.startswith("dequantize:"):
         return _dequantize_launch(QuantSpec.preset(config.removeprefix("dequantize:")))
     if config.startswith("vector:"):
@@ -124,7 +137,7 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
     if config not in CONFIGS:
         raise ValueError(
             f"unknown config {config!r}; known: {', '.join(CONFIGS)}, pair:NAME (NAME one of "
-            f"{', '.join(pair_directions())}), dequantize:PRESET, vector:PRESET, "
+            f"{', '.join(pair_directions())}), amax:SIZE, dequantize:PRESET, vector:PRESET, "
             "decode-vector:PRESET"
         )
     preset, overrides, arguments = CONFIGS[config]
@@ -136,6 +149,16 @@ def _launch(config: str) -> tuple[Any, tuple, dict, float]:
         [(launch, "quantize_kernel"), (launch, "encode_table_kernel")],
     )
     return _per_thread(launches, "quantize_kernel", "ROWS", "COLS")
+
+
+def _amax_launch(size: int) -> tuple[Any, tuple, dict, float]:
+    import fp4cli.kernels.quantization.launch as launch
+
+    x = torch.zeros(8, 8192, dtype=torch.bfloat16)
+    found = intercepted_launches(
+        lambda: launch.tensor_amax(x, 1, size, 5), [(launch, "amax_kernel")]
+    )
+    return _per_thread(found, "amax_kernel", "ROWS", "COLS")
 
 
 def _dequantize_launch(spec: Any) -> tuple[Any, tuple, dict, float]:

@@ -137,8 +137,9 @@ def quantize_kernel(
         inner, tiles_along, ROWS, COLS, TRANSPOSED
     )
     rows_ok = line_mask(first_line, first_inner, lines, inner, ROWS, TRANSPOSED)
-    # Packed codes along the last axis take the butterflies as sums (8192 x 8192 bf16, RHT-32
-    # and SR, on an H100: 0.32x the copy against 0.18x); values and transposed tiles do not.
+    # A transform of 8 to 32 points along the last axis stays in each thread (`transformed_tile`
+    # loads it as runs). Larger ones take the butterflies as sums where they write packed codes
+    # (docs/fast-linear.md, "Hadamard transforms").
     by_sums: tl.constexpr = not (TRANSPOSED or WRITE_VALUES)
     x = transformed_tile(
         x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,

@@ -56,6 +56,39 @@ def block_at(first_row, first_col, R, C, BR: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
+def runs_by_thread(x_ptr, first_line, first_pos, lines, length, ROWS: tl.constexpr,
+                   COLS: tl.constexpr, RUN: tl.constexpr):  # fmt: skip
+    """`load_tile` along the last axis, laid out so that one thread holds each run of RUN (8,
+    16 or 32) consecutive positions: each run's parts of 8 positions loaded as one [runs, 8]
+    tensor apiece, then joined in registers. A transform or reduction over a run then stays in
+    its thread: no shuffles, no shared memory (Triton lays out a [runs, 8] load with a run a
+    thread, and a join adds its axis in registers)."""
+    RUNS_ALONG: tl.constexpr = COLS // RUN
+    run = tl.arange(0, ROWS * RUNS_ALONG)
+    line = (first_line + run // RUNS_ALONG)[:, None]
+    start = (first_pos + (run % RUNS_ALONG) * RUN)[:, None] + tl.arange(0, 8)[None, :]
+    runs = _run_part(x_ptr, line, start, lines, length)
+    if RUN >= 16:  # [runs, 8, 2 parts] -> [runs, 2, 8]
+        runs = tl.join(runs, _run_part(x_ptr, line, start + 8, lines, length))
+        if RUN == 16:
+            runs = tl.permute(runs, (0, 2, 1))
+        else:  # [runs, 8, 2 (part mod 2), 2 (part // 2)] -> [runs, 2, 2, 8]
+            second = tl.join(
+                _run_part(x_ptr, line, start + 16, lines, length),
+                _run_part(x_ptr, line, start + 24, lines, length),
+            )
+            runs = tl.permute(tl.join(runs, second), (0, 3, 2, 1))
+    return tl.reshape(runs, (ROWS, COLS))
+
+
+@triton.jit
+def _run_part(x_ptr, line, pos, lines, length):
+    """float32 x at [line, pos] of a contiguous (lines, length) x, zero outside it."""
+    mask = (line < lines) & (pos < length)
+    return tl.load(x_ptr + line * length + pos, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def load_tile(
     x_ptr,
     first_line,
@@ -68,9 +101,14 @@ def load_tile(
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
     TRANSPOSED: tl.constexpr,
+    RUN: tl.constexpr = 0,
 ):
     """The float32 tile [ROWS lines, COLS positions] at the origin, zero outside the input
-    ((lines, length) contiguous, or (outer, length, inner) contiguous when TRANSPOSED)."""
+    ((lines, length) contiguous, or (outer, length, inner) contiguous when TRANSPOSED).
+    RUN > 0 (not TRANSPOSED): loaded so that each thread holds runs of RUN consecutive
+    positions (`runs_by_thread`); the same values."""
+    if RUN > 0:
+        return runs_by_thread(x_ptr, first_line, first_pos, lines, length, ROWS, COLS, RUN)
     pos = first_pos + tl.arange(0, COLS)
     rows_ok = line_mask(first_line, first_inner, lines, inner, ROWS, TRANSPOSED)
     if TRANSPOSED:
@@ -82,6 +120,14 @@ def load_tile(
     offsets = lin[:, None] * length + pos[None, :]
     mask = rows_ok[:, None] & (pos < length)[None, :]
     return tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.constexpr_function
+def _run_of(hadamard, transposed):
+    """The positions a thread holds in a row (`runs_by_thread`) for a transform of `hadamard`
+    points along it, 8 to 32, so that the whole transform stays in the thread; otherwise 0,
+    the load's own layout."""
+    return hadamard if not transposed and 8 <= hadamard <= 32 else 0
 
 
 @triton.jit
@@ -109,14 +155,15 @@ def transformed_tile(
     """The float32 tile at the origin, Hadamard-transformed along the axis when HADAMARD > 0
     (BY_SUMS: `hadamard_rows`' butterflies as sums over each pair; HADAMARD_SIGNS: its signs,
     -1 drawn from the seed, else a fixed mask)."""
+    RUN: tl.constexpr = _run_of(HADAMARD, TRANSPOSED)
     x = load_tile(
         x_ptr, first_line, first_pos, outer, first_inner, lines, length, inner,
-        ROWS, COLS, TRANSPOSED,
+        ROWS, COLS, TRANSPOSED, RUN=RUN,
     )  # fmt: skip
     if HADAMARD > 0:
         rht_seed = seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR)
         x = hadamard_rows(x, rht_seed, ROWS, COLS, HADAMARD, LOG2_HADAMARD, HADAMARD_NORM,
-                          BY_SUMS, HADAMARD_SIGNS)  # fmt: skip
+                          BY_SUMS, HADAMARD_SIGNS, ONE_WORD=RUN > 0)  # fmt: skip
     return x
 
 

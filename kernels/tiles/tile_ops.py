@@ -341,11 +341,20 @@ def negated_positions(seed, SIZE: tl.constexpr, SIGNS: tl.constexpr = -1):
 
 
 @triton.jit
-def hadamard_signs(seed, COLS: tl.constexpr, SIZE: tl.constexpr, SIGNS: tl.constexpr = -1):
+def hadamard_signs(
+    seed, COLS: tl.constexpr, SIZE: tl.constexpr, SIGNS: tl.constexpr = -1,
+    ONE_WORD: tl.constexpr = False,
+):  # fmt: skip
     """+-1 for each column of a tile (COLS a multiple of SIZE): the sign of position (column
     mod SIZE) in the transform (`negated_positions`), the SIZE signs found once and repeated
-    across the tile."""
-    signs = 1.0 - 2.0 * negated_positions(seed, SIZE, SIGNS).to(tl.float32)
+    across the tile. ONE_WORD (SIZE <= 32): drawn signs packed into one word that every thread
+    reads, for tiles whose threads each hold a whole transform (`tile_io.runs_by_thread`)."""
+    negated = negated_positions(seed, SIZE, SIGNS)
+    if ONE_WORD and SIGNS < 0:
+        positions = tl.arange(0, SIZE)[None, :]
+        mask = tl.sum(negated << positions.to(tl.uint32))
+        negated = (mask >> positions.to(tl.uint32)) & 1
+    signs = 1.0 - 2.0 * negated.to(tl.float32)
     return tl.reshape(tl.broadcast_to(signs, (COLS // SIZE, SIZE)), (COLS,))
 
 
@@ -383,6 +392,7 @@ def hadamard_rows(
     NORM: tl.constexpr,
     BY_SUMS: tl.constexpr = False,
     SIGNS: tl.constexpr = -1,
+    ONE_WORD: tl.constexpr = False,
 ):
     """The random Hadamard transform of each SIZE-block along the last axis of a float32 tile:
     signs, the butterfly stages h = 1, 2, .., SIZE/2 ((a, b) -> (a + b, a - b)), then * NORM.
@@ -393,9 +403,9 @@ def hadamard_rows(
     keeps the layout it was loaded in). Which is faster depends on the kernel: sums for the
     row kernel's packed codes, the split for its values, the amax pass and the pair kernel
     (docs/benchmarks.md, "The Hadamard butterflies as sums, for packed codes"). SIGNS: as
-    `hadamard_signs` takes them (0: none, no multiplication)."""
+    `hadamard_signs` takes them (0: none, no multiplication), and ONE_WORD."""
     if SIGNS != 0:
-        x = x * hadamard_signs(seed, COLS, SIZE, SIGNS)[None, :]
+        x = x * hadamard_signs(seed, COLS, SIZE, SIGNS, ONE_WORD)[None, :]
     for stage in tl.static_range(LOG2_SIZE):
         pairs = tl.reshape(x, (ROWS * COLS // (2 << stage), 2, 1 << stage))
         if BY_SUMS:

@@ -307,6 +307,9 @@ SMALL_TILES = [
     # past line 0 and position 0
     ((3, 37), 1, Tile(2, 32), "mxfp4-sr-prescale0.75", None),  # per-element SR bits (37)
     ((3, 40), 1, Tile(2, 32), "nvfp4-sr", 16),  # grouped SR bits, 48 after the transform
+    # a transform of 8 to 32 points along the last axis: a run of it a thread
+    ((5, 70), 1, Tile(2, 64), "mxfp4-sr-prescale0.75", 32),  # 96 after the transform
+    ((3, 21), 1, Tile(2, 16), "nvfp4", 8),  # 24 after the transform, a block over two runs
     ((40, 6), 0, Tile(4, 32), "nvfp4-sr", 16),  # along axis 0, inner 6: per-element SR bits
     ((2, 40, 8), 1, Tile(4, 32), "mxfp4-sr-prescale0.75", None),  # middle axis, grouped
 ]
