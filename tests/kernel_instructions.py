@@ -43,6 +43,7 @@ CONFIGS = {  # (preset, its overrides, quantize_e2m1's other arguments)
     "mxfp4": ("mxfp4", {}, {}),
     "mxfp4-ue5m3": ("mxfp4-ue5m3", {}, {}),
     "mxfp4-sr": ("mxfp4-sr", {}, {}),
+    "mxfp4-sr8": ("mxfp4-sr", {"sr_bits": 8}, {}),
     "nvfp4-sr": ("nvfp4", {"rounding": "sr"}, {}),
     "mxfp4-rht32-sr": ("mxfp4", TSENG, RHT32),
     "mxfp4-rht32-sr-values": ("mxfp4", TSENG, {**RHT32, **VALUES}),

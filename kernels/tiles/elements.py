@@ -102,18 +102,21 @@ def _e2m1_carry_grid(magnitude, field, BITS: tl.constexpr):
     """|v| rounded stochastically by carry (the reference's "sr_carry"): |v| plus field / 2^BITS
     of the step at |v| (the product exact, the sum rounded once), truncated onto the grid in
     the step at the sum, saturating at 6."""
-    fraction = field.to(tl.int32).to(tl.float32) * (1.0 / (1 << BITS))
-    total = magnitude + fraction * _e2m1_step(magnitude)
+    unit: tl.constexpr = 1.0 / (1 << BITS)
+    # field * (step / 2^BITS): one product, exact (an integer below 2^BITS times a power of two)
+    scaled_step = tl.where(magnitude >= 4.0, 2 * unit, tl.where(magnitude >= 2.0, unit, unit / 2))
+    total = magnitude + field.to(tl.int32).to(tl.float32) * scaled_step
     step = _e2m1_step(total)
     return tl.minimum(tl.floor(total / step) * step, 6.0)
 
 
 @triton.jit
 def _e2m1_code_of_grid(value):
-    """The E2M1 magnitude code of a grid value: twice it below 1, else its exponent and first
-    mantissa bit (`e2m1_value`'s bits read back)."""
-    high = (value.to(tl.int32, bitcast=True) >> 22) - 252
-    return tl.where(value < 1.0, (value * 2.0).to(tl.int32), high)
+    """The E2M1 magnitude code of a grid value (>= 0): from 1 up its exponent and first mantissa
+    bit (`e2m1_value`'s bits read back), which gives 0 for 0.5 and below; the larger of that
+    and 1 for a nonzero value."""
+    bits = value.to(tl.int32, bitcast=True)
+    return tl.maximum((bits >> 22) - 252, (bits != 0).to(tl.int32))
 
 
 @triton.jit
