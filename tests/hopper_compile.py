@@ -171,6 +171,7 @@ def gemm_launches() -> None:
 def quantized_linear_launches() -> None:
     """The launches of the recipes' fast executor, on small CPU tensors (never run)."""
     from fp4cli.kernels.elementwise.gradients import widen_gradients
+    from fp4cli.kernels.host.tiling import ColumnSums
     from fp4cli.kernels.quantization.launch import dequantize_e2m1, quantize_e2m1
     from fp4cli.kernels.quantization.launch_pair import Direction, quantize_pair
     from fp4cli.quant import QuantSpec
@@ -286,9 +287,11 @@ def quantized_linear_launches() -> None:
     quantize_pair(x, Direction(eden, (seed, 2), 128, (seed, 3), bf16), None)
     quantize_pair(x, None, Direction(eden, (seed, 4), 128, (seed, 5)))
     quantize_e2m1(x, eden, 1, seed)
-    # the gradients in float32 parameters' dtypes: both widened with the bias sums, or one
-    widen_gradients([x, x], torch.zeros(96))
+    # the gradients in float32 parameters' dtypes: both widened with the bias sums added up
+    # from their tiles' partials and rounded, or one; a bfloat16 bias's sums, not rounded
+    widen_gradients([x, x], ColumnSums(96, torch.zeros(96, 3)))
     widen_gradients([None, x])
+    widen_gradients([None, None], ColumnSums(96, torch.zeros(96)), round_sums=False)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["gemm"]:

@@ -22,8 +22,8 @@ reference executor's product too). The bias (in the compute dtype, as `F.linear`
 autocast takes it) is added to the float32 sums before their one rounding, in the GEMM's
 epilogue; W's grad_input operand is kept in its GEMM's form. The gradients leave in the dtypes
 of x, W and the bias as the layer got them (float32 under bfloat16 autocast): widened, and the
-bias sums rounded through bfloat16, in one launch (`in_target_dtypes`) instead of autograd's
-casts, with their bits.
+bias sums added up from the pair kernel's partial sums and rounded through bfloat16, in one
+launch (`in_target_dtypes`) instead of a sum and autograd's casts, with the casts' bits.
 
 `fast_gap(config)` says why a config cannot run here (then the layer runs `function.py`):
 every quantized operand must be an E2M1 or E1M2 spec the kernels take (two-level specs included;
@@ -39,6 +39,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from fp4cli.kernels.host.tiling import ColumnSums
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.fast_operands import (
     Request,
@@ -279,9 +280,7 @@ def fast_backward(
     as the layer was given them (float32 under bfloat16 autocast): each gradient is returned
     in it, with the bits of autocast's casts (`in_target_dtypes`); None: dY's dtype."""
     needs_dx, needs_dw, needs_db = needs
-    bias_sums = None
-    if needs_db:
-        bias_sums = torch.empty(grad_y.shape[1], dtype=torch.float32, device=grad_y.device)
+    bias_sums = ColumnSums(grad_y.shape[1]) if needs_db else None
     dy_for_dx = operand_request(config, "grad_input", 0, call_seed, rank)
     dy_for_dw = operand_request(config, "grad_weight", 0, call_seed, rank)
     dtype, (tokens, features) = grad_y.dtype, grad_y.shape
@@ -300,9 +299,9 @@ def fast_backward(
         sum_row_values=summed_rows,
     )
     if own_launch:
+        assert bias_sums is not None
         as_values = dataclasses.replace(dy_for_dx, packed=False, block=False)
-        dy_values = quantize_both(grad_y, as_values, None, dtype)[0][0]
-        torch.sum(dy_values, 0, dtype=torch.float32, out=bias_sums)
+        bias_sums.sum_columns(quantize_both(grad_y, as_values, None, dtype)[0][0])
     grad_x = grad_w = None
     if needs_dx:
         grad_x = _backward_product(
@@ -325,25 +324,29 @@ def given_dtypes(
 
 def in_target_dtypes(
     grads: tuple[torch.Tensor | None, torch.Tensor | None],
-    bias_sums: torch.Tensor | None,
+    bias_sums: ColumnSums | None,
     dtype: torch.dtype,
     targets: tuple[torch.dtype | None, ...],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(grad_x, grad_w, grad_b): the GEMMs' gradients (in the compute dtype `dtype`) and the
-    bias sums (float32: grad_y.sum(0) in another order) rounded to `dtype`, each in its target
-    dtype. A bfloat16 gradient of a float32 tensor is widened, and float32 bias sums rounded,
-    in one launch (`kernels.gradients`) instead of autograd's casts: the same bits."""
+    bias gradient, dY's column sums (float32: grad_y.sum(0) in another order) rounded to
+    `dtype`, each in its target dtype. One launch (`kernels.gradients`) adds up the bias sums'
+    partials, rounds them where a float32 bias computes in bfloat16, and widens each bfloat16
+    gradient of a float32 tensor, instead of a sum and autograd's casts: the same bits."""
     from fp4cli.kernels.elementwise.gradients import widen_gradients
 
     wide = [t == torch.float32 and dtype == torch.bfloat16 for t in targets]
     widened = widen_gradients(
         [g if w else None for g, w in zip(grads, wide[:2], strict=True)],
-        bias_sums if wide[2] else None,
+        bias_sums,
+        round_sums=wide[2],
     )
-    grad_x, grad_w = (n if w else g for g, n, w in zip(grads, widened, wide[:2], strict=True))
-    grad_b = None
-    if bias_sums is not None:
-        grad_b = bias_sums if wide[2] else bias_sums.to(dtype)
+    grad_x, grad_w = (
+        n if w else g for g, n, w in zip(grads, widened.gradients, wide[:2], strict=True)
+    )
+    grad_b = widened.sums
+    if grad_b is not None and not wide[2]:
+        grad_b = grad_b.to(dtype)
     return grad_x, grad_w, grad_b
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from fp4cli.kernels.host.tiling import ColumnSums
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.function import _quantize_operand, seed_offsets
 from fp4cli.linear.operands import GEMM_OPERAND_FIELDS
@@ -141,7 +142,7 @@ def quantize_both(
     dtype: torch.dtype,
     double: bool = False,
     guide: torch.Tensor | AverageGuide | None = None,
-    column_sums: torch.Tensor | None = None,
+    column_sums: ColumnSums | None = None,
     read_as: torch.dtype | None = None,
     sum_row_values: bool = False,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
@@ -149,10 +150,10 @@ def quantize_both(
     (values in `dtype`, the GEMM's compute dtype) or, for a packed request, (codes, scales); ()
     where not requested. With `double`, the column direction quantizes the row direction's
     values (TetraJet's double quantization), as the reference does (in a launch of its own when
-    its spec has one tensor scale, the amax of those values). column_sums (cols,)
-    float32: filled with the sums of `tensor`'s columns (from the same read when both
-    directions take one launch); with `sum_row_values`, of the row direction's values in
-    `dtype` instead (a request for values or packed codes, without a Hadamard transform).
+    its spec has one tensor scale, the amax of those values). column_sums: given the sums of
+    `tensor`'s columns, as partial sums from the same read when both directions take one
+    launch; with `sum_row_values`, of the row direction's values in `dtype` instead (a request
+    for values or packed codes, without a Hadamard transform).
     read_as: `tensor` is quantized as tensor.to(read_as) (`read_as_rounded`)."""
     from fp4cli.kernels.quantization.launch_pair import pair_tile, quantize_pair
 
@@ -180,7 +181,7 @@ def quantize_both(
     if read_as is not None and not row_alone:
         tensor, read_as = tensor.to(read_as), None
     if column_sums is not None and not sum_row_values:
-        torch.sum(tensor, 0, dtype=torch.float32, out=column_sums)
+        column_sums.sum_columns(tensor)
     row_result: tuple[torch.Tensor, ...] = ()
     if row_dir is not None:
         row_sums = column_sums if sum_row_values else None

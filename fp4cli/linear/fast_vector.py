@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fp4cli.kernels.host.tiling import ColumnSums
 from fp4cli.linear.config import LinearConfig
 from fp4cli.linear.fast import given_dtypes, in_target_dtypes
 from fp4cli.linear.operands import GEMM_OPERAND_FIELDS, GEMMS, OPERANDS
@@ -219,13 +220,13 @@ def _gradient_operands(
     specs: tuple[QuantSpec | None, QuantSpec | None],
     needed: tuple[bool, bool],
     fp8: tuple[bool, bool],
-    bias_sums: torch.Tensor | None = None,
+    bias_sums: ColumnSums | None = None,
 ) -> tuple[Operand | None, Operand | None]:
     """dY's grad_input operand (along out_features) and grad_weight operand (along tokens):
     values, or for a GEMM on the FP8 route (`fp8`) codes and scales, the grad_weight one as
     dY^T's codes; one quantization serves both when their specs scale alike (per tensor, say).
-    bias_sums (out_features,) float32: filled with dY's column sums (the bias gradient), by the
-    first amax pass over dY where one runs, else by torch."""
+    bias_sums: given dY's column sums (the bias gradient), as partial sums of the first amax
+    pass over dY where one runs, else complete by torch."""
     from fp4cli.kernels.vector.launch import scaled_by
 
     (spec_dx, spec_dw), (need_dx, need_dw) = specs, needed
@@ -246,7 +247,7 @@ def _gradient_operands(
     dx_sums = bias_sums if sizes[0] else None
     dw_sums = bias_sums if sizes[1] and dx_sums is None else None
     if bias_sums is not None and dx_sums is None and dw_sums is None:
-        torch.sum(grad_y, 0, dtype=torch.float32, out=bias_sums)
+        bias_sums.sum_columns(grad_y)
     if shared:
         return _dy_operands(grad_y, spec_dx, 1, fp8[0], (slots[0], dx_sums), (True, True))
     rows = cols = None
@@ -262,7 +263,7 @@ def _dy_operands(
     spec: QuantSpec | None,
     axis: int,
     codes: bool,
-    lines: tuple[torch.Tensor | None, torch.Tensor | None],
+    lines: tuple[torch.Tensor | None, ColumnSums | None],
     wanted: tuple[bool, bool],
 ) -> tuple[Operand | None, Operand | None]:
     """dY quantized along `axis`, as the (grad_input, grad_weight) operands `wanted`: the same
@@ -397,9 +398,7 @@ def vector_backward(
     x_kept, w_kept, dge_tensors = kept
     x_plan, w_plan = vector_plans(config, needs_dx, needs_dw)
     grad_y = grad_y.contiguous()
-    bias_sums = None
-    if needs_db:
-        bias_sums = torch.empty(grad_y.shape[1], dtype=torch.float32, device=grad_y.device)
+    bias_sums = ColumnSums(grad_y.shape[1]) if needs_db else None
     dy_rows, dy_cols = _gradient_operands(
         grad_y,
         (config.grad_input_dy, config.grad_weight_dy),

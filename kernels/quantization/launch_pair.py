@@ -16,7 +16,7 @@ import torch
 from fp4cli.kernels.host.launch import launch
 from fp4cli.kernels.host.seeds import SeedOffset, _seed_args, hadamard_constants, signs_constant
 from fp4cli.kernels.host.spec_constants import spec_constants
-from fp4cli.kernels.host.tiling import add_column_sums, partial_column_sums
+from fp4cli.kernels.host.tiling import ColumnSums, add_column_sums, partial_column_sums
 from fp4cli.kernels.quantization.launch import (
     PAIR_TILE_COLS,
     PAIR_TILE_ROWS,
@@ -283,7 +283,7 @@ def quantize_pair(
     double: torch.dtype | None = None,
     tile: tuple[int, int] | None = None,
     guide: torch.Tensor | AverageGuide | None = None,
-    column_sums: torch.Tensor | None = None,
+    column_sums: torch.Tensor | ColumnSums | None = None,
     read_as: torch.dtype | None = None,
     sum_row_values: torch.dtype | None = None,
 ) -> tuple[Quantized | None, Quantized | None]:
@@ -294,11 +294,12 @@ def quantize_pair(
     direction rounds toward it (Q-EMA); an AverageGuide is formed in the kernel from x as
     read. column_sums (cols,) float32: filled with the sums of x's columns (a linear layer's
     bias gradient, from dY's read), summed in float32 over each tile's rows, then over the
-    tiles; with `sum_row_values`, the sums of the row direction's values rounded to that dtype
-    instead (its GEMM's operand: TetraJet's bias gradient from the quantized dY).
-    read_as=torch.bfloat16: a float32 x is quantized as x.to(torch.bfloat16), rounded
-    as the kernels read it, the tensor amax pass's too (no cast pass). The caller checks
-    `pair_tile` first: a pair it refuses must be quantized one direction at a time."""
+    tiles (a `ColumnSums` keeps the tiles' sums unadded, for the gradients launch); with
+    `sum_row_values`, the sums of the row direction's values rounded to that dtype instead (its
+    GEMM's operand: TetraJet's bias gradient from the quantized dY). read_as=torch.bfloat16: a
+    float32 x is quantized as x.to(torch.bfloat16), rounded as the kernels read it, the tensor
+    amax pass's too (no cast pass). The caller checks `pair_tile` first: a pair it refuses must
+    be quantized one direction at a time."""
     if x.dim() != 2:
         raise ValueError(f"quantize_pair takes a 2-D tensor (got shape {tuple(x.shape)})")
     round_bf16 = _rounds_to_bf16(x, read_as)
@@ -390,7 +391,7 @@ def _decoded_values(
 def _check_row_value_sums(
     row: Direction | None,
     double: torch.dtype | None,
-    column_sums: torch.Tensor | None,
+    column_sums: torch.Tensor | ColumnSums | None,
     sum_row_values: torch.dtype | None,
 ) -> None:
     if sum_row_values is None:

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 import torch
 
 from fp4cli.kernels.host.launch import launch
-from fp4cli.kernels.host.tiling import add_column_sums, partial_column_sums, pow2_at_least
+from fp4cli.kernels.host.tiling import (
+    ColumnSums,
+    add_column_sums,
+    partial_column_sums,
+    pow2_at_least,
+)
 from fp4cli.kernels.vector.dge import dge_apply_kernel, dge_position_kernel
 from fp4cli.kernels.vector.order_stats import candidate_groups
 from fp4cli.kernels.vector.vector_wise import amax_kernel, decode_kernel, rows_kernel, scaled_kernel
@@ -143,7 +148,7 @@ def quantize_vector(
     amax_out: torch.Tensor | None = None,
     amax: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
-    column_sums: torch.Tensor | None = None,
+    column_sums: torch.Tensor | ColumnSums | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(values in `dtype`, or uint8 codes when dtype is None; float32 scales when `scales`) of a
     contiguous 2-D `x` fake-quantized along `axis` with a row / column / tensor `spec`.
@@ -180,7 +185,7 @@ def quantize_codes(
     transposed: bool,
     amax: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
-    column_sums: torch.Tensor | None = None,
+    column_sums: torch.Tensor | ColumnSums | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """(uint8 codes in x's layout when `rows_out`; codes of x's transpose, a contiguous
     (cols, rows), when `transposed`; float32 scales) of a contiguous 2-D `x` quantized along
@@ -200,7 +205,9 @@ def quantize_codes(
     return out, out_t, scale_out
 
 
-def _check_sums(column_sums: torch.Tensor | None, by: str, amax: torch.Tensor | None) -> None:
+def _check_sums(
+    column_sums: torch.Tensor | ColumnSums | None, by: str, amax: torch.Tensor | None
+) -> None:
     """Column sums come from the amax reduction: scales by column or tensor, reduced here."""
     if column_sums is not None and (by == "row" or amax is not None):
         raise ValueError("column sums come from the amax pass (column or tensor scales, no amax)")
@@ -285,13 +292,13 @@ def line_amax(
     x: torch.Tensor,
     by: str,
     out: torch.Tensor | None = None,
-    column_sums: torch.Tensor | None = None,
+    column_sums: torch.Tensor | ColumnSums | None = None,
 ) -> torch.Tensor:
     """The largest |x| bits (int32) of each column (by "column") or of the tensor (by
     "tensor") of a contiguous 2-D x, maxed into `out` (zeroed here when not given).
     column_sums (cols,) float32: filled with the sums of x's columns from the same read,
     summed in float32 over each program's tiles element by element, then over their rows,
-    then over the programs."""
+    then over the programs (a `ColumnSums` keeps the programs' sums unadded)."""
     rows, cols = x.shape
     if out is None:
         out = torch.zeros(cols if by == "column" else 1, dtype=torch.int32, device=x.device)

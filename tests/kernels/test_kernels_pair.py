@@ -396,6 +396,24 @@ def test_column_sums_from_the_same_read(rows, cols, col_hadamard):
                 x.abs().sum(0).max()))  # fmt: skip
 
 
+def test_column_sums_left_for_the_gradients_launch():
+    """A ColumnSums keeps the tiles' partial sums, one per row tile of 32, which the gradients
+    launch adds up: the same totals on integers as the sums the launcher adds itself."""
+    from fp4cli.kernels.elementwise.gradients import widen_gradients
+    from fp4cli.kernels.host.tiling import ColumnSums
+
+    row, col = Direction(MXFP4_SR, 3), Direction(CEIL, None, None, 4, torch.float32)
+    x = on_device(torch.randint(-512, 513, (70, 45), generator=torch.Generator().manual_seed(2))
+                  .float())  # fmt: skip
+    left = ColumnSums(45)
+    quantize_pair(x, row, col, column_sums=left)
+    assert left.partials is not None and left.tiles == 3  # 70 rows: three tiles of 32
+    totals = widen_gradients([], left, round_sums=False).sums
+    assert_bits(totals, x.double().sum(0).float(), "column sums")
+    with pytest.raises(ValueError, match="column sums of 44 columns for 45"):
+        quantize_pair(x, row, col, column_sums=ColumnSums(44))
+
+
 def test_column_sums_must_be_float32_columns():
     x = rows_over_binades(32, 64)
     for wrong in (torch.empty(63), torch.empty(64, dtype=torch.float16)):

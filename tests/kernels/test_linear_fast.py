@@ -261,8 +261,9 @@ def test_two_level_recipes_round_float32_inputs_in_their_amax_passes_too(name):
 def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
     """Under bf16 autocast the fast (and the vector-wise) backward returns the float32 input's,
     weight's and bias's gradients itself, widened and rounded in one `widen_gradients` launch
-    (no cast by autograd), with the reference's bits: the bias rounded through bfloat16
-    exactly as autocast's cast rounds it (integer sums, where every summation order agrees)."""
+    (no cast by autograd, no reduction of the bias's partial sums), with the reference's bits:
+    the bias rounded through bfloat16 exactly as autocast's cast rounds it (integer sums, where
+    every summation order agrees)."""
     import fp4cli.kernels.elementwise.gradients as gradients
 
     config = load_recipe(name).linear
@@ -274,9 +275,9 @@ def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
     grad_y = grad_y.to(DEVICE, torch.float32) + 2.0**-7  # bias sums past bfloat16's precision
     launches, real = [], gradients.widen_gradients
 
-    def recording(grads, sums=None):
-        launches.append(([g is not None for g in grads], sums is not None))
-        return real(grads, sums)
+    def recording(grads, sums=None, round_sums=True):
+        launches.append(([g is not None for g in grads], sums is not None, round_sums))
+        return real(grads, sums, round_sums)
 
     def passes(layer):
         with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
@@ -285,7 +286,7 @@ def test_autocast_gradients_leave_the_layer_in_float32_from_one_launch(name):
     with pytest.MonkeyPatch.context() as patch, replays(False):  # the Python calls
         patch.setattr(gradients, "widen_gradients", recording)
         got = passes(fast)
-    assert launches == [([True, True], True)]
+    assert launches == [([True, True], True, True)]
     assert all(g.dtype == torch.float32 for g in got[0][1:])
     assert_same_passes(got, passes(reference))
 
