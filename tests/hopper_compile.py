@@ -170,6 +170,7 @@ def gemm_launches() -> None:
 
 def quantized_linear_launches() -> None:
     """The launches of the recipes' fast executor, on small CPU tensors (never run)."""
+    from fp4cli.kernels.elementwise.call_seed import launch_call_start
     from fp4cli.kernels.elementwise.gradients import widen_gradients
     from fp4cli.kernels.host.tiling import ColumnSums
     from fp4cli.kernels.quantization.launch import dequantize_e2m1, quantize_e2m1
@@ -292,6 +293,10 @@ def quantized_linear_launches() -> None:
     widen_gradients([x, x], ColumnSums(96, torch.zeros(96, 3)))
     widen_gradients([None, x])
     widen_gradients([None, None], ColumnSums(96, torch.zeros(96)), round_sums=False)
+    # the call's start: its seed alone, or with the bias rounded to bfloat16
+    one = torch.zeros((), dtype=torch.int64)
+    launch_call_start(one, one.clone(), 16, True)
+    launch_call_start(one, one.clone(), 16, True, torch.zeros(3072))
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["gemm"]:
@@ -303,6 +308,7 @@ if __name__ == "__main__" and sys.argv[1:] == ["gemm"]:
     kernels += [(gemm_split, "k_split_kernel")]
     print(compile_launches(gemm_launches, kernels, True))
 elif __name__ == "__main__":
+    import fp4cli.kernels.elementwise.call_seed as call_seed
     import fp4cli.kernels.elementwise.gradients as gradients
     import fp4cli.kernels.quantization.launch as launch
     import fp4cli.kernels.quantization.launch_amax as launch_amax
@@ -318,5 +324,6 @@ elif __name__ == "__main__":
         (launch, "dequantize_kernel"),
         (launch, "encode_table_kernel"),
         (gradients, "gradients_kernel"),
+        (call_seed, "call_seed_kernel"),
     ]
     print(compile_launches(quantized_linear_launches, kernels))

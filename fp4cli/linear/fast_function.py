@@ -15,7 +15,7 @@ from fp4cli.linear.fast_operands import Saved
 from fp4cli.linear.gathered import WeightOperands, operand_tensors, operands_key, with_tensors
 from fp4cli.linear.plans import run_planned
 from fp4cli.linear.recompute import OutputUse
-from fp4cli.linear.seeds import CallCounter, draw_call_seed_launched
+from fp4cli.linear.seeds import CallCounter, start_call_launched
 from fp4cli.techniques.qema import AverageGuide
 
 
@@ -60,8 +60,8 @@ def planned_forward(
     assert isinstance(seed, torch.Tensor)
 
     def call(x, weight, bias, seed, calls, average, updates, guide, *given_inputs):
-        if calls is not None:
-            seed = draw_call_seed_launched(seed, calls, bool(counts))
+        if calls is not None:  # the bias rounded to bfloat16 in the same launch, where it is
+            seed, bias = start_call_launched(seed, calls, bool(counts), bias, dtype)
         if average is not None:
             guide = AverageGuide(average, updates, warmup)
         operands = with_tensors(given, given_inputs) if given is not None else None

@@ -28,6 +28,30 @@ def draw_call_seed_launched(
     return launch_call_seed(rng_seed, calls, SEED_STRIDE, counts)
 
 
+def start_call_launched(
+    rng_seed: torch.Tensor,
+    calls: torch.Tensor,
+    counts: bool,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the call's seed, as `draw_call_seed_launched` draws it; the bias in `dtype`): where a
+    contiguous float32 bias computes in bfloat16 (under autocast), the same launch rounds it,
+    with the bits of `bias.to(dtype)`; otherwise the bias is returned as given, for the
+    executor to cast."""
+    from fp4cli.kernels.elementwise.call_seed import launch_call_start
+
+    rounds = (
+        bias is not None
+        and dtype == torch.bfloat16
+        and bias.dtype == torch.float32
+        and bias.dim() == 1
+        and bias.is_contiguous()
+    )
+    start = launch_call_start(rng_seed, calls, SEED_STRIDE, counts, bias if rounds else None)
+    return start.seed, start.bias if rounds else bias
+
+
 def count_call(calls: torch.Tensor, counts: bool) -> None:
     """A call that `counts` (a training call) adds itself to `calls`, in place."""
     if counts:

@@ -61,3 +61,49 @@ def test_a_recorded_draw_names_calls_as_written_and_replays(counts):
     before = calls.item()
     assert program([rng_seed, calls]).item() == 40 + before * SEED_STRIDE
     assert calls.item() == before + counts
+
+
+@pytest.mark.parametrize("length", [1, 1023, 1025, 3001])
+def test_the_call_start_rounds_the_bias_as_torchs_cast(length):
+    """Under bfloat16 autocast the seed's launch also rounds the float32 bias: the bits of
+    `bias.to(torch.bfloat16)` (ties both ways, overflow to Inf, subnormals; NaN stays NaN),
+    over ragged lengths of several programs; the seed as the seed alone draws it."""
+    from fp4cli.kernels.elementwise.call_seed import launch_call_start
+
+    words = torch.randint(-(2**31), 2**31 - 1, (length,), generator=torch.Generator()
+                          .manual_seed(length), dtype=torch.int64).to(torch.int32)  # fmt: skip
+    bias = words.view(torch.float32).clone()
+    specials = [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.4e38, 2**-134, 1e-45, float("inf")]
+    bias[: min(length, len(specials))] = torch.tensor(specials[:length])
+    bias = on_device(bias)
+    calls = on_device(torch.tensor(3))
+    start = launch_call_start(on_device(torch.tensor(7)), calls, SEED_STRIDE, True, bias)
+    assert start.seed.item() == 7 + 3 * SEED_STRIDE and calls.item() == 4
+    want = bias.to(torch.bfloat16)
+    assert start.bias is not None and start.bias.dtype == torch.bfloat16
+    assert torch.equal(start.bias.isnan(), want.isnan())
+    finite = ~want.isnan()
+    assert torch.equal(start.bias[finite].view(torch.int16), want[finite].view(torch.int16))
+
+
+def test_only_a_float32_bias_under_bfloat16_is_rounded_in_the_launch():
+    """`start_call_launched` rounds a contiguous float32 bias where the compute dtype is
+    bfloat16, and returns any other bias as given (the executor casts it)."""
+    from fp4cli.linear.seeds import start_call_launched
+
+    rng_seed, calls = on_device(torch.tensor(1)), on_device(torch.tensor(0))
+    bias = on_device(torch.linspace(-1, 1, 10))
+    rounded = start_call_launched(rng_seed, calls, True, bias, torch.bfloat16)[1]
+    assert rounded is not None and rounded.dtype == torch.bfloat16
+    for other, dtype in [
+        (bias, None),
+        (bias, torch.float16),
+        (bias[::2], torch.bfloat16),
+        (bias.to(torch.bfloat16), torch.bfloat16),
+        (None, torch.bfloat16),
+    ]:
+        assert start_call_launched(rng_seed, calls, True, other, dtype)[1] is other
+    from fp4cli.kernels.elementwise.call_seed import launch_call_start
+
+    with pytest.raises(ValueError, match="contiguous 1-D float32"):
+        launch_call_start(rng_seed, calls, SEED_STRIDE, True, bias.to(torch.bfloat16))
