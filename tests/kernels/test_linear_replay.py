@@ -55,6 +55,21 @@ def test_replayed_calls_have_the_direct_calls_bits(name):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("name", ["mxfp4", "wang-fp4"])
+def test_the_bias_takes_no_cast_or_sum_step_of_its_own(name):
+    """Under bf16 autocast the float32 bias is rounded in the seed's launch (fast executor), and
+    the bias gradient's partial sums are added up in the gradients' launch (both executors):
+    the programs hold no cast and no sum for them."""
+    config = load_recipe(name).linear
+    passes(seeded_layer(config, "triton", 64, 48), [40, 40, 40], True)
+    sources = [program.source for program in PROGRAMS.programs()]
+    assert len(sources) == 2 and not PROGRAMS.refusals()
+    for source in sources:
+        assert "aten.sum" not in source
+    if name == "mxfp4":
+        assert not any("aten._to_copy" in source for source in sources)
+
+
 def test_layers_of_one_config_and_shape_share_programs():
     config = load_recipe("mxfp4").linear
     layers = [QuantLinear(64, 48, config=config, seed=s, backend="triton") for s in range(3)]
