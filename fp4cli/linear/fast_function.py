@@ -60,7 +60,7 @@ def planned_forward(
     assert isinstance(seed, torch.Tensor)
 
     def call(x, weight, bias, seed, calls, average, updates, guide, *given_inputs):
-        if calls is not None:  # the bias rounded to bfloat16 in the same launch, where it is
+        if calls is not None:  # the launch drawing the seed rounds a float32 bias under bf16
             seed, bias = start_call_launched(seed, calls, bool(counts), bias, dtype)
         if average is not None:
             guide = AverageGuide(average, updates, warmup)

@@ -48,8 +48,9 @@ def _column_totals(partials_ptr, columns, count, tiles, COLUMNS: tl.constexpr,
     partials_ptr + column * tiles): TILES of them at a time, each step's added in a tree and
     onto the running total. Missing terms are -0.0, which leaves every sum as it is (made from
     its bits: a -0.0 constant may become +0.0)."""
-    negative_zero = tl.full((COLUMNS, TILES), 0x80000000, tl.uint32).to(tl.float32, bitcast=True)
-    total = tl.reduce(negative_zero, 1, add)
+    sign_bit = tl.full((COLUMNS,), 0x80000000, tl.uint32)
+    total = sign_bit.to(tl.float32, bitcast=True)  # -0.0
+    negative_zero = tl.broadcast_to(total[:, None], (COLUMNS, TILES))
     rows = columns.to(tl.int64)[:, None] * tiles
     for first in range(0, tiles, TILES):
         tile = first + tl.arange(0, TILES)[None, :]

@@ -68,10 +68,8 @@ def test_pair_launches_are_counted():
 def test_a_transform_of_up_to_32_points_stays_in_its_thread():
     """Along the last axis, the quantize kernel and the amax pass load a transform of 8 to 32
     points a run per thread (`tile_io.runs_by_thread`): its butterflies, the block maximum and
-    the packing of the codes exchange nothing between threads. The quantize kernel with RHT-32
-    and SR to codes took 4.25 shuffles and 64.5 SASS instructions a value with a block over four
-    lanes, 0.19 and 56.0 with runs; nvfp4's RHT-16 + 8-bit SR to values 5.5 shuffles and 60.7
-    instructions, 0.81 and 45.7 (docs/fast-linear.md)."""
+    the packing of the codes exchange nothing between threads (with a block over four lanes the
+    RHT-32 launches took over 4 shuffles a value; the counts: docs/fast-linear.md)."""
     rows = counted(
         "mxfp4-rht32-sr", "mxfp4-rht32-sr-values", "nvfp4-rht16-sr8-values", "amax:16", "amax:32"
     )
