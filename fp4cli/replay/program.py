@@ -212,9 +212,12 @@ def _alias(writer: _Writer, args: list[str], kwargs: dict[str, str]) -> str | No
     return args[0] if len(args) == 1 and not kwargs else None
 
 
-def _method(name: str, arity: int) -> Callable[..., str | None]:
+def _method(name: str, arity: int, least: int | None = None) -> Callable[..., str | None]:
+    """tensor.name(*rest) for `least` (default: arity) to `arity` arguments, the tensor first:
+    the method's defaults are the operator's."""
+
     def spell(writer: _Writer, args: list[str], kwargs: dict[str, str]) -> str | None:
-        if kwargs or len(args) != arity:
+        if kwargs or not (least or arity) <= len(args) <= arity:
             return None
         return f"{args[0]}.{name}({', '.join(args[1:])})"
 
@@ -243,6 +246,8 @@ _BINDINGS: dict[str, Callable[..., str | None]] = {
     "aten.view.default": _method("view", 2),
     "aten.view.dtype": _method("view", 2),
     "aten.select.int": _method("select", 3),
+    "aten.unbind.int": _method("unbind", 2, least=1),
+    "aten.split.Tensor": _method("split", 3, least=2),
     "aten.mm.default": _function(torch.mm),
     "aten.addmm.default": _function(torch.addmm),
     "aten.sum.IntList_out": _function(torch.sum),

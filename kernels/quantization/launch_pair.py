@@ -242,8 +242,8 @@ def pair_tables(
     `amax` (then an output: the entries of the directions with a table)."""
     scaled = [d.spec for d in (row, col) if d is not None and d.spec.tensor_scale]
     if len(scaled) == 2 and same_tables(scaled[0], scaled[1]):
-        both = encode_tables(amax, scaled[0], partials)
-        return both[0], both[1]
+        row_table, col_table = encode_tables(amax, scaled[0], partials).unbind(0)  # one step
+        return row_table, col_table
     tables: list[torch.Tensor | None] = [None, None]
     for i, d in enumerate((row, col)):
         if d is not None and d.spec.tensor_scale:
@@ -270,9 +270,13 @@ def pair_amax_pass(
     partials = pair_amax_partials(x, row_pass, col_pass, tile, round_bf16)
     amax = torch.empty(2, dtype=torch.float32, device=x.device)
     row_table, col_table = pair_tables(amax, row_pass, col_pass, partials)
-    row_amax = amax[0:1] if row_pass is not None else None
-    col_amax = amax[1:2] if col_pass is not None else None
-    return row_amax, col_amax, row_table, col_table
+    row_amax, col_amax = amax.split(1)  # one host step of a replayed program for both views
+    return (
+        row_amax if row_pass is not None else None,
+        col_amax if col_pass is not None else None,
+        row_table,
+        col_table,
+    )
 
 
 @torch.compiler.disable

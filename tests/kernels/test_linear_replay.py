@@ -70,6 +70,18 @@ def test_the_bias_takes_no_cast_or_sum_step_of_its_own(name):
         assert not any("aten._to_copy" in source for source in sources)
 
 
+def test_two_level_pairs_view_their_tables_and_amaxes_in_one_step_each():
+    """nvfp4's pairs split their encode tables and tensor amaxes in one host step each (an
+    unbind, a split), not one view per direction."""
+    passes(seeded_layer(load_recipe("nvfp4").linear, "triton", 64, 48), [40, 40, 40], True)
+    sources = [program.source for program in PROGRAMS.programs()]
+    assert len(sources) == 2 and not PROGRAMS.refusals()
+    for source in sources:
+        assert "aten.select" not in source and "aten.slice" not in source
+    assert [source.count("aten.unbind") for source in sources] == [2, 1]  # X and W, then dY
+    assert [source.count("aten.split") for source in sources] == [2, 1]
+
+
 def test_layers_of_one_config_and_shape_share_programs():
     config = load_recipe("mxfp4").linear
     layers = [QuantLinear(64, 48, config=config, seed=s, backend="triton") for s in range(3)]
