@@ -82,6 +82,7 @@ def pair_directions() -> dict[str, tuple[Any, Any]]:
     plain, nvfp4 = QuantSpec.preset("mxfp4"), QuantSpec.preset("nvfp4")
     tseng = QuantSpec.preset("mxfp4-sr", sr_prescale=0.75)
     nvfp4_sr = nvfp4.replace(rounding="sr")
+    nvfp4_sr8 = nvfp4_sr.replace(sr_bits=8)  # the nvfp4 recipe's dY
     eden = QuantSpec.preset("nvfp4-eden")
     pairs = {
         "mxfp4-x": (Direction(plain, values_dtype=bf16), Direction(plain)),
@@ -98,6 +99,10 @@ def pair_directions() -> dict[str, tuple[Any, Any]]:
         "nvfp4-dy": (
             Direction(nvfp4_sr, (seed, 1), values_dtype=bf16),
             Direction(nvfp4_sr, (seed, 3), 16, (seed, 4), values_dtype=bf16),
+        ),
+        "nvfp4-dy-sr8": (
+            Direction(nvfp4_sr8, (seed, 1), values_dtype=bf16),
+            Direction(nvfp4_sr8, (seed, 3), 16, (seed, 4), values_dtype=bf16),
         ),
         "quartet2-dy-rows": (Direction(eden, (seed, 1), 128, (seed, 2), values_dtype=bf16), None),
         "quartet2-dy-cols": (None, Direction(eden, (seed, 3), 128, (seed, 4), values_dtype=bf16)),

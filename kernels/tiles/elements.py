@@ -72,7 +72,7 @@ def code_sr(magnitude, bits, E1M2: tl.constexpr, SR_BITS: tl.constexpr = 24):
     if SR_BITS != 24:
         if E1M2:
             return _e1m2_carry_steps(magnitude, bits, SR_BITS).to(tl.int32)
-        return _e2m1_code_of_grid(_e2m1_carry_grid(magnitude, bits, SR_BITS))
+        return _e2m1_carry_code(magnitude, bits, SR_BITS)
     if E1M2:
         return _e1m2_sr_steps(magnitude, bits).to(tl.int32)
     return e2m1_code_sr(magnitude, bits)
@@ -91,32 +91,36 @@ def sr_grid(magnitude, bits, E1M2: tl.constexpr, SR_BITS: tl.constexpr = 24):
 
 
 @triton.jit
-def _e2m1_step(magnitude):
-    """E2M1's grid step at |v|: 0.5 below 2, 1 in [2, 4), 2 from 4 (beyond 6 every sum
-    saturates, whatever its step)."""
-    return tl.where(magnitude >= 4.0, 2.0, tl.where(magnitude >= 2.0, 1.0, 0.5))
+def _e2m1_carry_total(magnitude, field, BITS: tl.constexpr):
+    """|v| plus field / 2^BITS of the step at |v| (the product exact, the sum rounded once).
+    The step from |v|'s exponent bits: half of 2^floor(log2 |v|), at least 0.5 (from 8 up it
+    exceeds the grid's 2, where every sum saturates either way)."""
+    exponent = magnitude.to(tl.int32, bitcast=True) & 0x7F800000
+    # the step times 2^-BITS, built as float bits: one product with the field, exact
+    scaled_step = (tl.maximum(exponent, 0x3F800000) - ((1 + BITS) << 23)).to(
+        tl.float32, bitcast=True
+    )
+    return magnitude + field.to(tl.int32).to(tl.float32) * scaled_step
 
 
 @triton.jit
 def _e2m1_carry_grid(magnitude, field, BITS: tl.constexpr):
-    """|v| rounded stochastically by carry (the reference's "sr_carry"): |v| plus field / 2^BITS
-    of the step at |v| (the product exact, the sum rounded once), truncated onto the grid in
-    the step at the sum, saturating at 6."""
-    unit: tl.constexpr = 1.0 / (1 << BITS)
-    # field * (step / 2^BITS): one product, exact (an integer below 2^BITS times a power of two)
-    scaled_step = tl.where(magnitude >= 4.0, 2 * unit, tl.where(magnitude >= 2.0, unit, unit / 2))
-    total = magnitude + field.to(tl.int32).to(tl.float32) * scaled_step
-    step = _e2m1_step(total)
-    return tl.minimum(tl.floor(total / step) * step, 6.0)
+    """|v| rounded stochastically by carry (the reference's "sr_carry"): `_e2m1_carry_total`
+    truncated onto the grid in the step at the sum, saturating at 6. From 1 up the truncation
+    keeps the sum's exponent and first mantissa bit; below, it is 0.5 or 0."""
+    total = _e2m1_carry_total(magnitude, field, BITS)
+    kept = (total.to(tl.int32, bitcast=True) & 0x7FC00000).to(tl.float32, bitcast=True)
+    return tl.minimum(tl.where(total < 1.0, tl.where(total >= 0.5, 0.5, 0.0), kept), 6.0)
 
 
 @triton.jit
-def _e2m1_code_of_grid(value):
-    """The E2M1 magnitude code of a grid value (>= 0): from 1 up its exponent and first mantissa
-    bit (`e2m1_value`'s bits read back), which gives 0 for 0.5 and below; the larger of that
-    and 1 for a nonzero value."""
-    bits = value.to(tl.int32, bitcast=True)
-    return tl.maximum((bits >> 22) - 252, (bits != 0).to(tl.int32))
+def _e2m1_carry_code(magnitude, field, BITS: tl.constexpr):
+    """The E2M1 magnitude code of `_e2m1_carry_grid`, from the sum's bits: its exponent and
+    first mantissa bit from 1 up (`e2m1_value`'s bits read back), at least 1 from 0.5 up, at
+    most 7 (6)."""
+    total = _e2m1_carry_total(magnitude, field, BITS)
+    code = (total.to(tl.int32, bitcast=True) >> 22) - 252
+    return tl.minimum(tl.maximum(code, (total >= 0.5).to(tl.int32)), 7)
 
 
 @triton.jit

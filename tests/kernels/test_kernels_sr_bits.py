@@ -125,3 +125,27 @@ def test_zeros_saturation_subnormals_non_finite_and_extreme_scales(bits):
     row, col = Direction(spec, 3, values_dtype=torch.float32), Direction(spec, 4)
     row_out, col_out = quantize_pair(x, row, col)
     assert _same(row_out, _reference(x, row, 1)) and _same(col_out, _reference(x, col, 0))
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_sums_that_land_on_the_grid_exactly(bits):
+    """Magnitudes on multiples of the carry's unit below 2 (each 32-block's 4.0 makes its
+    scale 1): for about one value in 2^bits the field carries the sum exactly onto 0.5, 1, 1.5
+    or 2, where the truncation keeps it."""
+    spec = SPECS["mxfp4"].replace(sr_bits=bits)
+    unit = 2.0 ** -(bits + 1)  # the step below 2 (0.5 or 1) times 2^-bits
+    steps = torch.randint(int(0.25 / unit), int(2 / unit), (128, 128), generator=_generator(5))
+    x = steps * unit * (1 - 2 * torch.randint(0, 2, (128, 128), generator=_generator(6)))
+    x[:, ::32] = 4.0
+    x[::32, :] = 4.0
+    x = on_device(x)
+    for seed in (1, 2):
+        check_backends_agree(x, spec, axis=-1, seed=seed)
+        check_backends_agree(x, spec, axis=0, seed=seed)
+    row, col = Direction(spec, 3), Direction(spec, 4, values_dtype=torch.float32)
+    row_out, col_out = quantize_pair(x, row, col)
+    assert _same(row_out, _reference(x, row, 1)) and _same(col_out, _reference(x, col, 0))
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
