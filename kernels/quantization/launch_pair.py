@@ -59,11 +59,6 @@ class Direction:
         blocks."""
         return max(int(self.spec.block), self.hadamard or 0, group_side(self.spec))
 
-    def drawing(self) -> bool:
-        """Whether it computes more per value than rounding to nearest: random bits for
-        stochastic rounding, or a Hadamard transform."""
-        return self.spec.rounding == "sr" or bool(self.hadamard)
-
 
 @dataclass(frozen=True)
 class Quantized:
@@ -131,17 +126,25 @@ def _thin_tile(d: Direction, along_rows: bool) -> tuple[int, int]:
 # codes 0.17 ms at 4, 0.18-0.20 at 8 or 2; TetraJet-v2's outer blocks along the rows 0.08 ms at 2
 # or 4, 0.09 at 8. The step: quartet2 3.36x -> 2.62x bf16, tetrajet-v2 1.92x -> 1.59x with the
 # sums (docs/benchmarks.md).
+# On the smallest tile, 2 warps but where both directions draw 24 random bits a value. On an
+# H200 (`benchmarks/pair_warps_probe.py`, a 768 -> 3072 layer at 8,192 tokens, us at 2 / 4
+# warps): nvfp4's dY pair (8-bit SR both ways, RHT-16 down the columns) 113.5 / 130.1, its X
+# pair 28.3 / 29.2; tetrajet's X pair (24-bit SR down the columns) 26.3 / 28.2, its dY pair
+# (24-bit SR both ways) 139.9 / 132.6; with 8-bit SR, X 21.3 / 24.4 and dY 99.4 / 110.6.
 def pair_warps(br: int, bc: int, row: Direction | None, col: Direction | None) -> int:
     """Warps for a [br, bc] tile: a lone wide direction's thin tile 4 along the rows and 2 down
-    the columns; else 2 for the smallest tile when both directions only round to nearest (the
-    fastest there), 4 when either draws random bits or transforms; larger tiles 4, or 8 beyond
-    4096 values."""
+    the columns; else 2 for the smallest tile, 4 there where both directions draw 24 random
+    bits a value; larger tiles 4, or 8 beyond 4096 values."""
     lone = _lone(row, col)
     if lone is not None and _wide(lone):
         return 4 if lone is row else 2  # along the rows, down the columns
     if br * bc <= PAIR_TILE_ROWS * PAIR_TILE_COLS:
-        return 4 if any(d is not None and d.drawing() for d in (row, col)) else 2
+        return 4 if _draws_24_bits(row) and _draws_24_bits(col) else 2
     return 4 if br * bc <= 4096 else 8
+
+
+def _draws_24_bits(d: Direction | None) -> bool:
+    return d is not None and d.spec.rounding == "sr" and d.spec.sr_bits == 24
 
 
 def _square(d: Direction | None) -> int:

@@ -347,6 +347,10 @@ def test_tiles_and_errors():
     assert launch_pair.pair_warps(16, 128, wide, None) == 4  # thin tiles: 4 along the rows
     assert launch_pair.pair_warps(128, 16, None, wide) == 2  # and 2 down the columns
     assert launch_pair.pair_warps(32, 64, Direction(MXFP4), Direction(MXFP4)) == 2
+    sr24, sr8 = MXFP4.replace(rounding="sr"), MXFP4.replace(rounding="sr", sr_bits=8)
+    assert launch_pair.pair_warps(32, 64, Direction(sr24, 1), Direction(sr24, 2)) == 4
+    assert launch_pair.pair_warps(32, 64, Direction(MXFP4), Direction(sr24, 2)) == 2
+    assert launch_pair.pair_warps(32, 64, Direction(sr8, 1), Direction(sr8, 2, 16, 3)) == 2
     x = rows_over_binades(32, 32)
     with pytest.raises(ValueError, match="2-D"):
         quantize_pair(x[None], Direction(MXFP4), None)
