@@ -133,7 +133,7 @@ def test_sums_that_land_on_the_grid_exactly(bits):
     scale 1): for about one value in 2^bits the field carries the sum exactly onto 0.5, 1, 1.5
     or 2, where the truncation keeps it."""
     spec = SPECS["mxfp4"].replace(sr_bits=bits)
-    unit = 2.0 ** -(bits + 1)  # the step below 2 (0.5 or 1) times 2^-bits
+    unit = 2.0 ** -(bits + 1)  # E2M1's step below 2 (0.5) times 2^-bits
     steps = torch.randint(int(0.25 / unit), int(2 / unit), (128, 128), generator=_generator(5))
     x = steps * unit * (1 - 2 * torch.randint(0, 2, (128, 128), generator=_generator(6)))
     x[:, ::32] = 4.0
