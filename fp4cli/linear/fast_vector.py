@@ -100,10 +100,13 @@ class _Workspace:
         if not any(sizes):
             return
         buffer = torch.zeros(sum(sizes), dtype=torch.int32, device=device)
-        start = 0
-        for index, size in enumerate(sizes):
-            self.parts[index] = buffer[start : start + size] if size else None
-            start += size
+        wanted = [index for index, size in enumerate(sizes) if size]
+        # the parts as views from one call: one host step of a replayed program, not one a part
+        parts = (
+            (buffer,) if len(wanted) == 1 else buffer.split_with_sizes([sizes[i] for i in wanted])
+        )
+        for index, part in zip(wanted, parts, strict=True):
+            self.parts[index] = part
 
 
 def _slots(spec: QuantSpec | None, axis: int, shape: torch.Size, needed: bool = True) -> int:

@@ -199,13 +199,17 @@ def _binding(writer: _Writer, step: OpStep) -> str | None:
     return spell(writer, args, kwargs)
 
 
-def _empty(writer: _Writer, args: list[str], kwargs: dict[str, str]) -> str | None:
-    plain = ("layout", "pin_memory", "memory_format")
-    if any(kwargs.get(k, "None") not in ("None", "False") for k in plain):
-        return None  # a layout or memory format of its own: through the operator
-    empty = writer.constant(torch.empty)
-    dtype, device = kwargs.get("dtype", "None"), kwargs.get("device", "None")
-    return f"{empty}({args[0]}, dtype={dtype}, device={device})"
+def _allocation(function: Callable[..., torch.Tensor]) -> Callable[..., str | None]:
+    """function(shape, dtype=, device=): `torch.empty` or `torch.zeros` of the default layout."""
+
+    def spell(writer: _Writer, args: list[str], kwargs: dict[str, str]) -> str | None:
+        plain = ("layout", "pin_memory", "memory_format")
+        if len(args) != 1 or any(kwargs.get(k, "None") not in ("None", "False") for k in plain):
+            return None  # a layout or memory format of its own: through the operator
+        dtype, device = kwargs.get("dtype", "None"), kwargs.get("device", "None")
+        return f"{writer.constant(function)}({args[0]}, dtype={dtype}, device={device})"
+
+    return spell
 
 
 def _alias(writer: _Writer, args: list[str], kwargs: dict[str, str]) -> str | None:
@@ -240,7 +244,8 @@ def _cast(writer: _Writer, args: list[str], kwargs: dict[str, str]) -> str | Non
 
 _BINDINGS: dict[str, Callable[..., str | None]] = {
     CAST: _cast,
-    "aten.empty.memory_format": _empty,
+    "aten.empty.memory_format": _allocation(torch.empty),
+    "aten.zeros.default": _allocation(torch.zeros),
     "aten.t.default": _method("t", 1),
     "aten.detach.default": _alias,  # a replay runs without autograd: the tensor itself
     "aten.view.default": _method("view", 2),
@@ -248,6 +253,7 @@ _BINDINGS: dict[str, Callable[..., str | None]] = {
     "aten.select.int": _method("select", 3),
     "aten.unbind.int": _method("unbind", 2, least=1),
     "aten.split.Tensor": _method("split", 3, least=2),
+    "aten.split_with_sizes.default": _method("split_with_sizes", 3, least=2),
     "aten.mm.default": _function(torch.mm),
     "aten.addmm.default": _function(torch.addmm),
     "aten.sum.IntList_out": _function(torch.sum),

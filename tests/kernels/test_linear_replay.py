@@ -82,6 +82,17 @@ def test_two_level_pairs_view_their_tables_and_amaxes_in_one_step_each():
     assert [source.count("aten.split") for source in sources] == [2, 1]
 
 
+def test_the_vector_executors_amax_slots_are_views_of_one_step():
+    """wang-fp4's zeroed amax slots are split from one allocation in one host step (or are the
+    allocation itself where there is one), not sliced one by one."""
+    passes(seeded_layer(load_recipe("wang-fp4").linear, "triton", 64, 48), [40, 40, 40], True)
+    sources = [program.source for program in PROGRAMS.programs()]
+    assert len(sources) == 2 and not PROGRAMS.refusals()
+    for source in sources:
+        assert "aten.slice" not in source
+    assert [source.count("aten.split_with_sizes") for source in sources] == [1, 0]
+
+
 def test_layers_of_one_config_and_shape_share_programs():
     config = load_recipe("mxfp4").linear
     layers = [QuantLinear(64, 48, config=config, seed=s, backend="triton") for s in range(3)]
