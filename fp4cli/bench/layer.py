@@ -15,6 +15,7 @@ loop waits for when the GPU is faster), and the bytes the forward keeps for the 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,12 +168,17 @@ def check_layer_request(
     timing: str,
     device: torch.device,
     layer_graphs: Sequence[str] = ("off",),
+    interleave: bool = False,
 ) -> None:
     """Raise BenchError for a request that cannot run (or would take minutes on a CPU)."""
     check_count("iters", iters, ITERS_MAX)
     check_timing(timing, device)
     graphed = "--timing graph, whose calls are one CUDA graph already" if timing == "graph" else ""
     check_layer_graphs(layer_graphs, device.type, graphed)
+    if interleave and timing != "loop":
+        raise BenchError(
+            "--interleave: with --timing loop (a CUDA graph's replays do not wait on the host)"
+        )
     if device.type == "cuda":
         return
     for shape, _ in shapes:
@@ -190,15 +196,92 @@ def run_layer_bench(
     timing: str = "loop",
     on_case: Callable[[int, LayerCase], None] | None = None,
     on_rows: Callable[[list[LayerRow]], None] | None = None,
+    interleave: bool = False,
 ) -> list[LayerRow]:
-    """Measure every case in order; each row's baseline is the bf16 case of its shape."""
-    return measure_in_order(
-        case_list,
-        lambda case: measure_case(case, device, iters, timing),
-        lambda case: case.shape,
-        on_case,
-        on_rows,
-    )
+    """Measure every case in order, or with `interleave` each shape's cases together
+    (`measure_interleaved`); each row's baseline is the bf16 case of its shape."""
+    if not interleave:
+        return measure_in_order(
+            case_list,
+            lambda case: measure_case(case, device, iters, timing),
+            lambda case: case.shape,
+            on_case,
+            on_rows,
+        )
+    groups: dict[LayerShape, list[LayerCase]] = {}
+    for case in case_list:
+        groups.setdefault(case.shape, []).append(case)
+    rows: list[LayerRow] = []
+    for group in groups.values():
+        measured = measure_interleaved(group, device, iters, on_case, len(rows))
+        baseline = next((row for row in measured if row.case.recipe == BASELINE), None)
+        for row in measured:
+            row.baseline = baseline
+        rows += measured
+        if on_rows is not None:
+            on_rows(measured)
+    return rows
+
+
+INTERLEAVED_ROUNDS = 5
+
+
+@dataclass
+class _Held:
+    """A built case of `measure_interleaved`: its row, its call and its loops' figures."""
+
+    row: LayerRow
+    call: Callable[[], Any]
+    loops_ms: list[float] = field(default_factory=list)
+    loops_host_us: list[float] = field(default_factory=list)
+
+
+def measure_interleaved(
+    group: Sequence[LayerCase],
+    device: torch.device,
+    iters: int,
+    on_case: Callable[[int, LayerCase], None] | None = None,
+    first_index: int = 0,
+) -> list[LayerRow]:
+    """`measure_case` (timing "loop") for cases held at once: each is built and warmed up,
+    then INTERLEAVED_ROUNDS rounds time one loop of each in turn and one host loop of each in
+    turn, so that a drift of the host's speed falls on every case alike. ms and host us: the
+    medians of a case's loops."""
+    from fp4cli.bench.timing import host_us, loop_ms, synchronize
+    from fp4cli.replay import graphs
+
+    rows, built = [], []
+    try:
+        for offset, case in enumerate(group):
+            if on_case is not None:
+                on_case(first_index + offset, case)
+            row = LayerRow(case, "loop")
+            rows.append(row)
+            try:
+                with graphs(case.layer_graphs):
+                    call = prepared_call(row, device)
+                    for _ in range(3):
+                        call()
+                built.append(_Held(row, call))
+            except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note)
+                row.note = failure_note(error)
+        synchronize(device)
+        for _ in range(INTERLEAVED_ROUNDS):
+            for held in list(built):
+                try:
+                    with graphs(held.row.case.layer_graphs):
+                        held.loops_ms.append(loop_ms(held.call, iters, device))
+                        held.loops_host_us.append(host_us(held.call, device, iters, repeats=1))
+                except Exception as error:  # noqa: BLE001
+                    held.row.note = failure_note(error)
+                    built.remove(held)
+        for held in built:
+            held.row.ms = statistics.median(held.loops_ms)
+            held.row.host_us = statistics.median(held.loops_host_us)
+    finally:
+        built.clear()
+        release(device)
+    return rows
 
 
 def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str) -> LayerRow:
@@ -206,16 +289,11 @@ def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str)
     to issue one, and saved MiB of a case."""
     from fp4cli.bench.timing import host_us, median_ms
     from fp4cli.replay import graphs
-    from fp4cli.train.memory import forward_saved_bytes
 
     row = LayerRow(case, timing)
     with graphs(case.layer_graphs):
         try:
-            layer, executor = build_layer(case, device)
-            row.executor = executor
-            x, grad_y = layer_data(case.shape, device)
-            row.saved_mib = forward_saved_bytes(lambda: layer_forward(layer, x)) / 2**20
-            call = layer_call(layer, x, grad_y)
+            call = prepared_call(row, device)
             row.ms = median_ms(call, device, iters, warmup=3, repeats=5, timing=timing)
             row.host_us = host_us(call, device, iters)
         except Exception as error:  # noqa: BLE001  (a case that cannot run gets a note)
@@ -223,6 +301,16 @@ def measure_case(case: LayerCase, device: torch.device, iters: int, timing: str)
         finally:
             release(device)
     return row
+
+
+def prepared_call(row: LayerRow, device: torch.device) -> Callable[[], Any]:
+    """The call of the row's case (`layer_call`), its executor and saved MiB set on the row."""
+    from fp4cli.train.memory import forward_saved_bytes
+
+    layer, row.executor = build_layer(row.case, device)
+    x, grad_y = layer_data(row.case.shape, device)
+    row.saved_mib = forward_saved_bytes(lambda: layer_forward(layer, x)) / 2**20
+    return layer_call(layer, x, grad_y)
 
 
 def build_layer(case: LayerCase, device: torch.device) -> tuple[nn.Module, str]:

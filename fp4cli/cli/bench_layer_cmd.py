@@ -42,6 +42,15 @@ def layer_command(
     ] = "loop",
     iters: Annotated[int, Opt(min=1, help="Calls per timed loop; the median of 5 loops.")] = 20,
     layer_graphs: LayerGraphsOption = "off",
+    interleave: Annotated[
+        bool,
+        Opt(
+            "--interleave",
+            help="Build each shape's cases at once and alternate their timed loops (5 rounds, "
+            "the medians), so that a drift of the host's speed falls on each alike. With "
+            "--timing loop.",
+        ),
+    ] = False,
     device: DeviceOption = "auto",
     store: StoreOption = None,
     no_store: NoStoreOption = False,
@@ -72,7 +81,7 @@ def layer_command(
     recipe_list = split_list(recipes)
     for recipe in recipe_list:
         load_recipe(recipe)  # RecipeError names what is wrong
-    bench.check_layer_request(shape_list, iters, timing, torch_device, graph_list)
+    bench.check_layer_request(shape_list, iters, timing, torch_device, graph_list, interleave)
     check_kernel_backends(backend_list, torch_device)
     case_list = bench.cases(shape_list, recipe_list, backend_list, gemm_list, graph_list)
     with (
@@ -81,7 +90,7 @@ def layer_command(
     ):
         rows = bench.run_layer_bench(
             case_list, torch_device, iters, timing, on_case=progress.layer_case,
-            on_rows=recorder.record,
+            on_rows=recorder.record, interleave=interleave,
         )  # fmt: skip
     table = _layer_table(rows, torch_device, timing, iters)
     console_for(table).print(table)

@@ -211,3 +211,56 @@ def test_bad_requests_fail_in_one_line(args: list[str], message: str) -> None:
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_interleaved_cases_alternate_their_timed_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each shape's cases are built and warmed up first, then one timed loop and one host loop
+    of each in turn, 5 rounds; a case that fails to build gets a note, the others are measured
+    against their shape's bf16."""
+    calls: list[str] = []
+
+    def prepared(row: Any, device: Any) -> Any:
+        if row.case.recipe == "tetrajet":
+            raise RuntimeError("no room")
+        row.executor, row.saved_mib = "fast", 1.0
+        return lambda: calls.append(row.case.recipe)
+
+    monkeypatch.setattr(bench, "prepared_call", prepared)
+    shapes = [(bench.LayerShape(64, 32, 48), ""), (bench.LayerShape(32, 32, 32), "")]
+    found = bench.cases(shapes, ["bf16", "mxfp4", "tetrajet"], ["torch"])
+    rows = bench.run_layer_bench(found, CPU, 2, interleave=True)
+    first_shape = calls[: 6 + 2 * 5 * 4]  # warm-up 3 each, then per round 2 + 2 calls each
+    assert first_shape[:6] == ["bf16"] * 3 + ["mxfp4"] * 3
+    assert (
+        first_shape[6:]
+        == ["bf16"] * 4
+        + ["mxfp4"] * 4
+        + ["bf16"] * 4
+        + ["mxfp4"] * 4
+        + (["bf16"] * 4 + ["mxfp4"] * 4) * 3
+    )
+    assert len(calls) == 2 * len(first_shape)
+    bf16, mxfp4, tetrajet = rows[:3]
+    assert bf16.ms is not None and bf16.host_us is not None and mxfp4.ms is not None
+    assert mxfp4.baseline is bf16 and rows[4].baseline is rows[3]
+    assert mxfp4.executor == "fast" and mxfp4.saved_vs_baseline == 1.0
+    assert tetrajet.ms is None and tetrajet.note == "RuntimeError: no room"
+
+
+def test_interleave_takes_the_loop_timing() -> None:
+    shapes = [(bench.LayerShape(64, 32, 48), "")]
+    with pytest.raises(bench.BenchError, match="--interleave: with --timing loop"):
+        bench.check_layer_request(shapes, 1, "graph", torch.device("cuda"), ["off"], True)
+    bench.check_layer_request(shapes, 1, "loop", CPU, ["off"], True)
+
+
+def test_interleaved_layer_command_prints_every_case(tmp_path: Path) -> None:
+    path = tmp_path / "fp4.db"
+    result = run("--shapes", "64x32x48", "--recipes", "bf16,mxfp4", "--backends", "torch",
+                 "--device", "cpu", "--iters", "1", "--interleave",
+                 "--store", str(path))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "reference (backend torch)" in result.stdout and "nn.Linear" in result.stdout
+    with RunStore(path) as store:
+        measured = {(row["config"]["recipe"], row["name"]) for row in store.benchmarks("layer")}
+    assert {("bf16", "host_us"), ("mxfp4", "layer_ms"), ("mxfp4", "host_vs_bf16")} <= measured
