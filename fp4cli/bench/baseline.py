@@ -75,6 +75,30 @@ def measure_in_order(
     return rows
 
 
+def measure_in_groups(
+    case_list: Sequence[Case],
+    measure_group: Callable[[list[Case], int], list[Any]],
+    group: Callable[[Case], Hashable],
+    on_rows: Callable[[list[Any]], None] | None = None,
+) -> list[Any]:
+    """`measure_group(cases, index of the first)` of the cases of each group (by `group`) at
+    once; each row's `baseline` is the row of its group's bf16 case. `on_rows` gets each
+    group's rows when measured."""
+    groups: dict[Hashable, list[Case]] = {}
+    for case in case_list:
+        groups.setdefault(group(case), []).append(case)
+    rows: list[Any] = []
+    for cases in groups.values():
+        measured = measure_group(cases, len(rows))
+        baseline = next((row for row in measured if row.case.recipe == BASELINE), None)
+        for row in measured:
+            row.baseline = baseline
+        rows += measured
+        if on_rows is not None:
+            on_rows(measured)
+    return rows
+
+
 def failure_note(error: Exception) -> str:
     """A case's note for an error that stopped it: out of memory, or the error's first line."""
     if isinstance(error, torch.OutOfMemoryError):

@@ -28,6 +28,7 @@ from fp4cli.bench.baseline import (
     case_label,
     case_recipe,
     failure_note,
+    measure_in_groups,
     measure_in_order,
     ratio,
     recipe_backends,
@@ -208,19 +209,12 @@ def run_layer_bench(
             on_case,
             on_rows,
         )
-    groups: dict[LayerShape, list[LayerCase]] = {}
-    for case in case_list:
-        groups.setdefault(case.shape, []).append(case)
-    rows: list[LayerRow] = []
-    for group in groups.values():
-        measured = measure_interleaved(group, device, iters, on_case, len(rows))
-        baseline = next((row for row in measured if row.case.recipe == BASELINE), None)
-        for row in measured:
-            row.baseline = baseline
-        rows += measured
-        if on_rows is not None:
-            on_rows(measured)
-    return rows
+    return measure_in_groups(
+        case_list,
+        lambda group, first: measure_interleaved(group, device, iters, on_case, first),
+        lambda case: case.shape,
+        on_rows,
+    )
 
 
 INTERLEAVED_ROUNDS = 5

@@ -24,6 +24,7 @@ from fp4cli.bench.baseline import (
     case_label,
     case_recipe,
     failure_note,
+    measure_in_groups,
     measure_in_order,
     ratio,
     recipe_backends,
@@ -176,19 +177,12 @@ def run_step_bench(
             case_list, measure or (lambda case: measure_case(case, device, steps)), _group,
             on_case, on_rows,
         )  # fmt: skip
-    groups: dict[Any, list[StepCase]] = {}
-    for case in case_list:
-        groups.setdefault(_group(case), []).append(case)
-    rows: list[StepRow] = []
-    for group in groups.values():
-        measured = measure_interleaved(group, device, steps, on_case, len(rows))
-        baseline = next((row for row in measured if row.case.recipe == BASELINE), None)
-        for row in measured:
-            row.baseline = baseline
-        rows += measured
-        if on_rows is not None:
-            on_rows(measured)
-    return rows
+    return measure_in_groups(
+        case_list,
+        lambda group, first: measure_interleaved(group, device, steps, on_case, first),
+        _group,
+        on_rows,
+    )
 
 
 def _group(case: StepCase) -> tuple[Any, ...]:
