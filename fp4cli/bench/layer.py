@@ -238,7 +238,7 @@ def measure_interleaved(
     first_index: int = 0,
 ) -> list[LayerRow]:
     """`measure_case` (timing "loop") for cases held at once: each is built and warmed up,
-    then INTERLEAVED_ROUNDS rounds time one loop of each in turn and one host loop of each in
+    then each of INTERLEAVED_ROUNDS rounds times one loop and one host loop of every case in
     turn, so that a drift of the host's speed falls on every case alike. ms and host us: the
     medians of a case's loops."""
     from fp4cli.bench.timing import host_us, loop_ms, synchronize
