@@ -9,7 +9,8 @@ cache (`cache.ProgramCache`) replays graphs only where `cache.graphs` asks for t
 
 A program is graphed only where a graph replays it exactly:
 
-- every step is an aten operation or a compiled kernel's launch (a host step may decide on
+- every step is an aten operation, a compiled kernel's launch or a host step that only
+  enqueues device work (`recorder.HostStepOptions.graphable`; another host step may decide on
   the host, which a graph would not repeat);
 - the only inputs it changes are those an aten step writes in place or a launch names as
   written (a layer's count of calls): a call copies their buffers back into them, with what
@@ -53,7 +54,7 @@ def graph_gap(program: HostProgram) -> str | None:
     if program.device is None or program.device.type != "cuda":
         return "it does not run on CUDA"
     for step in program.recording.steps:
-        if isinstance(step, CallStep):
+        if isinstance(step, CallStep) and not step.graphable:
             return f"its host step {step.function.__qualname__} runs on the host"
         if isinstance(step, LaunchStep) and step.compiled is None:
             return "it launches under the Triton interpreter"

@@ -110,14 +110,14 @@ def _generate(recording: Recording, device: torch.device | None) -> tuple[str, d
             call = _binding(writer, step) or writer.call(step.op, step.args, step.kwargs)
             writer.assign(step.outputs, call, step.name)
         elif isinstance(step, CallStep) and isinstance(step.outputs, Const):
-            call = writer.call(step.function, step.args, step.kwargs)
+            call = writer.call(step.replay or step.function, step.args, step.kwargs)
             expected = writer.constant(step.outputs.value)
             mismatch = writer.constant(ReplayMismatch)
             name = step.function.__qualname__
             writer.lines.append(f"if {call} != {expected}:  # {name}")
             writer.lines.append(f"    raise {mismatch}({name!r})")
         elif isinstance(step, CallStep):
-            call = writer.call(step.function, step.args, step.kwargs)
+            call = writer.call(step.replay or step.function, step.args, step.kwargs)
             writer.assign(step.outputs, call, step.function.__qualname__)
         else:
             writer.lines.append(_launch_line(writer, step))

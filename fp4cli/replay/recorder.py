@@ -72,15 +72,36 @@ class LaunchStep:
 @dataclass(frozen=True)
 class CallStep:
     """A `host_step` function called with `args` and `kwargs`; `outputs` names its result, or
-    is the Const a replay's call must return again (a flag such as "it ran")."""
+    is the Const a replay's call must return again (a flag such as "it ran"). `replay`: what a
+    replay calls instead of `function` (its `bind`), and `graphable`: whether a CUDA graph may
+    hold the step (see `host_step`)."""
 
     function: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     outputs: Any
+    replay: Callable[..., Any] | None = None
+    graphable: bool = False
 
 
 Step = OpStep | LaunchStep | CallStep
+
+
+@dataclass(frozen=True)
+class HostStepOptions:
+    """How a recording keeps a `host_step` function's call.
+
+    - `bind(result, *args, **kwargs)`: called once, on the recorded call's arguments and
+      result; it returns what the replays call instead of the function (with the replays'
+      arguments), or None for the function itself. What it returns must give the function's
+      result and do the function's work for any arguments of the recorded layouts, and
+      may keep what the function decided from them (a library's plan).
+    - `graphable`: the function only enqueues device work on the current stream, decided by
+      its arguments' layouts alone, so a CUDA graph of a program may hold it.
+    """
+
+    bind: Callable[..., Callable[..., Any] | None] | None = None
+    graphable: bool = False
 
 
 @dataclass
@@ -158,11 +179,16 @@ class Recorder(TorchDispatchMode):
             self.recording.steps.append(step)
 
     def record_call(
-        self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: HostStepOptions = HostStepOptions(),
     ) -> Any:
         """Call a `host_step` function, recording it as one step."""
         with self.paused():
             result = function(*args, **kwargs)
+            replay = None if options.bind is None else options.bind(result, *args, **kwargs)
         if self.refusal is None:
             step_args, step_kwargs = self._template(args), self._template(kwargs)
             outputs = self._outputs(result)
@@ -171,7 +197,9 @@ class Recorder(TorchDispatchMode):
             if outputs is _UNNAMED:
                 self.refuse(f"{function.__qualname__} returned what a replay cannot name")
             else:
-                self.recording.steps.append(CallStep(function, step_args, step_kwargs, outputs))
+                step = CallStep(function, step_args, step_kwargs, outputs, replay,
+                                options.graphable)  # fmt: skip
+                self.recording.steps.append(step)
         return result
 
     @contextlib.contextmanager
@@ -304,16 +332,26 @@ def record(
     return result, recorder.recording, None
 
 
-def host_step(function: Callable[..., Any]) -> Callable[..., Any]:
-    """A function that a recording keeps as one step, replayed by calling it again: for device
-    work that neither aten nor `launch` sees (a library called through ctypes, an autotuned
-    launch)."""
+def host_step(
+    function: Callable[..., Any] | None = None,
+    *,
+    bind: Callable[..., Callable[..., Any] | None] | None = None,
+    graphable: bool = False,
+) -> Any:
+    """A function that a recording keeps as one step, replayed by calling it again (or what
+    `bind` made of it; see `HostStepOptions`): for device work that neither aten nor `launch`
+    sees (a library called through ctypes, an autotuned launch). Used bare (`@host_step`) or
+    with options (`@host_step(bind=..., graphable=True)`)."""
+    options = HostStepOptions(bind, graphable)
+    if function is None:
+        return functools.partial(host_step, bind=bind, graphable=graphable)
+    wrapped = function
 
-    @functools.wraps(function)
+    @functools.wraps(wrapped)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         recorder = active_recorder()
         if recorder is None:
-            return function(*args, **kwargs)
-        return recorder.record_call(function, args, kwargs)
+            return wrapped(*args, **kwargs)
+        return recorder.record_call(wrapped, args, kwargs, options)
 
     return wrapper

@@ -21,6 +21,7 @@ its own route.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -227,23 +228,27 @@ def _bias_fits(bias: torch.Tensor, n: int, out: torch.Tensor) -> bool:
     )
 
 
-@host_step
-def alpha_matmul(
+@dataclass(frozen=True)
+class _Route:
+    """What `alpha_matmul` decided for one call's layouts: cuBLASLt's plan, the GPU, and the
+    alignments of the pointers (B, A, D, the bias or 0) that the plan was chosen for."""
+
+    plan: tuple
+    index: int
+    alignments: tuple[int, int, int, int]
+
+
+def _takes(
     a: torch.Tensor,
     b: torch.Tensor,
     alpha: torch.Tensor,
     out: torch.Tensor,
-    bias: torch.Tensor | None = None,
+    bias: torch.Tensor | None,
 ) -> bool:
-    """out = out.dtype(fl32(alpha * (a @ b^T)) (+ bias, in float32)) for CUDA tensors a (M, K)
-    and b (N, K) of one 16-bit dtype (row- or column-major), alpha a (1,) float32 tensor, out a
-    contiguous (M, N) tensor of the operands' dtype or float32 and an optional (N,) bias of the
-    output's dtype or a 16-bit one. Returns whether it ran: False, having done nothing, where
-    cuBLASLt cannot take it. One step of a recording (`fp4cli.replay`): a replay calls it again
-    and checks that it ran as the recorded call did."""
+    """Whether the operands are of a kind cuBLASLt's route takes (`alpha_matmul`)."""
     m, k = a.shape
     n = b.shape[0]
-    if not (
+    return (
         a.is_cuda
         and a.dtype in (torch.bfloat16, torch.float16)
         and b.dtype == a.dtype
@@ -255,20 +260,43 @@ def alpha_matmul(
         and b.device == a.device == out.device == alpha.device
         and (bias is None or _bias_fits(bias, n, out))
         and _library() is not None
-    ):
-        return False
+    )
+
+
+def _alignments(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[int, int, int, int]:
+    return (_alignment(b.data_ptr()), _alignment(a.data_ptr()), _alignment(out.data_ptr()),
+            0 if bias is None else _alignment(bias.data_ptr()))  # fmt: skip
+
+
+def _route(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None
+) -> _Route | None:
+    """The plan for operands `_takes` took (and a bias in the output's dtype), or None where
+    cuBLASLt has none for them."""
+    m, k = a.shape
+    n = b.shape[0]
     first, second = _operand(b, n, k, OP_T), _operand(a, m, k, OP_N)
     if first is None or second is None:
-        return False
-    if bias is not None:
-        bias = bias.to(out.dtype).contiguous()  # exact: the same dtype, or a widening
+        return None
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    aligns = tuple(_alignment(t.data_ptr()) for t in (b, a, out, out))
-    bias_align = 0 if bias is None else _alignment(bias.data_ptr())
-    plan = _plan((index, m, n, k, *first, *second, a.dtype, out.dtype, aligns, bias_align))
-    if plan is None:
-        return False
-    desc, first_layout, second_layout, result, found = plan
+    alignments = _alignments(a, b, out, bias)
+    aligns = (*alignments[:3], alignments[2])  # A, B, C and D: C is D
+    plan = _plan((index, m, n, k, *first, *second, a.dtype, out.dtype, aligns, alignments[3]))
+    return None if plan is None else _Route(plan, index, alignments)
+
+
+def _launch(
+    route: _Route,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    alpha: torch.Tensor,
+    out: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> bool:
+    """cuBLASLt's matmul on the route's plan; False where it launched nothing."""
+    desc, first_layout, second_layout, result, found = route.plan
     lib = _library()
     if bias is not None:
         _set(
@@ -277,13 +305,89 @@ def alpha_matmul(
             DESC_BIAS_POINTER,
             ctypes.c_void_p(bias.data_ptr()),
         )
-    handle, zero = _device_state(index)
+    handle, zero = _device_state(route.index)
     status = lib.cublasLtMatmul(
         handle, desc, alpha.data_ptr(), b.data_ptr(), first_layout, a.data_ptr(), second_layout,
         zero.data_ptr(), out.data_ptr(), result, out.data_ptr(), result, ctypes.byref(found.algo),
-        None, WORKSPACE_BYTES, torch.cuda.current_stream(a.device).cuda_stream,
+        None, WORKSPACE_BYTES, torch._C._cuda_getCurrentRawStream(route.index),
     )  # fmt: skip
     if status == STATUS_NOT_SUPPORTED:  # nothing was launched
         return False
     _check(status, "cublasLtMatmul")
     return True
+
+
+def _direct_alpha_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    alpha: torch.Tensor,
+    out: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> bool:
+    """`alpha_matmul` itself: every check, the plan looked up, the launch."""
+    if not _takes(a, b, alpha, out, bias):
+        return False
+    if bias is not None:
+        bias = bias.to(out.dtype).contiguous()  # exact: the same dtype, or a widening
+    route = _route(a, b, out, bias)
+    return route is not None and _launch(route, a, b, alpha, out, bias)
+
+
+class _BoundMatmul:
+    """A replay's `alpha_matmul`: the recorded call's plan launched again where the pointers
+    have the recorded alignments, the whole function where they have not (as a direct call
+    would, which looks the plan up by them). The operands' dtypes, shapes and strides are the
+    recorded ones: a replay runs only on inputs of the recorded layouts."""
+
+    def __init__(self, route: _Route, convert_bias: bool) -> None:
+        self.route, self.convert_bias = route, convert_bias
+
+    def __call__(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        alpha: torch.Tensor,
+        out: torch.Tensor,
+        bias: torch.Tensor | None = None,
+    ) -> bool:
+        if bias is not None and self.convert_bias:
+            bias = bias.to(out.dtype).contiguous()
+        if _alignments(a, b, out, bias) != self.route.alignments:
+            return _direct_alpha_matmul(a, b, alpha, out, bias)
+        return _launch(self.route, a, b, alpha, out, bias)
+
+
+def _bind(
+    ran: bool,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    alpha: torch.Tensor,
+    out: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> _BoundMatmul | None:
+    """What a recording's replays call for a call that ran (`recorder.HostStepOptions`)."""
+    if not ran:
+        return None
+    converted = None if bias is None else bias.to(out.dtype).contiguous()
+    route = _route(a, b, out, converted)
+    if route is None:
+        return None
+    return _BoundMatmul(route, bias is not None and converted is not bias)
+
+
+@host_step(bind=_bind, graphable=True)
+def alpha_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    alpha: torch.Tensor,
+    out: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> bool:
+    """out = out.dtype(fl32(alpha * (a @ b^T)) (+ bias, in float32)) for CUDA tensors a (M, K)
+    and b (N, K) of one 16-bit dtype (row- or column-major), alpha a (1,) float32 tensor, out a
+    contiguous (M, N) tensor of the operands' dtype or float32 and an optional (N,) bias of the
+    output's dtype or a 16-bit one. Returns whether it ran: False, having done nothing, where
+    cuBLASLt cannot take it. One step of a recording (`fp4cli.replay`): a replay calls the
+    recorded call's plan again (`_BoundMatmul`), checks that it ran as the recorded call did,
+    and a CUDA graph of the program may hold it."""
+    return _direct_alpha_matmul(a, b, alpha, out, bias)

@@ -92,10 +92,11 @@ def _tuned_kernel() -> Any:
     return triton.autotune(configs, key=["M", "N", "k_padded"])(even_k(nvfp4_fused_kernel))
 
 
-@host_step
+@host_step(graphable=True)
 def _autotuned_launch(grid: Any, args: tuple[Any, ...]) -> None:
     """The autotuned fused kernel's launch: one step of a recording (`fp4cli.replay`),
-    replayed through the autotuner, which keeps the configuration it chose."""
+    replayed through the autotuner, which keeps the configuration it chose for the shapes (so
+    a CUDA graph of the program may hold it)."""
     _tuned_kernel()[grid](*args, DECODE=decode_type())
 
 

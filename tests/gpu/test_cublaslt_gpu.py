@@ -124,3 +124,29 @@ def test_nvfp4_decoded_takes_the_route(monkeypatch) -> None:
     got = nvfp4_matmul(a, b, torch.bfloat16, backend="triton", impl="decoded")
     assert taken == [True]
     assert_matches(got, nvfp4_matmul_reference(a, b, torch.bfloat16))
+
+
+def scaled_product(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device="cuda")
+    assert alpha_matmul(a, b, alpha, out)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["off", "always"])
+def test_replays_launch_the_recorded_plan_at_any_alignment(mode) -> None:
+    """A recorded program replays the call's plan (`_BoundMatmul`), or from a CUDA graph that
+    holds it: the bits of a direct call, also for operands of another pointer alignment
+    (32 bytes past a 256-byte boundary: the same program signature, another plan)."""
+    from fp4cli.replay import ProgramCache, graphs
+
+    cache = ProgramCache()
+    storage = integer_matrix(2, 160 * 256 + 16, 21, bf16)[0]
+    b = integer_matrix(96, 256, 22, bf16)
+    with graphs(mode):
+        for call, offset in enumerate([0, 0, 0, 0, 0, 16, 0]):
+            a = storage[offset : offset + 160 * 256].view(160, 256)
+            alpha = torch.tensor([ALPHA + call], device="cuda")
+            got = cache.run("alpha", scaled_product, (a, b, alpha))
+            assert torch.equal(got, expected(a, b, alpha, bf16)), (call, offset)
+    assert len(cache.programs()) == 1 and cache.refusals() == []
+    assert len(cache.graphs()) == (mode == "always") and cache.graph_refusals() == []

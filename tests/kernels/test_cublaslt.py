@@ -42,3 +42,27 @@ def test_cublaslt_descriptors_take_every_attribute_as_typed() -> None:
             cublaslt.DESC_TRANSA,
             ctypes.c_int8(1),  # the wrong size: cuBLASLt refuses it
         )
+
+
+def test_a_replay_launches_the_recorded_plan_only_at_the_recorded_alignments(monkeypatch) -> None:
+    """`_BoundMatmul`: the plan was looked up by the pointers' alignments, so a replay whose
+    pointers have others runs the whole function (which looks up the plan of theirs)."""
+    from fp4cli.kernels.gemm import cublaslt
+
+    launched, direct = [], []
+    monkeypatch.setattr(cublaslt, "_launch", lambda route, *args: launched.append(args) or True)
+    monkeypatch.setattr(cublaslt, "_direct_alpha_matmul", lambda *args: direct.append(args) or 1)
+    storage = torch.zeros(4096, dtype=torch.bfloat16)
+    a, b, out = storage[:512].view(16, 32), storage[1024:1536].view(16, 32), torch.empty(16, 16)
+    alpha = torch.ones(1)
+    route = cublaslt._Route((), 0, cublaslt._alignments(a, b, out, None))
+    bound = cublaslt._BoundMatmul(route, convert_bias=False)
+    assert bound(a, b, alpha, out) is True and len(launched) == 1 and not direct
+    shifted = storage[8:520].view(16, 32)  # 16 bytes past a: another alignment
+    assert bound(shifted, b, alpha, out) == 1 and len(direct) == 1 and len(launched) == 1
+    route_with_bias = cublaslt._Route((), 0, (256, 256, 256, 256))
+    monkeypatch.setattr(cublaslt, "_alignments", lambda *args: (256, 256, 256, 256))
+    cublaslt._BoundMatmul(route_with_bias, convert_bias=True)(
+        a, b, alpha, out, torch.zeros(16, dtype=torch.bfloat16)
+    )
+    assert launched[-1][-1].dtype == out.dtype  # the bias widened as the recorded call's was

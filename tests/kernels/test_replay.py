@@ -96,6 +96,54 @@ def test_a_host_step_is_called_again_and_must_decide_as_recorded():
     assert cache.refusals() and "returned otherwise" in cache.refusals()[0]
 
 
+def test_a_host_step_replays_what_its_bind_made_of_the_recorded_call():
+    seen, bound_calls, plain_calls = [], [], []
+
+    def bind(ran, x, out):
+        seen.append((ran, x.shape))
+        return lambda x, out: bound_calls.append(out.copy_(x * 3)) is None
+
+    @host_step(bind=bind)
+    def triple(x: torch.Tensor, out: torch.Tensor) -> bool:
+        plain_calls.append(1)
+        out.copy_(x * 3)
+        return True
+
+    def uses_the_step(x, y):
+        out = torch.empty_like(x)
+        assert triple(x, out)
+        return out + y
+
+    cache = ProgramCache()
+    for seed in range(4):  # direct, recorded (the bind called once), then two replays
+        x, y = inputs(seed)
+        assert torch.equal(cache.run("k", uses_the_step, (x, y)), x * 3 + y)
+    assert seen == [(True, x.shape)]
+    assert len(plain_calls) == 2 and len(bound_calls) == 2
+    assert cache.refusals() == []
+
+
+def test_a_bind_that_keeps_nothing_leaves_the_function_to_the_replays():
+    plain_calls = []
+
+    @host_step(bind=lambda ran, x, out: None)
+    def triple(x: torch.Tensor, out: torch.Tensor) -> bool:
+        plain_calls.append(1)
+        out.copy_(x * 3)
+        return True
+
+    def uses_the_step(x, y):
+        out = torch.empty_like(x)
+        triple(x, out)
+        return out
+
+    cache = ProgramCache()
+    for seed in range(3):
+        x, y = inputs(seed)
+        assert torch.equal(cache.run("k", uses_the_step, (x, y)), x * 3)
+    assert len(plain_calls) == 3
+
+
 def test_the_cache_calls_directly_records_then_replays():
     calls = []
 

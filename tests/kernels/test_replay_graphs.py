@@ -37,6 +37,8 @@ def test_graph_gap_names_what_a_graph_would_not_replay():
     steps = [CallStep(len, (), {}, None)]
     host = HostProgram(Recording(0, steps, 0, None), CUDA)
     assert graph_gap(host) == "its host step len runs on the host"
+    enqueues = [CallStep(len, (), {}, None, graphable=True)]  # `host_step(graphable=True)`
+    assert graph_gap(HostProgram(Recording(0, enqueues, 0, None), CUDA)) is None
     plain = program_of(lambda x, y: (x * 2, y + x))
     assert graph_gap(plain) is None
 
