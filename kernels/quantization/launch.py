@@ -161,16 +161,30 @@ def encode_tables(
     tables = torch.empty(
         (amax.numel(), ENCODE_TABLE.value), dtype=torch.float32, device=amax.device
     )
-    reduce = partials is not None
-    if partials is None:
-        partials = amax
-    elif partials.shape[0] != amax.numel() or not partials.is_contiguous():
+    if partials is not None and (partials.shape[0] != amax.numel() or not partials.is_contiguous()):
         raise ValueError("partial maxima must be contiguous, a row per tensor amax")
-    launch(
-        encode_table_kernel, (amax.numel(),), (amax, tables, partials, partials.shape[-1]),
-        dict(REDUCE=reduce, **_table_constants(spec)), num_warps=4,
-    )  # fmt: skip
+    count = 0 if partials is None else partials.shape[-1]
+    write_tables(amax, tables, spec, amax.numel(), partials, count)
     return tables
+
+
+def write_tables(
+    amax: torch.Tensor,
+    tables: torch.Tensor,
+    spec: QuantSpec,
+    tensors: int,
+    partials: torch.Tensor | None = None,
+    count: int = 0,
+) -> None:
+    """The encode tables of `tensors` tensor amaxes under `spec`, from one launch: the amaxes
+    lie one after another from `amax`'s first element, the tables ENCODE_TABLE entries apart
+    from `tables`' first. With `partials`, `count` partial maxima a tensor, one tensor's after
+    another, reduced first into the amaxes."""
+    launch(
+        encode_table_kernel, (tensors,),
+        (amax, tables, amax if partials is None else partials, count),
+        dict(REDUCE=partials is not None, **_table_constants(spec)), num_warps=4,
+    )  # fmt: skip
 
 
 @torch.compiler.disable

@@ -6,6 +6,7 @@ move nothing between threads (`amax_slabs`)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,21 +37,28 @@ def pair_amax(
     return reduced_partials(pair_amax_partials(x, row, col, tile, round_bf16))
 
 
+Partials = Callable[[int, torch.device], torch.Tensor]
+
+
 def pair_amax_partials(
     x: torch.Tensor,
     row: Direction | None,
     col: Direction | None,
     tile: tuple[int, int],
     round_bf16: bool = False,
+    allocate: Partials | None = None,
 ) -> torch.Tensor:
-    """`pair_amax`'s partial maxima, (2, programs) float32: a row per direction."""
+    """`pair_amax`'s partial maxima, (2, programs) float32: a row per direction. `allocate`
+    (programs, device) gives the pass the contiguous float32 tensor of 2 x programs elements
+    to write them into (by default a new (2, programs) one)."""
+    allocate = allocate or _partials
     row_on = row is not None and row.spec.tensor_scale
     row_rht = row is not None and row_on and bool(row.hadamard)
     if col is not None and col.spec.tensor_scale and col.hadamard == 16 and not row_rht:
-        return _amax_rht16_cols(x, col, row_on, round_bf16)
+        return _amax_rht16_cols(x, col, row_on, round_bf16, allocate)
     if row_rht and row.hadamard in BOTH_SLAB_LINES and col is not None and col.spec.tensor_scale \
             and col.hadamard == row.hadamard:  # fmt: skip
-        return _amax_both(x, row, col, round_bf16)
+        return _amax_both(x, row, col, round_bf16, allocate)
     rows, cols = x.shape
     col_rht = col is not None and col.spec.tensor_scale and bool(col.hadamard)
     col_on = col is not None and col.spec.tensor_scale
@@ -71,7 +79,7 @@ def pair_amax_partials(
         constants |= {f"{prefix}_{k}": v for k, v in hadamard.items()}
         constants[f"{prefix}_ON"] = d is not None and d.spec.tensor_scale
         constants[f"{prefix}_RHT_SEED_FROM_PTR"] = rht_from_ptr
-    partials = _partials(programs, x.device)
+    partials = allocate(programs, x.device)
     launch(
         amax_pair_kernel, (programs,), (x, partials, *seeds, rows, cols, tiles_c),
         dict(BR=br, BC=bc, ROUND_BF16=round_bf16, **constants), num_warps=warps,
@@ -141,7 +149,7 @@ def _striding_grid(
 
 
 def _amax_rht16_cols(
-    x: torch.Tensor, col: Direction, plain: bool, round_bf16: bool
+    x: torch.Tensor, col: Direction, plain: bool, round_bf16: bool, allocate: Partials
 ) -> torch.Tensor:
     """Partial maxima: direction 1 the column direction's after its 16-point transform; with
     `plain`, direction 0 x's own (a row direction without a transform)."""
@@ -150,7 +158,7 @@ def _amax_rht16_cols(
         x, 16 * AMAX_SLAB_LINES, AMAX_SLAB_COLS, AMAX_PROGRAMS_PER_SM
     )
     rht_ptr, rht_value, rht_from_ptr = _seed_args(col.hadamard_seed, x.device)
-    partials = _partials(programs, x.device)
+    partials = allocate(programs, x.device)
     launch(
         amax_rht16_cols_kernel, (programs,),
         (x, partials, rht_ptr, rht_value, rows, cols, tiles, tiles_c),
@@ -170,7 +178,9 @@ BOTH_SLAB_LINES = {32: 1, 16: 2}
 BOTH_COLS, BOTH_WARPS, BOTH_PROGRAMS_PER_SM = 256, 4, 8
 
 
-def _amax_both(x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool) -> torch.Tensor:
+def _amax_both(
+    x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool, allocate: Partials
+) -> torch.Tensor:
     """Partial maxima of the row and column directions after their 16- or 32-point transforms
     (the same size both ways), from the slab kernel of that size."""
     rows, cols = x.shape
@@ -181,7 +191,7 @@ def _amax_both(x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool
     )
     row_ptr, row_value, row_from_ptr = _seed_args(row.hadamard_seed, x.device)
     col_ptr, col_value, col_from_ptr = _seed_args(col.hadamard_seed, x.device)
-    partials = _partials(programs, x.device)
+    partials = allocate(programs, x.device)
     launch(
         amax_both_kernel, (programs,),
         (x, partials, row_ptr, row_value, col_ptr, col_value, rows, cols, tiles, tiles_c),

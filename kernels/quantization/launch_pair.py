@@ -21,14 +21,15 @@ from fp4cli.kernels.quantization.launch import (
     PAIR_TILE_COLS,
     PAIR_TILE_ROWS,
     dequantize_e2m1,
-    encode_tables,
     group_side,
     outer_count,
     same_tables,
     sr_group,
+    write_tables,
 )
 from fp4cli.kernels.quantization.launch_amax import pair_amax_partials
 from fp4cli.kernels.quantization.quantize_pair import quantize_pair_kernel
+from fp4cli.kernels.tiles.two_level import ENCODE_TABLE
 from fp4cli.quant.blocking import round_up, transformed_length
 from fp4cli.quant.random_bits import Seed
 from fp4cli.quant.spec import QuantSpec
@@ -233,26 +234,44 @@ def _check_directions(row: Direction | None, col: Direction | None, double: bool
         raise ValueError("double quantization into a two-level spec needs the row values' amax")
 
 
-def pair_tables(
-    amax: torch.Tensor,
-    row: Direction | None,
-    col: Direction | None,
-    partials: torch.Tensor | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The two-level directions' encode tables from their amaxes (`launch_amax.pair_amax`), in
-    one launch where both have one and their specs share the formula. partials (2, programs):
-    the amax pass's partial maxima (`pair_amax_partials`), reduced by the tables' launches into
-    `amax` (then an output: the entries of the directions with a table)."""
+@dataclass(frozen=True)
+class PairScales:
+    """A two-level pair's amax pass and encode tables, views of one float32 allocation split in
+    one host step (`amax_workspace`; each allocation and each view is a step of a replayed
+    program): the pass's partial maxima (a row of `programs` per direction, one after the
+    other), the directions' tensor amaxes, then their encode tables. Each column direction's
+    amax and table lie right after the row direction's, so one table launch writes both."""
+
+    partials: torch.Tensor
+    programs: int
+    row_amax: torch.Tensor
+    col_amax: torch.Tensor
+    row_table: torch.Tensor
+    col_table: torch.Tensor
+
+
+def amax_workspace(programs: int, device: torch.device) -> PairScales:
+    """The `PairScales` of an amax pass of `programs` programs, unwritten."""
+    size = ENCODE_TABLE.value
+    workspace = torch.empty(2 * programs + 2 + 2 * size, dtype=torch.float32, device=device)
+    views = workspace.split_with_sizes([2 * programs, 1, 1, size, size])  # one step
+    return PairScales(views[0], programs, *views[1:])
+
+
+def pair_tables(scales: PairScales, row: Direction | None, col: Direction | None) -> None:
+    """The two-level directions' amaxes reduced from the pass's partial maxima, and their
+    encode tables: one launch where both have one and their specs share the formula."""
     scaled = [d.spec for d in (row, col) if d is not None and d.spec.tensor_scale]
     if len(scaled) == 2 and same_tables(scaled[0], scaled[1]):
-        row_table, col_table = encode_tables(amax, scaled[0], partials).unbind(0)  # one step
-        return row_table, col_table
-    tables: list[torch.Tensor | None] = [None, None]
+        write_tables(scales.row_amax, scales.row_table, scaled[0], 2, scales.partials,
+                     scales.programs)  # fmt: skip
+        return
     for i, d in enumerate((row, col)):
         if d is not None and d.spec.tensor_scale:
-            part = partials[i : i + 1] if partials is not None else None
-            tables[i] = encode_tables(amax[i : i + 1], d.spec, part)[0]
-    return tables[0], tables[1]
+            amax, table = (scales.row_amax, scales.row_table) if i == 0 else \
+                (scales.col_amax, scales.col_table)  # fmt: skip
+            partials = scales.partials[i * scales.programs :] if i else scales.partials
+            write_tables(amax, table, d.spec, 1, partials, scales.programs)
 
 
 def pair_amax_pass(
@@ -270,16 +289,20 @@ def pair_amax_pass(
                           for d in (row, col))  # fmt: skip
     if row_pass is None and col_pass is None:
         return None, None, None, None
-    partials = pair_amax_partials(x, row_pass, col_pass, tile, round_bf16)
-    amax = torch.empty(2, dtype=torch.float32, device=x.device)
-    row_table, col_table = pair_tables(amax, row_pass, col_pass, partials)
-    row_amax, col_amax = amax.split(1)  # one host step of a replayed program for both views
-    return (
-        row_amax if row_pass is not None else None,
-        col_amax if col_pass is not None else None,
-        row_table,
-        col_table,
-    )
+    made: list[PairScales] = []
+
+    def allocate(programs: int, device: torch.device) -> torch.Tensor:
+        made.append(amax_workspace(programs, device))
+        return made[0].partials
+
+    pair_amax_partials(x, row_pass, col_pass, tile, round_bf16, allocate)
+    scales = made[0]
+    pair_tables(scales, row_pass, col_pass)
+    if row_pass is None:
+        return None, scales.col_amax, None, scales.col_table
+    if col_pass is None:
+        return scales.row_amax, None, scales.row_table, None
+    return scales.row_amax, scales.col_amax, scales.row_table, scales.col_table
 
 
 @torch.compiler.disable

@@ -15,7 +15,11 @@ from tests.kernel_cases import FP32_MAX, on_device
 from tests.kernel_checks import assert_encode_table
 
 from fp4cli.kernels.quantization.launch import encode_tables, same_tables  # isort: skip
-from fp4cli.kernels.quantization.launch_pair import Direction, pair_tables  # isort: skip
+from fp4cli.kernels.quantization.launch_pair import (  # isort: skip
+    Direction,
+    amax_workspace,
+    pair_tables,
+)
 from fp4cli.kernels.tiles.two_level import ENCODE_TABLE  # isort: skip
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
@@ -50,19 +54,32 @@ def test_one_launch_serves_specs_of_one_formula():
     assert not same_tables(nvfp4, TABLE_SPECS["mxfp4-ue5m3"])
 
 
-@pytest.mark.parametrize("row_spec", ["nvfp4", "mxfp4-ue5m3", None])
-def test_a_pairs_directions_get_their_own_specs_tables(row_spec):
+def pair_scales(partials: torch.Tensor):
+    """A pair's workspace (`amax_workspace`) holding these (2, programs) partial maxima."""
+    scales = amax_workspace(partials.shape[1], on_device(torch.empty(0)).device)
+    scales.partials.copy_(on_device(partials).reshape(-1))
+    return scales
+
+
+@pytest.mark.parametrize(
+    "row_spec, col_spec",
+    [("nvfp4", "nvfp4"), ("mxfp4-ue5m3", "nvfp4"), (None, "nvfp4"), ("nvfp4", None)],
+)
+def test_a_pairs_directions_get_their_own_specs_tables(row_spec, col_spec):
     """`pair_tables`: a table per two-level direction, from its own amax and spec (one launch
-    for both when they share the formula)."""
-    amax = on_device(torch.tensor([3.5, 1e-39]))
+    for both when they share the formula), into the workspace's views of it."""
+    amax = torch.tensor([3.5, 1e-39])
     row = Direction(TABLE_SPECS[row_spec], None) if row_spec else None
-    col = Direction(TABLE_SPECS["nvfp4"].replace(rounding="sr"), 3)
-    row_table, col_table = pair_tables(amax, row, col)
-    assert_encode_table(col_table, amax[1], col.spec)
-    if row is None:
-        assert row_table is None
-    else:
-        assert_encode_table(row_table, amax[0], row.spec)
+    col = Direction(TABLE_SPECS[col_spec].replace(rounding="sr"), 3) if col_spec else None
+    scales = pair_scales(torch.stack([torch.zeros(3), torch.zeros(3)]) + amax[:, None])
+    pair_tables(scales, row, col)
+    for d, tensor_amax, got_amax, table in (
+        (row, amax[0], scales.row_amax, scales.row_table),
+        (col, amax[1], scales.col_amax, scales.col_table),
+    ):
+        if d is not None:
+            assert torch.equal(got_amax.cpu(), tensor_amax.reshape(1))
+            assert_encode_table(table, tensor_amax, d.spec)
 
 
 @pytest.mark.parametrize("count", [1, 1000, 2500])
@@ -83,11 +100,11 @@ def test_the_table_launch_reduces_an_amax_pass_partial_maxima(count):
     for table, tensor_amax in zip(tables, expected, strict=True):
         assert_encode_table(table, tensor_amax, spec)
     row, col = Direction(spec, None), Direction(spec.replace(rounding="sr"), 3)
-    amax = on_device(torch.full((2,), float("nan")))
-    row_table, col_table = pair_tables(amax, row, col, on_device(partials))
-    assert torch.equal(amax.cpu(), expected)
-    assert_encode_table(row_table, expected[0], spec)
-    assert_encode_table(col_table, expected[1], col.spec)
+    scales = pair_scales(partials)
+    pair_tables(scales, row, col)
+    assert torch.equal(torch.cat([scales.row_amax, scales.col_amax]).cpu(), expected)
+    assert_encode_table(scales.row_table, expected[0], spec)
+    assert_encode_table(scales.col_table, expected[1], col.spec)
 
 
 def test_partial_maxima_must_be_a_row_per_amax():
