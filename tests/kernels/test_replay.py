@@ -144,6 +144,21 @@ def test_a_bind_that_keeps_nothing_leaves_the_function_to_the_replays():
     assert len(plain_calls) == 3
 
 
+def test_allocations_replay_through_torch_with_their_sizes_one_by_one():
+    def allocates(x, y):
+        ones = torch.zeros([3, 5], device=x.device) + 1
+        scalar = torch.zeros([], dtype=torch.int64, device=x.device)
+        return ones, scalar, torch.empty(0, device=x.device)
+
+    _, recording, refusal = record(allocates, inputs(0))
+    assert refusal is None
+    program = HostProgram(recording, DEVICE)
+    assert "(3, 5, dtype=" in program.source and "([], dtype=" in program.source
+    ones, scalar, empty = program(inputs(1))
+    assert torch.equal(ones, torch.ones(3, 5, device=DEVICE))
+    assert scalar.shape == () and scalar.dtype == torch.int64 and empty.shape == (0,)
+
+
 def test_the_cache_calls_directly_records_then_replays():
     calls = []
 
