@@ -3,7 +3,7 @@
 `spec_constants(spec)` is the one place a spec becomes constexprs: the quantize kernel takes
 them as they are, the pair kernel once per direction (prefixed ROW_ or COL_). kernels/README.md
 has the table of QuantSpec fields and the constexprs they set. The helpers below are its parts,
-and the encode-table kernel's own (`_table_constants`).
+and the encode-table kernel's own (`table_constants`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def rounding_constants(spec: QuantSpec) -> dict[str, object]:
 
 
 @functools.lru_cache(maxsize=64)
-def _table_constants(spec: QuantSpec) -> dict[str, object]:
+def table_constants(spec: QuantSpec) -> dict[str, object]:
     """The constexprs of `encode_table.encode_table_kernel` for `spec`'s two-level scaling: the
     scale format's, and S * E and 1 / E as float32 values."""
     mini = spec.scale_format.minifloat

@@ -22,9 +22,9 @@ from fp4cli.kernels.host.launch import launch
 from fp4cli.kernels.host.seeds import _seed_args, hadamard_constants, signs_constant
 from fp4cli.kernels.host.spec_constants import (
     _scale_constants,
-    _table_constants,
     outer_constants,
     spec_constants,
+    table_constants,
     two_level_constants,
 )
 from fp4cli.kernels.host.tiling import pow2_at_least
@@ -146,7 +146,7 @@ def per_outer_amax(t_amax: torch.Tensor, spec: QuantSpec, padded_length: int) ->
 def same_tables(a: QuantSpec, b: QuantSpec) -> bool:
     """Whether tensors under these two two-level specs get their encode tables from one
     formula (one launch makes both)."""
-    return _table_constants(a) == _table_constants(b)
+    return table_constants(a) == table_constants(b)
 
 
 def encode_tables(
@@ -183,7 +183,7 @@ def write_tables(
     launch(
         encode_table_kernel, (tensors,),
         (amax, tables, amax if partials is None else partials, count),
-        dict(REDUCE=partials is not None, **_table_constants(spec)), num_warps=4,
+        dict(REDUCE=partials is not None, **table_constants(spec)), num_warps=4,
     )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ move nothing between threads (`amax_slabs`)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,6 +38,11 @@ def pair_amax(
 
 
 Partials = Callable[[int, torch.device], torch.Tensor]
+# the amax kernels' table constexprs (`encode_table.last_program_tables`) of a pass that
+# writes no tables
+NO_TABLES: dict[str, object] = dict(
+    TABLES=0, SCALE_MBITS=0, SCALE_MIN_EXP=0, SCALE_MAX_CODE=0, TWO_LEVEL_TARGET=0.0, ELEM_INV=0.0
+)
 
 
 def pair_amax_partials(
@@ -47,18 +52,21 @@ def pair_amax_partials(
     tile: tuple[int, int],
     round_bf16: bool = False,
     allocate: Partials | None = None,
+    tables: Mapping[str, object] = NO_TABLES,
 ) -> torch.Tensor:
     """`pair_amax`'s partial maxima, (2, programs) float32: a row per direction. `allocate`
     (programs, device) gives the pass the contiguous float32 tensor of 2 x programs elements
-    to write them into (by default a new (2, programs) one)."""
+    to write them into (by default a new (2, programs) one). `tables`: the kernels' table
+    constexprs, where the pass writes the tables too (into the workspace that `allocate`
+    gave, `encode_table.last_program_tables`)."""
     allocate = allocate or _partials
     row_on = row is not None and row.spec.tensor_scale
     row_rht = row is not None and row_on and bool(row.hadamard)
     if col is not None and col.spec.tensor_scale and col.hadamard == 16 and not row_rht:
-        return _amax_rht16_cols(x, col, row_on, round_bf16, allocate)
+        return _amax_rht16_cols(x, col, row_on, round_bf16, allocate, tables)
     if row_rht and row.hadamard in BOTH_SLAB_LINES and col is not None and col.spec.tensor_scale \
             and col.hadamard == row.hadamard:  # fmt: skip
-        return _amax_both(x, row, col, round_bf16, allocate)
+        return _amax_both(x, row, col, round_bf16, allocate, tables)
     rows, cols = x.shape
     col_rht = col is not None and col.spec.tensor_scale and bool(col.hadamard)
     col_on = col is not None and col.spec.tensor_scale
@@ -82,7 +90,7 @@ def pair_amax_partials(
     partials = allocate(programs, x.device)
     launch(
         amax_pair_kernel, (programs,), (x, partials, *seeds, rows, cols, tiles_c),
-        dict(BR=br, BC=bc, ROUND_BF16=round_bf16, **constants), num_warps=warps,
+        dict(BR=br, BC=bc, ROUND_BF16=round_bf16, **constants, **tables), num_warps=warps,
     )  # fmt: skip
     return partials
 
@@ -149,7 +157,12 @@ def _striding_grid(
 
 
 def _amax_rht16_cols(
-    x: torch.Tensor, col: Direction, plain: bool, round_bf16: bool, allocate: Partials
+    x: torch.Tensor,
+    col: Direction,
+    plain: bool,
+    round_bf16: bool,
+    allocate: Partials,
+    tables: Mapping[str, object],
 ) -> torch.Tensor:
     """Partial maxima: direction 1 the column direction's after its 16-point transform; with
     `plain`, direction 0 x's own (a row direction without a transform)."""
@@ -164,7 +177,8 @@ def _amax_rht16_cols(
         (x, partials, rht_ptr, rht_value, rows, cols, tiles, tiles_c),
         dict(G=AMAX_SLAB_LINES, BC=AMAX_SLAB_COLS, PLAIN=plain, RHT_SEED_FROM_PTR=rht_from_ptr,
              NORM=hadamard_constants(16)["HADAMARD_NORM"],
-             SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16, EVEN=even),
+             SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16, EVEN=even,
+             **tables),
         num_warps=4,
     )  # fmt: skip
     return partials
@@ -179,7 +193,12 @@ BOTH_COLS, BOTH_WARPS, BOTH_PROGRAMS_PER_SM = 256, 4, 8
 
 
 def _amax_both(
-    x: torch.Tensor, row: Direction, col: Direction, round_bf16: bool, allocate: Partials
+    x: torch.Tensor,
+    row: Direction,
+    col: Direction,
+    round_bf16: bool,
+    allocate: Partials,
+    tables: Mapping[str, object],
 ) -> torch.Tensor:
     """Partial maxima of the row and column directions after their 16- or 32-point transforms
     (the same size both ways), from the slab kernel of that size."""
@@ -198,7 +217,8 @@ def _amax_both(
         dict(SIZE=size, G=lines, BC=BOTH_COLS, NORM=hadamard_constants(size)["HADAMARD_NORM"],
              ROW_SEED_FROM_PTR=row_from_ptr, COL_SEED_FROM_PTR=col_from_ptr,
              ROW_SIGNS=signs_constant(row.hadamard_seed),
-             COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16, EVEN=even),
+             COL_SIGNS=signs_constant(col.hadamard_seed), ROUND_BF16=round_bf16, EVEN=even,
+             **tables),
         num_warps=BOTH_WARPS,
     )  # fmt: skip
     return partials

@@ -15,7 +15,7 @@ import torch
 
 from fp4cli.kernels.host.launch import launch
 from fp4cli.kernels.host.seeds import SeedOffset, _seed_args, hadamard_constants, signs_constant
-from fp4cli.kernels.host.spec_constants import spec_constants
+from fp4cli.kernels.host.spec_constants import spec_constants, table_constants
 from fp4cli.kernels.host.tiling import ColumnSums, add_column_sums, partial_column_sums
 from fp4cli.kernels.quantization.launch import (
     PAIR_TILE_COLS,
@@ -27,7 +27,7 @@ from fp4cli.kernels.quantization.launch import (
     sr_group,
     write_tables,
 )
-from fp4cli.kernels.quantization.launch_amax import pair_amax_partials
+from fp4cli.kernels.quantization.launch_amax import NO_TABLES, pair_amax_partials
 from fp4cli.kernels.quantization.quantize_pair import quantize_pair_kernel
 from fp4cli.kernels.tiles.two_level import ENCODE_TABLE
 from fp4cli.quant.blocking import round_up, transformed_length
@@ -239,28 +239,32 @@ class PairScales:
     """A two-level pair's amax pass and encode tables, views of one float32 allocation split in
     one host step (`amax_workspace`; each allocation and each view is a step of a replayed
     program): the pass's partial maxima (a row of `programs` per direction, one after the
-    other), the directions' tensor amaxes, then their encode tables. Each column direction's
-    amax and table lie right after the row direction's, so one table launch writes both."""
+    other), the directions' tensor amaxes, a counter of the pass's finished programs (zeroed
+    by the allocation, read as int32 by the kernel), then their encode tables. Each column
+    direction's amax and table lie right after the row direction's, so one launch writes both
+    (`encode_table.last_program_tables`)."""
 
     partials: torch.Tensor
     programs: int
     row_amax: torch.Tensor
     col_amax: torch.Tensor
+    counter: torch.Tensor
     row_table: torch.Tensor
     col_table: torch.Tensor
 
 
 def amax_workspace(programs: int, device: torch.device) -> PairScales:
-    """The `PairScales` of an amax pass of `programs` programs, unwritten."""
+    """The `PairScales` of an amax pass of `programs` programs, zeroed."""
     size = ENCODE_TABLE.value
-    workspace = torch.empty(2 * programs + 2 + 2 * size, dtype=torch.float32, device=device)
-    views = workspace.split_with_sizes([2 * programs, 1, 1, size, size])  # one step
+    workspace = torch.zeros(2 * programs + 3 + 2 * size, dtype=torch.float32, device=device)
+    views = workspace.split_with_sizes([2 * programs, 1, 1, 1, size, size])  # one step
     return PairScales(views[0], programs, *views[1:])
 
 
 def pair_tables(scales: PairScales, row: Direction | None, col: Direction | None) -> None:
     """The two-level directions' amaxes reduced from the pass's partial maxima, and their
-    encode tables: one launch where both have one and their specs share the formula."""
+    encode tables, by launches of their own: one where both have one and their specs share
+    the formula."""
     scaled = [d.spec for d in (row, col) if d is not None and d.spec.tensor_scale]
     if len(scaled) == 2 and same_tables(scaled[0], scaled[1]):
         write_tables(scales.row_amax, scales.row_table, scaled[0], 2, scales.partials,
@@ -274,6 +278,17 @@ def pair_tables(scales: PairScales, row: Direction | None, col: Direction | None
             write_tables(amax, table, d.spec, 1, partials, scales.programs)
 
 
+def pass_tables(row: Direction | None, col: Direction | None) -> dict[str, object] | None:
+    """The amax kernels' table constexprs where the pass itself can write the directions'
+    tables (`encode_table.last_program_tables`): one direction with a table, or two whose
+    specs share the formula; None where each needs a launch of its own."""
+    scaled = [(bit, d.spec) for bit, d in ((1, row), (2, col))
+              if d is not None and d.spec.tensor_scale]  # fmt: skip
+    if len(scaled) == 2 and not same_tables(scaled[0][1], scaled[1][1]):
+        return None
+    return dict(TABLES=sum(bit for bit, _ in scaled), **table_constants(scaled[0][1]))
+
+
 def pair_amax_pass(
     x: torch.Tensor,
     row: Direction | None,
@@ -284,7 +299,7 @@ def pair_amax_pass(
     """(row amax, column amax, row table, column table) of the directions with one tensor scale
     for their whole tensor (None for the others): `quantize_pair`'s amax pass over x in its
     [tile] tiles, each direction's amax of x as it quantizes it (transformed), then their
-    encode tables."""
+    encode tables, written by the pass's launch where it can (`pass_tables`)."""
     row_pass, col_pass = (d if d is not None and d.spec.whole_tensor_scale else None
                           for d in (row, col))  # fmt: skip
     if row_pass is None and col_pass is None:
@@ -295,9 +310,11 @@ def pair_amax_pass(
         made.append(amax_workspace(programs, device))
         return made[0].partials
 
-    pair_amax_partials(x, row_pass, col_pass, tile, round_bf16, allocate)
+    tables = pass_tables(row_pass, col_pass)
+    pair_amax_partials(x, row_pass, col_pass, tile, round_bf16, allocate, tables or NO_TABLES)
     scales = made[0]
-    pair_tables(scales, row_pass, col_pass)
+    if tables is None:
+        pair_tables(scales, row_pass, col_pass)
     if row_pass is None:
         return None, scales.col_amax, None, scales.col_table
     if col_pass is None:

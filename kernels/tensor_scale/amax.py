@@ -9,8 +9,9 @@ wider butterfly stages; the commonest transformed pairs take the slab kernels of
 `amax_slabs.py`, which move nothing.
 
 Each program writes its maxima to the (directions, programs) partial maxima (`store_partial`):
-no buffer to zero and no atomics on one address. The encode-table launch that follows reduces
-them (`encode_table.encode_table_kernel`), or torch does where only the amax is wanted
+no atomics on one float. The program that finishes a pair's pass last reduces them and writes
+the encode tables (`encode_table.last_program_tables`), or a launch that follows does
+(`encode_table.encode_table_kernel`), or torch where only the amax is wanted
 (`launch_amax.pair_amax`, `launch.tensor_amax`): a maximum in any order is the same.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fp4cli.kernels.tensor_scale.encode_table import last_program_tables
 from fp4cli.kernels.tiles.tile_io import (
     load_program_tile,
     rounded_to_bf16,
@@ -40,11 +42,15 @@ def amax_pair_kernel(
     COL_ON: tl.constexpr, COL_RHT_SEED_FROM_PTR: tl.constexpr, COL_HADAMARD: tl.constexpr,
     COL_LOG2_HADAMARD: tl.constexpr, COL_HADAMARD_NORM: tl.constexpr,
     COL_HADAMARD_SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
+    TABLES: tl.constexpr = 0, SCALE_MBITS: tl.constexpr = 0, SCALE_MIN_EXP: tl.constexpr = 0,
+    SCALE_MAX_CODE: tl.constexpr = 0, TWO_LEVEL_TARGET: tl.constexpr = 0.0,
+    ELEM_INV: tl.constexpr = 0.0,
 ):  # fmt: skip
     """The largest finite |value| each direction quantizes, from one read of x (rows, cols):
     of x, or of its Hadamard transform along that direction's axis, this program's into the
     partial maxima at amax_ptr, direction 0 the rows' and 1 the columns' (0 for a direction
-    not on; `store_partial`). ROUND_BF16: a float32 x read as its bfloat16 rounding."""
+    not on; `store_partial`). ROUND_BF16: a float32 x read as its bfloat16 rounding. TABLES and
+    the table constants: `encode_table.last_program_tables`."""
     row0, col0, x = load_program_tile(x_ptr, rows, cols, tiles_c, BR, BC)
     if ROUND_BF16:
         x = rounded_to_bf16(x)
@@ -66,6 +72,8 @@ def amax_pair_kernel(
         col_amax = finite_amax(col_tile)
     store_partial(amax_ptr, 0, row_amax)
     store_partial(amax_ptr, 1, col_amax)
+    last_program_tables(amax_ptr, TABLES, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX_CODE,
+                        TWO_LEVEL_TARGET, ELEM_INV)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["rht_seed_value"])

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from fp4cli.kernels.tensor_scale.amax import finite_magnitude, store_partial
+from fp4cli.kernels.tensor_scale.encode_table import last_program_tables
 from fp4cli.kernels.tiles.tile_io import rounded_to_bf16, seed_of
 from fp4cli.kernels.tiles.tile_ops import FLOAT32_MAX, negated_positions
 
@@ -285,6 +286,9 @@ def amax_rht16_cols_kernel(
     G: tl.constexpr, BC: tl.constexpr, PLAIN: tl.constexpr, RHT_SEED_FROM_PTR: tl.constexpr,
     NORM: tl.constexpr, SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
     EVEN: tl.constexpr = False,
+    TABLES: tl.constexpr = 0, SCALE_MBITS: tl.constexpr = 0, SCALE_MIN_EXP: tl.constexpr = 0,
+    SCALE_MAX_CODE: tl.constexpr = 0, TWO_LEVEL_TARGET: tl.constexpr = 0.0,
+    ELEM_INV: tl.constexpr = 0.0,
 ):  # fmt: skip
     """Direction 1: the largest finite |value| of x (rows, cols) after the 16-point random
     Hadamard transform down its columns (rows padded with zeros to a multiple of 16); with
@@ -292,7 +296,8 @@ def amax_rht16_cols_kernel(
     16 G (t // tiles_c + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p,
     p + programs, .. and writes its maxima into the partial maxima at amax_ptr
     (`amax.store_partial`). ROUND_BF16: a float32 x read as its bfloat16 rounding. EVEN: the
-    tiles cover x exactly (loads without masks)."""
+    tiles cover x exactly (loads without masks). TABLES and the table constants:
+    `encode_table.last_program_tables`."""
     flips = sign_flips(seed_of(rht_seed_ptr, rht_seed_value, RHT_SEED_FROM_PTR), 16, SIGNS)
     plain, transformed = _program_maxima16(x_ptr, rows, cols, tiles, tiles_c, flips, G, BC,
                                            False, ROUND_BF16, EVEN)  # fmt: skip
@@ -303,6 +308,8 @@ def amax_rht16_cols_kernel(
         plain = 0.0
     store_partial(amax_ptr, 0, plain)
     store_partial(amax_ptr, 1, transformed * NORM)
+    last_program_tables(amax_ptr, TABLES, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX_CODE,
+                        TWO_LEVEL_TARGET, ELEM_INV)  # fmt: skip
 
 
 @triton.jit
@@ -401,6 +408,9 @@ def amax_both_kernel(
     ROW_SEED_FROM_PTR: tl.constexpr, COL_SEED_FROM_PTR: tl.constexpr,
     ROW_SIGNS: tl.constexpr, COL_SIGNS: tl.constexpr, ROUND_BF16: tl.constexpr = False,
     EVEN: tl.constexpr = False,
+    TABLES: tl.constexpr = 0, SCALE_MBITS: tl.constexpr = 0, SCALE_MIN_EXP: tl.constexpr = 0,
+    SCALE_MAX_CODE: tl.constexpr = 0, TWO_LEVEL_TARGET: tl.constexpr = 0.0,
+    ELEM_INV: tl.constexpr = 0.0,
 ):  # fmt: skip
     """Directions 0 and 1: the largest finite |value| of x (rows, cols) after the SIZE-point
     (16 or 32) random Hadamard transform along its rows and after the one down its columns
@@ -408,7 +418,8 @@ def amax_both_kernel(
     SIZE G (t // tiles_c + 1)) of columns [BC (t % tiles_c), ..); program p reads tiles p,
     p + programs, .. and writes its maxima into the partial maxima at amax_ptr
     (`amax.store_partial`). ROUND_BF16: a float32 x read as its bfloat16 rounding. EVEN: the
-    tiles cover x exactly (loads without masks)."""
+    tiles cover x exactly (loads without masks). TABLES and the table constants:
+    `encode_table.last_program_tables`."""
     row_flips = sign_flips(seed_of(row_seed_ptr, row_seed_value, ROW_SEED_FROM_PTR), SIZE,
                            ROW_SIGNS)  # fmt: skip
     col_flips = sign_flips(seed_of(col_seed_ptr, col_seed_value, COL_SEED_FROM_PTR), SIZE,
@@ -422,3 +433,5 @@ def amax_both_kernel(
                                                 EVEN)  # fmt: skip
     store_partial(amax_ptr, 0, row_max * NORM)
     store_partial(amax_ptr, 1, col_max * NORM)
+    last_program_tables(amax_ptr, TABLES, SCALE_MBITS, SCALE_MIN_EXP, SCALE_MAX_CODE,
+                        TWO_LEVEL_TARGET, ELEM_INV)  # fmt: skip

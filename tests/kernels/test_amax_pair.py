@@ -20,6 +20,7 @@ from tests.kernel_cases import (  # skips this module where the kernels cannot r
     on_device,
     seeded_normal,
 )
+from tests.kernel_checks import assert_encode_table
 
 launch_pair = pytest.importorskip("fp4cli.kernels.quantization.launch_pair")
 launch_amax = pytest.importorskip("fp4cli.kernels.quantization.launch_amax")
@@ -46,12 +47,21 @@ def _reference_amax(x, d, axis):
 
 
 def _check(x, row, col):
+    """`pair_amax` (the partial maxima reduced by torch) and `pair_amax_pass` (the amaxes and
+    encode tables written by the pass's last program) against the reference."""
     amax = pair_amax(x, row, col, pair_tile(row, col))
-    for d, axis in ((row, 1), (col, 0)):
+    row_amax, col_amax, row_table, col_table = launch_pair.pair_amax_pass(
+        x, row, col, pair_tile(row, col)
+    )
+    for d, axis, passed, table in ((row, 1, row_amax, row_table), (col, 0, col_amax, col_table)):
         if d is None or not d.spec.tensor_scale:
             assert amax[1 - axis].item() == 0.0
+            assert passed is None and table is None
         else:
-            assert_bits(amax[1 - axis], _reference_amax(x, d, axis), f"amax along axis {axis}")
+            expected = _reference_amax(x, d, axis)
+            assert_bits(amax[1 - axis], expected, f"amax along axis {axis}")
+            assert_bits(passed.reshape(()), expected.reshape(()), f"the pass's amax, axis {axis}")
+            assert_encode_table(table, expected.reshape(()).cpu(), d.spec)
 
 
 @pytest.fixture
