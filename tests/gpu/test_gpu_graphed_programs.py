@@ -12,7 +12,15 @@ from tests.gpu.test_gpu_replay import layer, passes
 
 pytestmark = pytest.mark.gpu
 
-RECIPES = ["mxfp4", "tetrajet", "tetrajet-qema", "tseng-rht-sr", "nvfp4", "nvidia-nvfp4", "wang-fp4"]
+RECIPES = [
+    "mxfp4",
+    "tetrajet",
+    "tetrajet-qema",
+    "tseng-rht-sr",
+    "nvfp4",
+    "nvidia-nvfp4",
+    "wang-fp4",
+]
 
 
 @pytest.mark.parametrize("name", RECIPES)

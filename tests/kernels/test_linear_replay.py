@@ -87,3 +87,56 @@ def test_two_level_pairs_take_their_amaxes_and_tables_in_their_amax_launch():
     forward = next(source for source in sources if "call_seed_kernel" in source)
     assert forward.count("aten.empty") == 7  # the seed, the bias, 5 outputs
     assert forward.count("aten.zeros") == 2  # the 2 workspaces
+
+
+def test_the_vector_executors_amax_slots_are_views_of_one_step():
+    """wang-fp4's zeroed amax slots are split from one allocation in one host step (or are the
+    allocation itself where there is one), not sliced one by one."""
+    passes(seeded_layer(load_recipe("wang-fp4").linear, "triton", 64, 48), [40, 40, 40], True)
+    sources = [program.source for program in PROGRAMS.programs()]
+    assert len(sources) == 2 and not PROGRAMS.refusals()
+    for source in sources:
+        assert "aten.slice" not in source
+    assert [source.count("aten.split_with_sizes") for source in sources] == [1, 0]
+
+
+def test_layers_of_one_config_and_shape_share_programs():
+    config = load_recipe("mxfp4").linear
+    layers = [QuantLinear(64, 48, config=config, seed=s, backend="triton") for s in range(3)]
+    layers = [layer.to(DEVICE) for layer in layers]
+    x = torch.randn(24, 64, device=DEVICE, requires_grad=True)
+    for _ in range(3):
+        for layer in layers:
+            layer(x).sum().backward()
+    assert len(PROGRAMS) == 2 and len(PROGRAMS.programs()) == 2  # one forward, one backward
+
+
+def test_a_frozen_weight_without_bias_records_its_own_programs():
+    config = load_recipe("tetrajet").linear
+    layer = seeded_layer(config, "triton", 64, 48, bias=False)
+    layer.weight.requires_grad_(False)
+    x = torch.randn(24, 64, device=DEVICE, requires_grad=True)
+    grads = []
+    for enabled in (True, False):
+        layer.calls.zero_()
+        with replays(enabled):
+            for _ in range(4):
+                x.grad = None
+                layer(x).sum().backward()
+            grads.append(x.grad)
+    assert torch.equal(grads[0], grads[1]) and len(PROGRAMS.programs()) == 2
+
+
+@pytest.mark.parametrize("name", ["tetrajet", "wang-fp4"])
+def test_replayed_training_calls_are_counted_and_evaluation_calls_are_not(name):
+    """The fast executor's program draws the call's seed and counts the call on the device; the
+    vector-wise executor draws none and counts it in the layer."""
+    layer = seeded_layer(load_recipe(name).linear, "triton", 64, 48)
+    x = torch.randn(24, 64, device=DEVICE, requires_grad=True)
+    for _ in range(5):
+        layer(x).sum().backward()
+    layer.eval()
+    with torch.no_grad():
+        for _ in range(3):
+            layer(x)
+    assert int(layer.calls) == 5 and len(PROGRAMS.programs()) >= 2
