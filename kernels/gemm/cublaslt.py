@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -168,10 +168,21 @@ def _alignment(pointer: int) -> int:
     return min(256, pointer & -pointer) if pointer else 256
 
 
+class _Plan(NamedTuple):
+    """cuBLASLt's objects for one problem: the matmul descriptor, the layouts of its first
+    and second operands (b and a as stored) and of the result, and the algorithm."""
+
+    descriptor: ctypes.c_void_p
+    first: ctypes.c_void_p
+    second: ctypes.c_void_p
+    result: ctypes.c_void_p
+    found: _Heuristic
+
+
 @cache
-def _plan(key: tuple) -> tuple | None:
-    """(descriptor, layouts of A, B, D, algorithm) for one problem, or None when cuBLASLt
-    offers no tiled algorithm for it. Kept for the process."""
+def _plan(key: tuple) -> _Plan | None:
+    """The plan of one problem, or None when cuBLASLt offers no tiled algorithm for it. Kept
+    for the process."""
     (index, m, n, k, b_op, b_ld, a_op, a_ld, in_dtype, out_dtype, aligns, bias_align) = key
     desc = descriptor(b_op, a_op, bias_align)
     # column-major: D (N, M) = op(B') (N, K) op(A') (K, M), B' = b and A' = a as stored
@@ -190,7 +201,7 @@ def _plan(key: tuple) -> tuple | None:
     )  # fmt: skip
     lib.cublasLtMatmulPreferenceDestroy(prefs)
     tiled = [h for h in found[: count.value] if h.state == 0 and _tile(h) != TILE_UNDEFINED]
-    return (desc, first, second, result, tiled[0]) if tiled else None
+    return _Plan(desc, first, second, result, tiled[0]) if tiled else None
 
 
 def _tile(heuristic: _Heuristic) -> int:
@@ -233,7 +244,7 @@ class _Route:
     """What `alpha_matmul` decided for one call's layouts: cuBLASLt's plan, the GPU, and the
     alignments of the pointers (B, A, D, the bias or 0) that the plan was chosen for."""
 
-    plan: tuple
+    plan: _Plan
     index: int
     alignments: tuple[int, int, int, int]
 
@@ -296,19 +307,20 @@ def _launch(
     bias: torch.Tensor | None,
 ) -> bool:
     """cuBLASLt's matmul on the route's plan; False where it launched nothing."""
-    desc, first_layout, second_layout, result, found = route.plan
+    plan = route.plan
     lib = _library()
     if bias is not None:
         _set(
             lib.cublasLtMatmulDescSetAttribute,
-            desc,
+            plan.descriptor,
             DESC_BIAS_POINTER,
             ctypes.c_void_p(bias.data_ptr()),
         )
     handle, zero = _device_state(route.index)
     status = lib.cublasLtMatmul(
-        handle, desc, alpha.data_ptr(), b.data_ptr(), first_layout, a.data_ptr(), second_layout,
-        zero.data_ptr(), out.data_ptr(), result, out.data_ptr(), result, ctypes.byref(found.algo),
+        handle, plan.descriptor, alpha.data_ptr(), b.data_ptr(), plan.first, a.data_ptr(),
+        plan.second, zero.data_ptr(), out.data_ptr(), plan.result, out.data_ptr(), plan.result,
+        ctypes.byref(plan.found.algo),
         None, WORKSPACE_BYTES, torch._C._cuda_getCurrentRawStream(route.index),
     )  # fmt: skip
     if status == STATUS_NOT_SUPPORTED:  # nothing was launched

@@ -66,3 +66,37 @@ def test_a_replay_launches_the_recorded_plan_only_at_the_recorded_alignments(mon
         a, b, alpha, out, torch.zeros(16, dtype=torch.bfloat16)
     )
     assert launched[-1][-1].dtype == out.dtype  # the bias widened as the recorded call's was
+
+
+def test_a_launch_hands_cublaslt_the_plans_objects_in_its_order(monkeypatch) -> None:
+    """`_launch`'s call of cublasLtMatmul, with a stand-in library: D = alpha op(B') op(A') +
+    beta C, C and D the output, beta the device's zero, the plan's descriptor, layouts and
+    algorithm, no workspace, the current stream; the bias pointer set on the descriptor."""
+    from fp4cli.kernels.gemm import cublaslt
+
+    calls = {}
+
+    class Library:
+        def cublasLtMatmul(self, *args):
+            calls["matmul"] = args
+            return 0
+
+        def cublasLtMatmulDescSetAttribute(self, desc, attribute, value, size):
+            calls["bias"] = (desc, attribute)
+            return 0
+
+    zero = torch.zeros(1)
+    monkeypatch.setattr(cublaslt, "_library", lambda: Library())
+    monkeypatch.setattr(cublaslt, "_device_state", lambda index: ("handle", zero))
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 77, raising=False)
+    found = cublaslt._Heuristic()
+    plan = cublaslt._Plan("desc", "first", "second", "result", found)
+    a, b, out, alpha, bias = (torch.zeros(4, 4) for _ in range(5))
+    route = cublaslt._Route(plan, 0, cublaslt._alignments(a, b, out, bias))
+    assert cublaslt._launch(route, a, b, alpha, out, bias)
+    args = calls["matmul"]
+    assert args[:2] == ("handle", "desc") and args[2] == alpha.data_ptr()
+    assert args[3:7] == (b.data_ptr(), "first", a.data_ptr(), "second")
+    assert args[7:12] == (zero.data_ptr(), out.data_ptr(), "result", out.data_ptr(), "result")
+    assert args[13:] == (None, cublaslt.WORKSPACE_BYTES, 77)
+    assert calls["bias"] == ("desc", cublaslt.DESC_BIAS_POINTER)
