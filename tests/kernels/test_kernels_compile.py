@@ -12,8 +12,9 @@ pytest.importorskip("triton.backends.nvidia")
 def test_the_quantized_linear_kernels_compile_for_hopper():
     done = run_compiler_module("tests.hopper_compile")
     assert done.returncode == 0, done.stderr[-3000:]
-    # 12 of them four-over-six after the SR pre-scale, by absolute errors, and signed zeros
-    assert done.stdout.split()[-1] == "82"
+    # 12 of them four-over-six after the SR pre-scale, by absolute errors, and signed zeros;
+    # the pairs' amax passes write their encode tables themselves (no table launch)
+    assert done.stdout.split()[-1] == "68"
 
 
 def test_the_gemm_kernels_compile_for_hopper_as_a_gpu_launch_specializes_them():
