@@ -188,7 +188,6 @@ class Recorder(TorchDispatchMode):
         """Call a `host_step` function, recording it as one step."""
         with self.paused():
             result = function(*args, **kwargs)
-            replay = None if options.bind is None else options.bind(result, *args, **kwargs)
         if self.refusal is None:
             step_args, step_kwargs = self._template(args), self._template(kwargs)
             outputs = self._outputs(result)
@@ -197,6 +196,8 @@ class Recorder(TorchDispatchMode):
             if outputs is _UNNAMED:
                 self.refuse(f"{function.__qualname__} returned what a replay cannot name")
             else:
+                with self.paused():  # the bind's own operations are not steps
+                    replay = None if options.bind is None else options.bind(result, *args, **kwargs)
                 step = CallStep(function, step_args, step_kwargs, outputs, replay,
                                 options.graphable)  # fmt: skip
                 self.recording.steps.append(step)

@@ -263,13 +263,8 @@ def amax_workspace(programs: int, device: torch.device) -> PairScales:
 
 def pair_tables(scales: PairScales, row: Direction | None, col: Direction | None) -> None:
     """The two-level directions' amaxes reduced from the pass's partial maxima, and their
-    encode tables, by launches of their own: one where both have one and their specs share
-    the formula."""
-    scaled = [d.spec for d in (row, col) if d is not None and d.spec.tensor_scale]
-    if len(scaled) == 2 and same_tables(scaled[0], scaled[1]):
-        write_tables(scales.row_amax, scales.row_table, scaled[0], 2, scales.partials,
-                     scales.programs)  # fmt: skip
-        return
+    encode tables, by a launch a direction: for directions whose specs need tables of
+    different formulas, which the pass's own launch does not write (`pass_tables`)."""
     for i, d in enumerate((row, col)):
         if d is not None and d.spec.tensor_scale:
             amax, table = (scales.row_amax, scales.row_table) if i == 0 else \

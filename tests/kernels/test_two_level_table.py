@@ -66,8 +66,8 @@ def pair_scales(partials: torch.Tensor):
     [("nvfp4", "nvfp4"), ("mxfp4-ue5m3", "nvfp4"), (None, "nvfp4"), ("nvfp4", None)],
 )
 def test_a_pairs_directions_get_their_own_specs_tables(row_spec, col_spec):
-    """`pair_tables`: a table per two-level direction, from its own amax and spec (one launch
-    for both when they share the formula), into the workspace's views of it."""
+    """`pair_tables`: a table per two-level direction, from its own amax and spec, into the
+    workspace's views of it."""
     amax = torch.tensor([3.5, 1e-39])
     row = Direction(TABLE_SPECS[row_spec], None) if row_spec else None
     col = Direction(TABLE_SPECS[col_spec].replace(rounding="sr"), 3) if col_spec else None
