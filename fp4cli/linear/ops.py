@@ -4,12 +4,18 @@ traces a model through its quantized layers without a graph break.
 `fp4cli::quant_linear` runs the forward of the fast executor (`fast.fast_forward`) or of the
 vector-wise one (`fast_vector.vector_forward`) and returns [y, the tensors kept for the
 backward pass]; `fp4cli::quant_linear_backward` runs the matching backward on them. The ops
-are opaque to the compiler (it neither traces nor fuses the kernels inside), their autograd
-formula is the backward op, and their fake implementations are the same Python with
-`kernels.host.launch`'s launches skipped (`shapes_only`), so every output's shape comes from the
-code that allocates it. Eager layers keep calling the executors' autograd Functions (fewer host
-steps a call); both run the same steps on the same operands, so compiled and eager layers give
-the same bits.
+are opaque to the compiler (it neither traces nor fuses the kernels inside), and their fake
+implementations are the same Python with `kernels.host.launch`'s launches skipped
+(`shapes_only`), so every output's shape comes from the code that allocates it. Their autograd
+formula is `CompiledLinear`, an autograd Function the compiler traces: the forward op, then
+the backward op on what it kept. Eager layers keep calling the executors' own autograd
+Functions (fewer host steps a call); both run the same steps on the same operands, so compiled
+and eager layers give the same bits.
+
+The ops are defined through `torch.library.Library` with one kernel each for every device
+(`CompositeExplicitAutograd`), wrapped so that the compiler does not trace into it. A compiled
+step calls them from its generated code, so their dispatch is host time of every call: the
+dispatcher calls the kernel directly, with no Python kernel of its own at the autograd key.
 
 A LinearConfig reaches the ops as its `repr` (ops take strings, not Python objects): `op_key`
 registers it; a layer registers its own when it is built.
@@ -88,10 +94,21 @@ def _forward(
     return _fresh([y, *kept], (x, weight, bias, weight_guide))
 
 
-quant_linear = torch.library.custom_op("fp4cli::quant_linear", _forward, mutates_args=())
+_LIBRARY = torch.library.Library("fp4cli", "DEF")
 
 
-@quant_linear.register_fake
+def _define(name: str, kernel: Any) -> Any:
+    """The op fp4cli::name of `kernel`'s signature, running it on every device; its overload."""
+    schema = torch.library.infer_schema(kernel, mutates_args=())
+    _LIBRARY.define(name + schema)
+    _LIBRARY.impl(name, torch._dynamo.disable(kernel), "CompositeExplicitAutograd")
+    return getattr(torch.ops.fp4cli, name).default
+
+
+quant_linear = _define("quant_linear", _forward)
+
+
+@torch.library.register_fake("fp4cli::quant_linear")
 def _quant_linear_fake(*args: Any) -> list[torch.Tensor]:
     from fp4cli.kernels.host.launch import shapes_only
 
@@ -161,12 +178,10 @@ def _fast_layouts(
     return saved_layouts(_config(key), seed, rank, x_shape, w_shape, dtype)[2:]
 
 
-quant_linear_backward = torch.library.custom_op(
-    "fp4cli::quant_linear_backward", _backward, mutates_args=()
-)
+quant_linear_backward = _define("quant_linear_backward", _backward)
 
 
-@quant_linear_backward.register_fake
+@torch.library.register_fake("fp4cli::quant_linear_backward")
 def _quant_linear_backward_fake(*args: Any) -> list[torch.Tensor]:
     from fp4cli.kernels.host.launch import shapes_only
 
@@ -174,34 +189,50 @@ def _quant_linear_backward_fake(*args: Any) -> list[torch.Tensor]:
         return _backward(*args)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[torch.Tensor]) -> None:
-    x, weight, bias, call_seed, _, executor, config, rank, needs_dx, needs_dw, dtype = inputs
-    ctx.save_for_backward(call_seed, *output[1:])
-    ctx.executor, ctx.config, ctx.rank = executor, config, rank
-    ctx.needs = (needs_dx, needs_dw)
-    ctx.shapes = [*x.shape, *weight.shape]
-    ctx.dtype, ctx.has_bias = dtype or x.dtype, bias is not None
-    # each gradient in its tensor's dtype (a bias-free layer's third is never computed)
-    ctx.targets = (x.dtype, weight.dtype, bias.dtype if bias is not None else x.dtype)
+class CompiledLinear(torch.autograd.Function):
+    """y through `quant_linear`, its gradients through `quant_linear_backward` on what the
+    forward op kept (arguments: `quant_linear`'s)."""
 
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        call_seed: torch.Tensor,
+        weight_guide: torch.Tensor | None,
+        executor: str,
+        config: str,
+        rank: int,
+        needs_dx: bool,
+        needs_dw: bool,
+        dtype: torch.dtype | None,
+    ) -> torch.Tensor:
+        output = quant_linear(
+            x, weight, bias, call_seed, weight_guide, executor, config, rank, needs_dx, needs_dw,
+            dtype,
+        )  # fmt: skip
+        ctx.save_for_backward(call_seed, *output[1:])
+        ctx.executor, ctx.config, ctx.rank = executor, config, rank
+        ctx.needs = (needs_dx, needs_dw)
+        ctx.shapes = [*x.shape, *weight.shape]
+        ctx.dtype, ctx.has_bias = dtype or x.dtype, bias is not None
+        # each gradient in its tensor's dtype (a bias-free layer's third is never computed)
+        ctx.targets = (x.dtype, weight.dtype, bias.dtype if bias is not None else x.dtype)
+        return output[0]
 
-def _autograd_backward(ctx: Any, grads: list[Any]) -> tuple[Any, ...]:
-    grad_y = grads[0]  # the kept tensors' gradients (none) follow
-    call_seed, *saved = ctx.saved_tensors
-    needs = [*ctx.needs, bool(ctx.has_bias and ctx.needs_input_grad[2])]
-    computed = iter(
-        quant_linear_backward(
-            grad_y.contiguous(), saved, call_seed, ctx.executor, ctx.config, ctx.rank,
-            ctx.shapes, ctx.dtype, needs, *ctx.targets,
-        )
-    )  # fmt: skip
-    grad_x, grad_w, grad_b = (next(computed) if need else None for need in needs)
-    # one entry per argument the op was called with: torch versions differ on whether a
-    # trailing argument left at its default (dtype None) counts
-    return grad_x, grad_w, grad_b, *([None] * (len(ctx.needs_input_grad) - 3))
-
-
-quant_linear.register_autograd(_autograd_backward, setup_context=_setup_context)
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        call_seed, *saved = ctx.saved_tensors
+        needs = [*ctx.needs, bool(ctx.has_bias and ctx.needs_input_grad[2])]
+        computed = iter(
+            quant_linear_backward(
+                grad_y.contiguous(), saved, call_seed, ctx.executor, ctx.config, ctx.rank,
+                ctx.shapes, ctx.dtype, needs, *ctx.targets,
+            )
+        )  # fmt: skip
+        grad_x, grad_w, grad_b = (next(computed) if need else None for need in needs)
+        return grad_x, grad_w, grad_b, *([None] * 8)
 
 
 def compiled_linear(
@@ -221,7 +252,7 @@ def compiled_linear(
     gradient leaves in its tensor's dtype, as in an eager call."""
     grad = torch.is_grad_enabled()
     needs_dx, needs_dw = grad and x.requires_grad, grad and weight.requires_grad
-    outputs = quant_linear(
+    y: torch.Tensor = CompiledLinear.apply(
         x, weight, bias, call_seed, weight_guide, executor, key, rank, needs_dx, needs_dw, dtype
     )
-    return outputs[0]
+    return y

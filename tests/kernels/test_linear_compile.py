@@ -3,6 +3,7 @@ custom ops, so a compiled model has no graph break in it (`fullgraph=True` fails
 gives the eager layer's outputs and gradients bit for bit."""
 
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -213,21 +214,27 @@ def test_a_compiled_layer_takes_new_token_counts_and_evaluation(name):
         assert torch.equal(compiled(x), eager(x))
 
 
-@pytest.mark.parametrize("inputs", [11, 10])
-def test_the_backward_returns_one_gradient_per_argument_given(inputs, monkeypatch):
-    """The dispatcher drops a trailing argument left at its default (dtype None) from the call;
-    torch 2.11 then takes only as many gradients as arguments remain."""
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_the_backward_returns_one_gradient_per_argument(has_bias, monkeypatch):
+    """CompiledLinear's backward: x's, W's and the bias's gradients as the backward op returns
+    those asked for, then None for each other argument of the forward."""
     from types import SimpleNamespace
 
     from fp4cli.linear import ops
 
-    grads = [torch.ones(2), torch.ones(3), torch.ones(4)]
-    monkeypatch.setattr(ops, "quant_linear_backward", lambda *args: list(grads))
+    grads = [torch.ones(2), torch.ones(3), torch.ones(4)][: 3 if has_bias else 2]
+    asked = []
+    monkeypatch.setattr(
+        ops, "quant_linear_backward", lambda *args: asked.append(args[8]) or list(grads)
+    )
     ctx = SimpleNamespace(
-        needs_input_grad=(True,) * inputs, saved_tensors=(torch.zeros((), dtype=torch.int64),),
-        executor="fast", config="", rank=0, needs=(True, True), has_bias=True, shapes=[],
+        needs_input_grad=(True,) * 11, saved_tensors=(torch.zeros((), dtype=torch.int64),),
+        executor="fast", config="", rank=0, needs=(True, True), has_bias=has_bias, shapes=[],
         dtype=torch.float32, targets=(torch.float32,) * 3,
     )  # fmt: skip
-    returned = ops._autograd_backward(ctx, [torch.ones(2)])
-    assert len(returned) == inputs
-    assert returned[:3] == tuple(grads) and all(g is None for g in returned[3:])
+    returned = ops.CompiledLinear.backward(ctx, torch.ones(2))
+    forward_arguments = len(inspect.signature(ops.CompiledLinear.forward).parameters) - 1
+    assert len(returned) == forward_arguments == 11
+    assert asked == [[True, True, has_bias]]
+    assert returned[:2] == tuple(grads[:2]) and all(g is None for g in returned[3:])
+    assert (returned[2] is grads[2]) if has_bias else returned[2] is None
