@@ -12,8 +12,9 @@ memory.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,12 +193,6 @@ def _group(case: StepCase) -> tuple[Any, ...]:
 
 def check_interleave(modes: Sequence[str], layer_graphs: Sequence[str], processes: int) -> None:
     """One-line errors for what `measure_interleaved` cannot hold at once."""
-    compiled = ", ".join(mode for mode in modes if mode.startswith("compile"))
-    if compiled:
-        raise BenchError(
-            f"--interleave: not with modes {compiled} (compiled models share the compiler's "
-            "caches; measure them one by one)"
-        )
     if any(mode != "off" for mode in layer_graphs):
         raise BenchError(
             "--interleave: not with --layer-graphs (several models' layer graphs would pass "
@@ -229,7 +224,33 @@ def measure_interleaved(
     """`measure_case` for cases held at once: each is built and warmed up, then 3 rounds time
     one loop of `steps` of each in turn, so that a drift of the host's speed falls on every
     case alike. ms: the median of a case's loops; peak: its own allocation (resident, from its
-    building and warm-up) plus the most its loops added."""
+    building and warm-up) plus the most its loops added. Compiled models are held at once
+    under a recompilation limit that takes them all (`compiled_together`)."""
+    with compiled_together(len(group)):
+        return _measure_interleaved(group, device, steps, on_case, first_index)
+
+
+@contextlib.contextmanager
+def compiled_together(models: int) -> Iterator[None]:
+    """Within: torch.compile's recompilation limit times `models`, so that each of that many
+    models of one class keeps the limit one model has alone. The compiled graphs of a function
+    are cached on its code, shared by every model of the class; past the limit (8 by default)
+    a further model would run eagerly."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    with config.patch({name: getattr(config, name) * max(models, 1)}):
+        yield
+
+
+def _measure_interleaved(
+    group: Sequence[StepCase],
+    device: torch.device,
+    steps: int,
+    on_case: Callable[[int, StepCase], None] | None,
+    first_index: int,
+) -> list[StepRow]:
     from fp4cli.bench.timing import loop_ms, synchronize
     from fp4cli.train.memory import saved_bytes
 
@@ -259,8 +280,10 @@ def measure_interleaved(
                     held.row.note = failure_note(error)
                     built.remove(held)
         synchronize(device)
-        for held in built:  # no compiled mode here: each one's saved tensors
+        for held in built:
             held.row.ms = statistics.median(held.loops)
+            if held.row.case.mode.startswith("compile"):
+                continue  # its saved tensors are the compiler's (`measure_case`)
             model, loss_of = held.runner.model, held.runner.loss_of
             try:
                 saved = saved_bytes(

@@ -76,8 +76,8 @@ def step_command(
         Opt(
             "--interleave",
             help="Hold every case of a task and mode at once and alternate their timed loops, "
-            "so that the host's drift falls on each alike (eager and graph modes; each case's "
-            "memory at once).",
+            "so that the host's drift falls on each alike (each case's memory at once; not with "
+            "--layer-graphs).",
         ),
     ] = False,
     device: DeviceOption = "auto",

@@ -3,6 +3,7 @@ errors and the store. Nothing here asserts on a measured time."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,65 @@ def test_interleaved_cases_alternate_their_timed_loops(monkeypatch: pytest.Monke
     assert tetrajet.ms is None and tetrajet.note == "RuntimeError: no room"
 
 
+def test_interleaved_compiled_cases_run_under_a_limit_for_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Compiled cases held at once: their loops run under torch's recompilation limit times the
+    cases, restored after; no saved bytes (the compiler's own)."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    alone = getattr(config, name)
+    limits: list[int] = []
+
+    class Runner:
+        model, loss_of = None, None
+
+        def __call__(self, batch: Any) -> None:
+            limits.append(getattr(config, name))
+
+    monkeypatch.setattr(bench, "build_step", lambda case, device: (Runner(), [0, 1], "8 fast"))
+    monkeypatch.setattr("fp4cli.train.memory.saved_bytes", lambda *args: 2**29)
+    case_list = bench.cases(["gpt"], "debug", 8, ["bf16", "mxfp4", "tetrajet"], ["triton"],
+                            ["compile"])  # fmt: skip
+    rows = bench.run_step_bench(case_list, torch.device("cpu"), 1, interleave=True)
+    assert limits and set(limits) == {alone * 3}
+    assert getattr(config, name) == alone
+    assert all(row.ms is not None and row.saved_gib is None for row in rows)
+
+
+def test_compiled_models_held_together_each_keep_their_graph() -> None:
+    """Past torch's recompilation limit a further model of the class runs eagerly; within
+    `compiled_together` each is compiled."""
+    import torch._dynamo
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, factor: int) -> None:
+            super().__init__()
+            self.factor = factor
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.factor
+
+    compiled: list[Any] = []
+
+    def backend(graph: Any, inputs: Any) -> Any:
+        compiled.append(graph)
+        return graph.forward
+
+    x = torch.ones(2)
+    for together in (False, True):
+        torch._dynamo.reset()
+        compiled.clear()
+        models = [torch.compile(Scaled(factor), backend=backend) for factor in range(12)]
+        with bench.compiled_together(len(models)) if together else contextlib.nullcontext():
+            outputs = [model(x) for model in models]
+        assert [float(y[0]) for y in outputs] == list(range(12))
+        assert (len(compiled) == 12) == together
+    torch._dynamo.reset()
+
+
 def test_interleaved_step_command_prints_every_case(tmp_path: Path) -> None:
     path = tmp_path / "fp4.db"
     result = run("--tasks", "gpt", "--size", "debug", "--device", "cpu", "--modes", "eager",
@@ -226,7 +286,6 @@ def test_max_batch_reports_a_start_that_does_not_fit(monkeypatch) -> None:
         (["--nproc-per-node", "2", "--modes", "eager", "--max-batch", "bf16"], "one process"),
         (["--layer-graphs", "some"], "layer-graphs: 'some' is not one of off, auto, always"),
         (["--modes", "eager", "--layer-graphs", "off,auto"], "auto: CUDA graphs need a CUDA"),
-        (["--interleave", "--modes", "eager,compile"], "--interleave: not with modes compile"),
         (["--interleave", "--layer-graphs", "always"], "--interleave: not with --layer-graphs"),
         (["--interleave", "--modes", "eager", "--nproc-per-node", "2"], "on one process"),
     ],
