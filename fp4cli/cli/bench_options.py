@@ -23,8 +23,9 @@ BackendsOption = Annotated[
 LayerGraphsOption = Annotated[
     str,
     typer.Option(
-        help="Comma-separated: off, auto, always: each quantized layer's programs replay from "
-        "CUDA graphs never, while the GPU waits on the host, or always (fp4cli.replay.graphs)."
+        help="Comma-separated: off, auto, always, resident: each quantized layer's programs "
+        "replay from CUDA graphs never, while the GPU waits on the host, or always; resident: "
+        "its forward passes from graphs on their own tensors, no copies (fp4cli.replay.graphs)."
     ),
 ]
 GemmsOption = Annotated[

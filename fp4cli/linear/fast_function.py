@@ -74,7 +74,9 @@ def planned_forward(
     given_key = operands_key(given) if given is not None else None
     signature = ("fast_forward", key, rank, needs_dx, needs_dw, dtype, warmup, given_key, counts)
     inputs = (x, weight, bias, seed, calls, average, updates, guide, *given_inputs)
-    return PlannedForward(*run_planned(signature, call, inputs))
+    # from a resident graph under graphs("resident"): x (inputs[0]) is copied into its buffer,
+    # the parameters and the layer's buffers are read where they are
+    return PlannedForward(*run_planned(signature, call, inputs, resident=(0,)))
 
 
 def planned_backward(
@@ -139,9 +141,10 @@ class FastQuantLinearFunction(torch.autograd.Function):
                 x, weight, bias, config, call_seed, weight_guide, rank, needs_dx, needs_dw,
                 dtype, recompute, given,
             )  # fmt: skip
-        ctx.save_for_backward(*x_saved, *w_saved)
+        # the seed is saved, not kept on ctx: saved tensors are let go after the backward pass
+        ctx.save_for_backward(*x_saved, *w_saved, call_seed)
         ctx.split = len(x_saved)
-        ctx.config, ctx.key, ctx.call_seed, ctx.rank = config, key, call_seed, rank
+        ctx.config, ctx.key, ctx.rank = config, key, rank
         ctx.has_bias = bias is not None
         ctx.targets = given_dtypes(x, weight, bias)
         ctx.forward = (x.shape, weight.shape, dtype or x.dtype)
@@ -149,15 +152,15 @@ class FastQuantLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor):
-        saved = ctx.saved_tensors
+        *saved, call_seed = ctx.saved_tensors
         needs_db = ctx.has_bias and ctx.needs_input_grad[2]
         grads = planned_backward(
             grad_y,
-            saved[: ctx.split],
-            saved[ctx.split :],
+            tuple(saved[: ctx.split]),
+            tuple(saved[ctx.split :]),
             ctx.config,
             ctx.key,
-            ctx.call_seed,
+            call_seed,
             ctx.rank,
             ctx.layouts,
             (ctx.needs_input_grad[0], ctx.needs_input_grad[1], needs_db),

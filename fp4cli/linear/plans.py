@@ -26,13 +26,18 @@ PROGRAMS = ProgramCache()
 
 
 def run_planned(
-    signature: Hashable, call: Callable[..., Any], inputs: Sequence[torch.Tensor | None]
+    signature: Hashable,
+    call: Callable[..., Any],
+    inputs: Sequence[torch.Tensor | None],
+    resident: tuple[int, ...] | None = None,
 ) -> Any:
     """call(*inputs) through the layer programs, by `signature` (the config's `ops.op_key`,
     the rank, the pass's flags) and the inputs' own; directly where launches are skipped (a
-    custom op's fake implementation)."""
+    custom op's fake implementation). resident: from a resident graph under
+    `graphs("resident")` (a forward pass, whose results die with its step), the inputs at these
+    indices (the activations) copied into its buffers."""
     from fp4cli.kernels.host.launch import launches_skipped
 
     if launches_skipped():
         return call(*inputs)
-    return PROGRAMS.run(signature, call, inputs)
+    return PROGRAMS.run(signature, call, inputs, resident)

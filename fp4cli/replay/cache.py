@@ -15,7 +15,7 @@ import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,10 +23,13 @@ import torch
 from fp4cli.replay.graphed import GraphedProgram, GraphRefused, graph_gap
 from fp4cli.replay.program import HostProgram, ReplayMismatch
 from fp4cli.replay.recorder import record
+from fp4cli.replay.resident import ResidentGraph, SharedInputs, pointers_key
 
 CAPACITY = 512  # signatures kept; the least recently used goes first
 GRAPH_AFTER = 2  # replays of a program before it is captured in a graph
 GRAPH_CAPACITY = 64  # graphs held at once: each holds one call's inputs, outputs, temporaries
+RESIDENT_PER_PROGRAM = 32  # resident graphs of one program (by its inputs' addresses)
+RESIDENT_CAPACITY = 256  # resident graphs held at once: each holds one call's results, temporaries
 
 
 @dataclass
@@ -37,10 +40,14 @@ class _Entry:
     replays: int = 0
     graph: GraphedProgram | None = None
     graph_refusal: str | None = None
+    residents: OrderedDict[Hashable, ResidentGraph] = field(default_factory=OrderedDict)
+    sightings: dict[Hashable, int] = field(default_factory=dict)  # addresses not yet graphed
+    resident_refusal: str | None = None
+    shared: SharedInputs | None = None  # the copied inputs' buffers of its resident graphs
 
 
 _SWITCH = threading.local()
-GRAPH_MODES = ("off", "auto", "always")
+GRAPH_MODES = ("off", "auto", "always", "resident")
 _GRAPHS = {"mode": "off"}  # for the whole process: a backward pass runs in autograd's thread
 
 
@@ -56,10 +63,16 @@ def graphs(mode: str) -> Iterator[None]:
     - "auto": while the device waits on the host, that is where the device has run all the
       work issued up to the previous program's call;
     - "always": on every call;
+    - "resident": the calls that ask for it (`ProgramCache.run(resident=True)`: a layer's
+      forward) from a graph captured on their own input tensors, where the inputs sit where
+      they did at the capture and nobody holds the last replay's results
+      (`resident.ResidentGraph`); the other calls as "off";
     - "off" (the default): never; its steps launch one by one.
 
     A graph's call costs the host three calls and the device a copy of the inputs and outputs;
-    each graph holds the memory of one call's inputs, outputs and temporaries.
+    each graph holds the memory of one call's inputs, outputs and temporaries. A resident
+    graph's call costs the host one call and an alias a result, the device no copy; each holds
+    the memory of one call's results and temporaries.
     """
     if mode not in GRAPH_MODES:
         raise ValueError(f"graphs: mode {mode!r} is none of {', '.join(GRAPH_MODES)}")
@@ -101,8 +114,11 @@ class ProgramCache:
         key: Hashable,
         function: Callable[..., Any],
         inputs: Sequence[torch.Tensor | None],
+        resident: tuple[int, ...] | None = None,
     ) -> Any:
-        """function(*inputs), replayed where this signature has been recorded."""
+        """function(*inputs), replayed where this signature has been recorded. resident: the
+        call may replay from a resident graph (`graphs("resident")`), the inputs at these
+        indices copied into the program's shared buffers (those that move between calls)."""
         if not replay_enabled():
             return function(*inputs)
         signature = _signature(key, inputs)
@@ -111,7 +127,7 @@ class ProgramCache:
         entry = self._entry(signature)
         if entry.program is not None:
             if entry.graph_refusal is None and _GRAPHS["mode"] != "off":
-                return self._replay_on_cuda(entry, function, inputs)
+                return self._replay_on_cuda(entry, function, inputs, resident)
             return self._replay(entry, function, inputs)
         entry.calls += 1
         if entry.refusal is not None or entry.calls < 2:
@@ -135,7 +151,11 @@ class ProgramCache:
             return function(*inputs)
 
     def _replay_on_cuda(
-        self, entry: _Entry, function: Callable[..., Any], inputs: Sequence[torch.Tensor | None]
+        self,
+        entry: _Entry,
+        function: Callable[..., Any],
+        inputs: Sequence[torch.Tensor | None],
+        resident: tuple[int, ...] | None = None,
     ) -> Any:
         """The replay from the entry's graph or by its steps (`graphs`), the graph captured and
         checked on its GRAPH_AFTER-th call from one."""
@@ -143,6 +163,10 @@ class ProgramCache:
         assert program is not None
         if torch.cuda.is_current_stream_capturing():
             return self._replay(entry, function, inputs)  # no graph launch inside a capture
+        if _GRAPHS["mode"] == "resident":
+            if resident is not None and entry.resident_refusal is None:
+                return self._replay_resident(entry, function, inputs, resident)
+            return self._replay(entry, function, inputs)
         assert program.device is not None
         ended = self._ends.get(program.device.index)
         auto = _GRAPHS["mode"] == "auto"
@@ -179,6 +203,64 @@ class ProgramCache:
             return self._replay(entry, function, inputs)
         entry.graph = graph
         return result
+
+    def _replay_resident(
+        self,
+        entry: _Entry,
+        function: Callable[..., Any],
+        inputs: Sequence[torch.Tensor | None],
+        copied: tuple[int, ...],
+    ) -> Any:
+        """The replay from the entry's resident graph on these inputs' addresses (but the
+        `copied` ones) where its last results are free, else by its steps; the graph captured
+        and checked on the GRAPH_AFTER-th call at the same addresses."""
+        key = pointers_key(inputs, copied)
+        graph = entry.residents.get(key)
+        if graph is not None:
+            if not graph.is_free():
+                return self._replay(entry, function, inputs)
+            entry.residents.move_to_end(key)
+            return graph(inputs)
+        seen = entry.sightings.get(key, 0) + 1
+        if seen < GRAPH_AFTER or not self._room_for_resident(entry):
+            if len(entry.sightings) >= 4 * RESIDENT_PER_PROGRAM:
+                entry.sightings.clear()  # addresses that do not come back
+            entry.sightings[key] = seen
+            return self._replay(entry, function, inputs)
+        entry.sightings.pop(key, None)
+        assert entry.program is not None
+        if entry.shared is None:
+            entry.shared = SharedInputs(inputs, copied)
+        try:
+            graph = ResidentGraph(entry.program, inputs, entry.shared)
+        except (GraphRefused, RuntimeError) as refused:  # nothing ran: the inputs are as given
+            entry.resident_refusal = str(refused)
+            return self._replay(entry, function, inputs)
+        checked = graph.checked_call(inputs)
+        if checked.same_bits:
+            entry.residents[key] = graph
+        else:
+            entry.resident_refusal = "its resident graph gave other bits than the program"
+        return checked.result
+
+    def _room_for_resident(self, entry: _Entry) -> bool:
+        """Whether one more resident graph may be held for the entry: under both limits, or
+        once the entry's least recently used graph whose results are free is dropped."""
+        held = sum(len(e.residents) for e in self._entries.values())
+        if len(entry.residents) < RESIDENT_PER_PROGRAM and held < RESIDENT_CAPACITY:
+            return True
+        for key, graph in entry.residents.items():
+            if graph.is_free():
+                del entry.residents[key]
+                return True
+        return False
+
+    def residents(self) -> list[ResidentGraph]:
+        return [g for e in self._entries.values() for g in e.residents.values()]
+
+    def resident_refusals(self) -> list[str]:
+        """Why each refused program replays without resident graphs."""
+        return [e.resident_refusal for e in self._entries.values() if e.resident_refusal]
 
     def graph_refusals(self) -> list[str]:
         """Why each recorded program replays without a graph."""

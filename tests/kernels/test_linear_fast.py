@@ -379,10 +379,15 @@ def test_backward_operands_are_saved_packed(name):
     """X is kept as 4-bit codes and scale codes, not as a copy in its own dtype."""
     x, _ = linear_inputs(seed=6)
     saved = saved_tensors(seeded_layer(CONFIGS[name], "triton"), x)
-    # (in, tokens / 2) codes and (in, tokens / 32) scales for X (74 tokens padded to 96), and
-    # W's grad_input operand (out, in) in the compute dtype
+    # (in, tokens / 2) codes and (in, tokens / 32) scales for X (74 tokens padded to 96), W's
+    # grad_input operand (out, in) in the compute dtype, and the call's seed
     assert sorted((tuple(t.shape), t.dtype) for t in saved) == sorted(
-        [((96, 3), torch.uint8), ((96, 48), torch.uint8), ((70, 96), torch.float32)]
+        [
+            ((96, 3), torch.uint8),
+            ((96, 48), torch.uint8),
+            ((70, 96), torch.float32),
+            ((), torch.int64),
+        ]
     )
     reference_saved = saved_tensors(seeded_layer(CONFIGS[name], "torch"), x)
     assert any(t.is_floating_point() and t.numel() == x.numel() for t in reference_saved)
@@ -440,6 +445,7 @@ def test_nvfp4_saves_x_packed_with_its_tensor_amax():
             ((96, 5), torch.uint8),
             ((1,), torch.float32),
             ((70, 96), torch.float32),
+            ((), torch.int64),  # the call's seed
         ]
     )
 
@@ -468,5 +474,6 @@ def test_tetrajet_v2_saves_x_packed_with_an_amax_per_outer_block():
             ((96, 5), torch.uint8),
             ((96, 1), torch.float32),  # one outer block of 128 tokens
             ((80, 96), torch.float32),  # W's grad_input operand: 70 outputs padded by RHT-16
+            ((), torch.int64),  # the call's seed
         ]
     )

@@ -164,9 +164,9 @@ def test_weight_operand_is_kept_packed():
     x, _ = linear_inputs(seed=6)
     saved = saved_tensors(seeded_layer(with_gemm(CONFIGS["mxfp4"], "fast"), "triton"), x)
     # X: (in, tokens / 2) codes and (in, tokens / 32) scales (74 tokens padded to 96);
-    # W (70, 96) blocked along out: (in, 96 / 2) codes and (in, 96 / 32) scales
+    # W (70, 96) blocked along out: (in, 96 / 2) codes and (in, 96 / 32) scales; the call's seed
     assert sorted((tuple(t.shape), t.dtype) for t in saved) == sorted(
-        [((96, 3), torch.uint8), ((96, 48), torch.uint8)] * 2
+        [((96, 3), torch.uint8), ((96, 48), torch.uint8)] * 2 + [((), torch.int64)]
     )
 
 

@@ -96,7 +96,7 @@ def test_same_bits_tells_nan_payloads_and_signed_zeros_apart():
 
 
 def test_an_unknown_mode_is_a_one_line_error_and_modes_hold_in_their_block():
-    match = "mode 'sometimes' is none of off, auto, always"
+    match = "mode 'sometimes' is none of off, auto, always, resident"
     with pytest.raises(ValueError, match=match), graphs("sometimes"):
         pass
     assert graph_mode() == "off"

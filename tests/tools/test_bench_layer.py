@@ -201,7 +201,7 @@ def test_the_triton_backend_needs_kernels_that_run(monkeypatch: pytest.MonkeyPat
         (["--backends", "cuda"], "backends: 'cuda' is not one of"),
         (["--recipes", "no-such-recipe"], "no-such-recipe"),
         (["--gemm", "quick"], "gemm: 'quick' is not one of dequantized, exact, fast"),
-        (["--layer-graphs", "some"], "layer-graphs: 'some' is not one of off, auto, always"),
+        (["--layer-graphs", "some"], "layer-graphs: 'some' is not one of off, auto, always, res"),
         (["--layer-graphs", "off,auto"], "layer graphs auto: CUDA graphs need a CUDA device"),
     ],
 )

@@ -284,7 +284,7 @@ def test_max_batch_reports_a_start_that_does_not_fit(monkeypatch) -> None:
         (["--nproc-per-node", "2", "--modes", "eager", "--parallel", "zero"], "parallel: must"),
         (["--nproc-per-node", "2", "--modes", "eager", "--gather", "fp8"], "gather: packed, bf16"),
         (["--nproc-per-node", "2", "--modes", "eager", "--max-batch", "bf16"], "one process"),
-        (["--layer-graphs", "some"], "layer-graphs: 'some' is not one of off, auto, always"),
+        (["--layer-graphs", "some"], "layer-graphs: 'some' is not one of off, auto, always, res"),
         (["--modes", "eager", "--layer-graphs", "off,auto"], "auto: CUDA graphs need a CUDA"),
         (["--interleave", "--layer-graphs", "always"], "--interleave: not with --layer-graphs"),
         (["--interleave", "--modes", "eager", "--nproc-per-node", "2"], "on one process"),
