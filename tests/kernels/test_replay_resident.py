@@ -9,6 +9,7 @@ import weakref
 import pytest
 import torch
 
+from fp4cli.recipes import load_recipe
 from fp4cli.replay import ProgramCache, cache, graphs
 from fp4cli.replay.graphed import _Input, _Made
 from fp4cli.replay.resident import (
@@ -20,6 +21,7 @@ from fp4cli.replay.resident import (
     pointers_key,
 )
 from tests.kernels.test_replay import inputs, scaled_sum
+from tests.linear_runs import seeded_layer
 
 CUDA = torch.device("cuda", 0)
 
@@ -205,3 +207,26 @@ def test_shared_buffers_are_filled_and_never_returned():
     assert not _returns_shared((_Made(0), _Input(1)), [own], shared)
     assert _returns_shared((_Made(0), _Input(0)), [own], shared)  # x itself
     assert _returns_shared((_Made(0),), [buffer[1:].view(-1)], shared)  # a view of x's buffer
+
+
+def test_a_fast_layers_autograd_node_holds_no_tensor_after_backward():
+    """A resident graph's results are free once the backward pass has run, though the loss
+    (and with it the layer's autograd node) lives on into the next step: so the node keeps its
+    tensors, the call's seed included, as saved tensors, which autograd lets go."""
+    layer = seeded_layer(load_recipe("tetrajet").linear, "triton", 64, 48)
+    for _ in range(3):  # direct, recorded, replayed
+        x = torch.randn(40, 64, requires_grad=True)
+        y = layer(x)
+        y.backward(torch.randn(y.shape))
+    node = y.grad_fn
+    while type(node).__name__ != "FastQuantLinearFunctionBackward":
+        node = node.next_functions[0][0]
+    held = []
+    for name in dir(node):
+        try:
+            value = getattr(node, name)
+        except (RuntimeError, AttributeError):  # saved tensors freed, attributes unreadable
+            continue
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        held += [name for item in items if isinstance(item, torch.Tensor)]
+    assert held == []
