@@ -63,16 +63,16 @@ def graphs(mode: str) -> Iterator[None]:
     - "auto": while the device waits on the host, that is where the device has run all the
       work issued up to the previous program's call;
     - "always": on every call;
-    - "resident": the calls that ask for it (`ProgramCache.run(resident=True)`: a layer's
-      forward) from a graph captured on their own input tensors, where the inputs sit where
-      they did at the capture and nobody holds the last replay's results
-      (`resident.ResidentGraph`); the other calls as "off";
+    - "resident": the calls that ask for it (`ProgramCache.run(resident=...)`: a layer's
+      forward) from a graph captured on their own input tensors but the moving ones (copied
+      into its buffers), where those sit where they did at the capture and nobody holds the
+      last replay's results (`resident.ResidentGraph`); the other calls as "off";
     - "off" (the default): never; its steps launch one by one.
 
     A graph's call costs the host three calls and the device a copy of the inputs and outputs;
     each graph holds the memory of one call's inputs, outputs and temporaries. A resident
-    graph's call costs the host one call and an alias a result, the device no copy; each holds
-    the memory of one call's results and temporaries.
+    graph's call costs the host a copy of each moving input, one launch and an alias a result;
+    each holds the memory of one call's results and temporaries.
     """
     if mode not in GRAPH_MODES:
         raise ValueError(f"graphs: mode {mode!r} is none of {', '.join(GRAPH_MODES)}")
