@@ -61,6 +61,24 @@ def graph_gap(program: HostProgram) -> str | None:
     return None
 
 
+def captured(
+    program: HostProgram, inputs: Sequence[torch.Tensor | None]
+) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """A CUDA graph of one run of `program` on `inputs`, captured on a side stream (nothing
+    runs), and the run's result: the tensors it made live in the graph's memory."""
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            result = program(inputs)
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    return graph, result
+
+
 class GraphedProgram:
     """`program` captured in a CUDA graph (see the module)."""
 
@@ -77,16 +95,7 @@ class GraphedProgram:
         self._read = [i for i, _ in read_buffers]
         self._buffers_read = ByteCopies([b for _, b in read_buffers])
         self._copy_in(inputs)
-        self._graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                result = program(self._buffers)
-            finally:
-                self._graph.capture_end()
-        torch.cuda.current_stream().wait_stream(side)
+        self._graph, result = captured(program, self._buffers)
         self._made: list[torch.Tensor] = []
         self._result = _leaves(result, self._buffers, self._made)
         self._written = sorted(_inputs_written(program))

@@ -34,6 +34,7 @@ from fp4cli.replay.graphed import (
     _rebuilt,
     _same_or_none,
     _same_results,
+    captured,
     graph_gap,
 )
 from fp4cli.replay.program import HostProgram
@@ -95,19 +96,10 @@ class ResidentGraph:
         self.program, self.shared = program, shared
         self.key = pointers_key(inputs, tuple(shared.buffers))
         self.replays = 0
-        captured = shared.inputs(inputs)
-        self._graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                result = program(captured)
-            finally:
-                self._graph.capture_end()
-        torch.cuda.current_stream().wait_stream(side)
+        graph_inputs = shared.inputs(inputs)
+        self._graph, result = captured(program, graph_inputs)
         made: list[torch.Tensor] = []
-        self._result = _leaves(result, captured, made)
+        self._result = _leaves(result, graph_inputs, made)
         del result
         if _returns_shared(self._result, made, shared):
             raise GraphRefused("its result holds an input copied into a shared buffer")
