@@ -27,6 +27,7 @@ import torch
 
 from fp4cli.replay.graphed import (
     GraphRefused,
+    _buffer_like,
     _copy_of,
     _Input,
     _inputs_written,
@@ -53,13 +54,9 @@ class SharedInputs:
     (`ResidentGraph` refuses a program that does)."""
 
     def __init__(self, inputs: Sequence[torch.Tensor | None], copied: Sequence[int]) -> None:
-        self.buffers: dict[int, torch.Tensor] = {}
-        for index in copied:
-            tensor = inputs[index]
-            if tensor is not None:
-                self.buffers[index] = torch.empty_strided(
-                    tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device
-                )
+        self.buffers: dict[int, torch.Tensor] = {
+            index: _buffer_like(tensor) for index in copied if (tensor := inputs[index]) is not None
+        }
 
     def inputs(self, inputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """`inputs` with each copied one replaced by its buffer (not yet filled)."""
